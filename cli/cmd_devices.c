@@ -1,0 +1,50 @@
+// cli/cmd_devices.c — `llmq devices`: the CUDA devices this binary can use.
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "kernels/backend.h"
+
+#include <jansson.h>
+
+int cmd_devices(int argc, char **argv) {
+    bool json = false;
+    const struct cli_flag flags[] = {
+        {"json", CLI_BOOL, &json, "off", "print the device list as JSON on stdout"},
+    };
+    const struct cli_cmd cmd = {"devices", "[flags]", "List the CUDA devices llmq can use (the CPU backend is always available).",
+                                NULL, flags, 1, 0, 0};
+    const char *pos[1];
+    int n_pos, rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
+    if (rc) return rc == 1 ? 0 : rc;
+
+    const char *why = NULL;
+    int n = llmq_cuda_device_count(&why);
+    json_t *arr = json_array();
+    if (!json) printf("cpu: available\n");
+    if (n == 0 && !json) printf("cuda: no devices (%s)\n", why ? why : "unknown reason");
+    for (int i = 0; i < n; i++) {
+        struct llmq_device_info d;
+        if (llmq_cuda_device_info(i, &d) != LLMQ_OK) continue;
+        if (json) {
+            char cc[16];
+            snprintf(cc, sizeof(cc), "%d.%d", d.cc_major, d.cc_minor);
+            json_array_append_new(arr, json_pack("{s:i, s:s, s:I, s:I, s:s, s:i}", "index", i, "name", d.name,
+                                                 "total_bytes", (json_int_t)d.total_mem, "free_bytes",
+                                                 (json_int_t)d.free_mem, "compute_capability", cc, "sm_count",
+                                                 d.sm_count));
+        } else {
+            printf("cuda:%d: %s, compute %d.%d, %d SMs, %.1f GiB (%.1f GiB free)\n", i, d.name, d.cc_major,
+                   d.cc_minor, d.sm_count, d.total_mem / 1073741824.0, d.free_mem / 1073741824.0);
+        }
+    }
+    if (json) {
+        json_t *root = json_pack("{s:b, s:o, s:s?}", "cuda_compiled", llmq_backend_cuda_compiled(), "cuda_devices", arr,
+                                 "reason", n == 0 ? why : NULL);
+        char *s = json_dumps(root, JSON_INDENT(2));
+        puts(s);
+        free(s);
+        json_decref(root);
+    } else {
+        json_decref(arr);
+    }
+    return 0;
+}

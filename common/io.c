@@ -1,0 +1,273 @@
+// common/io.c — mmap inputs, atomic outputs, small-file reads, UTF-8 validation.
+#include "common/io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
+    struct stat st;
+    int fd = -1;
+    memset(m, 0, sizeof(*m));
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return llmq_errorf(LLMQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) {
+        llmq_errorf(LLMQ_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        llmq_errorf(LLMQ_ERR_IO, "%s: not a regular file", path);
+        goto fail;
+    }
+    m->path = strdup(path);
+    if (!m->path) {
+        llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    m->size = (size_t)st.st_size;
+    if (m->size > 0) {
+        void *p = mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            llmq_errorf(LLMQ_ERR_IO, "%s: cannot mmap %zu bytes: %s", path, m->size, strerror(errno));
+            free(m->path);
+            m->path = NULL;
+            goto fail;
+        }
+        m->data = p;
+    }
+    close(fd);
+    return LLMQ_OK;
+fail:
+    close(fd);
+    return llmq_last_status();
+}
+
+void llmq_mmap_close(struct llmq_mmap *m) {
+    if (!m) return;
+    if (m->data) munmap((void *)m->data, m->size);
+    free(m->path);
+    memset(m, 0, sizeof(*m));
+}
+
+enum llmq_status llmq_afile_open(struct llmq_afile *f, const char *path) {
+    memset(f, 0, sizeof(*f));
+    size_t n = strlen(path) + 32;
+    f->path = strdup(path);
+    f->tmp_path = malloc(n);
+    if (!f->path || !f->tmp_path) {
+        free(f->path);
+        free(f->tmp_path);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(f->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
+    f->fp = fopen(f->tmp_path, "wb");
+    if (!f->fp) {
+        enum llmq_status st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot create: %s", f->tmp_path, strerror(errno));
+        free(f->path);
+        free(f->tmp_path);
+        memset(f, 0, sizeof(*f));
+        return st;
+    }
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_afile_write(struct llmq_afile *f, const void *buf, size_t n) {
+    if (f->err) return LLMQ_ERR_IO;
+    if (n && fwrite(buf, 1, n, f->fp) != n) {
+        f->err = errno ? errno : EIO;
+        return llmq_errorf(LLMQ_ERR_IO, "%s: write failed: %s", f->tmp_path, strerror(f->err));
+    }
+    f->pos += n;
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_afile_pad(struct llmq_afile *f, size_t n) {
+    static const uint8_t zeros[256];
+    while (n > 0) {
+        size_t k = n < sizeof(zeros) ? n : sizeof(zeros);
+        enum llmq_status st = llmq_afile_write(f, zeros, k);
+        if (st) return st;
+        n -= k;
+    }
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_afile_seek(struct llmq_afile *f, uint64_t off) {
+    if (f->err) return LLMQ_ERR_IO;
+    if (fseeko(f->fp, (off_t)off, SEEK_SET) != 0) {
+        f->err = errno;
+        return llmq_errorf(LLMQ_ERR_IO, "%s: seek failed: %s", f->tmp_path, strerror(errno));
+    }
+    f->pos = off;
+    return LLMQ_OK;
+}
+
+static void afile_free(struct llmq_afile *f) {
+    free(f->path);
+    free(f->tmp_path);
+    memset(f, 0, sizeof(*f));
+}
+
+static void fsync_dir_of(const char *path) {
+    char *copy = strdup(path);
+    if (!copy) return;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    free(copy);
+}
+
+enum llmq_status llmq_afile_commit(struct llmq_afile *f) {
+    enum llmq_status st = LLMQ_OK;
+    if (!f->err && fflush(f->fp) != 0) f->err = errno;
+    if (!f->err && fsync(fileno(f->fp)) != 0) f->err = errno;
+    if (fclose(f->fp) != 0 && !f->err) f->err = errno;
+    f->fp = NULL;
+    if (f->err) {
+        st = llmq_errorf(LLMQ_ERR_IO, "%s: write failed: %s", f->tmp_path, strerror(f->err));
+        unlink(f->tmp_path);
+    } else if (rename(f->tmp_path, f->path) != 0) {
+        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot rename to %s: %s", f->tmp_path, f->path, strerror(errno));
+        unlink(f->tmp_path);
+    } else {
+        fsync_dir_of(f->path);
+    }
+    afile_free(f);
+    return st;
+}
+
+void llmq_afile_abort(struct llmq_afile *f) {
+    if (!f || !f->tmp_path) return;
+    if (f->fp) fclose(f->fp);
+    unlink(f->tmp_path);
+    afile_free(f);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, size_t *out_size) {
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    gzFile gz = NULL;
+    FILE *fp = NULL;
+    bool is_gz = ends_with(path, ".gz");
+    *out = NULL;
+    if (is_gz) gz = gzopen(path, "rb");
+    else fp = fopen(path, "rb");
+    if (!gz && !fp) return llmq_errorf(LLMQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    for (;;) {
+        if (n == cap) {
+            if (cap > max_size) {
+                llmq_errorf(LLMQ_ERR_OVERFLOW, "%s: larger than the limit of %zu bytes", path, max_size);
+                goto fail;
+            }
+            size_t ncap = cap ? cap * 2 : 65536;
+            char *nb = realloc(buf, ncap + 1);
+            if (!nb) {
+                llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+                goto fail;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t want = cap - n;
+        long got;
+        if (gz) {
+            int r = gzread(gz, buf + n, want > (1u << 30) ? (1u << 30) : (unsigned)want);
+            if (r < 0) {
+                int e;
+                llmq_errorf(LLMQ_ERR_CORRUPT, "%s: gzip error: %s", path, gzerror(gz, &e));
+                goto fail;
+            }
+            got = r;
+        } else {
+            got = (long)fread(buf + n, 1, want, fp);
+            if (got == 0 && ferror(fp)) {
+                llmq_errorf(LLMQ_ERR_IO, "%s: read error", path);
+                goto fail;
+            }
+        }
+        if (got == 0) break;
+        n += (size_t)got;
+    }
+    if (n > max_size) {
+        llmq_errorf(LLMQ_ERR_OVERFLOW, "%s: larger than the limit of %zu bytes", path, max_size);
+        goto fail;
+    }
+    if (!buf) {
+        buf = malloc(1);
+        if (!buf) {
+            llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+    }
+    buf[n] = '\0';
+    if (gz) gzclose(gz);
+    if (fp) fclose(fp);
+    *out = buf;
+    if (out_size) *out_size = n;
+    return LLMQ_OK;
+fail:
+    free(buf);
+    if (gz) gzclose(gz);
+    if (fp) fclose(fp);
+    return llmq_last_status();
+}
+
+bool llmq_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool llmq_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+char *llmq_path_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *s = malloc(a + b + 2);
+    if (!s) return NULL;
+    memcpy(s, dir, a);
+    size_t k = a;
+    if (a > 0 && dir[a - 1] != '/') s[k++] = '/';
+    memcpy(s + k, name, b + 1);
+    return s;
+}
+
+bool llmq_utf8_valid(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int len;
+        uint32_t cp;
+        if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
+        else return false;
+        if (i + (size_t)len > n) return false;
+        for (int k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff))) return false;
+        if (cp >= 0xd800 && cp <= 0xdfff) return false;
+        i += (size_t)len;
+    }
+    return true;
+}

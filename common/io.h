@@ -1,0 +1,57 @@
+/*
+ * common/io.h — file plumbing shared by the format readers and writers.
+ *
+ * llmq_mmap: a read-only, private mapping of a whole input file (inputs are never modified).
+ *   An empty file maps to data == NULL, size == 0.
+ * llmq_afile: an atomic output file. Bytes go to "<path>.tmp.<pid>"; llmq_afile_commit() flushes,
+ *   fsyncs, renames over <path> and fsyncs the directory; llmq_afile_abort() (or a crash) leaves
+ *   <path> untouched. Writes are buffered; any write error is sticky and reported by commit.
+ */
+#ifndef LLMQ_IO_H
+#define LLMQ_IO_H
+
+#include "common/status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct llmq_mmap {
+    const uint8_t *data; // (size) bytes, read-only
+    size_t size;
+    char *path;          // owned copy of the path, for messages
+};
+
+// Maps path read-only. On failure logs "<path>: <reason>" and returns LLMQ_ERR_IO.
+enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path);
+void llmq_mmap_close(struct llmq_mmap *m); // safe on a zeroed struct
+
+struct llmq_afile {
+    FILE *fp;
+    char *path;     // final path (owned)
+    char *tmp_path; // temporary path (owned)
+    uint64_t pos;   // bytes written so far (the current offset)
+    int err;        // first errno seen, 0 if none
+};
+
+enum llmq_status llmq_afile_open(struct llmq_afile *f, const char *path);
+enum llmq_status llmq_afile_write(struct llmq_afile *f, const void *buf, size_t n);
+enum llmq_status llmq_afile_pad(struct llmq_afile *f, size_t n);       // n zero bytes
+enum llmq_status llmq_afile_seek(struct llmq_afile *f, uint64_t off);  // absolute
+enum llmq_status llmq_afile_commit(struct llmq_afile *f);  // flush + fsync + rename; frees
+void llmq_afile_abort(struct llmq_afile *f);               // unlink the temp; frees; NULL-safe
+
+// Reads a whole (small) file into a NUL-terminated heap buffer, at most max_size bytes.
+// Transparently gunzips files whose name ends in ".gz". *out is owned by the caller (free()).
+enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, size_t *out_size);
+
+bool llmq_is_dir(const char *path);
+bool llmq_file_exists(const char *path);
+// Joins dir and name with one '/', into a malloc'd string (NULL on OOM).
+char *llmq_path_join(const char *dir, const char *name);
+
+// Strict UTF-8 validation (no overlongs, no surrogates, max U+10FFFF).
+bool llmq_utf8_valid(const char *s, size_t n);
+
+#endif // LLMQ_IO_H

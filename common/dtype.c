@@ -80,40 +80,30 @@ bool llmq_dtype_nbytes(enum llmq_dtype t, int64_t n, size_t *out) {
     return true;
 }
 
-static inline uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static inline float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 float llmq_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
     uint32_t man = h & 0x3ff;
-    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13)); // inf / nan
+    if (exp == 0x1f) return llmq_bits_f32(sign | 0x7f800000u | (man << 13)); // inf / nan
     if (exp == 0) {
-        if (man == 0) return bits_f32(sign);
+        if (man == 0) return llmq_bits_f32(sign);
         // subnormal: value = man * 2^-24, exactly representable in f32
         float v = (float)man * 5.9604644775390625e-08f;
         return sign ? -v : v;
     }
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+    return llmq_bits_f32(sign | ((exp + 112) << 23) | (man << 13));
 }
 
 uint16_t llmq_f32_to_f16(float f) {
-    uint32_t x = f32_bits(f);
+    uint32_t x = llmq_f32_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
     uint32_t ax = x & 0x7fffffffu;
     if (ax >= 0x7f800000u) return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0); // inf / nan
     if (ax >= 0x477ff000u) return sign | 0x7c00; // rounds to >= 65520: overflow to inf
     if (ax < 0x38800000u) {                      // below the smallest normal half: subnormal or 0
         // half subnormal step is 2^-24; round-to-nearest-even via float arithmetic
-        float a = bits_f32(ax);
+        float a = llmq_bits_f32(ax);
         float scaled = a * 16777216.0f; // a / 2^-24, exact (power of two)
         uint32_t m = (uint32_t)scaled;
         float frac = scaled - (float)m;
@@ -128,10 +118,10 @@ uint16_t llmq_f32_to_f16(float f) {
     return sign | (uint16_t)h;
 }
 
-float llmq_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float llmq_bf16_to_f32(uint16_t h) { return llmq_bits_f32((uint32_t)h << 16); }
 
 uint16_t llmq_f32_to_bf16(float f) {
-    uint32_t x = f32_bits(f);
+    uint32_t x = llmq_f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 64); // quiet nan
     return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
 }

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum llmq_dtype {
     LLMQ_DTYPE_F32 = 0,
@@ -84,6 +85,18 @@ float llmq_f16_to_f32(uint16_t h);
 uint16_t llmq_f32_to_f16(float f);
 float llmq_bf16_to_f32(uint16_t h);
 uint16_t llmq_f32_to_bf16(float f);
+
+// The bits of a float and back (no aliasing games: memcpy compiles to a register move).
+static inline uint32_t llmq_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float llmq_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 // Overflow-checked arithmetic for sizes read from files: false on overflow.
 static inline bool llmq_mul_i64(int64_t a, int64_t b, int64_t *out) {

@@ -355,6 +355,11 @@ static void print_text(const json_t *rep) {
 
 // ---- command -------------------------------------------------------------------------------------
 
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
 static bool starts_with_gguf_magic(const char *path) {
     char magic[4] = {0};
     FILE *fp = fopen(path, "rb");
@@ -396,7 +401,7 @@ int cmd_inspect(int argc, char **argv) {
     json_object_set_new(rep, "path", json_string(path));
     enum llmq_status st;
     if (S_ISDIR(sb.st_mode)) st = inspect_safetensors(path, true, rep);
-    else if (starts_with_gguf_magic(path)) st = inspect_gguf(path, max_array, rep);
+    else if (starts_with_gguf_magic(path) || ends_with(path, ".gguf")) st = inspect_gguf(path, max_array, rep);
     else st = inspect_safetensors(path, false, rep);
     if (st) {
         json_decref(rep);

@@ -8,5 +8,8 @@
 
 int cmd_inspect(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 
 #endif

@@ -12,6 +12,9 @@ struct command {
 
 static const struct command commands[] = {
     {"inspect", cmd_inspect, "show architecture, metadata and tensors of a GGUF / safetensors / HF model"},
+    {"eval", cmd_eval, "perplexity and KL divergence of a model on a text file"},
+    {"generate", cmd_generate, "greedy text generation (a sanity tool)"},
+    {"convert", cmd_convert, "convert between GGUF and Hugging Face safetensors (f32/f16/bf16)"},
     {"devices", cmd_devices, "list the CUDA devices llmq can use"},
 };
 static const int n_commands = (int)(sizeof(commands) / sizeof(commands[0]));

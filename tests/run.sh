@@ -26,6 +26,24 @@ if ! "$VENV/bin/python" -c "import numpy, gguf, safetensors, pytest" 2>/dev/null
   "$VENV/bin/pip" install --quiet --disable-pip-version-check -r tests/requirements.txt
   cp tests/requirements.txt "$VENV/.llmq-requirements"
 fi
+# llama.cpp itself (llama-cpp-python) is the oracle for tokenization, logits and perplexity. PyPI has
+# only its source: the wheel is built once (minutes on 2 cores) and cached in $LLMQ_CACHE/wheels.
+# LLMQ_WITH_LLAMA_CPP=0 skips it; the tests that need it then report "skipped" and the committed
+# goldens (tests/golden, made from llama.cpp by tests/py/gen_golden_*.py) still run.
+LCP_VERSION=0.3.36
+if [ "${LLMQ_WITH_LLAMA_CPP:-1}" = 1 ] && ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  mkdir -p "$LLMQ_CACHE/wheels"
+  whl=$(ls "$LLMQ_CACHE"/wheels/llama_cpp_python-$LCP_VERSION-*.whl 2>/dev/null | head -n 1 || true)
+  if [ -z "$whl" ]; then
+    echo "run.sh: building the llama-cpp-python $LCP_VERSION wheel once into $LLMQ_CACHE/wheels (several minutes)"
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
+      "$VENV/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+      "llama-cpp-python==$LCP_VERSION" -w "$LLMQ_CACHE/wheels"
+    whl=$(ls "$LLMQ_CACHE"/wheels/llama_cpp_python-$LCP_VERSION-*.whl | head -n 1)
+  fi
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r tests/requirements-llamacpp.txt
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps "$whl"
+fi
 PYTHON="$VENV/bin/python" datasets/fetch_models.sh
 
 cmake -S . -B "$BUILD" -DLLMQ_PYTHON="$VENV/bin/python" "$@"

@@ -1,0 +1,636 @@
+/*
+ * calib/model.c — loading a LLaMA-family model from GGUF or an HF directory (see calib/model.h).
+ *
+ * Mirrors llama.cpp's llama_model_loader / llm_load_hparams for the GGUF keys it reads, and
+ * transformers' LlamaConfig / MistralConfig / Qwen2Config defaults for config.json.
+ */
+#include "calib/model.h"
+
+#include "calib/tokenizer.h"
+#include "common/io.h"
+#include "common/log.h"
+#include "formats/ggml_quants.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_LAYERS 4096
+#define MAX_DIM (1LL << 24)          // any single hyper-parameter
+#define MAX_CONFIG_BYTES (16u << 20) // config.json
+
+const char *llmq_arch_name(enum llmq_arch a) {
+    switch (a) {
+    case LLMQ_ARCH_LLAMA: return "llama";
+    case LLMQ_ARCH_MISTRAL: return "mistral";
+    case LLMQ_ARCH_QWEN2: return "qwen2";
+    }
+    return "?";
+}
+
+const char *llmq_linear_name(enum llmq_linear l) {
+    static const char *names[LLMQ_LIN_COUNT] = {"q", "k", "v", "o", "gate", "up", "down"};
+    return (unsigned)l < LLMQ_LIN_COUNT ? names[l] : "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight conversion
+// ---------------------------------------------------------------------------------------------
+
+enum llmq_status llmq_model_rows_f32(const struct llmq_tensor_view *w, int64_t r0, int64_t n, float *dst) {
+    int64_t C = w->shape[w->n_dims > 0 ? w->n_dims - 1 : 0];
+    int64_t R = w->n_dims > 0 ? llmq_tensor_nelements(w) / (C > 0 ? C : 1) : 1;
+    size_t row_bytes = 0;
+    if (r0 < 0 || n < 0 || r0 + n > R)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: rows [%lld, %lld) out of range (%lld rows)", w->name, (long long)r0,
+                           (long long)(r0 + n), (long long)R);
+    if (n == 0) return LLMQ_OK;
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(w->dtype);
+    if (!tr || !tr->can_dequant)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: dtype %s cannot be converted to f32", w->name,
+                           llmq_dtype_name(w->dtype));
+    if (!llmq_dtype_nbytes(w->dtype, C, &row_bytes))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: row of %lld elements does not fit dtype %s", w->name, (long long)C,
+                           llmq_dtype_name(w->dtype));
+    return llmq_dequantize_row(w->dtype, (const uint8_t *)w->data + (size_t)r0 * row_bytes, dst, n * C);
+}
+
+struct conv_job {
+    const struct llmq_tensor_view *w;
+    float *dst;
+    int64_t R, C;
+    int nth, ith;
+    enum llmq_status st;
+};
+
+static void *conv_worker(void *arg) {
+    struct conv_job *j = arg;
+    int64_t per = (j->R + j->nth - 1) / j->nth;
+    int64_t r0 = per * j->ith, r1 = r0 + per < j->R ? r0 + per : j->R;
+    j->st = r0 < r1 ? llmq_model_rows_f32(j->w, r0, r1 - r0, j->dst + r0 * j->C) : LLMQ_OK;
+    return NULL;
+}
+
+enum llmq_status llmq_model_weight_f32(const struct llmq_tensor_view *w, float *dst, int n_threads) {
+    enum { MAX_THREADS = 256 };
+    int64_t C = w->n_dims > 0 ? w->shape[w->n_dims - 1] : 1;
+    int64_t R = C > 0 ? llmq_tensor_nelements(w) / C : 0;
+    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
+    if (n_threads < 1 || R * C < (1 << 16)) n_threads = 1;
+    if (n_threads > R) n_threads = R > 0 ? (int)R : 1;
+    struct conv_job jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    bool started[MAX_THREADS] = {false};
+    for (int i = 0; i < n_threads; i++)
+        jobs[i] = (struct conv_job){.w = w, .dst = dst, .R = R, .C = C, .nth = n_threads, .ith = i, .st = LLMQ_OK};
+    for (int i = 1; i < n_threads; i++) started[i] = pthread_create(&tid[i], NULL, conv_worker, &jobs[i]) == 0;
+    conv_worker(&jobs[0]);
+    for (int i = 1; i < n_threads; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else conv_worker(&jobs[i]); // could not start a thread: do its share here
+    }
+    for (int i = 0; i < n_threads; i++)
+        if (jobs[i].st != LLMQ_OK) return jobs[i].st;
+    return LLMQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE frequency factors
+// ---------------------------------------------------------------------------------------------
+
+void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff) {
+    int64_t half = hp->head_dim / 2;
+    for (int64_t i = 0; i < half; i++) ff[i] = 1.0f;
+    if (!hp->rope_llama3.enabled) return;
+    // convert_hf_to_gguf.py LlamaModel (rope_type "llama3"): wavelengths beyond the original
+    // context are slowed down by `factor`, short ones kept, the band between interpolated.
+    double factor = hp->rope_llama3.factor, lo = hp->rope_llama3.low_freq_factor;
+    double hi = hp->rope_llama3.high_freq_factor, old_ctx = (double)hp->rope_llama3.original_max_pos;
+    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    for (int64_t i = 0; i < half; i++) {
+        float freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->head_dim);
+        double wavelen = 2.0 * M_PI / freq;
+        if (wavelen < hi_wavelen) ff[i] = 1.0f;
+        else if (wavelen > lo_wavelen) ff[i] = (float)factor;
+        else {
+            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            ff[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+        }
+    }
+}
+
+void llmq_model_rope_freq_factors(const struct llmq_model *m, float *ff) {
+    if (m->rope_freqs && llmq_model_rows_f32(m->rope_freqs, 0, 1, ff) == LLMQ_OK) return;
+    llmq_rope_llama3_factors(&m->hp, ff);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor lookup and shape checks
+// ---------------------------------------------------------------------------------------------
+
+// Where the model came from, for messages: the GGUF file or the HF directory.
+static const char *src_name(const struct llmq_model *m) { return m->path; }
+
+static const struct llmq_tensor_view *find_tensor(const struct llmq_model *m, const char *name) {
+    if (m->gguf) {
+        const struct llmq_gguf_tensor *t = llmq_gguf_find_tensor(m->gguf, name);
+        return t ? &t->view : NULL;
+    }
+    return llmq_st_get(m->st, name);
+}
+
+// Finds tensor `name` and checks it has n_dims dims equal to (d0[, d1]) and a dtype that converts.
+// `what` names where the expectation comes from, for the message.
+static enum llmq_status get_tensor(const struct llmq_model *m, const char *name, bool required, int n_dims,
+                                   int64_t d0, int64_t d1, const char *what, const struct llmq_tensor_view **out) {
+    const struct llmq_tensor_view *t = find_tensor(m, name);
+    *out = NULL;
+    if (!t) {
+        if (!required) return LLMQ_OK;
+        return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", src_name(m), name);
+    }
+    bool ok = t->n_dims == n_dims && t->shape[0] == d0 && (n_dims < 2 || t->shape[1] == d1);
+    if (!ok) {
+        char got[96];
+        llmq_tensor_shape_str(t, got, sizeof got);
+        if (n_dims == 1)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld] (%s)", src_name(m), name,
+                               got, (long long)d0, what);
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld, %lld] (%s)", src_name(m),
+                           name, got, (long long)d0, (long long)d1, what);
+    }
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->dtype);
+    if (!tr || !tr->can_dequant)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s, which llmq cannot convert to f32",
+                           src_name(m), name, llmq_dtype_name(t->dtype));
+    *out = t;
+    return LLMQ_OK;
+}
+
+// Hyper-parameter sanity: the forward pass and every shape check rely on these.
+static enum llmq_status check_hparams(const struct llmq_model *m, const char *where) {
+    const struct llmq_hparams *hp = &m->hp;
+    struct {
+        const char *name;
+        int64_t v;
+    } dims[] = {{"n_embd", hp->n_embd},   {"n_ff", hp->n_ff},         {"n_layer", hp->n_layer},
+                {"n_head", hp->n_head},   {"n_head_kv", hp->n_head_kv}, {"head_dim", hp->head_dim},
+                {"n_vocab", hp->n_vocab}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v < 1 || dims[i].v > MAX_DIM)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s = %lld is out of range [1, %lld] (%s)", src_name(m),
+                               dims[i].name, (long long)dims[i].v, (long long)MAX_DIM, where);
+    if (hp->n_layer > MAX_LAYERS)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld layers is more than %d (%s)", src_name(m),
+                           (long long)hp->n_layer, MAX_LAYERS, where);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: n_head %lld is not a multiple of n_head_kv %lld (%s)", src_name(m),
+                           (long long)hp->n_head, (long long)hp->n_head_kv, where);
+    if (hp->head_dim % 2 != 0)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: head_dim %lld is odd (RoPE needs pairs) (%s)", src_name(m),
+                           (long long)hp->head_dim, where);
+    if (hp->n_head * hp->head_dim > MAX_DIM)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: n_head x head_dim is too large (%s)", src_name(m), where);
+    if (!(hp->rms_eps > 0.0f) || !isfinite(hp->rms_eps))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rms norm epsilon %g must be positive (%s)", src_name(m),
+                           (double)hp->rms_eps, where);
+    if (!(hp->rope_theta > 0.0f) || !isfinite(hp->rope_theta))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope theta %g must be positive (%s)", src_name(m),
+                           (double)hp->rope_theta, where);
+    if (hp->rope_llama3.enabled) {
+        float factor = hp->rope_llama3.factor, lo = hp->rope_llama3.low_freq_factor;
+        float hi = hp->rope_llama3.high_freq_factor;
+        if (!(factor > 0) || !(lo > 0) || !(hi > lo) || hp->rope_llama3.original_max_pos < 1)
+            return llmq_errorf(LLMQ_ERR_CORRUPT,
+                               "%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor "
+                               "and original_max_position_embeddings >= 1 (%s)",
+                               src_name(m), where);
+    }
+    return LLMQ_OK;
+}
+
+// Finds and checks every weight, given the name pattern of each in the source format.
+struct names {
+    const char *tok_embd, *output_norm, *output;
+    const char *attn_norm, *ffn_norm, *w[LLMQ_LIN_COUNT], *bias[3]; // printf patterns with %d = layer
+};
+
+static const struct names gguf_names = {
+    "token_embd.weight",
+    "output_norm.weight",
+    "output.weight",
+    "blk.%d.attn_norm.weight",
+    "blk.%d.ffn_norm.weight",
+    {"blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight", "blk.%d.attn_output.weight",
+     "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight"},
+    {"blk.%d.attn_q.bias", "blk.%d.attn_k.bias", "blk.%d.attn_v.bias"},
+};
+
+static const struct names hf_names = {
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+    "model.layers.%d.input_layernorm.weight",
+    "model.layers.%d.post_attention_layernorm.weight",
+    {"model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
+     "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
+     "model.layers.%d.mlp.gate_proj.weight", "model.layers.%d.mlp.up_proj.weight",
+     "model.layers.%d.mlp.down_proj.weight"},
+    {"model.layers.%d.self_attn.q_proj.bias", "model.layers.%d.self_attn.k_proj.bias",
+     "model.layers.%d.self_attn.v_proj.bias"},
+};
+
+static enum llmq_status bind_tensors(struct llmq_model *m, const struct names *nm) {
+    const struct llmq_hparams *hp = &m->hp;
+    int64_t D = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
+    int64_t Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
+    enum llmq_status st;
+    char name[128];
+
+    if ((st = get_tensor(m, nm->tok_embd, true, 2, V, D, "n_vocab, n_embd", &m->tok_embd))) return st;
+    if ((st = get_tensor(m, nm->output_norm, true, 1, D, 0, "n_embd", &m->output_norm))) return st;
+    if (hp->tied_embeddings) m->output = m->tok_embd;
+    else if ((st = get_tensor(m, nm->output, true, 2, V, D, "n_vocab, n_embd", &m->output))) return st;
+
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for %lld layers", src_name(m),
+                                       (long long)hp->n_layer);
+    const int64_t wshape[LLMQ_LIN_COUNT][2] = {{Dq, D}, {Dkv, D}, {Dkv, D}, {D, Dq}, {F, D}, {F, D}, {D, F}};
+    const char *wwhat[LLMQ_LIN_COUNT] = {"n_head*head_dim, n_embd", "n_head_kv*head_dim, n_embd",
+                                         "n_head_kv*head_dim, n_embd", "n_embd, n_head*head_dim",
+                                         "n_ff, n_embd", "n_ff, n_embd", "n_embd, n_ff"};
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct llmq_layer *L = &m->layers[il];
+        snprintf(name, sizeof name, nm->attn_norm, il);
+        if ((st = get_tensor(m, name, true, 1, D, 0, "n_embd", &L->attn_norm))) return st;
+        snprintf(name, sizeof name, nm->ffn_norm, il);
+        if ((st = get_tensor(m, name, true, 1, D, 0, "n_embd", &L->ffn_norm))) return st;
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            snprintf(name, sizeof name, nm->w[k], il);
+            if ((st = get_tensor(m, name, true, 2, wshape[k][0], wshape[k][1], wwhat[k], &L->w[k]))) return st;
+        }
+        if (hp->qkv_bias) {
+            const struct llmq_tensor_view **b[3] = {&L->bq, &L->bk, &L->bv};
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, nm->bias[k], il);
+                if ((st = get_tensor(m, name, true, 1, wshape[k][0], 0, k ? "n_head_kv*head_dim" : "n_head*head_dim",
+                                     b[k])))
+                    return st;
+            }
+        }
+    }
+    return LLMQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GGUF
+// ---------------------------------------------------------------------------------------------
+
+static enum llmq_status gguf_i64(const struct llmq_gguf *g, const char *arch, const char *suffix, bool required,
+                                 int64_t def, int64_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (!required && !llmq_gguf_find_kv(g, key)) {
+        *out = def;
+        return LLMQ_OK;
+    }
+    return llmq_gguf_get_i64(g, key, out);
+}
+
+static enum llmq_status gguf_f32(const struct llmq_gguf *g, const char *arch, const char *suffix, bool required,
+                                 float def, float *out) {
+    char key[128];
+    double v;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (!required && !llmq_gguf_find_kv(g, key)) {
+        *out = def;
+        return LLMQ_OK;
+    }
+    enum llmq_status st = llmq_gguf_get_f64(g, key, &v);
+    if (st == LLMQ_OK) *out = (float)v;
+    return st;
+}
+
+static enum llmq_status load_gguf(struct llmq_model *m) {
+    struct llmq_gguf *g = NULL;
+    struct llmq_hparams *hp = &m->hp;
+    const char *arch = NULL;
+    enum llmq_status st = llmq_gguf_open(m->path, &g);
+    if (st) return st;
+    m->gguf = g;
+    m->from_gguf = true;
+    if ((st = llmq_gguf_get_str(g, "general.architecture", &arch))) return st;
+    if (strcmp(arch, "llama") == 0) {
+        hp->arch = LLMQ_ARCH_LLAMA;
+        hp->rope_type = LLMQ_ROPE_NORM;
+    } else if (strcmp(arch, "mistral") == 0) {
+        hp->arch = LLMQ_ARCH_MISTRAL;
+        hp->rope_type = LLMQ_ROPE_NORM;
+    } else if (strcmp(arch, "qwen2") == 0) {
+        hp->arch = LLMQ_ARCH_QWEN2;
+        hp->rope_type = LLMQ_ROPE_NEOX;
+        hp->qkv_bias = true;
+    } else {
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: general.architecture \"%s\" is not supported (llmq runs llama, mistral, qwen2)",
+                           m->path, arch);
+    }
+    m->arch_name = llmq_arch_name(hp->arch);
+    int64_t rope_dims = 0, value_len = 0;
+    if ((st = gguf_i64(g, arch, "embedding_length", true, 0, &hp->n_embd))) return st;
+    if ((st = gguf_i64(g, arch, "feed_forward_length", true, 0, &hp->n_ff))) return st;
+    if ((st = gguf_i64(g, arch, "block_count", true, 0, &hp->n_layer))) return st;
+    if ((st = gguf_i64(g, arch, "attention.head_count", true, 0, &hp->n_head))) return st;
+    if ((st = gguf_i64(g, arch, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv))) return st;
+    if ((st = gguf_i64(g, arch, "context_length", false, 0, &hp->n_ctx_train))) return st;
+    if (hp->n_head < 1)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s.attention.head_count = %lld must be >= 1", m->path, arch,
+                           (long long)hp->n_head);
+    if ((st = gguf_i64(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head, &hp->head_dim))) return st;
+    if ((st = gguf_i64(g, arch, "attention.value_length", false, hp->head_dim, &value_len))) return st;
+    if ((st = gguf_i64(g, arch, "rope.dimension_count", false, hp->head_dim, &rope_dims))) return st;
+    if ((st = gguf_f32(g, arch, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_eps))) return st;
+    if ((st = gguf_f32(g, arch, "rope.freq_base", false, 10000.0f, &hp->rope_theta))) return st;
+    if (value_len != hp->head_dim)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s.attention.value_length %lld != key_length %lld", m->path,
+                           arch, (long long)value_len, (long long)hp->head_dim);
+    if (rope_dims != hp->head_dim)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: %s.rope.dimension_count %lld != head_dim %lld (partial RoPE is not supported)", m->path,
+                           arch, (long long)rope_dims, (long long)hp->head_dim);
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (llmq_gguf_find_kv(g, key)) {
+        const char *type = NULL;
+        if ((st = llmq_gguf_get_str(g, key, &type))) return st;
+        if (strcmp(type, "none") != 0)
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s = \"%s\" is not supported (only none, or llama3 factors "
+                               "in rope_freqs.weight)", m->path, key, type);
+    }
+    // n_vocab: the embedding's first dim (the tokenizer may be smaller; llama.cpp uses the tokens array).
+    const struct llmq_gguf_tensor *te = llmq_gguf_find_tensor(g, "token_embd.weight");
+    if (!te) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor token_embd.weight", m->path);
+    hp->n_vocab = te->view.n_dims == 2 ? te->view.shape[0] : 0;
+    int64_t kv_vocab;
+    snprintf(key, sizeof key, "%s.vocab_size", arch);
+    if (llmq_gguf_find_kv(g, key) && llmq_gguf_get_i64(g, key, &kv_vocab) == LLMQ_OK && kv_vocab != hp->n_vocab)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s = %lld but token_embd.weight has %lld rows", m->path, key,
+                           (long long)kv_vocab, (long long)hp->n_vocab);
+    hp->tied_embeddings = llmq_gguf_find_tensor(g, "output.weight") == NULL;
+    if ((st = check_hparams(m, "GGUF metadata"))) return st;
+    const struct llmq_gguf_tensor *rf = llmq_gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf) {
+        const struct llmq_tensor_view *v = NULL;
+        if ((st = get_tensor(m, "rope_freqs.weight", true, 1, hp->head_dim / 2, 0, "head_dim/2", &v))) return st;
+        m->rope_freqs = v;
+    }
+    if ((st = bind_tensors(m, &gguf_names))) return st;
+    if (llmq_gguf_find_kv(g, "tokenizer.ggml.model")) {
+        if ((st = llmq_tokenizer_load_gguf(g, &m->tok))) return st;
+    } else {
+        llmq_warn("%s: no tokenizer.ggml.model key: the model has no tokenizer", m->path);
+    }
+    return LLMQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// HF directory
+// ---------------------------------------------------------------------------------------------
+
+struct cfg {
+    json_t *root;
+    const char *file; // path of config.json
+};
+
+// A key that is absent or null counts as absent.
+static json_t *cfg_get(const struct cfg *c, const char *key) {
+    json_t *v = json_object_get(c->root, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static enum llmq_status cfg_int(const struct cfg *c, const char *key, bool required, int64_t def, int64_t *out) {
+    json_t *v = cfg_get(c, key);
+    if (!v) {
+        if (required) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, key);
+        *out = def;
+        return LLMQ_OK;
+    }
+    if (!json_is_integer(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not an integer", c->file, key);
+    *out = (int64_t)json_integer_value(v);
+    return LLMQ_OK;
+}
+
+static enum llmq_status cfg_num(const json_t *v, const char *file, const char *key, double *out) {
+    if (!json_is_number(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not a number", file, key);
+    *out = json_number_value(v);
+    return LLMQ_OK;
+}
+
+static enum llmq_status cfg_float(const struct cfg *c, const char *key, bool required, double def, float *out) {
+    json_t *v = cfg_get(c, key);
+    double d = 0.0;
+    if (!v) {
+        if (required) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, key);
+        *out = (float)def;
+        return LLMQ_OK;
+    }
+    enum llmq_status st = cfg_num(v, c->file, key, &d);
+    if (st == LLMQ_OK) *out = (float)d;
+    return st;
+}
+
+static enum llmq_status cfg_bool(const struct cfg *c, const char *key, bool def, bool *out) {
+    json_t *v = cfg_get(c, key);
+    if (!v) {
+        *out = def;
+        return LLMQ_OK;
+    }
+    if (!json_is_boolean(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not a boolean", c->file, key);
+    *out = json_is_true(v);
+    return LLMQ_OK;
+}
+
+static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparams *hp) {
+    json_t *rs = cfg_get(c, "rope_scaling");
+    if (!rs) return LLMQ_OK;
+    if (!json_is_object(rs)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"rope_scaling\" is not an object", c->file);
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t) t = json_object_get(rs, "type");
+    if (!t || !json_is_string(t))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling has no string \"rope_type\"", c->file);
+    const char *type = json_string_value(t);
+    if (strcmp(type, "default") == 0) return LLMQ_OK;
+    if (strcmp(type, "llama3") != 0)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (only llama3)", c->file,
+                           type);
+    const char *keys[4] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    double v[4];
+    char full[96];
+    for (int i = 0; i < 4; i++) {
+        json_t *x = json_object_get(rs, keys[i]);
+        snprintf(full, sizeof full, "rope_scaling.%s", keys[i]);
+        if (!x) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, full);
+        enum llmq_status st = cfg_num(x, c->file, full, &v[i]);
+        if (st) return st;
+    }
+    hp->rope_llama3.enabled = true;
+    hp->rope_llama3.factor = (float)v[0];
+    hp->rope_llama3.low_freq_factor = (float)v[1];
+    hp->rope_llama3.high_freq_factor = (float)v[2];
+    hp->rope_llama3.original_max_pos = (int64_t)v[3];
+    return LLMQ_OK;
+}
+
+static enum llmq_status load_hf(struct llmq_model *m) {
+    struct llmq_hparams *hp = &m->hp;
+    struct cfg c = {0};
+    char *text = NULL, *cfg_path = NULL, *tok_path = NULL;
+    size_t size = 0;
+    json_error_t jerr;
+    enum llmq_status st = LLMQ_OK;
+    struct llmq_st_model *stm = NULL;
+
+    cfg_path = llmq_path_join(m->path, "config.json");
+    tok_path = llmq_path_join(m->path, "tokenizer.json");
+    if (!cfg_path || !tok_path) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", m->path);
+        goto done;
+    }
+    c.file = cfg_path;
+    if (!llmq_file_exists(cfg_path)) {
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no config.json (not a Hugging Face model directory)", m->path);
+        goto done;
+    }
+    if ((st = llmq_read_file(cfg_path, MAX_CONFIG_BYTES, &text, &size))) goto done;
+    c.root = json_loadb(text, size, JSON_REJECT_DUPLICATES, &jerr);
+    if (!c.root) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: bad JSON at line %d: %s", cfg_path, jerr.line, jerr.text);
+        goto done;
+    }
+    if (!json_is_object(c.root)) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: not a JSON object", cfg_path);
+        goto done;
+    }
+    json_t *mt = cfg_get(&c, "model_type");
+    if (!mt) {
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"model_type\"", cfg_path);
+        goto done;
+    }
+    if (!json_is_string(mt)) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"model_type\" is not a string", cfg_path);
+        goto done;
+    }
+    const char *type = json_string_value(mt);
+    if (strcmp(type, "llama") == 0) hp->arch = LLMQ_ARCH_LLAMA;
+    else if (strcmp(type, "mistral") == 0) hp->arch = LLMQ_ARCH_MISTRAL;
+    else if (strcmp(type, "qwen2") == 0) hp->arch = LLMQ_ARCH_QWEN2;
+    else {
+        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (llmq runs llama, mistral, qwen2)",
+                         cfg_path, type);
+        goto done;
+    }
+    m->arch_name = llmq_arch_name(hp->arch);
+    hp->rope_type = LLMQ_ROPE_NEOX;
+    hp->qkv_bias = hp->arch == LLMQ_ARCH_QWEN2;
+    json_t *act = cfg_get(&c, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", cfg_path);
+        goto done;
+    }
+    bool attn_bias = false, mlp_bias = false;
+    int64_t vocab_cfg = 0;
+    if ((st = cfg_int(&c, "hidden_size", true, 0, &hp->n_embd))) goto done;
+    if ((st = cfg_int(&c, "intermediate_size", true, 0, &hp->n_ff))) goto done;
+    if ((st = cfg_int(&c, "num_hidden_layers", true, 0, &hp->n_layer))) goto done;
+    if ((st = cfg_int(&c, "num_attention_heads", true, 0, &hp->n_head))) goto done;
+    if ((st = cfg_int(&c, "num_key_value_heads", false, hp->n_head, &hp->n_head_kv))) goto done;
+    if (hp->n_head < 1) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: num_attention_heads = %lld must be >= 1", cfg_path,
+                         (long long)hp->n_head);
+        goto done;
+    }
+    if ((st = cfg_int(&c, "head_dim", false, hp->n_embd / hp->n_head, &hp->head_dim))) goto done;
+    if ((st = cfg_int(&c, "vocab_size", false, 0, &vocab_cfg))) goto done;
+    if ((st = cfg_int(&c, "max_position_embeddings", false, 0, &hp->n_ctx_train))) goto done;
+    if ((st = cfg_float(&c, "rms_norm_eps", false, 1e-6, &hp->rms_eps))) goto done;
+    if ((st = cfg_float(&c, "rope_theta", false, 10000.0, &hp->rope_theta))) goto done;
+    if ((st = cfg_bool(&c, "tie_word_embeddings", false, &hp->tied_embeddings))) goto done;
+    if ((st = cfg_bool(&c, "attention_bias", false, &attn_bias))) goto done;
+    if ((st = cfg_bool(&c, "mlp_bias", false, &mlp_bias))) goto done;
+    if ((st = cfg_rope_scaling(&c, hp))) goto done;
+    if ((attn_bias && hp->arch != LLMQ_ARCH_QWEN2) || mlp_bias) {
+        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s is not supported", cfg_path,
+                         mlp_bias ? "mlp_bias = true" : "attention_bias = true");
+        goto done;
+    }
+
+    if ((st = llmq_st_open(m->path, &stm))) goto done;
+    m->st = stm;
+    const struct llmq_tensor_view *emb = llmq_st_get(stm, hf_names.tok_embd);
+    if (!emb) {
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", m->path, hf_names.tok_embd);
+        goto done;
+    }
+    hp->n_vocab = emb->n_dims == 2 ? emb->shape[0] : vocab_cfg;
+    if (vocab_cfg && vocab_cfg != hp->n_vocab) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: vocab_size = %lld but %s has %lld rows", cfg_path, (long long)vocab_cfg,
+                         hf_names.tok_embd, (long long)hp->n_vocab);
+        goto done;
+    }
+    if ((st = check_hparams(m, "config.json"))) goto done;
+    if ((st = bind_tensors(m, &hf_names))) goto done;
+    if (llmq_file_exists(tok_path)) {
+        if ((st = llmq_tokenizer_load_hf(m->path, &m->tok))) goto done;
+    } else {
+        llmq_warn("%s: no tokenizer.json: the model has no tokenizer", m->path);
+    }
+done:
+    json_decref(c.root);
+    free(text);
+    free(cfg_path);
+    free(tok_path);
+    return st;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+enum llmq_status llmq_model_load(const char *path, struct llmq_model **out) {
+    enum llmq_status st;
+    struct llmq_model *m = NULL;
+    *out = NULL;
+    if (!path || !*path) return llmq_errorf(LLMQ_ERR_ARG, "model path is empty");
+    m = calloc(1, sizeof *m);
+    char *p = m ? strdup(path) : NULL;
+    if (!p) {
+        free(m);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+    }
+    m->path = p;
+    if (llmq_is_dir(path)) st = load_hf(m);
+    else if (llmq_file_exists(path)) st = load_gguf(m);
+    else st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no such file or directory", path);
+    if (st == LLMQ_OK && m->tok && llmq_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: the tokenizer has %d tokens but the embedding only %lld rows", path,
+                         (int)llmq_tokenizer_n_vocab(m->tok), (long long)m->hp.n_vocab);
+    }
+    if (st != LLMQ_OK) {
+        llmq_model_free(m);
+        return st;
+    }
+    *out = m;
+    return LLMQ_OK;
+}
+
+void llmq_model_free(struct llmq_model *m) {
+    if (!m) return;
+    llmq_tokenizer_free(m->tok);
+    free(m->layers);
+    llmq_gguf_free((struct llmq_gguf *)m->gguf);
+    llmq_st_free((struct llmq_st_model *)m->st);
+    free((char *)m->path);
+    free(m);
+}

@@ -1,0 +1,148 @@
+/*
+ * calib/model.h — a LLaMA-family decoder (llama, mistral, qwen2) opened from a GGUF file or a
+ * Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
+ *
+ * What it is: the loader that reads the architecture description (GGUF `<arch>.*` metadata, or
+ * config.json), finds every tensor under its name in that source, checks every shape against the
+ * hyper-parameters, and loads the tokenizer (calib/tokenizer.h) from the same source. Weights stay
+ * inside the read-only mappings of formats/gguf.h / formats/safetensors.h: nothing is converted
+ * while loading, and memory stays at the size of the file mapping. llmq_model_weight_f32 converts
+ * ONE weight to f32 when a consumer (calib/forward.h, quant/) needs it.
+ * What it is not: no compute (calib/forward.h), no writing (cli/cmd_convert.c).
+ *
+ * Legend: V n_vocab, D n_embd, F n_ff, L n_layer, H n_head, Hkv n_head_kv, Dh head_dim.
+ *
+ * ---- Tensors (shapes outermost-first, W[out, in]; in GGUF the dims are stored reversed) -------
+ *   GGUF name                  HF name                                        shape
+ *   token_embd.weight          model.embed_tokens.weight                      (V, D)
+ *   output_norm.weight         model.norm.weight                              (D)
+ *   output.weight              lm_head.weight            (absent: tied)       (V, D)
+ *   blk.N.attn_norm.weight     model.layers.N.input_layernorm.weight          (D)
+ *   blk.N.attn_q.weight        model.layers.N.self_attn.q_proj.weight         (H*Dh, D)
+ *   blk.N.attn_k.weight        model.layers.N.self_attn.k_proj.weight         (Hkv*Dh, D)
+ *   blk.N.attn_v.weight        model.layers.N.self_attn.v_proj.weight         (Hkv*Dh, D)
+ *   blk.N.attn_output.weight   model.layers.N.self_attn.o_proj.weight         (D, H*Dh)
+ *   blk.N.ffn_norm.weight      model.layers.N.post_attention_layernorm.weight (D)
+ *   blk.N.ffn_gate.weight      model.layers.N.mlp.gate_proj.weight            (F, D)
+ *   blk.N.ffn_up.weight        model.layers.N.mlp.up_proj.weight              (F, D)
+ *   blk.N.ffn_down.weight      model.layers.N.mlp.down_proj.weight            (D, F)
+ *   blk.N.attn_{q,k,v}.bias    model.layers.N.self_attn.{q,k,v}_proj.bias     (H*Dh), (Hkv*Dh)  qwen2 only
+ *
+ * ---- Hyper-parameters ---------------------------------------------------------------------------
+ *   GGUF: general.architecture "llama" (mistral files from llama.cpp say "llama" too) or "qwen2";
+ *     <arch>.embedding_length, .feed_forward_length, .block_count, .attention.head_count,
+ *     .attention.head_count_kv (default head_count), .attention.key_length (default D/H),
+ *     .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000), .context_length,
+ *     .rope.dimension_count (must equal Dh when present); .rope.scaling.type absent or "none"
+ *     (others refused); llama3 scaling comes as the tensor rope_freqs.weight (Dh/2 f32 divisors
+ *     written by convert_hf_to_gguf.py), which becomes model->rope_freqs;
+ *     n_vocab is the first dim of token_embd.weight (checked against tokenizer.ggml.tokens).
+ *     rope_type: NORM for llama (llama.cpp permutes q/k rows so adjacent pairs rotate), NEOX for qwen2.
+ *   HF config.json: model_type "llama" | "mistral" | "qwen2"; hidden_size, intermediate_size,
+ *     num_hidden_layers, num_attention_heads, num_key_value_heads (default num_attention_heads),
+ *     head_dim (default hidden_size / num_attention_heads), rms_norm_eps, rope_theta (default
+ *     10000), vocab_size, max_position_embeddings, tie_word_embeddings (default false), rope_scaling
+ *     (null, or {"rope_type" | "type": "llama3", factor, low_freq_factor, high_freq_factor,
+ *     original_max_position_embeddings}; other rope types are refused), hidden_act (must be
+ *     "silu"), attention_bias / mlp_bias (must be false, except qwen2's q/k/v biases).
+ *     sliding_window (mistral, qwen2) is ignored: attention is fully causal, which is exact for
+ *     sequences no longer than the window. rope_type: always NEOX.
+ *     Weights: model.safetensors, model.safetensors.index.json, or the only *.safetensors file.
+ *
+ * ---- Errors --------------------------------------------------------------------------------------
+ *   Every failure logs one line naming the file and what is wrong, and returns:
+ *     path neither a file nor a directory / no config.json         LLMQ_ERR_NOT_FOUND
+ *     config.json not JSON / a key of the wrong type               LLMQ_ERR_CORRUPT
+ *     unknown architecture / model_type / rope scaling type        LLMQ_ERR_UNSUPPORTED
+ *     a required key or tensor missing                              LLMQ_ERR_NOT_FOUND ("... missing key X")
+ *     a tensor whose shape differs from the hyper-parameters        LLMQ_ERR_CORRUPT (expected vs actual)
+ *     a weight dtype that cannot be converted to f32                LLMQ_ERR_UNSUPPORTED
+ *     hyper-parameters out of range (n_head not dividing, ...)      LLMQ_ERR_CORRUPT
+ *   plus what formats/gguf.h, formats/safetensors.h and calib/tokenizer.h return (truncated files:
+ *   LLMQ_ERR_TRUNCATED from the file readers).
+ */
+#ifndef LLMQ_CALIB_MODEL_H
+#define LLMQ_CALIB_MODEL_H
+
+#include "common/status.h"
+#include "common/tensor.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct llmq_gguf;
+struct llmq_st_model;
+struct llmq_tokenizer;
+
+enum llmq_arch { LLMQ_ARCH_LLAMA, LLMQ_ARCH_MISTRAL, LLMQ_ARCH_QWEN2 };
+
+// How RoPE pairs the dimensions of one head of Dh values.
+enum llmq_rope_type {
+    LLMQ_ROPE_NORM, // adjacent pairs (2i, 2i+1): the GGUF llama layout (q/k rows permuted by llama.cpp)
+    LLMQ_ROPE_NEOX, // halves (i, i + Dh/2): HF rotate_half, and qwen2 in both formats
+};
+
+struct llmq_hparams {
+    enum llmq_arch arch;
+    int64_t n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_ctx_train;
+    float rms_eps, rope_theta;
+    enum llmq_rope_type rope_type;
+    struct {
+        bool enabled; // llama3 frequency scaling (Llama 3.1+)
+        float factor, low_freq_factor, high_freq_factor;
+        int64_t original_max_pos;
+    } rope_llama3;
+    bool tied_embeddings, qkv_bias;
+};
+
+// The seven linear layers of a block, in the order used everywhere (hooks, calibration, quant).
+enum llmq_linear { LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_UP, LLMQ_LIN_DOWN, LLMQ_LIN_COUNT };
+
+// One decoder block. Every pointer is a view owned by the model's file object.
+struct llmq_layer {
+    const struct llmq_tensor_view *attn_norm, *ffn_norm; // (D) RMSNorm weights
+    const struct llmq_tensor_view *w[LLMQ_LIN_COUNT];   // W[out, in], shapes in the table above
+    const struct llmq_tensor_view *bq, *bk, *bv;        // (H*Dh), (Hkv*Dh); NULL unless qwen2
+};
+
+struct llmq_model {
+    struct llmq_hparams hp;
+    const struct llmq_tensor_view *tok_embd;    // (V, D)
+    const struct llmq_tensor_view *output_norm; // (D)
+    const struct llmq_tensor_view *output;      // (V, D); == tok_embd when tied
+    struct llmq_layer *layers;                  // (n_layer)
+    struct llmq_tokenizer *tok;                 // owned; NULL only if the tokenizer module is absent
+    const char *path;                           // owned copy of the path given to llmq_model_load
+    bool from_gguf;
+    const struct llmq_gguf *gguf;               // owned; NULL for HF
+    const struct llmq_st_model *st;             // owned; NULL for GGUF
+    const char *arch_name;                      // "llama", "mistral", "qwen2" (static string)
+    const struct llmq_tensor_view *rope_freqs;  // (Dh/2) GGUF rope_freqs.weight (llama3 factors); else NULL
+};
+
+// Opens a GGUF file or an HF directory (decided by what path is), validates it (see "Errors")
+// and returns a model that owns the mapping and the tokenizer. On failure *out is NULL and one
+// error line was logged. Nothing is converted: loading costs the header parse only.
+enum llmq_status llmq_model_load(const char *path, struct llmq_model **out);
+void llmq_model_free(struct llmq_model *m); // NULL is a no-op
+
+// Converts weight w (R, C) (outermost-first W[out, in]; a 1-D tensor is (1, C)) of any dtype
+// formats/ggml_quants.h decodes to f32 into dst (R*C floats), rows split over n_threads pthreads
+// (n_threads <= 1: the calling thread). LLMQ_ERR_UNSUPPORTED for a dtype that cannot be decoded.
+enum llmq_status llmq_model_weight_f32(const struct llmq_tensor_view *w, float *dst, int n_threads);
+
+// Converts rows [r0, r0 + n) of a 2-D weight (R, C) to f32 into dst (n*C floats), one thread.
+// Used for embedding lookups (only the rows of the tokens seen). LLMQ_ERR_ARG if out of range.
+enum llmq_status llmq_model_rows_f32(const struct llmq_tensor_view *w, int64_t r0, int64_t n, float *dst);
+
+// The per-pair RoPE frequency divisors ff (Dh/2): pair i rotates by pos * theta^(-2i/Dh) / ff[i].
+// From the GGUF rope_freqs.weight tensor when there is one, else computed from hp.rope_llama3 as
+// llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters do, else all 1.
+void llmq_model_rope_freq_factors(const struct llmq_model *m, float *ff);
+// The same computation from hyper-parameters alone (hp->rope_llama3; all 1 when disabled).
+void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff);
+
+const char *llmq_arch_name(enum llmq_arch a); // "llama", "mistral", "qwen2"
+const char *llmq_linear_name(enum llmq_linear l); // "q", "k", "v", "o", "gate", "up", "down"
+
+#endif // LLMQ_CALIB_MODEL_H

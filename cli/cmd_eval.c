@@ -1,0 +1,417 @@
+/*
+ * cli/cmd_eval.c — `llmq eval`: perplexity of a model on a text, or its KL divergence from a base
+ * model, under the llama.cpp or the GPTQ-paper protocol (calib/eval.h has the definitions).
+ *
+ *   llmq eval --model M --ppl FILE [--protocol llamacpp|gptq] [--ctx N] [--chunks N] [--threads N]
+ *             [--kld-base MODEL | --save-logits FILE | --kld FILE] [--json FILE]
+ *
+ * Modes: plain perplexity (optionally --save-logits: the base logits for a later --kld run);
+ * --kld-base MODEL runs the base and the model chunk by chunk in this process; --kld FILE compares
+ * with a saved logits file (its chunks, protocol and context are used; --ppl is then optional and
+ * only checked against the file's text hash).
+ * stdout: the figures (llama-perplexity's wording); stderr: logs and one progress line with ETA
+ * (rewritten in place on a terminal, a line every ~5% otherwise); --json FILE: every figure plus
+ * what produced it (model, text sha256, protocol, tokens, llmq version), written atomically.
+ */
+#include "calib/eval.h"
+#include "calib/model.h"
+#include "calib/tokenizer.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "common/io.h"
+#include "common/log.h"
+#include "common/sha256.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+// ---- --ppl shortcuts -----------------------------------------------------------------------------
+
+static const struct {
+    const char *name, *rel;
+} shortcuts[] = {
+    {"wikitext-2", "wikitext-2-raw/wiki.test.raw"},
+    {"wikitext-2-valid", "wikitext-2-raw/wiki.valid.raw"},
+};
+
+// A named text resolves under $LLMQ_DATA, ../shared/datasets (from the working directory), then
+// <dir of the llmq binary>/../../shared/datasets (a build directory inside the source tree).
+// Returns a malloc'd path, or NULL (arg is then used as a plain path).
+static char *resolve_text(const char *arg) {
+    const char *rel = NULL;
+    for (size_t i = 0; i < sizeof(shortcuts) / sizeof(shortcuts[0]); i++)
+        if (strcmp(arg, shortcuts[i].name) == 0) rel = shortcuts[i].rel;
+    if (!rel || llmq_file_exists(arg)) return NULL;
+    char exe[PATH_MAX], dirs[3][PATH_MAX + 32];
+    int n_dirs = 0;
+    const char *env = getenv("LLMQ_DATA");
+    if (env && *env) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", env);
+    snprintf(dirs[n_dirs++], sizeof(dirs[0]), "../shared/datasets");
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s/../../shared/datasets", exe);
+    }
+    for (int i = 0; i < n_dirs; i++) {
+        char *p = llmq_path_join(dirs[i], rel);
+        if (p && llmq_file_exists(p)) {
+            char *real = realpath(p, NULL); // the path printed and recorded in --json
+            if (real) free(p);
+            return real ? real : p;
+        }
+        free(p);
+    }
+    return NULL;
+}
+
+// ---- progress --------------------------------------------------------------------------------------
+
+struct progress {
+    bool tty;
+    int64_t every;  // non-TTY: a line every this many chunks
+    bool printed;
+    double last_s;  // TTY: elapsed time of the last update (at most 5 per second)
+};
+
+static void fmt_time(char *buf, size_t n, double s) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, n, "%lds", t);
+}
+
+static void on_progress(void *user, const struct llmq_eval_progress *p) {
+    struct progress *pr = user;
+    bool last = p->chunk == p->n_chunks;
+    if (!last && (pr->tty ? pr->printed && p->elapsed_s - pr->last_s < 0.2 : p->chunk % pr->every != 0)) return;
+    pr->last_s = p->elapsed_s;
+    char el[32], eta[32], kld[48] = "";
+    fmt_time(el, sizeof(el), p->elapsed_s);
+    fmt_time(eta, sizeof(eta), p->elapsed_s / (double)p->chunk * (double)(p->n_chunks - p->chunk));
+    if (p->kld_mean > 0) snprintf(kld, sizeof(kld), "  KLD %.6f", p->kld_mean);
+    fprintf(stderr, "%seval: chunk %lld/%lld  PPL %.4f%s  %.2f s/chunk  elapsed %s  ETA %s%s",
+            pr->tty ? "\r" : "", (long long)p->chunk, (long long)p->n_chunks, p->ppl, kld,
+            p->elapsed_s / (double)p->chunk, el, eta, pr->tty ? "\033[K" : "\n");
+    if (pr->tty && last) fputc('\n', stderr);
+    fflush(stderr);
+    pr->printed = true;
+}
+
+// ---- output ----------------------------------------------------------------------------------------
+
+static const char *quantile_label(int i) {
+    static const char *labels[LLMQ_EVAL_N_QUANTILES] = {"Minimum", " 0.1%  ", " 1.0%  ", " 5.0%  ", "10.0%  ",
+                                                         "25.0%  ", "Median ", "75.0%  ", "90.0%  ", "95.0%  ",
+                                                         "99.0%  ", "99.9%  ", "Maximum"};
+    return labels[i];
+}
+
+static void print_report(const struct llmq_eval_report *rep) {
+    const struct llmq_eval_result *r = &rep->res;
+    printf("tokens:    %lld evaluated (%lld chunks of %lld), %lld scored\n", (long long)rep->tokens_evaluated,
+           (long long)rep->plan.n_chunks, (long long)rep->plan.n_ctx, (long long)r->count);
+    printf("speed:     %.1f tokens/s (%.2f s)\n", rep->tokens_per_s, rep->seconds);
+    if (!r->kld) {
+        printf("\nFinal estimate: PPL = %.4f +/- %.5f  [protocol %s, ctx %lld]\n", r->ppl, r->ppl_unc,
+               llmq_eval_protocol_name(rep->plan.protocol), (long long)rep->plan.n_ctx);
+        return;
+    }
+    printf("\n====== Perplexity statistics ======  [protocol %s, ctx %lld]\n",
+           llmq_eval_protocol_name(rep->plan.protocol), (long long)rep->plan.n_ctx);
+    printf("Mean PPL(Q)                   : %10.6f ± %10.6f\n", r->ppl, r->ppl_unc);
+    printf("Mean PPL(base)                : %10.6f ± %10.6f\n", r->ppl_base, r->ppl_base_unc);
+    printf("Cor(ln(PPL(Q)), ln(PPL(base))): %6.2f%%\n", 100.0 * r->log_ppl_cor);
+    printf("Mean ln(PPL(Q)/PPL(base))     : %10.6f ± %10.6f\n", r->log_ppl_ratio, r->log_ppl_ratio_unc);
+    printf("Mean PPL(Q)/PPL(base)         : %10.6f ± %10.6f\n", r->ppl_ratio, r->ppl_ratio_unc);
+    printf("Mean PPL(Q)-PPL(base)         : %10.6f ± %10.6f\n", r->ppl_diff, r->ppl_diff_unc);
+    printf("\n====== KL divergence statistics ======\n");
+    printf("Mean    KLD: %10.6f ± %10.6f\n", r->kld_mean, r->kld_unc);
+    for (int i = LLMQ_EVAL_N_QUANTILES - 1; i >= 0; i--) printf("%s KLD: %10.6f\n", quantile_label(i), r->kld_q[i]);
+    printf("\n====== Token probability statistics ======\n");
+    printf("Mean    Δp: %6.3f ± %5.3f %%\n", 100.0 * r->p_diff_mean, 100.0 * r->p_diff_unc);
+    for (int i = LLMQ_EVAL_N_QUANTILES - 1; i >= 0; i--)
+        printf("%s Δp: %6.3f%%\n", quantile_label(i), 100.0 * r->p_diff_q[i]);
+    printf("RMS Δp    : %6.3f ± %5.3f %%\n", 100.0 * r->p_diff_rms, 100.0 * r->p_diff_rms_unc);
+    printf("Same top p: %6.3f ± %5.3f %%\n", 100.0 * r->same_top, 100.0 * r->same_top_unc);
+}
+
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static json_t *quantiles_json(const double *q) {
+    json_t *o = json_object();
+    for (int i = 0; i < LLMQ_EVAL_N_QUANTILES; i++) {
+        char key[16];
+        double f = llmq_eval_quantiles[i];
+        if (f == 0) snprintf(key, sizeof(key), "min");
+        else if (f == 1) snprintf(key, sizeof(key), "max");
+        else snprintf(key, sizeof(key), "p%g", 100 * f);
+        json_object_set_new(o, key, jnum(q[i]));
+    }
+    return o;
+}
+
+static json_t *report_json(const struct llmq_eval_report *rep) {
+    const struct llmq_eval_result *r = &rep->res;
+    const struct llmq_eval_plan *p = &rep->plan;
+    json_t *j = json_object();
+    json_object_set_new(j, "protocol", json_string(llmq_eval_protocol_name(p->protocol)));
+    json_object_set_new(j, "ctx", json_integer(p->n_ctx));
+    json_object_set_new(j, "first_scored_position", json_integer(p->first));
+    json_object_set_new(j, "bos_per_chunk", p->bos >= 0 ? json_integer(p->bos) : json_null());
+    json_object_set_new(j, "chunks", json_integer(p->n_chunks));
+    json_object_set_new(j, "chunks_available", json_integer(p->n_chunks_max));
+    json_object_set_new(j, "text_tokens", json_integer(p->n_tokens));
+    json_object_set_new(j, "tokens_evaluated", json_integer(rep->tokens_evaluated));
+    json_object_set_new(j, "tokens_scored", json_integer(r->count));
+    json_object_set_new(j, "seconds", jnum(rep->seconds));
+    json_object_set_new(j, "tokens_per_s", jnum(rep->tokens_per_s));
+    json_object_set_new(j, "ppl", jnum(r->ppl));
+    json_object_set_new(j, "ppl_uncertainty", jnum(r->ppl_unc));
+    json_object_set_new(j, "nll_mean", jnum(r->nll_mean));
+    json_object_set_new(j, "nll_stderr", jnum(r->nll_stderr));
+    if (!r->kld) return j;
+    json_t *k = json_object();
+    json_object_set_new(k, "ppl_base", jnum(r->ppl_base));
+    json_object_set_new(k, "ppl_base_uncertainty", jnum(r->ppl_base_unc));
+    json_object_set_new(k, "ln_ppl_correlation", jnum(r->log_ppl_cor));
+    json_object_set_new(k, "ln_ppl_ratio", jnum(r->log_ppl_ratio));
+    json_object_set_new(k, "ln_ppl_ratio_uncertainty", jnum(r->log_ppl_ratio_unc));
+    json_object_set_new(k, "ppl_ratio", jnum(r->ppl_ratio));
+    json_object_set_new(k, "ppl_ratio_uncertainty", jnum(r->ppl_ratio_unc));
+    json_object_set_new(k, "ppl_diff", jnum(r->ppl_diff));
+    json_object_set_new(k, "ppl_diff_uncertainty", jnum(r->ppl_diff_unc));
+    json_object_set_new(k, "kld_mean", jnum(r->kld_mean));
+    json_object_set_new(k, "kld_uncertainty", jnum(r->kld_unc));
+    json_object_set_new(k, "kld_quantiles", quantiles_json(r->kld_q));
+    json_object_set_new(k, "delta_p_mean", jnum(r->p_diff_mean));
+    json_object_set_new(k, "delta_p_uncertainty", jnum(r->p_diff_unc));
+    json_object_set_new(k, "delta_p_rms", jnum(r->p_diff_rms));
+    json_object_set_new(k, "delta_p_rms_uncertainty", jnum(r->p_diff_rms_unc));
+    json_object_set_new(k, "delta_p_max_abs", jnum(r->p_diff_max_abs));
+    json_object_set_new(k, "delta_p_quantiles", quantiles_json(r->p_diff_q));
+    json_object_set_new(k, "same_top_p", jnum(r->same_top));
+    json_object_set_new(k, "same_top_p_uncertainty", jnum(r->same_top_unc));
+    json_object_set_new(j, "kld", k);
+    return j;
+}
+
+static enum llmq_status write_json(const char *path, json_t *j) {
+    struct llmq_afile f;
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    if (!s) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+    enum llmq_status st = llmq_afile_open(&f, path);
+    if (!st) st = llmq_afile_write(&f, s, strlen(s));
+    if (!st) st = llmq_afile_write(&f, "\n", 1);
+    if (!st) st = llmq_afile_commit(&f);
+    else llmq_afile_abort(&f);
+    free(s);
+    return st;
+}
+
+// ---- the command ------------------------------------------------------------------------------------
+
+struct text {
+    char *path;     // resolved path (owned)
+    char *data;     // the text as tokenized (rows joined when asked)
+    size_t len;
+    uint8_t sha[32];
+    bool rows_joined;
+};
+
+// The text as the protocol tokenizes it: llamacpp reads it as llama-perplexity's -f does (one
+// trailing '\n' removed), gptq with the rows joined when asked (the HF dataset keeps every byte).
+static enum llmq_status load_text(const char *arg, enum llmq_eval_protocol protocol, bool join, struct text *t) {
+    char *resolved = resolve_text(arg), *raw = NULL;
+    size_t n = 0;
+    enum llmq_status st;
+    t->path = resolved ? resolved : strdup(arg);
+    if (!t->path) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+    if ((st = llmq_eval_read_text(t->path, &raw, &n))) return st;
+    if (join) {
+        st = llmq_eval_join_rows(raw, n, &t->data, &t->len);
+        free(raw);
+        if (st) return st;
+    } else {
+        t->data = raw;
+        t->len = n;
+    }
+    if (protocol == LLMQ_EVAL_PROTOCOL_LLAMACPP && t->len > 0 && t->data[t->len - 1] == '\n') t->data[--t->len] = '\0';
+    t->rows_joined = join;
+    llmq_sha256(t->data, t->len, t->sha);
+    return LLMQ_OK;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static enum llmq_status tokenize_text(const struct llmq_model *m, const struct text *t, int32_t **ids, int64_t *n) {
+    if (!m->tok) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: the model has no tokenizer", m->path);
+    double t0 = now_s();
+    enum llmq_status st = llmq_tokenize(m->tok, t->data, t->len, true, false, ids, n);
+    if (st) return st;
+    if (*n > 0 && llmq_tokenizer_add_eos(m->tok) && (*ids)[*n - 1] == llmq_tokenizer_eos(m->tok)) {
+        llmq_warn("eval: %s adds EOS; the EOS after the text is dropped (llama.cpp refuses such models)", m->path);
+        (*n)--;
+    }
+    llmq_info("eval: %s: %zu bytes -> %lld tokens in %.1f s", t->path, t->len, (long long)*n,
+              now_s() - t0);
+    return LLMQ_OK;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *model_path = NULL, *text_arg = NULL, *protocol_name = "llamacpp", *kld_base = NULL, *save_logits = NULL,
+               *kld_file = NULL, *json_path = NULL, *logits_dtype = "f16", *rows = "auto";
+    long ctx = 0, chunks = -1, threads = sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1) threads = 1;
+    const struct cli_flag flags[] = {
+        {"model", CLI_STR, &model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
+        {"ppl", CLI_STR, &text_arg, NULL,
+         "text file (.txt, .raw, .gz), or wikitext-2 / wikitext-2-valid (found under $LLMQ_DATA or ../shared/datasets)"},
+        {"protocol", CLI_STR, &protocol_name, "llamacpp",
+         "llamacpp: n_ctx chunks, BOS per chunk, second half scored; gptq: the papers' windows, all scored"},
+        {"ctx", CLI_INT, &ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
+        {"chunks", CLI_INT, &chunks, "-1 (all)", "evaluate only the first N chunks"},
+        {"threads", CLI_INT, &threads, "the number of CPUs", "threads for the forward pass and the scoring"},
+        {"kld-base", CLI_STR, &kld_base, NULL, "KL divergence mode: run this base model next to --model"},
+        {"save-logits", CLI_STR, &save_logits, NULL, "write the scored positions' logits here (for a later --kld)"},
+        {"logits-dtype", CLI_STR, &logits_dtype, "f16", "element type of --save-logits: f16 or f32"},
+        {"kld", CLI_STR, &kld_file, NULL, "KL divergence mode against a --save-logits file (chunks come from it)"},
+        {"rows", CLI_STR, &rows, "auto",
+         "on: each line of the text is a dataset row, rows joined with \"\\n\\n\" (as the papers load "
+         "wikitext-2-raw-v1); off: the file as is; auto: on for gptq, off for llamacpp"},
+        {"json", CLI_STR, &json_path, NULL, "also write every figure as JSON to this file"},
+    };
+    const struct cli_cmd cmd = {
+        "eval", "--model M --ppl FILE [flags]",
+        "Perplexity of a model on a text, or its KL divergence from a base model (like llama-perplexity).",
+        "Protocols (they are not comparable; the output always names it):\n"
+        "  llamacpp  llama.cpp's llama-perplexity: the text tokenized once, chunks of --ctx tokens, the\n"
+        "            first token of each chunk replaced by BOS when the model adds BOS, positions\n"
+        "            [ctx/2, ctx) scored.\n"
+        "  gptq      GPTQ/AWQ papers: rows joined with \"\\n\\n\", tokenized once, windows of --ctx tokens,\n"
+        "            tail dropped, every next token scored.\n"
+        "KLD modes print mean KLD, Δp and same-top-1 % like llama-perplexity --kl-divergence.\n"
+        "Progress with ETA goes to stderr; results to stdout. Exit status: 0 ok, 1 error, 2 usage.",
+        flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
+    const char *pos[1];
+    int n_pos, rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
+    if (rc) return rc == 1 ? 0 : rc;
+
+    enum llmq_eval_protocol protocol;
+    enum llmq_dtype dtype = llmq_dtype_from_name(logits_dtype);
+    const char *usage = NULL;
+    if (!model_path) usage = "--model is required";
+    else if (!text_arg && !kld_file) usage = "--ppl FILE is required (or --kld FILE)";
+    else if (!llmq_eval_protocol_from_name(protocol_name, &protocol)) usage = "--protocol must be llamacpp or gptq";
+    else if (ctx < 0 || ctx == 1 || ctx > (1L << 20)) usage = "--ctx must be between 2 and 1048576";
+    else if (chunks == 0 || chunks < -1) usage = "--chunks must be -1 (all) or at least 1";
+    else if (threads < 1 || threads > 256) usage = "--threads must be between 1 and 256";
+    else if ((kld_base != NULL) + (save_logits != NULL) + (kld_file != NULL) > 1)
+        usage = "--kld-base, --save-logits and --kld exclude each other";
+    else if (dtype != LLMQ_DTYPE_F16 && dtype != LLMQ_DTYPE_F32) usage = "--logits-dtype must be f16 or f32";
+    else if (strcmp(rows, "auto") && strcmp(rows, "on") && strcmp(rows, "off")) usage = "--rows must be auto, on or off";
+    if (usage) {
+        fprintf(stderr, "llmq eval: %s\nrun 'llmq eval --help' for the flags and their defaults\n", usage);
+        return 2;
+    }
+
+    struct llmq_model *m = NULL, *base = NULL;
+    struct llmq_logits_file *lf = NULL;
+    struct text text = {0};
+    int32_t *ids = NULL;
+    int64_t n_ids = 0;
+    json_t *js = NULL;
+    enum llmq_status st = LLMQ_OK;
+    struct llmq_eval_report rep;
+    struct progress pr = {.tty = isatty(STDERR_FILENO) != 0};
+    char hex[65];
+
+    if (kld_file) {
+        if ((st = llmq_logits_open(kld_file, &lf))) goto done;
+        protocol = llmq_logits_header(lf)->protocol;
+        if (ctx > 0 && ctx != llmq_logits_header(lf)->n_ctx) {
+            fprintf(stderr, "llmq eval: --ctx %ld differs from the context %lld of %s\n", ctx,
+                    (long long)llmq_logits_header(lf)->n_ctx, kld_file);
+            st = LLMQ_ERR_ARG;
+            goto done;
+        }
+    }
+    bool join = strcmp(rows, "on") == 0 || (strcmp(rows, "auto") == 0 && protocol == LLMQ_EVAL_PROTOCOL_GPTQ);
+    if (text_arg && (st = load_text(text_arg, protocol, join, &text))) goto done;
+    if (lf && text_arg && memcmp(text.sha, llmq_logits_header(lf)->text_sha256, 32) != 0) {
+        st = llmq_errorf(LLMQ_ERR_ARG, "%s: the text (sha256 of %s%s) is not the one %s was computed on", text.path,
+                         text.path, join ? " with rows joined" : "", kld_file);
+        goto done;
+    }
+    if ((st = llmq_model_load(model_path, &m))) goto done;
+    if (kld_base && (st = llmq_model_load(kld_base, &base))) goto done;
+    if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
+
+    struct llmq_eval_opts o = {
+        .protocol = protocol, .n_ctx = ctx, .max_chunks = chunks, .n_threads = (int)threads,
+        .save_logits = save_logits, .logits_dtype = dtype, .text_sha256 = text_arg ? text.sha : NULL,
+        .progress = on_progress, .progress_user = &pr,
+    };
+    int64_t n_chunks = lf ? llmq_logits_header(lf)->n_chunks : n_ids / (ctx > 0 ? ctx : llmq_eval_protocol_default_ctx(protocol));
+    if (chunks > 0 && chunks < n_chunks) n_chunks = chunks;
+    pr.every = n_chunks / 20 > 1 ? n_chunks / 20 : 1;
+    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s", m->path,
+              llmq_eval_protocol_name(protocol), (long long)n_chunks, threads, base ? ", base " : "",
+              base ? base->path : "");
+    if (lf) st = llmq_eval_kld_file(lf, m, &o, &rep);
+    else if (base) st = llmq_eval_kld_models(base, m, ids, n_ids, &o, &rep);
+    else st = llmq_eval_ppl(m, ids, n_ids, &o, &rep);
+    if (st) {
+        if (pr.tty && pr.printed) fputc('\n', stderr);
+        goto done;
+    }
+
+    const uint8_t *sha = lf ? llmq_logits_header(lf)->text_sha256 : text.sha;
+    llmq_sha256_hex(sha, hex);
+    printf("model:     %s\n", m->path);
+    if (base) printf("base:      %s\n", base->path);
+    if (lf) printf("base:      logits file %s\n", kld_file);
+    if (text_arg) printf("text:      %s (%zu bytes%s, sha256 %s)\n", text.path, text.len, join ? ", rows joined" : "", hex);
+    else printf("text:      sha256 %s (from the logits file)\n", hex);
+    printf("protocol:  %s (ctx %lld, scored positions [%lld, %lld), BOS per chunk: %s)\n",
+           llmq_eval_protocol_name(rep.plan.protocol), (long long)rep.plan.n_ctx, (long long)rep.plan.first,
+           (long long)rep.plan.n_ctx - 1, rep.plan.bos >= 0 ? "yes" : lf ? "as stored" : "no");
+    print_report(&rep);
+    if (save_logits) printf("logits:    %s (%s)\n", save_logits, llmq_dtype_name(dtype));
+    fflush(stdout);
+
+    if (json_path) {
+        js = report_json(&rep);
+        json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
+        json_object_set_new(js, "model", json_string(m->path));
+        if (base) json_object_set_new(js, "base_model", json_string(base->path));
+        if (lf) json_object_set_new(js, "kld_logits_file", json_string(kld_file));
+        if (save_logits) json_object_set_new(js, "saved_logits", json_string(save_logits));
+        json_object_set_new(js, "text", text_arg ? json_string(text.path) : json_null());
+        json_object_set_new(js, "text_bytes", text_arg ? json_integer((json_int_t)text.len) : json_null());
+        json_object_set_new(js, "text_sha256", json_string(hex));
+        json_object_set_new(js, "rows_joined", json_boolean(join));
+        json_object_set_new(js, "threads", json_integer(threads));
+        if ((st = write_json(json_path, js))) goto done;
+    }
+done:
+    json_decref(js);
+    free(ids);
+    free(text.data);
+    free(text.path);
+    llmq_logits_close(lf);
+    llmq_model_free(base);
+    llmq_model_free(m);
+    return st ? 1 : 0;
+}

@@ -1,0 +1,76 @@
+/*
+ * tests/tools/forward_logits.c — llmq_forward_logits on the command line, for the pytest oracles.
+ *
+ *   forward_logits MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0]
+ *
+ * IDS_FILE holds whitespace-separated token ids (one sequence, prefilled from position 0).
+ * OUT_FILE receives the logits of positions [FIRST, n) as raw little-endian float32,
+ * ((n - FIRST), n_vocab) row-major. Prints "n_tokens n_vocab" on stdout. Exit 1 on error.
+ */
+#include "calib/forward.h"
+#include "calib/model.h"
+#include "common/io.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0]\n", argv[0]);
+        return 2;
+    }
+    int threads = argc > 4 ? atoi(argv[4]) : 2;
+    int64_t first = argc > 5 ? atoll(argv[5]) : 0;
+    char *text = NULL;
+    size_t size = 0;
+    int32_t *ids = NULL;
+    int64_t n = 0, cap = 0;
+    float *logits = NULL;
+    struct llmq_model *m = NULL;
+    struct llmq_forward *f = NULL;
+    FILE *fp = NULL;
+    int rc = 1;
+    if (llmq_read_file(argv[2], 1u << 28, &text, &size) != LLMQ_OK) goto done;
+    for (char *p = text, *e;; p = e) {
+        long v = strtol(p, &e, 10);
+        if (e == p) break;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            int32_t *ni = realloc(ids, (size_t)cap * sizeof(int32_t));
+            if (!ni) goto done;
+            ids = ni;
+        }
+        ids[n++] = (int32_t)v;
+    }
+    if (n == 0 || first < 0 || first >= n) {
+        fprintf(stderr, "%s: no token ids, or FIRST out of range\n", argv[2]);
+        goto done;
+    }
+    if (llmq_model_load(argv[1], &m) != LLMQ_OK) goto done;
+    if (llmq_forward_init(m, n, threads, &f) != LLMQ_OK) goto done;
+    logits = malloc((size_t)((n - first) * m->hp.n_vocab) * sizeof(float));
+    if (!logits) goto done;
+    if (llmq_forward_logits(f, ids, n, first, logits) != LLMQ_OK) goto done;
+    fp = fopen(argv[3], "wb");
+    if (!fp) {
+        fprintf(stderr, "%s: cannot open for writing\n", argv[3]);
+        goto done;
+    }
+    size_t count = (size_t)((n - first) * m->hp.n_vocab);
+    if (fwrite(logits, sizeof(float), count, fp) != count || fclose(fp) != 0) {
+        fp = NULL;
+        fprintf(stderr, "%s: write failed\n", argv[3]);
+        goto done;
+    }
+    fp = NULL;
+    printf("%lld %lld\n", (long long)n, (long long)m->hp.n_vocab);
+    rc = 0;
+done:
+    if (fp) fclose(fp);
+    free(logits);
+    free(ids);
+    free(text);
+    llmq_forward_free(f);
+    llmq_model_free(m);
+    return rc;
+}

@@ -1134,7 +1134,12 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
     if (!in_hf && !has_gguf_magic(in))
         return llmq_errorf(LLMQ_ERR_MAGIC, "%s: neither a GGUF file nor a Hugging Face model directory", in);
     enum llmq_convert_to to = opts->to;
-    if (to == LLMQ_CONVERT_TO_AUTO) to = in_hf ? LLMQ_CONVERT_TO_GGUF : LLMQ_CONVERT_TO_HF;
+    if (to == LLMQ_CONVERT_TO_AUTO) {
+        // an output named *.gguf is a GGUF file whatever the input; otherwise the other format
+        size_t n = strlen(out);
+        bool out_gguf = n >= 5 && strcmp(out + n - 5, ".gguf") == 0;
+        to = in_hf || out_gguf ? LLMQ_CONVERT_TO_GGUF : LLMQ_CONVERT_TO_HF;
+    }
     if (in_hf && to == LLMQ_CONVERT_TO_HF)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: HF -> HF conversion is not supported (convert to GGUF)", in);
     if ((st = check_output(in, out, to == LLMQ_CONVERT_TO_HF, opts->force, &exists))) return st;
@@ -1142,5 +1147,112 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
     else if (to == LLMQ_CONVERT_TO_GGUF) st = gguf_to_gguf(in, out, opts, stats);
     else st = gguf_to_hf(in, out, exists, opts, stats);
     stats->seconds = now_s() - t0;
+    return st;
+}
+
+// ===================================================== pieces for other HF writers (export) ====
+
+void llmq_convert_remove_tree(const char *path) { remove_tree(path); }
+
+enum llmq_status llmq_convert_write_json(const char *dir, const char *name, const json_t *j) {
+    return write_json(dir, name, j);
+}
+
+enum llmq_status llmq_convert_hf_publish(const char *tmp, const char *out, bool replace) {
+    return publish_dir(tmp, out, replace);
+}
+
+enum llmq_status llmq_convert_hf_prepare(const char *in, const char *out, bool force, char **tmp, bool *replace) {
+    enum llmq_status st;
+    *tmp = NULL;
+    *replace = false;
+    if ((st = check_output(in, out, true, force, replace))) return st;
+    size_t tl = strlen(out) + 32;
+    char *t = malloc(tl);
+    if (!t) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
+    snprintf(t, tl, "%s.tmp.%ld", out, (long)getpid());
+    remove_tree(t); // a leftover of a crashed run with our pid
+    if (mkdir(t, 0755) != 0) {
+        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot create: %s", t, strerror(errno));
+        free(t);
+        return st;
+    }
+    *tmp = t;
+    return LLMQ_OK;
+}
+
+// Copies in_dir/name to out_dir/name when it exists (atomically).
+static enum llmq_status copy_side_file(const char *in_dir, const char *out_dir, const char *name) {
+    char *src = llmq_path_join(in_dir, name), *dst = llmq_path_join(out_dir, name), *data = NULL;
+    struct llmq_afile f = {0};
+    size_t n = 0;
+    enum llmq_status st = LLMQ_OK;
+    if (!src || !dst) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in_dir);
+        goto done;
+    }
+    if (!llmq_file_exists(src)) goto done;
+    if ((st = llmq_read_file(src, 1u << 30, &data, &n))) goto done;
+    if ((st = llmq_afile_open(&f, dst))) goto done;
+    if ((st = llmq_afile_write(&f, data, n))) {
+        llmq_afile_abort(&f);
+        goto done;
+    }
+    st = llmq_afile_commit(&f);
+done:
+    free(data);
+    free(src);
+    free(dst);
+    return st;
+}
+
+enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq_dtype dtype,
+                                      const json_t *config_extra) {
+    static const char *copied[] = {"generation_config.json", "tokenizer.json",   "tokenizer_config.json",
+                                   "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
+                                   "vocab.json",              "merges.txt",        "chat_template.jinja",
+                                   "chat_template.json"};
+    struct llmq_gguf *g = NULL;
+    struct cv_vocab v = {0};
+    struct hp hp;
+    json_t *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL;
+    enum llmq_status st = LLMQ_OK;
+
+    if (llmq_is_dir(in)) {
+        if ((st = load_config(in, &cfg))) goto done;
+        for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)
+            if ((st = copy_side_file(in, dir, copied[i]))) goto done;
+        json_object_del(cfg, "quantization_config");
+        json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype(dtype)));
+    } else {
+        if ((st = llmq_gguf_open(in, &g)) || (st = hp_from_gguf(g, &hp)) || (st = cv_vocab_from_gguf(g, &v)))
+            goto done;
+        if (v.n != hp.n_vocab) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld tokens but token_embd.weight has %lld rows", in,
+                             (long long)v.n, (long long)hp.n_vocab);
+            goto done;
+        }
+        if ((st = cv_vocab_to_hf(&v, in, hp.n_ctx, &tok, &tok_cfg))) goto done;
+        cfg = hf_config_json(&hp, &v, dtype);
+        gen = json_pack("{s:b}", "_from_model_config", 1);
+        if (v.special[CV_BOS] >= 0) json_object_set_new(gen, "bos_token_id", json_integer(v.special[CV_BOS]));
+        if (v.special[CV_EOS] >= 0) json_object_set_new(gen, "eos_token_id", json_integer(v.special[CV_EOS]));
+        if (v.special[CV_PAD] >= 0) json_object_set_new(gen, "pad_token_id", json_integer(v.special[CV_PAD]));
+        if ((st = write_json(dir, "generation_config.json", gen)) || (st = write_json(dir, "tokenizer.json", tok)) ||
+            (st = write_json(dir, "tokenizer_config.json", tok_cfg)))
+            goto done;
+    }
+    if (config_extra && json_object_update(cfg, (json_t *)config_extra) != 0) {
+        st = llmq_errorf(LLMQ_ERR_ARG, "%s: config.json additions are not a JSON object", dir);
+        goto done;
+    }
+    st = write_json(dir, "config.json", cfg);
+done:
+    json_decref(cfg);
+    json_decref(gen);
+    json_decref(tok);
+    json_decref(tok_cfg);
+    cv_vocab_free(&v);
+    llmq_gguf_free(g);
     return st;
 }

@@ -94,11 +94,12 @@
 #include "common/dtype.h"
 #include "common/status.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 enum llmq_convert_to {
-    LLMQ_CONVERT_TO_AUTO, // the other format: GGUF -> HF, HF -> GGUF
+    LLMQ_CONVERT_TO_AUTO, // GGUF when the output path ends in ".gguf", else the other format (GGUF -> HF)
     LLMQ_CONVERT_TO_GGUF,
     LLMQ_CONVERT_TO_HF,
 };
@@ -133,5 +134,36 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
 // for k): to_gguf: HF -> GGUF (llama.cpp's permute), else GGUF -> HF (its inverse). Requires
 // n_rows % (2 * n_head) == 0 and 0 <= r < n_rows (LLMQ_ASSERT).
 int64_t llmq_convert_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_gguf);
+
+// ---- Pieces shared with other writers of HF directories (quant/export.c) ------------------------
+
+// Prepares an HF output directory as "Output" describes: refuses out == in and an existing out
+// unless force (then only a directory holding config.json, or an empty one), then creates the
+// empty directory "<out>.tmp.<pid>" (a leftover of a crashed run with the same pid is removed).
+// *tmp (owned: free()) names it; *replace tells llmq_convert_hf_publish to replace an existing out.
+enum llmq_status llmq_convert_hf_prepare(const char *in, const char *out, bool force, char **tmp, bool *replace);
+
+// Renames the finished tmp onto out (an existing out is moved aside first and removed after the
+// rename succeeded), then fsyncs the parent directory. On failure tmp is left to the caller.
+enum llmq_status llmq_convert_hf_publish(const char *tmp, const char *out, bool replace);
+
+// Removes a file or directory tree, best effort (symbolic links are removed, not followed).
+void llmq_convert_remove_tree(const char *path);
+
+// Writes j as dir/name (2-space indent, key order kept, floats with 9 digits), atomically.
+enum llmq_status llmq_convert_write_json(const char *dir, const char *name, const json_t *j);
+
+/*
+ * Writes the non-tensor files of an HF directory for the model at `in` into dir:
+ *   GGUF input: config.json, generation_config.json, tokenizer.json and tokenizer_config.json built
+ *     exactly as GGUF -> HF builds them (see "Tokenizer");
+ *   HF input: config.json read back, and generation_config.json, tokenizer.json,
+ *     tokenizer_config.json, special_tokens_map.json, added_tokens.json, tokenizer.model,
+ *     vocab.json, merges.txt, chat_template.jinja / .json copied byte for byte when present.
+ * config.json gets "torch_dtype" for dtype, loses any "quantization_config" of the input, and then
+ * every key of config_extra (an object, or NULL) set over it. Errors as llmq_convert.
+ */
+enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq_dtype dtype,
+                                      const json_t *config_extra);
 
 #endif // LLMQ_CALIB_CONVERT_H

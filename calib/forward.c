@@ -56,6 +56,7 @@ struct llmq_forward {
     float *att;      // (max_tokens, Dq) attention output (input of o_proj)
     float *gate;     // (max_tokens, F) gate, then silu(gate) * up (input of down_proj)
     float *up;       // (max_tokens, F)
+    float *out;      // (max_tokens, D) output of the attention / MLP of a block, added to x
     float *scores;   // (n_threads, RB, n_pos) attention scores per worker
 };
 
@@ -366,6 +367,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     f->att = alloc_f32(T * Dq, &ok);
     f->gate = alloc_f32(T * F, &ok);
     f->up = alloc_f32(T * F, &ok);
+    f->out = alloc_f32(T * D, &ok);
     enum llmq_status st = LLMQ_OK;
     if (!ok) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld tokens of %s", (long long)T, m->path);
@@ -409,6 +411,7 @@ void llmq_forward_free(struct llmq_forward *f) {
     free(f->att);
     free(f->gate);
     free(f->up);
+    free(f->out);
     free(f->scores);
     free(f);
 }
@@ -467,18 +470,17 @@ static void call_hook(struct llmq_forward *f, llmq_linear_hook hook, void *user,
     blas_serial(f);
 }
 
-static enum llmq_status block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
-                              llmq_linear_hook hook, void *user) {
+// out (n, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) for xn (n_seq * seqlen, D).
+// xn may be f->xn; out must not alias f's buffers other than f->out.
+static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
+                             float *out, llmq_linear_hook hook, void *user) {
     const struct llmq_model *m = f->m;
     const struct llmq_hparams *hp = &m->hp;
     const struct llmq_layer *ly = &m->layers[layer];
-    const int64_t D = hp->n_embd, F = hp->n_ff, Dh = hp->head_dim;
+    const int64_t Dh = hp->head_dim;
     const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
     enum llmq_status st;
 
-    // ---- attention
-    rms_norm(f, x, f->norms + 2 * layer * D, f->xn, n);
-    call_hook(f, hook, user, layer, LLMQ_LIN_Q, f->xn, n, D);
     float beta = 0.0f;
     if (f->bias) { // y = W x + b, as ggml_add after the matmul: start from b and accumulate
         const float *b = f->bias + layer * (Dq + 2 * Dkv);
@@ -489,9 +491,9 @@ static enum llmq_status block(struct llmq_forward *f, int layer, float *x, int64
         }
         beta = 1.0f;
     }
-    if ((st = linear(f, ly->w[LLMQ_LIN_Q], f->xn, n, f->q, beta))) return st;
-    if ((st = linear(f, ly->w[LLMQ_LIN_K], f->xn, n, f->k, beta))) return st;
-    if ((st = linear(f, ly->w[LLMQ_LIN_V], f->xn, n, f->v, beta))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_Q], xn, n, f->q, beta))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_K], xn, n, f->k, beta))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_V], xn, n, f->v, beta))) return st;
     struct rope_ctx rc = {f, f->q, f->k, n, seqlen};
     parallel(threads_for(f, n * (Dq + Dkv) * 4), rope_worker, &rc);
     struct attn_ctx ac = {.f = f, .n_seq = n_seq, .seqlen = seqlen, .n_rb = (seqlen + RB - 1) / RB};
@@ -501,29 +503,107 @@ static enum llmq_status block(struct llmq_forward *f, int layer, float *x, int64
     if (nth > n_seq * hp->n_head * ac.n_rb) nth = (int)(n_seq * hp->n_head * ac.n_rb);
     parallel(nth, attn_worker, &ac);
     call_hook(f, hook, user, layer, LLMQ_LIN_O, f->att, n, Dq);
-    if ((st = linear(f, ly->w[LLMQ_LIN_O], f->att, n, x, 1.0f))) return st; // x += Wo att
+    return linear(f, ly->w[LLMQ_LIN_O], f->att, n, out, 0.0f);
+}
 
-    // ---- MLP
-    rms_norm(f, x, f->norms + (2 * layer + 1) * D, f->xn, n);
-    call_hook(f, hook, user, layer, LLMQ_LIN_GATE, f->xn, n, D);
-    if ((st = linear(f, ly->w[LLMQ_LIN_GATE], f->xn, n, f->gate, 0.0f))) return st;
-    if ((st = linear(f, ly->w[LLMQ_LIN_UP], f->xn, n, f->up, 0.0f))) return st;
+// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) for xn (n, D).
+static enum llmq_status mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out,
+                            llmq_linear_hook hook, void *user) {
+    const struct llmq_layer *ly = &f->m->layers[layer];
+    const int64_t F = f->m->hp.n_ff;
+    enum llmq_status st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_GATE], xn, n, f->gate, 0.0f))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_UP], xn, n, f->up, 0.0f))) return st;
     struct swiglu_ctx sc = {f->gate, f->up, n * F};
     parallel(threads_for(f, n * F * 8), swiglu_worker, &sc);
     call_hook(f, hook, user, layer, LLMQ_LIN_DOWN, f->gate, n, F);
-    if ((st = linear(f, ly->w[LLMQ_LIN_DOWN], f->gate, n, x, 1.0f))) return st; // x += Wdown h
+    return linear(f, ly->w[LLMQ_LIN_DOWN], f->gate, n, out, 0.0f);
+}
+
+// x += y, both (n) floats.
+static void add_inplace(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static enum llmq_status block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
+                              llmq_linear_hook hook, void *user) {
+    const int64_t D = f->m->hp.n_embd, n = n_seq * seqlen;
+    enum llmq_status st;
+
+    // ---- attention: x += attn(RMSNorm(x) * attn_norm)
+    rms_norm(f, x, f->norms + 2 * layer * D, f->xn, n);
+    call_hook(f, hook, user, layer, LLMQ_LIN_Q, f->xn, n, D);
+    if ((st = attn(f, layer, f->xn, n_seq, seqlen, f->out, hook, user))) return st;
+    add_inplace(x, f->out, n * D);
+
+    // ---- MLP: x += mlp(RMSNorm(x) * ffn_norm)
+    rms_norm(f, x, f->norms + (2 * layer + 1) * D, f->xn, n);
+    call_hook(f, hook, user, layer, LLMQ_LIN_GATE, f->xn, n, D);
+    if ((st = mlp(f, layer, f->xn, n, f->out, hook, user))) return st;
+    add_inplace(x, f->out, n * D);
     return LLMQ_OK;
 }
 
-enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
-                                    llmq_linear_hook hook, void *user) {
+static enum llmq_status check_block_args(const struct llmq_forward *f, int layer, int64_t n_seq, int64_t seqlen) {
     if (layer < 0 || layer >= f->m->hp.n_layer)
         return llmq_errorf(LLMQ_ERR_ARG, "forward: layer %d out of range [0, %lld)", layer,
                            (long long)f->m->hp.n_layer);
     if (n_seq < 1 || seqlen < 1 || n_seq > f->max_tokens / seqlen)
         return llmq_errorf(LLMQ_ERR_ARG, "forward: %lld sequences of %lld tokens exceed max_tokens %lld",
                            (long long)n_seq, (long long)seqlen, (long long)f->max_tokens);
-    enum llmq_status st = ensure_positions(f, seqlen);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq,
+                                   int64_t seqlen, float *out) {
+    enum llmq_status st = check_block_args(f, layer, n_seq, seqlen);
+    if (!st) st = ensure_positions(f, seqlen);
+    if (st) return st;
+    blas_serial(f);
+    st = attn(f, layer, xn, n_seq, seqlen, out, NULL, NULL);
+    blas_restore(f);
+    return st;
+}
+
+enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out) {
+    enum llmq_status st = check_block_args(f, layer, n < 1 ? 0 : 1, n);
+    if (st) return st;
+    blas_serial(f);
+    st = mlp(f, layer, xn, n, out, NULL, NULL);
+    blas_restore(f);
+    return st;
+}
+
+enum llmq_status llmq_forward_rmsnorm(struct llmq_forward *f, const float *x, int64_t n, const float *w, float *y) {
+    if (n < 1) return llmq_errorf(LLMQ_ERR_ARG, "forward: rmsnorm on %lld tokens", (long long)n);
+    blas_serial(f);
+    rms_norm(f, x, w, y, n);
+    blas_restore(f);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_forward_reload_layer(struct llmq_forward *f, int layer) {
+    const struct llmq_model *m = f->m;
+    const struct llmq_hparams *hp = &m->hp;
+    if (layer < 0 || layer >= hp->n_layer)
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: layer %d out of range [0, %lld)", layer, (long long)hp->n_layer);
+    const int64_t D = hp->n_embd, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
+    const struct llmq_layer *ly = &m->layers[layer];
+    enum llmq_status st = llmq_model_weight_f32(ly->attn_norm, f->norms + (2 * layer) * D, 1);
+    if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + (2 * layer + 1) * D, 1);
+    if (!st && f->bias) {
+        float *b = f->bias + layer * (Dq + 2 * Dkv);
+        st = llmq_model_weight_f32(ly->bq, b, 1);
+        if (!st) st = llmq_model_weight_f32(ly->bk, b + Dq, 1);
+        if (!st) st = llmq_model_weight_f32(ly->bv, b + Dq + Dkv, 1);
+    }
+    return st;
+}
+
+enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
+                                    llmq_linear_hook hook, void *user) {
+    enum llmq_status st = check_block_args(f, layer, n_seq, seqlen);
+    if (!st) st = ensure_positions(f, seqlen);
     if (st) return st;
     blas_serial(f);
     st = block(f, layer, x, n_seq, seqlen, hook, user);

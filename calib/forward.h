@@ -25,7 +25,7 @@
  *
  * Memory (f32): the weight scratch (the largest block weight that is not f32 already — f32 weights
  * are used in place from the mapping — or a chunk of >= 4096 rows of the output head); activations
- * for max_tokens tokens (normed input, q, k, v, attention output, gate, up; plus the hidden state of
+ * for max_tokens tokens (normed input, q, k, v, attention output, gate, up, sub-block output; plus the hidden state of
  * llmq_forward_logits, allocated by its first call); RoPE tables and one (64, seqlen) score block
  * per thread, grown to the longest sequence seen. Logits go to the caller's buffer.
  * Measured (SmolLM2-135M Q4_1, 94 MB file, 512 tokens, last logits only): 130 MB peak RSS.
@@ -75,6 +75,31 @@ typedef void (*llmq_linear_hook)(void *user, int layer, enum llmq_linear which, 
 // Runs decoder block `layer` in place on x (n_seq * seqlen, D). hook may be NULL.
 enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
                                     llmq_linear_hook hook, void *user);
+
+// ---- Sub-block API (AWQ's scale search runs the attention and the MLP on their own) ------------
+// The same code paths as llmq_forward_block, which computes
+//     x += llmq_forward_attn(RMSNorm(x) * attn_norm);   x += llmq_forward_mlp(RMSNorm(x) * ffn_norm)
+// with exactly these functions (the sums in f32, one add per element), so the pieces reproduce
+// llmq_forward_block bit for bit (tests/unit/test_awq.c).
+
+// out (n_seq * seqlen, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) of block
+// `layer` for the normed input xn (n_seq * seqlen, D) (not modified), n_seq * seqlen <= max_tokens.
+// out must not alias xn. Errors as llmq_forward_block.
+enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq,
+                                   int64_t seqlen, float *out);
+
+// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) of block `layer` for xn (n, D) (not modified),
+// 1 <= n <= max_tokens. out must not alias xn.
+enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out);
+
+// y (n, D) = RMSNorm(x) * w for x (n, D), w (D) (the formula above). y may equal x. Any n >= 1
+// (not limited by max_tokens).
+enum llmq_status llmq_forward_rmsnorm(struct llmq_forward *f, const float *x, int64_t n, const float *w, float *y);
+
+// The forward object keeps f32 copies of every norm weight (and qwen2 q/k/v biases) made at init.
+// After pointing block `layer`'s attn_norm / ffn_norm / bq / bk / bv views at other data (quant/awq.h
+// does), call this to re-read them. Linear weights are read through the views at every call.
+enum llmq_status llmq_forward_reload_layer(struct llmq_forward *f, int layer);
 
 // logits (n, V) = output · (RMSNorm(x) * output_norm) for x (n, D). Any n >= 1 (processed in
 // chunks of max_tokens).

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_LAYERS 4096
 #define MAX_DIM (1LL << 24)          // any single hyper-parameter
@@ -244,6 +245,285 @@ static const struct names hf_names = {
      "model.layers.%d.self_attn.v_proj.bias"},
 };
 
+// ---------------------------------------------------------------------------------------------
+// AWQ / GPTQ directories: dequantized on load (calib/model.h "Quantized HF directories")
+// ---------------------------------------------------------------------------------------------
+
+static const int awq_order[8] = {0, 2, 4, 6, 1, 3, 5, 7}; // nibble i holds column 8j + awq_order[i]
+
+// Element i of an int32 tensor in the mapping (safetensors data need not be 4-byte aligned).
+static uint32_t rd32(const struct llmq_tensor_view *t, int64_t i) {
+    uint32_t x;
+    memcpy(&x, (const uint8_t *)t->data + (size_t)i * 4, 4);
+    return x;
+}
+
+// <prefix>.<suffix> with n_dims dims (d0[, d1]); dtype I32 when want_i32, else any dtype that
+// converts to f32. Absent and !required: *out = NULL.
+static enum llmq_status qtensor(const struct llmq_model *m, const char *prefix, const char *suffix, bool want_i32,
+                                bool required, int n_dims, int64_t d0, int64_t d1,
+                                const struct llmq_tensor_view **out) {
+    char name[160];
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
+    const struct llmq_tensor_view *t = find_tensor(m, name);
+    *out = NULL;
+    if (!t) {
+        if (!required) return LLMQ_OK;
+        return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s (nor %s.weight) for %s quantization",
+                           src_name(m), name, prefix, m->quant->method);
+    }
+    if (t->n_dims != n_dims || t->shape[0] != d0 || (n_dims == 2 && t->shape[1] != d1)) {
+        char got[96];
+        llmq_tensor_shape_str(t, got, sizeof got);
+        if (n_dims == 1)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld] (%s, %d bits, group %d)",
+                               src_name(m), name, got, (long long)d0, m->quant->method, m->quant->bits,
+                               m->quant->group_size);
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld, %lld] (%s, %d bits, group %d)",
+                           src_name(m), name, got, (long long)d0, (long long)d1, m->quant->method, m->quant->bits,
+                           m->quant->group_size);
+    }
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->dtype);
+    if (want_i32 ? t->dtype != LLMQ_DTYPE_I32 : (!tr || !tr->can_dequant))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (expected %s)", src_name(m), name,
+                           llmq_dtype_name(t->dtype), want_i32 ? "I32" : "F16, BF16 or F32");
+    *out = t;
+    return LLMQ_OK;
+}
+
+// Reads n values of b bits from the little-endian bit stream in words w(0), w(1), ... where
+// w(i) = rd32(t, first + i * stride); value i sits at stream bits [b*i, b*i + b).
+static void unpack_stream(const struct llmq_tensor_view *t, int64_t first, int64_t stride, int64_t n, int b,
+                          int32_t *v) {
+    uint32_t mask = (1u << b) - 1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t bit = i * b, word = bit / 32, off = bit % 32;
+        uint64_t x = rd32(t, first + word * stride) >> off;
+        if (off + b > 32) x |= (uint64_t)rd32(t, first + (word + 1) * stride) << (32 - off);
+        v[i] = (int32_t)(x & mask);
+    }
+}
+
+// Output rows [n0, n1) of one linear: W[n, c] = f32(q - z) * s (AWQ: n0, n1 multiples of 8).
+struct deq_job {
+    bool awq, nomem;
+    const struct llmq_tensor_view *qw;
+    int bits;
+    int64_t R, C, n0, n1;
+    const float *s;      // (ng, R) scales
+    const int32_t *z;    // (ng, R) zero points
+    const int32_t *gidx; // (C) group of each column
+    float *W;            // (R, C) output
+};
+
+static void *deq_worker(void *arg) {
+    struct deq_job *j = arg;
+    int64_t R = j->R, C = j->C;
+    if (j->awq) {
+        for (int64_t c = 0; c < C; c++) {
+            int64_t g = j->gidx[c];
+            for (int64_t jj = j->n0 / 8; jj < j->n1 / 8; jj++) {
+                uint32_t w = rd32(j->qw, c * (R / 8) + jj);
+                for (int i = 0; i < 8; i++) {
+                    int64_t n = 8 * jj + awq_order[i];
+                    int32_t v = (int32_t)((w >> (4 * i)) & 15u);
+                    j->W[n * C + c] = (float)(v - j->z[g * R + n]) * j->s[g * R + n];
+                }
+            }
+        }
+        return NULL;
+    }
+    int32_t *codes = malloc((size_t)C * sizeof *codes);
+    if (!codes) {
+        j->nomem = true;
+        return NULL;
+    }
+    for (int64_t n = j->n0; n < j->n1; n++) {
+        unpack_stream(j->qw, n, R, C, j->bits, codes); // column n of qweight, words R apart
+        for (int64_t c = 0; c < C; c++) {
+            int64_t g = j->gidx[c];
+            j->W[n * C + c] = (float)(codes[c] - j->z[g * R + n]) * j->s[g * R + n];
+        }
+    }
+    free(codes);
+    return NULL;
+}
+
+// Dequantizes linear k of layer il (R, C) into an owned F32 view.
+static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int64_t R, int64_t C,
+                                       const struct llmq_tensor_view **out) {
+    struct llmq_model_quant *q = (struct llmq_model_quant *)m->quant;
+    const struct llmq_tensor_view *qw, *qz, *sc, *gi = NULL;
+    int b = q->bits, G = q->group_size;
+    int64_t ng = G > 0 ? (C + G - 1) / G : 1;
+    float *W = NULL, *s = NULL;
+    int32_t *z = NULL, *gidx = NULL;
+    char prefix[160], name[160];
+    enum llmq_status st;
+
+    snprintf(name, sizeof name, hf_names.w[k], il);
+    snprintf(prefix, sizeof prefix, "%.*s", (int)(strlen(name) - strlen(".weight")), name);
+    if (strcmp(q->method, "awq") == 0) {
+        if (R % 8 != 0 || C % G != 0)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s (%lld x %lld) cannot be AWQ-packed with group %d", src_name(m),
+                               prefix, (long long)R, (long long)C, G);
+        if ((st = qtensor(m, prefix, "qweight", true, true, 2, C, R / 8, &qw)) ||
+            (st = qtensor(m, prefix, "qzeros", true, true, 2, ng, R / 8, &qz)) ||
+            (st = qtensor(m, prefix, "scales", false, true, 2, ng, R, &sc)))
+            return st;
+    } else {
+        if ((C * b) % 32 != 0 || (R * b) % 32 != 0)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s (%lld x %lld) cannot be GPTQ-packed at %d bits", src_name(m),
+                               prefix, (long long)R, (long long)C, b);
+        if ((st = qtensor(m, prefix, "qweight", true, true, 2, C * b / 32, R, &qw)) ||
+            (st = qtensor(m, prefix, "qzeros", true, true, 2, ng, R * b / 32, &qz)) ||
+            (st = qtensor(m, prefix, "scales", false, true, 2, ng, R, &sc)) ||
+            (st = qtensor(m, prefix, "g_idx", true, false, 1, C, 0, &gi)))
+            return st;
+    }
+    W = malloc((size_t)R * (size_t)C * sizeof *W);
+    s = malloc((size_t)ng * (size_t)R * sizeof *s);
+    z = malloc((size_t)ng * (size_t)R * sizeof *z);
+    gidx = malloc((size_t)C * sizeof *gidx);
+    if (!W || !s || !z || !gidx) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory dequantizing %s (%lld x %lld)", src_name(m), prefix,
+                         (long long)R, (long long)C);
+        goto fail;
+    }
+    if ((st = llmq_model_weight_f32(sc, s, 1))) goto fail;
+    for (int64_t c = 0; c < C; c++) {
+        gidx[c] = gi ? (int32_t)rd32(gi, c) : (int32_t)(G > 0 ? c / G : 0);
+        if (gidx[c] < 0 || gidx[c] >= ng) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s.g_idx[%lld] = %d is not a group (0..%lld)", src_name(m), prefix,
+                             (long long)c, gidx[c], (long long)ng - 1);
+            goto fail;
+        }
+    }
+    bool awq = strcmp(q->method, "awq") == 0;
+    if (awq) {
+        for (int64_t g = 0; g < ng; g++)
+            for (int64_t j = 0; j < R / 8; j++) {
+                uint32_t w = rd32(qz, g * (R / 8) + j);
+                for (int i = 0; i < 8; i++) z[g * R + 8 * j + awq_order[i]] = (int32_t)((w >> (4 * i)) & 15u);
+            }
+    } else {
+        bool v1 = strcmp(q->checkpoint_format, "gptq") == 0;
+        int64_t nw = R * b / 32;
+        for (int64_t g = 0; g < ng; g++) {
+            unpack_stream(qz, g * nw, 1, R, b, z + g * R);
+            if (v1)
+                for (int64_t n = 0; n < R; n++) z[g * R + n] += 1;
+        }
+    }
+    // the codes, rows split over threads (each output element is computed once: any split gives the same bits)
+    enum { MAX_THREADS = 16 };
+    struct deq_job jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    bool started[MAX_THREADS] = {false};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nth = R * C < (1 << 18) || ncpu < 2 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : (int)ncpu;
+    int64_t blocks = awq ? R / 8 : R, per = (blocks + nth - 1) / nth;
+    for (int i = 0; i < nth; i++) {
+        int64_t b0 = per * i < blocks ? per * i : blocks, b1 = b0 + per < blocks ? b0 + per : blocks;
+        int64_t unit = awq ? 8 : 1;
+        jobs[i] = (struct deq_job){.awq = awq, .qw = qw, .bits = b, .R = R, .C = C, .n0 = b0 * unit,
+                                   .n1 = b1 * unit, .s = s, .z = z, .gidx = gidx, .W = W};
+    }
+    for (int i = 1; i < nth; i++) started[i] = pthread_create(&tid[i], NULL, deq_worker, &jobs[i]) == 0;
+    deq_worker(&jobs[0]);
+    for (int i = 1; i < nth; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else deq_worker(&jobs[i]);
+    }
+    for (int i = 0; i < nth; i++)
+        if (jobs[i].nomem) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory dequantizing %s", src_name(m), prefix);
+            goto fail;
+        }
+    struct llmq_tensor_view *v = &q->views[(size_t)il * LLMQ_LIN_COUNT + (size_t)k];
+    char *vname = strdup(name);
+    if (!vname) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
+        goto fail;
+    }
+    *v = (struct llmq_tensor_view){.name = vname, .dtype = LLMQ_DTYPE_F32, .n_dims = 2, .shape = {R, C, 1, 1},
+                                   .data = W, .nbytes = (size_t)R * (size_t)C * sizeof *W, .file_offset = 0};
+    q->n_dequantized++;
+    q->bytes += v->nbytes;
+    *out = v;
+    W = NULL;
+fail:
+    free(W);
+    free(s);
+    free(z);
+    free(gidx);
+    return st;
+}
+
+// Reads config.json "quantization_config" (absent / null: m->quant stays NULL).
+static enum llmq_status parse_quant(struct llmq_model *m, json_t *root, const char *file) {
+    json_t *qc = json_object_get(root, "quantization_config");
+    if (!qc || json_is_null(qc)) return LLMQ_OK;
+    if (!json_is_object(qc)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"quantization_config\" is not an object", file);
+    json_t *meth = json_object_get(qc, "quant_method"), *bits = json_object_get(qc, "bits");
+    json_t *gs = json_object_get(qc, "group_size"), *fmt = json_object_get(qc, "checkpoint_format");
+    json_t *ver = json_object_get(qc, "version"), *sym = json_object_get(qc, "sym");
+    json_t *da = json_object_get(qc, "desc_act");
+    if (!meth || !json_is_string(meth))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: quantization_config has no string \"quant_method\"", file);
+    const char *mt = json_string_value(meth);
+    bool awq = strcmp(mt, "awq") == 0;
+    if (!awq && strcmp(mt, "gptq") != 0)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: quant_method \"%s\" is not supported (llmq reads awq and gptq)",
+                           file, mt);
+    if (!bits || !json_is_integer(bits) || !gs || !json_is_integer(gs))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: quantization_config needs integer \"bits\" and \"group_size\"", file);
+    int64_t b = json_integer_value(bits), g = json_integer_value(gs);
+    const char *cf = awq ? "gemm" : "gptq";
+    if (awq && ver && !json_is_null(ver) &&
+        (!json_is_string(ver) || strcasecmp(json_string_value(ver), "gemm") != 0))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: AWQ version %s is not supported (only \"gemm\")", file,
+                           json_is_string(ver) ? json_string_value(ver) : "(not a string)");
+    if (!awq && fmt && !json_is_null(fmt)) {
+        if (!json_is_string(fmt))
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"checkpoint_format\" is not a string", file);
+        if (strcmp(json_string_value(fmt), "gptq") == 0) cf = "gptq";
+        else if (strcmp(json_string_value(fmt), "gptq_v2") == 0) cf = "gptq_v2";
+        else
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: checkpoint_format \"%s\" is not supported (gptq, gptq_v2)",
+                               file, json_string_value(fmt));
+    }
+    if (awq ? b != 4 : (b != 2 && b != 3 && b != 4 && b != 8))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s with %lld bits is not supported", file, mt, (long long)b);
+    if (g == 0 || g < -1 || g > MAX_DIM || (awq && g < 1))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: group_size %lld is out of range", file, (long long)g);
+    struct llmq_model_quant *q = calloc(1, sizeof *q);
+    if (!q || !(q->views = calloc((size_t)m->hp.n_layer * LLMQ_LIN_COUNT, sizeof *q->views))) {
+        free(q);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", file);
+    }
+    q->n_views = m->hp.n_layer * LLMQ_LIN_COUNT;
+    q->method = awq ? "awq" : "gptq";
+    q->checkpoint_format = cf;
+    q->bits = (int)b;
+    q->group_size = (int)g;
+    q->sym = sym && json_is_true(sym);
+    q->desc_act = da && json_is_true(da);
+    m->quant = q;
+    return LLMQ_OK;
+}
+
+static void quant_free(const struct llmq_model_quant *cq) {
+    struct llmq_model_quant *q = (struct llmq_model_quant *)cq;
+    if (!q) return;
+    for (int64_t i = 0; q->views && i < q->n_views; i++) {
+        free((void *)q->views[i].data);
+        free((char *)q->views[i].name);
+    }
+    free(q->views);
+    free(q);
+}
+
 static enum llmq_status bind_tensors(struct llmq_model *m, const struct names *nm) {
     const struct llmq_hparams *hp = &m->hp;
     int64_t D = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
@@ -271,6 +551,10 @@ static enum llmq_status bind_tensors(struct llmq_model *m, const struct names *n
         if ((st = get_tensor(m, name, true, 1, D, 0, "n_embd", &L->ffn_norm))) return st;
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
             snprintf(name, sizeof name, nm->w[k], il);
+            if (m->quant && !find_tensor(m, name)) { // an AWQ / GPTQ linear: dequantize it now
+                if ((st = dequant_linear(m, il, k, wshape[k][0], wshape[k][1], &L->w[k]))) return st;
+                continue;
+            }
             if ((st = get_tensor(m, name, true, 2, wshape[k][0], wshape[k][1], wwhat[k], &L->w[k]))) return st;
         }
         if (hp->qkv_bias) {
@@ -582,6 +866,7 @@ static enum llmq_status load_hf(struct llmq_model *m) {
         goto done;
     }
     if ((st = check_hparams(m, "config.json"))) goto done;
+    if ((st = parse_quant(m, c.root, cfg_path))) goto done;
     if ((st = bind_tensors(m, &hf_names))) goto done;
     if (llmq_file_exists(tok_path)) {
         if ((st = llmq_tokenizer_load_hf(m->path, &m->tok))) goto done;
@@ -628,6 +913,7 @@ enum llmq_status llmq_model_load(const char *path, struct llmq_model **out) {
 void llmq_model_free(struct llmq_model *m) {
     if (!m) return;
     llmq_tokenizer_free(m->tok);
+    quant_free(m->quant);
     free(m->layers);
     llmq_gguf_free((struct llmq_gguf *)m->gguf);
     llmq_st_free((struct llmq_st_model *)m->st);

@@ -6,9 +6,11 @@
  * config.json), finds every tensor under its name in that source, checks every shape against the
  * hyper-parameters, and loads the tokenizer (calib/tokenizer.h) from the same source. Weights stay
  * inside the read-only mappings of formats/gguf.h / formats/safetensors.h: nothing is converted
- * while loading, and memory stays at the size of the file mapping. llmq_model_weight_f32 converts
- * ONE weight to f32 when a consumer (calib/forward.h, quant/) needs it.
- * What it is not: no compute (calib/forward.h), no writing (cli/cmd_convert.c).
+ * while loading, and memory stays at the size of the file mapping — except for AWQ / GPTQ
+ * directories, whose packed linears are dequantized to f32 on load (see "Quantized HF
+ * directories"). llmq_model_weight_f32 converts ONE weight to f32 when a consumer
+ * (calib/forward.h, quant/) needs it.
+ * What it is not: no compute (calib/forward.h), no writing (calib/convert.h, quant/export.h).
  *
  * Legend: V n_vocab, D n_embd, F n_ff, L n_layer, H n_head, Hkv n_head_kv, Dh head_dim.
  *
@@ -48,6 +50,26 @@
  *     sliding_window (mistral, qwen2) is ignored: attention is fully causal, which is exact for
  *     sequences no longer than the window. rope_type: always NEOX.
  *     Weights: model.safetensors, model.safetensors.index.json, or the only *.safetensors file.
+ *
+ * ---- Quantized HF directories (the outputs of `llmq quantize`, AutoAWQ, AutoGPTQ, GPTQModel) ---
+ *   config.json "quantization_config" decides (absent or null: a plain model, which includes
+ *   llmq's --format fake outputs; any other quant_method: LLMQ_ERR_UNSUPPORTED naming it):
+ *     quant_method "awq" (version "gemm" or absent; bits 4; group_size > 0): per linear <p>.qweight
+ *       I32 [C, R/8], <p>.qzeros I32 [C/G, R/8], <p>.scales [C/G, R] (quant/export.h "--format awq").
+ *     quant_method "gptq" (bits 2, 3, 4, 8; group_size > 0 or -1; checkpoint_format "gptq" (default)
+ *       or "gptq_v2"): <p>.qweight I32 [C*b/32, R], <p>.qzeros I32 [ng, R*b/32], <p>.scales [ng, R],
+ *       <p>.g_idx I32 [C] (absent: c / G) (quant/export.h "--format gptq"); v1 zeros are stored + 1
+ *       as the GPTQ kernels do (no masking, so a v1 asym zero of 0 comes back as 2^b, like theirs).
+ *   A linear with a plain <p>.weight is used as is (modules_to_not_convert). The others are
+ *   dequantized WHILE LOADING, with the same rule in both formats, in f32:
+ *       W[r, c] = (float)(q - z) * (float)s        q, z integers; s the stored scale widened to f32
+ *   (one rounding: the product), into owned F32 views that m->layers[l].w[k] point at.
+ *   Memory: unlike every other model, 4 bytes per linear weight are allocated (about 8x the packed
+ *   4-bit size; SmolLM2-135M: 425 MB), held until llmq_model_free; m->quant says so. Loading costs
+ *   one pass over the packed tensors, output rows split over up to 16 threads (one per online
+ *   CPU; the result does not depend on the split). Errors: a missing / mis-shaped quantized
+ *   tensor is LLMQ_ERR_NOT_FOUND / LLMQ_ERR_CORRUPT naming it; a g_idx entry outside [0, ng) is
+ *   LLMQ_ERR_CORRUPT.
  *
  * ---- Errors --------------------------------------------------------------------------------------
  *   Every failure logs one line naming the file and what is wrong, and returns:
@@ -118,6 +140,19 @@ struct llmq_model {
     const struct llmq_st_model *st;             // owned; NULL for GGUF
     const char *arch_name;                      // "llama", "mistral", "qwen2" (static string)
     const struct llmq_tensor_view *rope_freqs;  // (Dh/2) GGUF rope_freqs.weight (llama3 factors); else NULL
+    const struct llmq_model_quant *quant;       // owned; non-NULL only for an AWQ / GPTQ directory
+};
+
+// What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.
+struct llmq_model_quant {
+    const char *method;            // "awq" | "gptq" (static string)
+    const char *checkpoint_format; // "gemm" (awq), "gptq" | "gptq_v2" (static string)
+    int bits, group_size;          // group_size -1: one group per row
+    bool sym, desc_act;            // as config.json states them (false when absent)
+    int64_t n_dequantized;         // linears dequantized on load
+    uint64_t bytes;                // f32 bytes held for them
+    int64_t n_views;               // n_layer * LLMQ_LIN_COUNT
+    struct llmq_tensor_view *views; // (n_views) owned views (F32 data owned; unused: data NULL)
 };
 
 // Opens a GGUF file or an HF directory (decided by what path is), validates it (see "Errors")

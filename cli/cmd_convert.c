@@ -41,7 +41,7 @@ int cmd_convert(int argc, char **argv) {
     const struct cli_flag flags[] = {
         {"model", CLI_STR, &model, NULL, "input: a GGUF file or a Hugging Face model directory (required)"},
         {"out", CLI_STR, &out, NULL, "output: a GGUF file or a directory to create (required)"},
-        {"to", CLI_STR, &to, "auto", "output kind: gguf, hf, or auto (the other format than the input)"},
+        {"to", CLI_STR, &to, "auto", "output kind: gguf, hf, or auto (gguf if --out ends in .gguf, else the other format)"},
         {"dtype", CLI_STR, &dtype, "f32", "tensor type of the output: f32, f16 or bf16 (GGUF keeps 1-D tensors f32)"},
         {"max-shard-size", CLI_STR, &shard, "5GB", "HF output: bytes per safetensors file (GB = 1e9, GiB = 2^30; 0: one file)"},
         {"force", CLI_BOOL, &force, "off", "replace an existing output (a GGUF file, or a directory with config.json)"},

@@ -11,5 +11,7 @@ int cmd_devices(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_calib(int argc, char **argv);
 
 #endif

@@ -12,6 +12,8 @@ struct command {
 
 static const struct command commands[] = {
     {"inspect", cmd_inspect, "show architecture, metadata and tensors of a GGUF / safetensors / HF model"},
+    {"quantize", cmd_quantize, "quantize a model (RTN / GPTQ / AWQ) to AWQ, GPTQ or fake-quant safetensors"},
+    {"calib", cmd_calib, "gather calibration statistics (Hessians, imatrix) and save them"},
     {"eval", cmd_eval, "perplexity and KL divergence of a model on a text file"},
     {"generate", cmd_generate, "greedy text generation (a sanity tool)"},
     {"convert", cmd_convert, "convert between GGUF and Hugging Face safetensors (f32/f16/bf16)"},

@@ -1,0 +1,112 @@
+/*
+ * bench/gptq_speed.c — time llmq_gptq_quantize on one seeded layer W (R, C) with a fixed correlated
+ * H (C, C); bench/gptq_speed.sh runs the numpy reference (tests/py/gptq_ref.py) on the same files.
+ *
+ *   bench_gptq_speed --R 4096 --C 4096 [--seed 1] [--bits 4] [--group 128] [--act-order]
+ *                    [--dump PREFIX] [--reps 1] [--verbose (time per phase on stderr)]
+ *
+ * H = 2/k · (B·S)ᵀ(B·S) + 0.05·S² with B (k = 256, C) random and S = diag(s), s in [0.2, 3]: a
+ * low-rank-plus-diagonal Hessian like a real layer's (strong correlations, a wide diag(H) range).
+ * --dump writes PREFIX.W, PREFIX.H (inputs, raw f32) and PREFIX.llmq.q (llmq's codes, u8).
+ * stdout: one JSON line {"R", "C", "seconds" (median), "gflops" (≈ R·C² + 4/3·C³ lazy+chain), "loss"}.
+ * Threads: OpenBLAS's (OPENBLAS_NUM_THREADS).
+ */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "quant/gptq.h"
+
+static uint64_t rng_state;
+static float frand(void) { // uniform [-1, 1)
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / (1 << 23))) - 1.0f;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int dump(const char *prefix, const char *ext, const void *p, size_t n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%s", prefix, ext);
+    FILE *f = fopen(path, "wb");
+    if (!f) return 1;
+    int bad = fwrite(p, 1, n, f) != n;
+    return (fclose(f) != 0) | bad;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    int64_t R = 4096, C = 4096;
+    int reps = 1;
+    unsigned long long seed = 1;
+    const char *prefix = NULL;
+    struct llmq_gptq_opts o = llmq_gptq_opts_default();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--act-order")) { o.act_order = true; continue; }
+        if (!strcmp(a, "--verbose")) { llmq_log_set_level(LLMQ_LOG_DEBUG); continue; }
+        if (!v) { fprintf(stderr, "bench_gptq_speed: %s needs a value\n", a); return 1; }
+        if (!strcmp(a, "--R")) R = atoll(v);
+        else if (!strcmp(a, "--C")) C = atoll(v);
+        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--bits")) o.q.bits = atoi(v);
+        else if (!strcmp(a, "--group")) o.q.group_size = atoi(v);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--dump")) prefix = v;
+        else { fprintf(stderr, "bench_gptq_speed: unknown flag %s\n", a); return 1; }
+        i++;
+    }
+    if (R <= 0 || C <= 0 || reps < 1 || reps > 50) { fprintf(stderr, "bench_gptq_speed: bad arguments\n"); return 1; }
+    rng_state = 0x9E3779B97F4A7C15ull ^ (seed * 0x2545F4914F6CDD1Dull);
+    const int64_t k = 256;
+    float *W = malloc((size_t)(R * C) * sizeof *W), *Wc = malloc((size_t)(R * C) * sizeof *Wc); // (R, C)
+    float *H = malloc((size_t)(C * C) * sizeof *H), *Hc = malloc((size_t)(C * C) * sizeof *Hc); // (C, C)
+    float *B = malloc((size_t)(k * C) * sizeof *B), *s = malloc((size_t)C * sizeof *s);          // (k, C), (C)
+    if (!W || !Wc || !H || !Hc || !B || !s) { fprintf(stderr, "bench_gptq_speed: out of memory\n"); return 1; }
+    for (int64_t c = 0; c < C; c++) s[c] = 1.6f + 1.4f * frand();
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t c = 0; c < C; c++) B[i * C + c] = (frand() + frand() + frand()) * s[c];
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)C, (blasint)C, (blasint)k, 2.0f / (float)k, B,
+                (blasint)C, B, (blasint)C, 0.0f, H, (blasint)C);
+    for (int64_t c = 0; c < C; c++) H[c * C + c] += 0.05f * s[c] * s[c];
+    for (int64_t i = 0; i < R * C; i++) W[i] = 0.02f * (frand() + frand() + frand());
+    if (prefix && (dump(prefix, "W", W, (size_t)(R * C) * sizeof *W) || dump(prefix, "H", H, (size_t)(C * C) * sizeof *H))) {
+        fprintf(stderr, "bench_gptq_speed: cannot write %s.*\n", prefix);
+        return 1;
+    }
+    double t[50], loss = 0;
+    struct llmq_qlinear ql;
+    for (int r = 0; r < reps; r++) {
+        memcpy(Wc, W, (size_t)(R * C) * sizeof *W);
+        memcpy(Hc, H, (size_t)(C * C) * sizeof *H);
+        double t0 = now_s();
+        if (llmq_gptq_quantize("bench", Wc, Hc, R, C, &o, &ql, &loss, NULL)) return 1;
+        t[r] = now_s() - t0;
+        if (prefix && r == 0 && dump(prefix, "llmq.q", ql.q, (size_t)(R * C))) return 1;
+        llmq_qlinear_free(&ql);
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    double flops = (double)R * C * C + 4.0 / 3.0 * (double)C * C * C;
+    printf("{\"R\": %lld, \"C\": %lld, \"seconds\": %.3f, \"gflops\": %.1f, \"loss\": %.9g}\n", (long long)R,
+           (long long)C, t[reps / 2], flops / t[reps / 2] * 1e-9, loss);
+    free(s);
+    free(B);
+    free(Hc);
+    free(H);
+    free(Wc);
+    free(W);
+    return 0;
+}

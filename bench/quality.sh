@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# bench/quality.sh — perplexity of SmolLM2-135M quantized by RTN, GPTQ, AWQ and AWQ+GPTQ at 4 and 3 bits
+# (group 64, asym), next to the base model, as one table (issue 4's quality gate).
+#
+#   bench/quality.sh [--quick]
+# Base: ~/.cache/llmq/smollm2-f32.gguf (the f32 dequantization of SmolLM2-135M-Instruct.Q4_1.gguf; made
+#   with `llmq convert` when missing). Calibration: wiki.valid.raw, NSAMPLES windows of SEQLEN tokens
+#   (seed 0). Evaluation: wiki.test.raw, `llmq eval` llamacpp protocol (ctx 512), CHUNKS chunks (-1: all).
+# Full (the issue's protocol): NSAMPLES=128 SEQLEN=512 CHUNKS=-1. --quick: NSAMPLES=8 SEQLEN=256 CHUNKS=20.
+# Environment overrides: NSAMPLES, SEQLEN, CHUNKS, THREADS (default nproc), BITS ("4 3"), METHODS
+#   ("rtn gptq awq awq+gptq"), BUILD_DIR (default <repo>/build), LLMQ_CACHE, LLMQ_DATA, KEEP=1 (keep outputs).
+# Output (stdout): one row per (method, bits): PPL, ΔPPL vs base, share of RTN's increase removed, quantize
+#   seconds and peak RSS (GNU time). Logs of every run go to $WORK (printed).
+set -euo pipefail
+SRC="$(cd "$(dirname "$0")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$SRC/build}"
+CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
+export LLMQ_DATA="${LLMQ_DATA:-$SRC/../shared/datasets}"
+QUICK=0
+[[ "${1:-}" == "--quick" ]] && QUICK=1
+if [[ $QUICK == 1 ]]; then
+  NSAMPLES="${NSAMPLES:-8}"; SEQLEN="${SEQLEN:-256}"; CHUNKS="${CHUNKS:-20}"
+else
+  NSAMPLES="${NSAMPLES:-128}"; SEQLEN="${SEQLEN:-512}"; CHUNKS="${CHUNKS:--1}"
+fi
+THREADS="${THREADS:-$(nproc)}"
+BITS="${BITS:-4 3}"
+METHODS="${METHODS:-rtn gptq awq awq+gptq}"
+LLMQ="$BUILD_DIR/llmq"
+[[ -x "$LLMQ" ]] || { echo "error: $LLMQ not built (cmake --build $BUILD_DIR)" >&2; exit 1; }
+BASE="$CACHE/smollm2-f32.gguf"
+if [[ ! -f "$BASE" ]]; then
+  "$LLMQ" convert --model "$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" --dtype f32 --out "$BASE"
+fi
+TEST="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
+WORK="$(mktemp -d /tmp/llmq_quality.XXXXXX)"
+echo "base $BASE; calibration wikitext-2-valid ${NSAMPLES}x${SEQLEN} seed 0; eval $TEST llamacpp ctx 512, chunks $CHUNKS; group 64; threads $THREADS; logs in $WORK" >&2
+
+ppl() { # model log -> PPL
+  "$LLMQ" eval --model "$1" --ppl "$TEST" --protocol llamacpp --chunks "$CHUNKS" --threads "$THREADS" >"$2" 2>"$2.err"
+  sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$2"
+}
+
+BASE_PPL=$(ppl "$BASE" "$WORK/base.txt")
+echo "base: PPL $BASE_PPL" >&2
+declare -A P SECS RSS
+for b in $BITS; do
+  for m in $METHODS; do
+    out="$WORK/q_${m}_${b}"
+    cal=()
+    [[ $m != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
+    t0=$(date +%s.%N)
+    /usr/bin/time -v "$LLMQ" quantize --model "$BASE" --method "$m" --bits "$b" --group-size 64 --format fake \
+      --out "$out" --threads "$THREADS" --json "$WORK/q_${m}_${b}.json" "${cal[@]}" >"$WORK/q_${m}_${b}.log" 2>&1
+    SECS[$m$b]=$(echo "$(date +%s.%N) - $t0" | bc)
+    RSS[$m$b]=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$WORK/q_${m}_${b}.log")
+    P[$m$b]=$(ppl "$out" "$WORK/eval_${m}_${b}.txt")
+    [[ "${KEEP:-0}" == 1 ]] || rm -rf "$out"
+    printf '%s %s-bit: PPL %s (%.0f s)\n' "$m" "$b" "${P[$m$b]}" "${SECS[$m$b]}" >&2
+  done
+done
+
+printf '\nSmolLM2-135M (f32 base from Q4_1), wiki.test llamacpp ctx 512 chunks %s; calib wiki.valid %sx%s; group 64 asym\n' \
+  "$CHUNKS" "$NSAMPLES" "$SEQLEN"
+printf '%-10s %4s %10s %10s %14s %9s %10s\n' method bits PPL dPPL "of RTN's d" "quant s" "peak MB"
+printf '%-10s %4s %10s %10s %14s %9s %10s\n' base 32 "$BASE_PPL" - - - -
+for b in $BITS; do
+  for m in $METHODS; do
+    p=${P[$m$b]}
+    d=$(echo "$p - $BASE_PPL" | bc -l)
+    rem="-"
+    if [[ -n "${P[rtn$b]:-}" && $m != rtn ]]; then
+      rem=$(echo "scale=1; 100 * (${P[rtn$b]} - $p) / (${P[rtn$b]} - $BASE_PPL)" | bc -l)"% removed"
+    fi
+    printf '%-10s %4s %10.4f %10.4f %14s %9.0f %10.0f\n' "$m" "$b" "$p" "$d" "$rem" "${SECS[$m$b]}" \
+      "$(echo "${RSS[$m$b]:-0} / 1024" | bc -l)"
+  done
+done

@@ -1,0 +1,825 @@
+/*
+ * calib/calib.c — calibration sources, statistics, stats / imatrix files (calib/calib.h documents
+ * every rule; this file only implements them).
+ * Legend: N tokens, C in-features, L layers.
+ */
+#include "calib/calib.h"
+
+#include "calib/tokenizer.h"
+#include "common/io.h"
+#include "common/log.h"
+#include "common/sha256.h"
+
+#include <cblas.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_TEXT_BYTES ((size_t)4 << 30)
+#define MICRO_BATCH 256
+
+// ---- seeded generator (splitmix64 seeding a xorshift64* stream) -------------------------------------
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+// ---- files and the manifest ----------------------------------------------------------------------------
+
+static enum llmq_status sha256_file(const char *path, char hex[65]) {
+    struct llmq_mmap mm = {0};
+    enum llmq_status st = llmq_mmap_open(&mm, path);
+    if (st) return st;
+    uint8_t d[32];
+    llmq_sha256(mm.data, mm.size, d);
+    llmq_sha256_hex(d, hex);
+    llmq_mmap_close(&mm);
+    return LLMQ_OK;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+// dir of the running binary into buf ("" if unknown)
+static void exe_dir(char *buf, size_t n) {
+    buf[0] = '\0';
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (len <= 0) return;
+    exe[len] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    snprintf(buf, n, "%s", exe);
+}
+
+static char *find_manifest(void) {
+    const char *env = getenv("LLMQ_MANIFEST");
+    if (env && *env) return strdup(env);
+    char dir[PATH_MAX], p[PATH_MAX + 64];
+    exe_dir(dir, sizeof(dir));
+    if (dir[0]) {
+        snprintf(p, sizeof(p), "%s/../datasets/manifest.tsv", dir);
+        if (llmq_file_exists(p)) return strdup(p);
+    }
+    if (llmq_file_exists("datasets/manifest.tsv")) return strdup("datasets/manifest.tsv");
+    return NULL;
+}
+
+enum llmq_status llmq_calib_resolve_named(const char *name, const char *manifest, char **path, char sha256[65]) {
+    *path = NULL;
+    sha256[0] = '\0';
+    char *mpath = manifest ? strdup(manifest) : find_manifest(), *text = NULL, *found = NULL;
+    enum llmq_status st = LLMQ_OK;
+    if (!mpath) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: no datasets/manifest.tsv found (set LLMQ_MANIFEST)", name);
+    size_t len;
+    if ((st = llmq_read_file(mpath, 1 << 20, &text, &len))) goto done;
+    char want_file[1024] = "", want_sha[65] = "";
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *f[3] = {0};
+        char *p = line;
+        for (int i = 0; i < 3 && p; i++) {
+            f[i] = p;
+            p = strchr(p, '\t');
+            if (p) *p++ = '\0';
+        }
+        if (!f[2] || strcmp(f[0], name) != 0) continue;
+        snprintf(want_file, sizeof(want_file), "%s", f[1]);
+        snprintf(want_sha, sizeof(want_sha), "%s", f[2]);
+        break;
+    }
+    if (!want_file[0]) {
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: not a file and not a name in %s", name, mpath);
+        goto done;
+    }
+    char dirs[3][PATH_MAX + 32], ed[PATH_MAX];
+    int n_dirs = 0;
+    const char *env = getenv("LLMQ_DATA");
+    if (env && *env) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", env);
+    snprintf(dirs[n_dirs++], sizeof(dirs[0]), "../shared/datasets");
+    exe_dir(ed, sizeof(ed));
+    if (ed[0]) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s/../../shared/datasets", ed);
+    for (int i = 0; i < n_dirs && !found; i++) {
+        char *p = llmq_path_join(dirs[i], want_file);
+        if (p && llmq_file_exists(p)) found = p;
+        else free(p);
+    }
+    if (!found) {
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: %s not found under $LLMQ_DATA or ../shared/datasets", name,
+                         want_file);
+        goto done;
+    }
+    char got[65];
+    if ((st = sha256_file(found, got))) goto done;
+    if (strcmp(got, want_sha) != 0) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "calib: %s: sha256 of %s is %s, the manifest %s says %s", name, found, got,
+                         mpath, want_sha);
+        goto done;
+    }
+    memcpy(sha256, got, 65);
+    *path = found;
+    found = NULL;
+done:
+    free(found);
+    free(text);
+    free(mpath);
+    return st;
+}
+
+static void free_texts(char **t, int64_t n) {
+    for (int64_t i = 0; t && i < n; i++) free(t[i]);
+    free(t);
+}
+
+enum llmq_status llmq_calib_read_texts(const char *path, char ***texts, int64_t *n, char sha256[65]) {
+    *texts = NULL;
+    *n = 0;
+    char *buf = NULL, **out = NULL;
+    size_t len;
+    int64_t cnt = 0, cap = 0;
+    enum llmq_status st = sha256_file(path, sha256);
+    if (st) return st;
+    if ((st = llmq_read_file(path, MAX_TEXT_BYTES, &buf, &len))) return st;
+    bool jsonl = ends_with(path, ".jsonl") || ends_with(path, ".jsonl.gz");
+    if (!jsonl) {
+        out = malloc(sizeof(*out));
+        if (!out) goto nomem;
+        out[0] = buf;
+        buf = NULL;
+        cnt = 1;
+    } else {
+        int64_t line_no = 0;
+        char *p = buf, *end = buf + len;
+        while (p < end) {
+            char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t ll = nl ? (size_t)(nl - p) : (size_t)(end - p);
+            line_no++;
+            bool blank = true;
+            for (size_t i = 0; i < ll; i++)
+                if (p[i] != ' ' && p[i] != '\t' && p[i] != '\r') blank = false;
+            if (!blank) {
+                json_error_t je;
+                json_t *j = json_loadb(p, ll, 0, &je);
+                json_t *t = j ? json_object_get(j, "text") : NULL;
+                if (!j || !json_is_string(t)) {
+                    json_decref(j);
+                    st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: line %lld: %s", path, (long long)line_no,
+                                     j ? "no string field \"text\"" : je.text);
+                    goto fail;
+                }
+                if (cnt == cap) {
+                    cap = cap ? 2 * cap : 64;
+                    char **nt = realloc(out, (size_t)cap * sizeof(*out));
+                    if (!nt) {
+                        json_decref(j);
+                        goto nomem;
+                    }
+                    out = nt;
+                }
+                out[cnt] = strdup(json_string_value(t));
+                json_decref(j);
+                if (!out[cnt]) goto nomem;
+                cnt++;
+            }
+            p += ll + 1;
+        }
+        if (cnt == 0) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: no texts", path);
+            goto fail;
+        }
+    }
+    free(buf);
+    *texts = out;
+    *n = cnt;
+    return LLMQ_OK;
+nomem:
+    st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+fail:
+    free_texts(out, cnt);
+    free(buf);
+    return st;
+}
+
+// ---- token matrix ---------------------------------------------------------------------------------------
+
+static enum llmq_status sample_self(const struct llmq_model *m, int64_t n_seq, int64_t seqlen, uint64_t *rng,
+                                    int n_threads, int32_t *tokens) {
+    int32_t bos = llmq_tokenizer_bos(m->tok);
+    if (bos < 0) return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "calib: --calib self needs a BOS token; %s has none", m->path);
+    struct llmq_forward *f = NULL;
+    int64_t V = m->hp.n_vocab;
+    float *logits = malloc((size_t)V * sizeof(float));
+    double *p = malloc((size_t)V * sizeof(double));
+    enum llmq_status st = LLMQ_OK;
+    if (!logits || !p) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+        goto done;
+    }
+    if ((st = llmq_forward_init(m, seqlen, n_threads, &f))) goto done;
+    for (int64_t s = 0; s < n_seq; s++) {
+        int32_t *t = tokens + s * seqlen;
+        t[0] = bos;
+        for (int64_t i = 1; i < seqlen; i++) {
+            if ((st = llmq_forward_logits(f, t, i, i - 1, logits))) goto done;
+            float mx = logits[0];
+            for (int64_t v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+            double z = 0;
+            for (int64_t v = 0; v < V; v++) z += p[v] = exp((double)(logits[v] - mx));
+            double u = rng_unit(rng) * z, c = 0;
+            int64_t pick = V - 1;
+            for (int64_t v = 0; v < V; v++) {
+                c += p[v];
+                if (u < c) {
+                    pick = v;
+                    break;
+                }
+            }
+            t[i] = (int32_t)pick;
+        }
+        llmq_info("calib: self-sampled sequence %lld/%lld", (long long)s + 1, (long long)n_seq);
+    }
+done:
+    llmq_forward_free(f);
+    free(p);
+    free(logits);
+    return st;
+}
+
+void llmq_calib_data_free(struct llmq_calib_data *d) {
+    if (!d) return;
+    for (int i = 0; i < d->n_src; i++) {
+        free(d->src[i].arg);
+        free(d->src[i].path);
+    }
+    free(d->src);
+    free(d->tokens);
+    memset(d, 0, sizeof(*d));
+}
+
+enum llmq_status llmq_calib_data_load(const struct llmq_model *m, const struct llmq_calib_opts *o,
+                                      struct llmq_calib_data *out) {
+    memset(out, 0, sizeof(*out));
+    if (o->n_sources < 1 || o->n_sources > LLMQ_CALIB_MAX_SOURCES)
+        return llmq_errorf(LLMQ_ERR_ARG, "calib: between 1 and %d --calib sources are needed", LLMQ_CALIB_MAX_SOURCES);
+    if (o->nsamples < 1 || o->seqlen < 2 || o->nsamples > (1 << 20) || o->seqlen > (1 << 20))
+        return llmq_errorf(LLMQ_ERR_ARG, "calib: --nsamples must be >= 1 and --seqlen >= 2");
+    struct llmq_calib_data d = {.n_seq = o->nsamples, .seqlen = o->seqlen};
+    int32_t *stream = NULL;
+    int64_t n_stream = 0;
+    enum llmq_status st = LLMQ_OK;
+    uint64_t rng = splitmix64(o->seed);
+    if (!rng) rng = 1;
+    d.src = calloc((size_t)o->n_sources, sizeof(*d.src));
+    d.tokens = malloc((size_t)(d.n_seq * d.seqlen) * sizeof(int32_t));
+    if (!d.src || !d.tokens) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+        goto fail;
+    }
+    d.n_src = o->n_sources;
+    bool self = false;
+    for (int i = 0; i < o->n_sources; i++) {
+        struct llmq_calib_source *s = &d.src[i];
+        const char *a = o->sources[i];
+        if (!(s->arg = strdup(a))) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+            goto fail;
+        }
+        if (strcmp(a, "self") == 0) {
+            if (o->n_sources != 1) {
+                st = llmq_errorf(LLMQ_ERR_ARG, "calib: --calib self cannot be mixed with other sources");
+                goto fail;
+            }
+            s->kind = LLMQ_CALIB_SELF;
+            self = true;
+            continue;
+        }
+        if (llmq_file_exists(a)) {
+            s->kind = LLMQ_CALIB_FILE;
+            s->path = strdup(a);
+        } else {
+            s->kind = LLMQ_CALIB_NAMED;
+            char sha[65];
+            if ((st = llmq_calib_resolve_named(a, o->manifest, &s->path, sha))) goto fail;
+        }
+        if (!s->path) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+            goto fail;
+        }
+        char **texts = NULL;
+        int64_t nt = 0;
+        if ((st = llmq_calib_read_texts(s->path, &texts, &nt, s->sha256))) goto fail;
+        s->n_texts = nt;
+        for (int64_t k = 0; k < nt && !st; k++) {
+            int32_t *ids = NULL;
+            int64_t n_ids = 0;
+            if ((st = llmq_tokenize(m->tok, texts[k], strlen(texts[k]), false, false, &ids, &n_ids))) break;
+            int32_t *ns = realloc(stream, (size_t)(n_stream + n_ids + 1) * sizeof(int32_t));
+            if (!ns) {
+                free(ids);
+                st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+                break;
+            }
+            stream = ns;
+            memcpy(stream + n_stream, ids, (size_t)n_ids * sizeof(int32_t));
+            n_stream += n_ids;
+            s->n_tokens += n_ids;
+            free(ids);
+        }
+        free_texts(texts, nt);
+        if (st) goto fail;
+        llmq_info("calib: %s: %s, sha256 %s, %lld texts, %lld tokens", a, s->path, s->sha256, (long long)s->n_texts,
+                  (long long)s->n_tokens);
+    }
+    if (self) {
+        if ((st = sample_self(m, d.n_seq, d.seqlen, &rng, o->n_threads, d.tokens))) goto fail;
+        d.src[0].n_texts = d.n_seq;
+        d.src[0].n_tokens = d.n_seq * d.seqlen;
+        n_stream = d.n_seq * d.seqlen;
+    } else {
+        if (n_stream < d.seqlen) {
+            st = llmq_errorf(LLMQ_ERR_ARG, "calib: the sources hold %lld tokens, fewer than --seqlen %lld",
+                             (long long)n_stream, (long long)d.seqlen);
+            goto fail;
+        }
+        uint64_t span = (uint64_t)(n_stream - d.seqlen + 1);
+        for (int64_t s = 0; s < d.n_seq; s++) {
+            int64_t at = (int64_t)(rng_next(&rng) % span);
+            memcpy(d.tokens + s * d.seqlen, stream + at, (size_t)d.seqlen * sizeof(int32_t));
+        }
+    }
+    d.n_stream_tokens = n_stream;
+    uint8_t dig[32];
+    llmq_sha256(d.tokens, (size_t)(d.n_seq * d.seqlen) * sizeof(int32_t), dig); // little-endian hosts only
+    llmq_sha256_hex(dig, d.tokens_sha256);
+    free(stream);
+    *out = d;
+    return LLMQ_OK;
+fail:
+    free(stream);
+    llmq_calib_data_free(&d);
+    return st;
+}
+
+// ---- statistics ------------------------------------------------------------------------------------------
+
+int llmq_calib_slot_of(enum llmq_linear l) {
+    switch (l) {
+    case LLMQ_LIN_Q: case LLMQ_LIN_K: case LLMQ_LIN_V: return LLMQ_CALIB_SLOT_Q;
+    case LLMQ_LIN_O: return LLMQ_CALIB_SLOT_O;
+    case LLMQ_LIN_GATE: case LLMQ_LIN_UP: return LLMQ_CALIB_SLOT_GATE;
+    case LLMQ_LIN_DOWN: return LLMQ_CALIB_SLOT_DOWN;
+    default: return -1;
+    }
+}
+
+static const char *slot_name(int slot) {
+    static const char *n[] = {"attn_in (q/k/v)", "attn_output in", "ffn_in (gate/up)", "ffn_down in"};
+    return slot >= 0 && slot < LLMQ_CALIB_N_SLOTS ? n[slot] : "?";
+}
+
+static int64_t slot_n_in(const struct llmq_model *m, int slot) {
+    switch (slot) {
+    case LLMQ_CALIB_SLOT_Q: case LLMQ_CALIB_SLOT_GATE: return m->hp.n_embd;
+    case LLMQ_CALIB_SLOT_O: return m->hp.n_head * m->hp.head_dim;
+    default: return m->hp.n_ff;
+    }
+}
+
+static enum llmq_status input_alloc(struct llmq_calib_input *in, bool with_xtx) {
+    int64_t C = in->n_in;
+    in->sum_abs = calloc((size_t)C, sizeof(double));
+    in->sum_sq = calloc((size_t)C, sizeof(double));
+    if (with_xtx) in->xtx = calloc((size_t)(C * C), sizeof(double));
+    if (!in->sum_abs || !in->sum_sq || (with_xtx && !in->xtx))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for statistics of %lld inputs", (long long)C);
+    return LLMQ_OK;
+}
+
+static void input_release(struct llmq_calib_input *in) {
+    free(in->xtx);
+    free(in->sum_abs);
+    free(in->sum_sq);
+    in->xtx = in->sum_abs = in->sum_sq = NULL;
+}
+
+static enum llmq_status stats_alloc_scratch(struct llmq_calib_stats *s, int64_t cmax) {
+    if (!s->with_xtx) return LLMQ_OK;
+    s->scratch = malloc((size_t)(cmax * cmax) * sizeof(float));
+    return s->scratch ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+}
+
+enum llmq_status llmq_calib_stats_init(const struct llmq_model *m, bool with_xtx, int64_t layer0, int64_t layer1,
+                                       struct llmq_calib_stats *out) {
+    memset(out, 0, sizeof(*out));
+    int64_t L = m->hp.n_layer;
+    if (layer0 < 0 || layer1 > L || layer0 > layer1) return llmq_errorf(LLMQ_ERR_ARG, "calib: bad layer range");
+    out->n_layer = L;
+    out->with_xtx = with_xtx;
+    out->in = calloc((size_t)(L * LLMQ_CALIB_N_SLOTS), sizeof(*out->in));
+    enum llmq_status st = out->in ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+    int64_t cmax = 0;
+    for (int64_t l = 0; l < L && !st; l++)
+        for (int k = 0; k < LLMQ_CALIB_N_SLOTS && !st; k++) {
+            struct llmq_calib_input *in = &out->in[l * LLMQ_CALIB_N_SLOTS + k];
+            in->n_in = slot_n_in(m, k);
+            cmax = in->n_in > cmax ? in->n_in : cmax;
+            if (l >= layer0 && l < layer1) st = input_alloc(in, with_xtx);
+        }
+    if (!st) st = stats_alloc_scratch(out, cmax);
+    if (st) llmq_calib_stats_free(out);
+    return st;
+}
+
+void llmq_calib_stats_free(struct llmq_calib_stats *s) {
+    if (!s) return;
+    for (int64_t i = 0; s->in && i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) input_release(&s->in[i]);
+    free(s->in);
+    free(s->scratch);
+    memset(s, 0, sizeof(*s));
+}
+
+void llmq_calib_stats_reset(struct llmq_calib_stats *s, int64_t layer) {
+    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
+        struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + k];
+        int64_t C = in->n_in;
+        in->count = in->n_seq = 0;
+        if (in->xtx) memset(in->xtx, 0, (size_t)(C * C) * sizeof(double));
+        if (in->sum_abs) memset(in->sum_abs, 0, (size_t)C * sizeof(double));
+        if (in->sum_sq) memset(in->sum_sq, 0, (size_t)C * sizeof(double));
+    }
+    s->err = LLMQ_OK;
+}
+
+enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer, int slot, const float *x, int64_t n,
+                                      int64_t n_seq) {
+    LLMQ_ASSERT(layer >= 0 && layer < s->n_layer && slot >= 0 && slot < LLMQ_CALIB_N_SLOTS);
+    struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
+    int64_t C = in->n_in;
+    if (!in->sum_sq) return llmq_errorf(LLMQ_ERR_ARG, "calib: statistics of layer %lld were not allocated", (long long)layer);
+    for (int64_t t = 0; t < n; t++) {
+        const float *r = x + t * C;
+        for (int64_t c = 0; c < C; c++) {
+            float v = r[c];
+            if (!isfinite(v))
+                return llmq_errorf(LLMQ_ERR_NUMERIC, "calib: blk.%lld %s: non-finite activation %g at token %lld, channel %lld",
+                                   (long long)layer, slot_name(slot), (double)v, (long long)t, (long long)c);
+            in->sum_abs[c] += fabs((double)v);
+            in->sum_sq[c] += (double)v * (double)v;
+        }
+    }
+    if (in->xtx) {
+        for (int64_t t0 = 0; t0 < n; t0 += MICRO_BATCH) {
+            int64_t mb = n - t0 < MICRO_BATCH ? n - t0 : MICRO_BATCH;
+            // scratch (C, C) upper = x[t0:t0+mb]ᵀ x[t0:t0+mb]; x row-major (mb, C) is A with A = Xᵀ col-wise
+            cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)C, (int)mb, 1.0f, x + t0 * C, (int)C, 0.0f,
+                        s->scratch, (int)C);
+            for (int64_t i = 0; i < C; i++) {
+                double *dst = in->xtx + i * C;
+                const float *src = s->scratch + i * C;
+                for (int64_t j = i; j < C; j++) dst[j] += (double)src[j];
+            }
+        }
+    }
+    in->count += n;
+    in->n_seq += n_seq;
+    return LLMQ_OK;
+}
+
+void llmq_calib_stats_hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
+    struct llmq_calib_stats *s = user;
+    (void)n_in;
+    if (s->err) return;
+    s->err = llmq_calib_stats_add(s, layer, llmq_calib_slot_of(which), in, n, s->n_seq_hint);
+}
+
+void llmq_calib_stats_finish(struct llmq_calib_stats *s, int64_t layer) {
+    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
+        struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + k];
+        if (!in->xtx) continue;
+        int64_t C = in->n_in;
+        for (int64_t i = 0; i < C; i++)
+            for (int64_t j = 0; j < i; j++) in->xtx[i * C + j] = in->xtx[j * C + i];
+    }
+}
+
+enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t layer, int slot, float *H) {
+    const struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
+    if (!in->xtx || in->n_seq < 1)
+        return llmq_errorf(LLMQ_ERR_ARG, "calib: no XᵀX gathered for blk.%lld %s", (long long)layer, slot_name(slot));
+    int64_t C = in->n_in;
+    double f = 2.0 / (double)in->n_seq;
+    for (int64_t i = 0; i < C * C; i++) H[i] = (float)(f * in->xtx[i]);
+    return LLMQ_OK;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_calib_data *d, int n_threads,
+                                int64_t micro_batch, struct llmq_calib_stats *s) {
+    int64_t N = d->n_seq * d->seqlen, D = m->hp.n_embd;
+    if (micro_batch < 1) micro_batch = 1;
+    int64_t mb_tokens = micro_batch * d->seqlen;
+    float *x = malloc((size_t)(N * D) * sizeof(float)); // (N, D) activations at the block boundary
+    struct llmq_forward *f = NULL;
+    enum llmq_status st = x ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for (%lld, %lld) activations",
+                                                     (long long)N, (long long)D);
+    if (!st) st = llmq_forward_init(m, mb_tokens, n_threads, &f);
+    for (int64_t t0 = 0; !st && t0 < N; t0 += mb_tokens) {
+        int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
+        st = llmq_forward_embed(f, d->tokens + t0, n, x + t0 * D);
+    }
+    double t_start = now_s();
+    for (int64_t l = 0; !st && l < m->hp.n_layer; l++) {
+        llmq_calib_stats_reset(s, l);
+        for (int64_t s0 = 0; !st && s0 < d->n_seq; s0 += micro_batch) {
+            int64_t ns = d->n_seq - s0 < micro_batch ? d->n_seq - s0 : micro_batch;
+            s->n_seq_hint = ns;
+            st = llmq_forward_block(f, (int)l, x + s0 * d->seqlen * D, ns, d->seqlen, llmq_calib_stats_hook, s);
+            if (!st) st = s->err;
+        }
+        if (st) break;
+        llmq_calib_stats_finish(s, l);
+        double el = now_s() - t_start;
+        llmq_info("calib: block %lld/%lld  %.1f s  ETA %.0f s", (long long)l + 1, (long long)m->hp.n_layer, el,
+                  el / (double)(l + 1) * (double)(m->hp.n_layer - l - 1));
+    }
+    s->n_seq = d->n_seq;
+    s->seqlen = d->seqlen;
+    llmq_sha256(d->tokens, (size_t)N * sizeof(int32_t), s->tokens_sha256);
+    llmq_forward_free(f);
+    free(x);
+    return st;
+}
+
+// ---- stats file ----------------------------------------------------------------------------------------------
+
+static const char STATS_MAGIC[8] = {'L', 'L', 'M', 'Q', 'C', 'A', 'L', 'S'};
+#define STATS_VERSION 1u
+#define STATS_HEADER 72
+
+enum llmq_status llmq_calib_stats_save(const struct llmq_calib_stats *s, const char *path) {
+    struct llmq_afile f;
+    enum llmq_status st = llmq_afile_open(&f, path);
+    if (st) return st;
+    uint32_t version = STATS_VERSION, flags = s->with_xtx ? 1u : 0u;
+    int64_t hdr[3] = {s->n_layer, s->n_seq, s->seqlen};
+    llmq_afile_write(&f, STATS_MAGIC, 8);
+    llmq_afile_write(&f, &version, 4);
+    llmq_afile_write(&f, &flags, 4);
+    llmq_afile_write(&f, hdr, sizeof(hdr));
+    llmq_afile_write(&f, s->tokens_sha256, 32);
+    for (int64_t i = 0; i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) {
+        const struct llmq_calib_input *in = &s->in[i];
+        if (!in->sum_sq || !in->sum_abs || (s->with_xtx && !in->xtx)) {
+            llmq_afile_abort(&f);
+            return llmq_errorf(LLMQ_ERR_ARG, "%s: statistics of layer %lld are missing", path,
+                               (long long)(i / LLMQ_CALIB_N_SLOTS));
+        }
+        int64_t h[2] = {in->n_in, in->count};
+        llmq_afile_write(&f, h, sizeof(h));
+        llmq_afile_write(&f, in->sum_abs, (size_t)in->n_in * sizeof(double));
+        llmq_afile_write(&f, in->sum_sq, (size_t)in->n_in * sizeof(double));
+        if (s->with_xtx) llmq_afile_write(&f, in->xtx, (size_t)(in->n_in * in->n_in) * sizeof(double));
+    }
+    return llmq_afile_commit(&f);
+}
+
+enum llmq_status llmq_calib_stats_load(const char *path, struct llmq_calib_stats *out) {
+    memset(out, 0, sizeof(*out));
+    struct llmq_mmap mm = {0};
+    enum llmq_status st = llmq_mmap_open(&mm, path);
+    if (st) return st;
+    const uint8_t *p = mm.data;
+    size_t size = mm.size, off = STATS_HEADER;
+    uint32_t version, flags;
+    int64_t hdr[3];
+    if (size < 8 || memcmp(p, STATS_MAGIC, 8) != 0) {
+        st = llmq_errorf(LLMQ_ERR_MAGIC, "%s: not an llmq calibration stats file (magic)", path);
+        goto fail;
+    }
+    if (size < STATS_HEADER) {
+        st = llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: header truncated (%zu bytes)", path, size);
+        goto fail;
+    }
+    memcpy(&version, p + 8, 4);
+    memcpy(&flags, p + 12, 4);
+    memcpy(hdr, p + 16, sizeof(hdr));
+    if (version != STATS_VERSION) {
+        st = llmq_errorf(LLMQ_ERR_VERSION, "%s: version %u (this llmq reads %u)", path, version, STATS_VERSION);
+        goto fail;
+    }
+    if ((flags & ~1u) || hdr[0] < 1 || hdr[0] > 4096 || hdr[1] < 1 || hdr[2] < 1 || hdr[1] > (1 << 24) ||
+        hdr[2] > (1 << 24)) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: bad header (flags %u, n_layer %lld, n_seq %lld, seqlen %lld)", path, flags,
+                         (long long)hdr[0], (long long)hdr[1], (long long)hdr[2]);
+        goto fail;
+    }
+    out->n_layer = hdr[0];
+    out->n_seq = hdr[1];
+    out->seqlen = hdr[2];
+    out->with_xtx = flags & 1u;
+    memcpy(out->tokens_sha256, p + 40, 32);
+    out->in = calloc((size_t)(out->n_layer * LLMQ_CALIB_N_SLOTS), sizeof(*out->in));
+    if (!out->in) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    int64_t cmax = 0;
+    for (int64_t i = 0; i < out->n_layer * LLMQ_CALIB_N_SLOTS; i++) {
+        struct llmq_calib_input *in = &out->in[i];
+        int64_t h[2];
+        if (size - off < sizeof(h)) {
+            st = llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: record %lld truncated at offset %zu", path, (long long)i, off);
+            goto fail;
+        }
+        memcpy(h, p + off, sizeof(h));
+        off += sizeof(h);
+        if (h[0] < 1 || h[0] > (1 << 20) || h[1] < 0) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: record %lld: n_in %lld, count %lld out of range (offset %zu)", path,
+                             (long long)i, (long long)h[0], (long long)h[1], off - sizeof(h));
+            goto fail;
+        }
+        uint64_t C = (uint64_t)h[0], need = 2 * C * 8 + (out->with_xtx ? C * C * 8 : 0);
+        if (need > size - off) {
+            st = llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: record %lld needs %llu bytes at offset %zu, file has %zu", path,
+                             (long long)i, (unsigned long long)need, off, size);
+            goto fail;
+        }
+        in->n_in = h[0];
+        in->count = h[1];
+        in->n_seq = out->n_seq;
+        cmax = in->n_in > cmax ? in->n_in : cmax;
+        if ((st = input_alloc(in, out->with_xtx))) goto fail;
+        memcpy(in->sum_abs, p + off, C * 8);
+        memcpy(in->sum_sq, p + off + C * 8, C * 8);
+        if (out->with_xtx) memcpy(in->xtx, p + off + 2 * C * 8, C * C * 8);
+        off += need;
+    }
+    if (off != size) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %zu trailing bytes after the last record", path, size - off);
+        goto fail;
+    }
+    if ((st = stats_alloc_scratch(out, cmax))) goto fail;
+    llmq_mmap_close(&mm);
+    return LLMQ_OK;
+fail:
+    llmq_calib_stats_free(out);
+    llmq_mmap_close(&mm);
+    return st;
+}
+
+// ---- llama.cpp imatrix legacy .dat -----------------------------------------------------------------------------
+
+static const char *gguf_lin_name[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                    "ffn_gate", "ffn_up", "ffn_down"};
+
+enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const char *path, const char *dataset) {
+    struct llmq_afile f;
+    int64_t Cmax = 0;
+    for (int64_t i = 0; i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) {
+        if (!s->in[i].sum_sq || s->in[i].count < 1)
+            return llmq_errorf(LLMQ_ERR_ARG, "%s: layer %lld has no Σx² statistics", path, (long long)(i / LLMQ_CALIB_N_SLOTS));
+        Cmax = s->in[i].n_in > Cmax ? s->in[i].n_in : Cmax;
+    }
+    float *tmp = malloc((size_t)Cmax * sizeof(float));
+    if (!tmp) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+    enum llmq_status st = llmq_afile_open(&f, path);
+    if (st) {
+        free(tmp);
+        return st;
+    }
+    int32_t n_entries = (int32_t)(s->n_layer * LLMQ_LIN_COUNT), ncall = (int32_t)(s->n_seq > 0 ? s->n_seq : 1);
+    llmq_afile_write(&f, &n_entries, 4);
+    for (int64_t l = 0; l < s->n_layer; l++)
+        for (int w = 0; w < LLMQ_LIN_COUNT; w++) {
+            const struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)w)];
+            char name[96];
+            int32_t len = snprintf(name, sizeof(name), "blk.%lld.%s.weight", (long long)l, gguf_lin_name[w]);
+            int32_t nval = (int32_t)in->n_in;
+            for (int64_t c = 0; c < in->n_in; c++) tmp[c] = (float)(in->sum_sq[c] / (double)in->count * (double)ncall);
+            llmq_afile_write(&f, &len, 4);
+            llmq_afile_write(&f, name, (size_t)len);
+            llmq_afile_write(&f, &ncall, 4);
+            llmq_afile_write(&f, &nval, 4);
+            llmq_afile_write(&f, tmp, (size_t)nval * sizeof(float));
+        }
+    int32_t dlen = (int32_t)strlen(dataset ? dataset : "");
+    llmq_afile_write(&f, &ncall, 4); // last_call
+    llmq_afile_write(&f, &dlen, 4);
+    llmq_afile_write(&f, dataset ? dataset : "", (size_t)dlen);
+    free(tmp);
+    return llmq_afile_commit(&f);
+}
+
+enum llmq_status llmq_calib_imatrix_load(const char *path, const struct llmq_model *m, struct llmq_calib_stats *out) {
+    struct llmq_mmap mm = {0};
+    enum llmq_status st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, out);
+    if (st) return st;
+    if ((st = llmq_mmap_open(&mm, path))) goto fail;
+    const uint8_t *p = mm.data;
+    size_t size = mm.size, off = 0;
+    int32_t n_entries;
+#define NEED(n, what)                                                                                              \
+    if ((size_t)(n) > size - off) {                                                                                \
+        st = llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: %s truncated at offset %zu", path, what, off);                  \
+        goto fail;                                                                                                 \
+    }
+    NEED(4, "entry count");
+    memcpy(&n_entries, p, 4);
+    off = 4;
+    if (n_entries < 1 || n_entries > (1 << 20)) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %d entries (not an imatrix .dat file?)", path, n_entries);
+        goto fail;
+    }
+    bool seen[LLMQ_CALIB_N_SLOTS * 4096] = {0};
+    int64_t n_used = 0;
+    for (int32_t e = 0; e < n_entries; e++) {
+        int32_t len, ncall, nval;
+        NEED(4, "name length");
+        memcpy(&len, p + off, 4);
+        off += 4;
+        if (len < 1 || len > 1024) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: entry %d: name length %d", path, e, len);
+            goto fail;
+        }
+        NEED(len + 8, "entry");
+        char name[1025];
+        memcpy(name, p + off, (size_t)len);
+        name[len] = '\0';
+        off += (size_t)len;
+        memcpy(&ncall, p + off, 4);
+        memcpy(&nval, p + off + 4, 4);
+        off += 8;
+        if (nval < 0 || nval > (1 << 24) || ncall < 0) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s: nval %d, ncall %d", path, name, nval, ncall);
+            goto fail;
+        }
+        NEED((size_t)nval * 4, "values");
+        const uint8_t *vals = p + off;
+        off += (size_t)nval * 4;
+        long long l;
+        char lin[64];
+        int w = -1, used = 0;
+        if (sscanf(name, "blk.%lld.%63[^.].weight%n", &l, lin, &used) == 2 && name[used] == '\0')
+            for (int k = 0; k < LLMQ_LIN_COUNT; k++)
+                if (strcmp(lin, gguf_lin_name[k]) == 0) w = k;
+        if (w < 0 || l < 0 || l >= m->hp.n_layer) {
+            llmq_warn("%s: entry %s is not a linear weight of %s; ignored", path, name, m->path);
+            continue;
+        }
+        int slot = llmq_calib_slot_of((enum llmq_linear)w);
+        struct llmq_calib_input *in = &out->in[l * LLMQ_CALIB_N_SLOTS + slot];
+        if (nval != in->n_in) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has %d values, the model's input has %lld", path, name, nval,
+                             (long long)in->n_in);
+            goto fail;
+        }
+        if (l < 4096 && seen[l * LLMQ_CALIB_N_SLOTS + slot]) continue; // q/k/v (gate/up) share one input
+        if (l < 4096) seen[l * LLMQ_CALIB_N_SLOTS + slot] = true;
+        for (int32_t c = 0; c < nval; c++) {
+            float v;
+            memcpy(&v, vals + 4 * c, 4);
+            if (!isfinite(v) || v < 0) {
+                st = llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s value %d is %g", path, name, c, (double)v);
+                goto fail;
+            }
+            in->sum_sq[c] = (double)v;
+        }
+        in->count = in->n_seq = ncall > 0 ? ncall : 1;
+        if (ncall == 0) memset(in->sum_sq, 0, (size_t)nval * sizeof(double));
+        n_used++;
+    }
+    (void)n_used;
+    // last_call and dataset name follow; optional (older files end here)
+    out->n_seq = 1;
+    out->seqlen = 1;
+#undef NEED
+    llmq_mmap_close(&mm);
+    return LLMQ_OK;
+fail:
+    llmq_mmap_close(&mm);
+    llmq_calib_stats_free(out);
+    return st;
+}

@@ -1,0 +1,123 @@
+/*
+ * cli/cmd_calib.c — `llmq calib`: run the calibration pass of calib/calib.h over a model and save the
+ * statistics (.lcs, layout in calib/calib.h) and/or llama.cpp's legacy imatrix .dat.
+ *
+ *   llmq calib --model M --calib SRC [--calib SRC]... [--nsamples N] [--seqlen L] [--seed S]
+ *              [--out FILE] [--no-xtx] [--imatrix-out FILE] [--threads N]
+ *   llmq calib --model M --imatrix-in FILE [--imatrix-out FILE]     (read an imatrix, print, rewrite)
+ *   llmq calib --model M --stats-in FILE [--imatrix-out FILE]        (read a stats file, print, convert)
+ *
+ * stdout: a summary (sequences, tokens, per-block mean x² of each input); stderr: progress.
+ */
+#include "calib/calib.h"
+#include "calib/model.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void openblas_set_num_threads(int n);
+int cli_take_repeated(const char *name, int *argc, char **argv, const char **vals, int max_vals, int *n_vals);
+
+static void print_summary(const struct llmq_calib_stats *s) {
+    static const char *slot[LLMQ_CALIB_N_SLOTS] = {"attn_in", "attn_out", "ffn_in", "ffn_down_in"};
+    printf("statistics: %lld layers, %lld sequences x %lld tokens%s\n", (long long)s->n_layer, (long long)s->n_seq,
+           (long long)s->seqlen, s->with_xtx ? ", with XᵀX" : "");
+    for (int64_t l = 0; l < s->n_layer; l++) {
+        printf("blk.%lld", (long long)l);
+        for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
+            const struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS + k];
+            double ms = 0;
+            for (int64_t c = 0; in->sum_sq && c < in->n_in; c++) ms += in->sum_sq[c];
+            ms = in->count > 0 ? ms / (double)(in->count * in->n_in) : 0;
+            printf("  %s mean x² %.4g", slot[k], ms);
+        }
+        printf("\n");
+    }
+}
+
+int cmd_calib(int argc, char **argv) {
+    const char *model_path = NULL, *out = NULL, *imat_out = NULL, *imat_in = NULL, *stats_in = NULL, *dummy = NULL;
+    long nsamples = 128, seqlen = 512, seed = 0, micro = 8, threads = sysconf(_SC_NPROCESSORS_ONLN);
+    bool no_xtx = false;
+    if (threads < 1) threads = 1;
+    const char *sources[LLMQ_CALIB_MAX_SOURCES];
+    int n_sources = 0;
+    int rc = cli_take_repeated("calib", &argc, argv, sources, LLMQ_CALIB_MAX_SOURCES, &n_sources);
+    if (rc) return rc;
+    const struct cli_flag flags[] = {
+        {"model", CLI_STR, &model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
+        {"calib", CLI_STR, &dummy, "none",
+         "calibration source, repeatable: .txt/.raw/.jsonl[.gz] file, a datasets/manifest.tsv name, or self"},
+        {"nsamples", CLI_INT, &nsamples, "128", "calibration sequences"},
+        {"seqlen", CLI_INT, &seqlen, "512", "tokens per sequence"},
+        {"seed", CLI_INT, &seed, "0", "seed of the window sampling (and of --calib self)"},
+        {"micro-batch", CLI_INT, &micro, "8", "sequences per forward call"},
+        {"threads", CLI_INT, &threads, "the number of CPUs", "threads"},
+        {"out", CLI_STR, &out, NULL, "write the statistics file (.lcs) here"},
+        {"no-xtx", CLI_BOOL, &no_xtx, "off", "do not gather/save XᵀX (only mean |x|, Σx², counts)"},
+        {"imatrix-out", CLI_STR, &imat_out, NULL, "also write llama.cpp's legacy imatrix .dat here"},
+        {"imatrix-in", CLI_STR, &imat_in, NULL, "read a llama.cpp imatrix .dat instead of running calibration"},
+        {"stats-in", CLI_STR, &stats_in, NULL, "read a statistics file instead of running calibration"},
+    };
+    const struct cli_cmd cmd = {
+        "calib", "--model M --calib SRC [flags]",
+        "Gather per-linear input statistics (XᵀX, mean |x|, Σx², counts) block by block and save them.",
+        "XᵀX is summed in f64 over micro-batches of 256 rows (cblas_ssyrk in f32 per micro-batch); GPTQ's\n"
+        "H = 2/n_seq · XᵀX. The .lcs layout is documented in calib/calib.h. Exit: 0 ok, 1 error, 2 usage.",
+        flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
+    const char *pos[1];
+    int n_pos;
+    rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
+    if (rc) return rc == 1 ? 0 : rc;
+    const char *usage = NULL;
+    int n_inputs = (n_sources > 0) + (imat_in != NULL) + (stats_in != NULL);
+    if (!model_path) usage = "--model is required";
+    else if (n_inputs != 1) usage = "exactly one of --calib, --imatrix-in, --stats-in is needed";
+    else if (nsamples < 1 || seqlen < 2 || micro < 1 || seed < 0) usage = "--nsamples, --seqlen, --micro-batch, --seed out of range";
+    else if (threads < 1 || threads > 256) usage = "--threads must be between 1 and 256";
+    else if (!out && !imat_out && n_sources > 0) usage = "--out or --imatrix-out is needed";
+    if (usage) {
+        fprintf(stderr, "llmq calib: %s\nrun 'llmq calib --help' for the flags and their defaults\n", usage);
+        return 2;
+    }
+    openblas_set_num_threads((int)threads);
+    struct llmq_model *m = NULL;
+    struct llmq_calib_data d = {0};
+    struct llmq_calib_stats s = {0};
+    enum llmq_status st = llmq_model_load(model_path, &m);
+    if (st) goto done;
+    if (imat_in) st = llmq_calib_imatrix_load(imat_in, m, &s);
+    else if (stats_in) st = llmq_calib_stats_load(stats_in, &s);
+    else {
+        struct llmq_calib_opts co = {.sources = sources, .n_sources = n_sources, .nsamples = nsamples,
+                                     .seqlen = seqlen, .seed = (uint64_t)seed, .n_threads = (int)threads};
+        if (!(st = llmq_calib_data_load(m, &co, &d)) && !(st = llmq_calib_stats_init(m, !no_xtx, 0, m->hp.n_layer, &s)))
+            st = llmq_calib_run(m, &d, (int)threads, micro, &s);
+        if (!st) printf("calibration: %lld x %lld tokens, tokens sha256 %s\n", (long long)d.n_seq, (long long)d.seqlen,
+                        d.tokens_sha256);
+        for (int i = 0; !st && i < d.n_src; i++)
+            printf("source:      %s (%s) sha256 %s, %lld tokens\n", d.src[i].arg, d.src[i].path ? d.src[i].path : "model",
+                   d.src[i].sha256[0] ? d.src[i].sha256 : "-", (long long)d.src[i].n_tokens);
+    }
+    if (st) goto done;
+    if (s.n_layer != m->hp.n_layer) {
+        st = llmq_errorf(LLMQ_ERR_ARG, "calib: the statistics have %lld layers, %s has %lld", (long long)s.n_layer,
+                         m->path, (long long)m->hp.n_layer);
+        goto done;
+    }
+    print_summary(&s);
+    if (out && (st = llmq_calib_stats_save(&s, out))) goto done;
+    if (out) printf("stats:       %s\n", out);
+    if (imat_out && (st = llmq_calib_imatrix_save(&s, imat_out, n_sources ? sources[0] : ""))) goto done;
+    if (imat_out) printf("imatrix:     %s\n", imat_out);
+done:
+    llmq_calib_stats_free(&s);
+    llmq_calib_data_free(&d);
+    llmq_model_free(m);
+    return st ? 1 : 0;
+}

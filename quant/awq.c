@@ -1,0 +1,690 @@
+/*
+ * quant/awq.c — AutoAWQ's per-block search (quant/awq.h has the algorithm and the contracts).
+ *
+ * Mirrors awq/quantize/quantizer.py of AutoAWQ: _search_best_scale / _compute_best_scale (scale
+ * groups, duo scaling, one module forward per ratio), apply_scale (scale_ln_fcs, scale_fc_fc),
+ * _search_best_clip / _compute_best_clip and apply_clip; pseudo_quantize_tensor is
+ * llmq_quant_params_awq + llmq_quant_code (quant/quantizer.h).
+ *
+ * How it is fast: every candidate of the scale search is one module forward on the block's f32
+ * copies (views point at reused candidate buffers, so no conversion), i.e. one sgemm per linear of
+ * the group; the clip search batches, per quant group, all rows of a chunk and all shrink
+ * candidates into one dgemm (T, G) x (G, rows * (1 + K)) (double so that the choice does not
+ * depend on summation order, which keeps it equal to the numpy port in tests/py/awq_ref.py).
+ *
+ * Legend: R rows/out, C cols/in, G group size, N tokens, T sampled tokens, K shrink candidates.
+ */
+#include "quant/awq.h"
+
+#include "common/log.h"
+#include "quant/quantizer.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CLIP_ROW_CHUNK 256 // weight rows per clip dgemm
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int64_t lin_rows(const struct llmq_awq_block *b, enum llmq_linear l) {
+    return b->m->layers[b->layer].w[l]->shape[0];
+}
+static int64_t lin_cols(const struct llmq_awq_block *b, enum llmq_linear l) {
+    return b->m->layers[b->layer].w[l]->shape[1];
+}
+
+static float *alloc_f32(int64_t n) { return n > 0 ? malloc((size_t)n * sizeof(float)) : NULL; }
+
+static void f32_view(struct llmq_tensor_view *v, float *data, int64_t R, int64_t C, const char *name) {
+    memset(v, 0, sizeof *v);
+    v->dtype = LLMQ_DTYPE_F32;
+    v->data = data;
+    v->name = name;
+    if (R == 1) {
+        v->n_dims = 1;
+        v->shape[0] = C;
+    } else {
+        v->n_dims = 2;
+        v->shape[0] = R;
+        v->shape[1] = C;
+    }
+    v->nbytes = (size_t)(R * C) * sizeof(float);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options, block copies, binding
+// ---------------------------------------------------------------------------------------------
+
+void llmq_awq_opts_default(struct llmq_awq_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->bits = 4;
+    o->group_size = 128;
+    o->n_grid = 20;
+    o->duo_scaling = true;
+    o->clip = true;
+    o->clip_n_grid = 20;
+    o->max_shrink = 0.5f;
+    o->n_sample_token = 512;
+    o->n_threads = 1;
+}
+
+enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int n_threads,
+                                     struct llmq_awq_block **out) {
+    *out = NULL;
+    if (!m || layer < 0 || layer >= m->hp.n_layer)
+        return llmq_errorf(LLMQ_ERR_ARG, "awq: layer %d out of range [0, %lld)", layer,
+                           m ? (long long)m->hp.n_layer : 0LL);
+    const struct llmq_hparams *hp = &m->hp;
+    const struct llmq_layer *ly = &m->layers[layer];
+    enum llmq_status st = LLMQ_OK;
+    struct llmq_awq_block *b = calloc(1, sizeof *b);
+    if (!b) return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory");
+    b->m = m;
+    b->layer = layer;
+    b->D = hp->n_embd;
+    b->F = hp->n_ff;
+    b->Dq = hp->n_head * hp->head_dim;
+    b->Dkv = hp->n_head_kv * hp->head_dim;
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
+        const struct llmq_tensor_view *w = ly->w[l];
+        const int64_t R = w->shape[0], C = w->shape[1];
+        if (!(b->w[l] = alloc_f32(R * C))) goto nomem;
+        if ((st = llmq_model_weight_f32(w, b->w[l], n_threads))) goto fail;
+        f32_view(&b->vw[l], b->w[l], R, C, w->name);
+    }
+    if (!(b->attn_norm = alloc_f32(b->D)) || !(b->ffn_norm = alloc_f32(b->D))) goto nomem;
+    if ((st = llmq_model_weight_f32(ly->attn_norm, b->attn_norm, 1))) goto fail;
+    if ((st = llmq_model_weight_f32(ly->ffn_norm, b->ffn_norm, 1))) goto fail;
+    f32_view(&b->vattn_norm, b->attn_norm, 1, b->D, ly->attn_norm->name);
+    f32_view(&b->vffn_norm, b->ffn_norm, 1, b->D, ly->ffn_norm->name);
+    const struct llmq_tensor_view *bias[3] = {ly->bq, ly->bk, ly->bv};
+    for (int i = 0; i < 3; i++) {
+        if (!bias[i]) continue;
+        const int64_t n = i == 0 ? b->Dq : b->Dkv;
+        if (!(b->bias[i] = alloc_f32(n))) goto nomem;
+        if ((st = llmq_model_weight_f32(bias[i], b->bias[i], 1))) goto fail;
+        f32_view(&b->vbias[i], b->bias[i], 1, n, bias[i]->name);
+    }
+    *out = b;
+    return LLMQ_OK;
+nomem:
+    st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory copying block %d of %s", layer, m->path);
+fail:
+    llmq_awq_block_free(b);
+    return st;
+}
+
+void llmq_awq_block_free(struct llmq_awq_block *b) {
+    if (!b) return;
+    if (b->bound) llmq_awq_block_unbind(b, NULL);
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
+        free(b->w[l]);
+        free(b->clip[l]);
+    }
+    free(b->attn_norm);
+    free(b->ffn_norm);
+    for (int i = 0; i < 3; i++)
+        free(b->bias[i]);
+    for (int g = 0; g < b->n_groups; g++) {
+        free(b->groups[g].loss);
+        free(b->groups[g].scales);
+    }
+    free(b);
+}
+
+enum llmq_status llmq_awq_block_bind(struct llmq_awq_block *b, struct llmq_forward *f) {
+    if (!b->bound) {
+        struct llmq_layer *ly = &b->m->layers[b->layer];
+        for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
+            b->saved_w[l] = ly->w[l];
+            ly->w[l] = &b->vw[l];
+        }
+        b->saved_attn_norm = ly->attn_norm;
+        b->saved_ffn_norm = ly->ffn_norm;
+        ly->attn_norm = &b->vattn_norm;
+        ly->ffn_norm = &b->vffn_norm;
+        const struct llmq_tensor_view **bias[3] = {&ly->bq, &ly->bk, &ly->bv};
+        for (int i = 0; i < 3; i++) {
+            b->saved_bias[i] = *bias[i];
+            if (b->bias[i]) *bias[i] = &b->vbias[i];
+        }
+        b->bound = true;
+    }
+    return f ? llmq_forward_reload_layer(f, b->layer) : LLMQ_OK;
+}
+
+enum llmq_status llmq_awq_block_unbind(struct llmq_awq_block *b, struct llmq_forward *f) {
+    if (b->bound) {
+        struct llmq_layer *ly = &b->m->layers[b->layer];
+        for (int l = 0; l < LLMQ_LIN_COUNT; l++)
+            ly->w[l] = b->saved_w[l];
+        ly->attn_norm = b->saved_attn_norm;
+        ly->ffn_norm = b->saved_ffn_norm;
+        ly->bq = b->saved_bias[0];
+        ly->bk = b->saved_bias[1];
+        ly->bv = b->saved_bias[2];
+        b->bound = false;
+    }
+    return f ? llmq_forward_reload_layer(f, b->layer) : LLMQ_OK;
+}
+
+const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin) {
+    for (int g = 0; g < b->n_groups; g++)
+        for (int i = 0; i < b->groups[g].n_lin; i++)
+            if (b->groups[g].lin[i] == lin) return b->groups[g].scales;
+    return NULL;
+}
+
+void llmq_awq_scale_hessian(const struct llmq_awq_block *b, enum llmq_linear lin, float *H) {
+    const float *s = llmq_awq_input_scales(b, lin); // (C)
+    if (!s) return;
+    const int64_t C = lin_cols(b, lin);
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = 0; j < C; j++)
+            H[i * C + j] = H[i * C + j] / (s[i] * s[j]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The quantizer
+// ---------------------------------------------------------------------------------------------
+
+// One group of n values (contiguous) fake-quantized: out = (clamp(round(w/scale)+zero) - zero)*scale.
+static void pseudo_quantize_group(const float *w, int64_t n, int bits, float *out) {
+    float scale, zero;
+    llmq_quant_params_awq(w, n, 1, bits, false, &scale, &zero);
+    const int maxq = (1 << bits) - 1;
+    for (int64_t i = 0; i < n; i++)
+        out[i] = ((float)llmq_quant_code(w[i], scale, zero, maxq) - zero) * scale;
+}
+
+void llmq_awq_pseudo_quantize(const float *W, int64_t R, int64_t C, int bits, int group_size, float *Wq) {
+    const int64_t G = group_size > 0 && C % group_size == 0 ? group_size : C;
+    for (int64_t i = 0; i < R * C; i += G)
+        pseudo_quantize_group(W + i, G, bits, Wq + i);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scale search
+// ---------------------------------------------------------------------------------------------
+
+// The inputs of the block's linears captured from one fp block forward.
+struct captured {
+    float *n1;  // (N, D) input of q/k/v
+    float *att; // (N, Dq) input of o; NULL when there is no v->o group
+    float *n2;  // (N, D) input of gate/up
+    float *act; // (N, F) input of down
+    int64_t N;
+};
+
+static void capture_hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
+    (void)layer;
+    struct captured *c = user;
+    float *dst = which == LLMQ_LIN_Q ? c->n1 : which == LLMQ_LIN_O ? c->att : which == LLMQ_LIN_GATE ? c->n2 : c->act;
+    if (dst) memcpy(dst, in, (size_t)(n * n_in) * sizeof(float));
+}
+
+// sum((a - b)^2) / n, in double.
+static double mse(const float *a, const float *b, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        s += d * d;
+    }
+    return s / (double)n;
+}
+
+// x_mean (C) = mean_t |x[t, c]| over N rows.
+static void compute_x_mean(const float *x, int64_t N, int64_t C, float *x_mean) {
+    double *acc = calloc((size_t)C, sizeof(double));
+    LLMQ_ASSERT(acc);
+    for (int64_t t = 0; t < N; t++)
+        for (int64_t c = 0; c < C; c++)
+            acc[c] += fabs((double)x[t * C + c]);
+    for (int64_t c = 0; c < C; c++)
+        x_mean[c] = (float)(acc[c] / (double)N);
+    free(acc);
+}
+
+// w_mean (C): over the rows of all linears of the group, |W| / (group abs-max + 1e-6), averaged.
+static void compute_w_mean(struct llmq_awq_block *b, const struct llmq_awq_group *g, int64_t G, float *w_mean) {
+    const int64_t C = g->C;
+    double *acc = calloc((size_t)C, sizeof(double));
+    LLMQ_ASSERT(acc);
+    int64_t rows = 0;
+    for (int i = 0; i < g->n_lin; i++) {
+        const float *W = b->w[g->lin[i]]; // (R, C)
+        const int64_t R = lin_rows(b, g->lin[i]);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c0 = 0; c0 < C; c0 += G) {
+                const float *w = W + r * C + c0;
+                float amax = 0.0f;
+                for (int64_t j = 0; j < G; j++)
+                    amax = fmaxf(amax, fabsf(w[j]));
+                const float den = amax + 1e-6f;
+                for (int64_t j = 0; j < G; j++)
+                    acc[c0 + j] += (double)(fabsf(w[j]) / den);
+            }
+        rows += R;
+    }
+    for (int64_t c = 0; c < C; c++)
+        w_mean[c] = (float)(acc[c] / (double)rows);
+    free(acc);
+}
+
+// s (C) for ratio (AutoAWQ _compute_best_scale).
+static void ratio_scales(const float *x_mean, const float *w_mean, int64_t C, float ratio, bool duo, float *s) {
+    float mx = -INFINITY, mn = INFINITY;
+    for (int64_t c = 0; c < C; c++) {
+        float v = duo ? powf(x_mean[c], ratio) / (powf(w_mean[c], 1.0f - ratio) + 1e-4f) : powf(x_mean[c], ratio);
+        if (v < 1e-4f) v = 1e-4f;
+        s[c] = v;
+        mx = fmaxf(mx, v);
+        mn = fminf(mn, v);
+    }
+    const float norm = sqrtf(mx * mn);
+    for (int64_t c = 0; c < C; c++) {
+        float v = s[c] / norm;
+        if (isinf(v) || isnan(v)) v = 1.0f;
+        s[c] = v;
+    }
+}
+
+// Wc (R, C) = Q(W * s) / s, columns scaled.
+static void scaled_candidate(const float *W, int64_t R, int64_t C, const float *s, int bits, int64_t G, float *Wc) {
+    for (int64_t r = 0; r < R; r++) {
+        const float *w = W + r * C;
+        float *o = Wc + r * C;
+        for (int64_t c = 0; c < C; c++)
+            o[c] = w[c] * s[c];
+        for (int64_t c0 = 0; c0 < C; c0 += G)
+            pseudo_quantize_group(o + c0, G, bits, o + c0);
+        for (int64_t c = 0; c < C; c++)
+            o[c] = o[c] / s[c];
+    }
+}
+
+// Y (N, R) = X (N, C) · W (R, C)^T with multi-threaded BLAS.
+static void gemm_nt(const float *X, const float *W, int64_t N, int64_t R, int64_t C, float *Y) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)R, (int)C, 1.0f, X, (int)C, W, (int)C, 0.0f, Y,
+                (int)R);
+}
+
+struct scale_job {
+    struct llmq_awq_block *b;
+    struct llmq_forward *f;
+    const struct llmq_awq_opts *o;
+    const float *in;     // (N, C) the group's input
+    const float *fp_out; // (N, D) the inspected module's fp output
+    int64_t n_seq, seqlen, N, G;
+    float *cand[3]; // candidate weights of the group's linears, each (R_i, C)
+    float *out;     // (N, D) candidate output
+};
+
+static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group *g) {
+    struct llmq_awq_block *b = j->b;
+    const struct llmq_awq_opts *o = j->o;
+    const int64_t C = g->C, N = j->N, D = b->D;
+    enum llmq_status st = LLMQ_OK;
+    float *x_mean = alloc_f32(C), *w_mean = alloc_f32(C), *s = alloc_f32(C);
+    g->loss = malloc((size_t)o->n_grid * sizeof(double));
+    g->scales = alloc_f32(C);
+    if (!x_mean || !w_mean || !s || !g->loss || !g->scales) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory (layer %d)", b->layer);
+        goto done;
+    }
+    compute_x_mean(j->in, N, C, x_mean);
+    compute_w_mean(b, g, j->G, w_mean);
+
+    double best_err = INFINITY;
+    g->best = -1;
+    for (int i = 0; i < o->n_grid; i++) {
+        const float ratio = (float)((double)i / (double)o->n_grid);
+        ratio_scales(x_mean, w_mean, C, ratio, o->duo_scaling, s);
+        for (int k = 0; k < g->n_lin; k++) {
+            const enum llmq_linear l = g->lin[k];
+            scaled_candidate(b->w[l], lin_rows(b, l), C, s, o->bits, j->G, j->cand[k]);
+            b->vw[l].data = j->cand[k];
+        }
+        if (g->prev == LLMQ_AWQ_PREV_ATTN_NORM)
+            st = llmq_forward_attn(j->f, b->layer, j->in, j->n_seq, j->seqlen, j->out);
+        else if (g->prev == LLMQ_AWQ_PREV_FFN_NORM)
+            st = llmq_forward_mlp(j->f, b->layer, j->in, N, j->out);
+        else
+            gemm_nt(j->in, j->cand[0], N, D, C, j->out);
+        for (int k = 0; k < g->n_lin; k++)
+            b->vw[g->lin[k]].data = b->w[g->lin[k]];
+        if (st) goto done;
+        const double loss = mse(j->fp_out, j->out, N * D);
+        g->loss[i] = loss;
+        if (!isfinite(loss)) {
+            st = llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d, scale group of %s: loss %g at ratio %g", b->layer,
+                             llmq_linear_name(g->lin[0]), loss, (double)ratio);
+            goto done;
+        }
+        if (loss < best_err) {
+            best_err = loss;
+            g->best = i;
+            memcpy(g->scales, s, (size_t)C * sizeof(float));
+        }
+    }
+    g->ratio = (float)((double)g->best / (double)o->n_grid);
+    llmq_info("awq: layer %d %s: ratio %.2f, loss %.6g (ratio 0: %.6g)", b->layer,
+              g->prev == LLMQ_AWQ_PREV_ATTN_NORM  ? "attn_norm->q,k,v"
+              : g->prev == LLMQ_AWQ_PREV_V        ? "v->o"
+              : g->prev == LLMQ_AWQ_PREV_FFN_NORM ? "ffn_norm->gate,up"
+                                                  : "up->down",
+              (double)g->ratio, g->loss[g->best], g->loss[0]);
+done:
+    free(x_mean);
+    free(w_mean);
+    free(s);
+    return st;
+}
+
+// apply_scale for one group: prev op /= s, linears' columns *= s (AutoAWQ scale_ln_fcs / scale_fc_fc).
+static void apply_scale(struct llmq_awq_block *b, const struct llmq_awq_group *g) {
+    const int64_t C = g->C;
+    const float *s = g->scales;
+    switch (g->prev) {
+    case LLMQ_AWQ_PREV_ATTN_NORM:
+    case LLMQ_AWQ_PREV_FFN_NORM: {
+        float *ln = g->prev == LLMQ_AWQ_PREV_ATTN_NORM ? b->attn_norm : b->ffn_norm;
+        for (int64_t c = 0; c < C; c++)
+            ln[c] = ln[c] / s[c];
+        break;
+    }
+    case LLMQ_AWQ_PREV_V:
+    case LLMQ_AWQ_PREV_UP: {
+        const enum llmq_linear l = g->prev == LLMQ_AWQ_PREV_V ? LLMQ_LIN_V : LLMQ_LIN_UP;
+        const int64_t R = lin_rows(b, l), Cp = lin_cols(b, l);
+        float *W = b->w[l] + (R - C) * Cp; // the last C rows
+        for (int64_t r = 0; r < C; r++)
+            for (int64_t c = 0; c < Cp; c++)
+                W[r * Cp + c] = W[r * Cp + c] / s[r];
+        if (l == LLMQ_LIN_V && b->bias[2])
+            for (int64_t r = 0; r < C; r++)
+                b->bias[2][R - C + r] = b->bias[2][R - C + r] / s[r];
+        break;
+    }
+    }
+    for (int k = 0; k < g->n_lin; k++) {
+        float *W = b->w[g->lin[k]];
+        const int64_t R = lin_rows(b, g->lin[k]);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++)
+                W[r * C + c] = W[r * C + c] * s[c];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clip search
+// ---------------------------------------------------------------------------------------------
+
+// Clip table of linear l (R, NG) from its sampled, scaled input X (T, C), then apply_clip.
+static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l, const float *X, int64_t T,
+                                    const struct llmq_awq_opts *o, int64_t G) {
+    const int64_t R = lin_rows(b, l), C = lin_cols(b, l), NG = C / G;
+    const int K = (int)(o->max_shrink * (float)o->clip_n_grid); // candidates i_s = 0..K-1
+    const int64_t RC = R < CLIP_ROW_CHUNK ? R : CLIP_ROW_CHUNK;
+    float *W = b->w[l]; // (R, C)
+    enum llmq_status st = LLMQ_OK;
+    double *Xg = malloc((size_t)(T * G) * sizeof(double));              // (T, G)
+    double *cand = malloc((size_t)(RC * (K + 1) * G) * sizeof(double)); // (RC * (K + 1), G)
+    double *out = malloc((size_t)(T * RC * (K + 1)) * sizeof(double));  // (T, RC * (K + 1))
+    float *tmp = alloc_f32(2 * G);
+    float *best = b->clip[l] = alloc_f32(R * NG);
+    if (!Xg || !cand || !out || !tmp || !best) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search of layer %d %s", b->layer,
+                         llmq_linear_name(l));
+        goto done;
+    }
+    b->clip_groups[l] = NG;
+    double err_sum = 0.0;
+    for (int64_t g = 0; g < NG; g++) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < G; j++)
+                Xg[t * G + j] = (double)X[t * C + g * G + j];
+        for (int64_t r0 = 0; r0 < R; r0 += RC) {
+            const int64_t nr = R - r0 < RC ? R - r0 : RC;
+            for (int64_t r = 0; r < nr; r++) {
+                const float *w = W + (r0 + r) * C + g * G; // (G)
+                float amax = 0.0f;
+                for (int64_t j = 0; j < G; j++)
+                    amax = fmaxf(amax, fabsf(w[j]));
+                double *c0 = cand + r * (K + 1) * G;
+                for (int64_t j = 0; j < G; j++)
+                    c0[j] = (double)w[j];
+                for (int i = 0; i < K; i++) {
+                    const float mx = amax * (float)(1.0 - (double)i / (double)o->clip_n_grid), mn = -mx;
+                    for (int64_t j = 0; j < G; j++)
+                        tmp[j] = fminf(fmaxf(w[j], mn), mx);
+                    pseudo_quantize_group(tmp, G, o->bits, tmp + G);
+                    for (int64_t j = 0; j < G; j++)
+                        c0[(1 + i) * G + j] = (double)tmp[G + j];
+                }
+            }
+            const int64_t M = nr * (K + 1);
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)M, (int)G, 1.0, Xg, (int)G, cand, (int)G,
+                        0.0, out, (int)M);
+            for (int64_t r = 0; r < nr; r++) {
+                const float *w = W + (r0 + r) * C + g * G;
+                float amax = 0.0f;
+                for (int64_t j = 0; j < G; j++)
+                    amax = fmaxf(amax, fabsf(w[j]));
+                double min_err = 1e9;
+                float best_max = amax;
+                for (int i = 0; i < K; i++) {
+                    double e = 0.0;
+                    for (int64_t t = 0; t < T; t++) {
+                        const double d = out[t * M + r * (K + 1) + 1 + i] - out[t * M + r * (K + 1)];
+                        e += d * d;
+                    }
+                    e /= (double)T;
+                    if (e < min_err) {
+                        min_err = e;
+                        best_max = amax * (float)(1.0 - (double)i / (double)o->clip_n_grid);
+                    }
+                }
+                best[(r0 + r) * NG + g] = best_max;
+                err_sum += min_err;
+            }
+        }
+    }
+    // apply_clip
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) {
+            const float mx = best[r * NG + c / G];
+            W[r * C + c] = fminf(fmaxf(W[r * C + c], -mx), mx);
+        }
+    b->clip_err[l] = err_sum;
+    llmq_info("awq: layer %d %s: clip search over %lld tokens, error sum %.6g", b->layer, llmq_linear_name(l),
+              (long long)T, err_sum);
+done:
+    free(Xg);
+    free(cand);
+    free(out);
+    free(tmp);
+    return st;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The whole step
+// ---------------------------------------------------------------------------------------------
+
+static enum llmq_status check_opts(const struct llmq_awq_opts *o) {
+    if (o->bits < LLMQ_QBITS_MIN || o->bits > LLMQ_QBITS_MAX)
+        return llmq_errorf(LLMQ_ERR_ARG, "awq: bits %d outside [%d, %d]", o->bits, LLMQ_QBITS_MIN, LLMQ_QBITS_MAX);
+    if (o->n_grid < 1 || o->n_grid > 1000 || o->clip_n_grid < 1 || o->clip_n_grid > 1000 ||
+        !(o->max_shrink > 0.0f && o->max_shrink <= 1.0f) || o->n_sample_token < 1)
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "awq: bad search options (n_grid %d, clip_n_grid %d, max_shrink %g, "
+                           "n_sample_token %lld)",
+                           o->n_grid, o->clip_n_grid, (double)o->max_shrink, (long long)o->n_sample_token);
+    if (o->group_size == 0 || o->group_size < -1)
+        return llmq_errorf(LLMQ_ERR_ARG, "awq: group size %d (want -1 or >= 1)", o->group_size);
+    return LLMQ_OK;
+}
+
+// The group size the search uses for C input channels: o->group_size when it tiles C, else C
+// (one group per row: see "Group sizes that do not tile" in quant/awq.h).
+static int64_t group_of(const struct llmq_awq_opts *o, int64_t C) {
+    return o->group_size > 0 && C % o->group_size == 0 ? o->group_size : C;
+}
+
+// X (N, C) rows t = 0, step, ... (step = max(1, N / n_sample_token)) divided by s (C) (s may be NULL)
+// into S (T, C); returns T.
+static int64_t sample_scaled(const float *X, int64_t N, int64_t C, int64_t n_sample_token, const float *s, float *S) {
+    int64_t step = N / n_sample_token;
+    if (step < 1) step = 1;
+    int64_t T = 0;
+    for (int64_t t = 0; t < N; t += step, T++)
+        for (int64_t c = 0; c < C; c++)
+            S[T * C + c] = s ? X[t * C + c] / s[c] : X[t * C + c];
+    return T;
+}
+
+enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *f, const float *x, int64_t n_seq,
+                                 int64_t seqlen, const struct llmq_awq_opts *o) {
+    const int64_t D = b->D, F = b->F, Dq = b->Dq, N = n_seq * seqlen;
+    enum llmq_status st = check_opts(o);
+    if (st) return st;
+    if (b->n_groups)
+        return llmq_errorf(LLMQ_ERR_ARG, "awq: layer %d was searched already (use a fresh block)", b->layer);
+    for (int64_t i = 0; i < N * D; i++)
+        if (!isfinite(x[i]))
+            return llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d: block input (%lld, %lld) is %g", b->layer,
+                               (long long)(i / D), (long long)(i % D), (double)x[i]);
+    const bool was_bound = b->bound;
+    const bool has_vo =
+        lin_rows(b, LLMQ_LIN_V) == lin_rows(b, LLMQ_LIN_O) && lin_cols(b, LLMQ_LIN_V) == lin_cols(b, LLMQ_LIN_O);
+    struct captured cap = {.N = N};
+    float *h = NULL, *attn_fp = NULL, *mlp_fp = NULL, *down_fp = NULL, *cand_out = NULL, *S = NULL;
+    struct scale_job job = {.b = b, .f = f, .o = o, .n_seq = n_seq, .seqlen = seqlen, .N = N};
+    double t0 = now_s();
+
+    cap.n1 = alloc_f32(N * D);
+    cap.att = alloc_f32(N * Dq); // o's input: the v->o search and o's clip search
+    cap.n2 = alloc_f32(N * D);
+    cap.act = alloc_f32(N * F);
+    h = alloc_f32(N * D);
+    attn_fp = alloc_f32(N * D);
+    mlp_fp = alloc_f32(N * D);
+    down_fp = alloc_f32(N * D);
+    cand_out = alloc_f32(N * D);
+    int64_t cand_n = 0; // the largest group's candidate weights
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++)
+        if (lin_rows(b, l) * lin_cols(b, l) > cand_n) cand_n = lin_rows(b, l) * lin_cols(b, l);
+    for (int k = 0; k < 3; k++)
+        job.cand[k] = alloc_f32(cand_n);
+    if (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !down_fp || !cand_out ||
+        !job.cand[0] || !job.cand[1] || !job.cand[2]) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for %lld tokens (layer %d)", (long long)N, b->layer);
+        goto done;
+    }
+    if ((st = llmq_awq_block_bind(b, f))) goto done;
+
+    // The fp pass: every linear's input, the attention and MLP outputs.
+    memcpy(h, x, (size_t)(N * D) * sizeof(float));
+    if ((st = llmq_forward_block(f, b->layer, h, n_seq, seqlen, capture_hook, &cap))) goto done;
+    if ((st = llmq_forward_attn(f, b->layer, cap.n1, n_seq, seqlen, attn_fp))) goto done;
+    if ((st = llmq_forward_mlp(f, b->layer, cap.n2, N, mlp_fp))) goto done;
+    // o's and down's own outputs with our sgemm, as their candidates compute them (h is free now)
+    float *o_fp = h;
+    if (has_vo) gemm_nt(cap.att, b->w[LLMQ_LIN_O], N, D, Dq, o_fp);
+    gemm_nt(cap.act, b->w[LLMQ_LIN_DOWN], N, D, F, down_fp);
+    job.out = cand_out;
+
+    // The scale groups (get_layers_for_scaling), searched on the original weights.
+    const struct {
+        enum llmq_awq_prev prev;
+        int n_lin;
+        enum llmq_linear lin[3];
+        const float *in, *fp;
+        int64_t C;
+    } defs[4] = {
+        {LLMQ_AWQ_PREV_ATTN_NORM, 3, {LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V}, cap.n1, attn_fp, D},
+        {LLMQ_AWQ_PREV_V, 1, {LLMQ_LIN_O}, cap.att, o_fp, Dq},
+        {LLMQ_AWQ_PREV_FFN_NORM, 2, {LLMQ_LIN_GATE, LLMQ_LIN_UP}, cap.n2, mlp_fp, D},
+        {LLMQ_AWQ_PREV_UP, 1, {LLMQ_LIN_DOWN}, cap.act, down_fp, F},
+    };
+    for (int d = 0; d < 4 && !st; d++) {
+        if (defs[d].prev == LLMQ_AWQ_PREV_V && !has_vo) continue;
+        struct llmq_awq_group *g = &b->groups[b->n_groups++];
+        g->prev = defs[d].prev;
+        g->n_lin = defs[d].n_lin;
+        memcpy(g->lin, defs[d].lin, sizeof g->lin);
+        g->C = defs[d].C;
+        job.in = defs[d].in;
+        job.fp_out = defs[d].fp;
+        job.G = group_of(o, g->C);
+        st = search_group(&job, g);
+    }
+    if (st) goto done;
+    b->seconds_scale = now_s() - t0;
+    t0 = now_s();
+
+    // apply_scale, in the order of the groups (v and up see their column scale before the row one).
+    for (int k = 0; k < b->n_groups; k++)
+        apply_scale(b, &b->groups[k]);
+    if ((st = llmq_forward_reload_layer(f, b->layer))) goto done;
+
+    // Clip search on the scaled weights with the scaled inputs.
+    if (o->clip) {
+        int64_t Cmax = D > F ? D : F;
+        if (Dq > Cmax) Cmax = Dq;
+        int64_t step = N / o->n_sample_token;
+        if (step < 1) step = 1;
+        const int64_t Tmax = (N + step - 1) / step;
+        if (!(S = alloc_f32(Tmax * Cmax))) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search (layer %d)", b->layer);
+            goto done;
+        }
+        const enum llmq_linear clip_lins[5] = {LLMQ_LIN_V, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_UP, LLMQ_LIN_DOWN};
+        for (int k = 0; k < 5 && !st; k++) {
+            const enum llmq_linear l = clip_lins[k];
+            const float *in = l == LLMQ_LIN_V      ? cap.n1
+                              : l == LLMQ_LIN_O    ? cap.att
+                              : l == LLMQ_LIN_DOWN ? cap.act
+                                                   : cap.n2;
+            if (l == LLMQ_LIN_UP && k > 0 && clip_lins[k - 1] == LLMQ_LIN_GATE) {
+                // gate and up share the sampled input S
+            } else {
+                sample_scaled(in, N, lin_cols(b, l), o->n_sample_token, llmq_awq_input_scales(b, l), S);
+            }
+            const int64_t T = (N + step - 1) / step;
+            const int64_t G = group_of(o, lin_cols(b, l));
+            if (G != o->group_size && o->group_size > 0)
+                llmq_warn("awq: layer %d %s: group size %d does not tile its %lld input channels: searched per "
+                          "channel",
+                          b->layer, llmq_linear_name(l), o->group_size, (long long)lin_cols(b, l));
+            st = search_clip(b, l, S, T, o, G);
+        }
+    }
+    b->seconds_clip = now_s() - t0;
+
+done:
+    if (!was_bound) {
+        enum llmq_status st2 = llmq_awq_block_unbind(b, f);
+        if (!st) st = st2;
+    }
+    free(cap.n1);
+    free(cap.att);
+    free(cap.n2);
+    free(cap.act);
+    free(h);
+    free(attn_fp);
+    free(mlp_fp);
+    free(down_fp);
+    free(cand_out);
+    free(S);
+    for (int k = 0; k < 3; k++)
+        free(job.cand[k]);
+    return st;
+}

@@ -1,0 +1,183 @@
+/*
+ * quant/awq.h — activation-aware weight quantization (AWQ, Lin et al. 2023) exactly as AutoAWQ
+ * does it (awq/quantize/quantizer.py, REFERENCE §3): per decoder block, a search of per-channel
+ * scales over n_grid ratios with duo scaling, the scales folded into the preceding op, then a
+ * search of per-(row, group) clipping thresholds on the scaled weights. It produces the scaled and
+ * clipped f32 weights of one block; turning them into integer codes (RTN with the AWQ grid, or
+ * GPTQ for --method awq+gptq) and writing them is the driver's job (quant/quantize.h).
+ *
+ * What it is not: no calibration (calib/calib.h supplies the block's fp input), no packing
+ * (quant/export.h), no error propagation: the block input must come from the full-precision model.
+ *
+ * Legend: R rows = out_features, C cols = in_features, G group size, N tokens (n_seq * seqlen),
+ *         D n_embd, F n_ff, Dq = H*Dh, Dkv = Hkv*Dh, NG = C / G quant groups per row.
+ *
+ * ---- The algorithm (names as in AutoAWQ) -----------------------------------------------------
+ * Scale groups (get_layers_for_scaling, llama/mistral/qwen2):
+ *   attn_norm -> [q, k, v]   inspected module: attention (output = o_proj output, llmq_forward_attn)
+ *   v         -> [o]         only when v and o have the same shape (no GQA); inspected: o itself
+ *   ffn_norm  -> [gate, up]  inspected module: the MLP (output = down_proj output, llmq_forward_mlp)
+ *   up        -> [down]      inspected: down itself
+ * _search_best_scale, for every group, all on the ORIGINAL weights and inputs:
+ *   x_mean[c] = mean_t |x[t, c]|                         (x = the group's input, N tokens)
+ *   w_mean[c] = mean over the rows of all the group's linears of |W[r, c]| / (max_{c' in group g(c)}
+ *               |W[r, c']| + 1e-6)                      (normalised by each quant group's abs-max)
+ *   for ratio = i / n_grid, i = 0..n_grid-1:
+ *       s = clamp(x_mean^ratio / (w_mean^(1-ratio) + 1e-4), min 1e-4)   (duo scaling; else x_mean^ratio)
+ *       s = s / sqrt(max(s) * min(s));  inf/nan -> 1
+ *       W <- Q(W * s) / s for each linear of the group (columns scaled; Q = pseudo-quantize below)
+ *       loss = mean((module_fp(x) - module_W(x))^2)   (sum in double)
+ *   keep the first ratio with the strictly smallest loss.
+ * apply_scale: prev op /= s (norm weight, or the LAST C rows of v / up and their bias), every
+ *   linear of the group: W[:, c] *= s[c]; the cached inputs x[:, c] /= s[c].
+ * _search_best_clip, for every linear except q and k, on the scaled W and the scaled input:
+ *   tokens t = 0, step, 2*step, ... with step = max(1, N / n_sample_token) (AutoAWQ's sampling:
+ *   this is up to 2*n_sample_token - 1 tokens, not at most n_sample_token); inputs in f32, the dot
+ *   products and errors in double;
+ *   per (row r, group g): org_max = max|W[r, g]|; for i = 0 .. max_shrink*n_grid - 1:
+ *       max_val = org_max * (1 - i/n_grid);  w' = Q(clamp(W[r, g], -max_val, max_val))
+ *       err = mean_t (x[t, g] . w' - x[t, g] . W[r, g])^2    (dot products over the group; double)
+ *   best = the first i with the strictly smallest err (start: err 1e9, best = org_max).
+ * apply_clip: W[r, g] = clamp(W[r, g], -best, best).
+ * Q (pseudo_quantize_tensor, zero point): per (row, group) of G columns, in fp32:
+ *   scale = clamp(max - min, 1e-5) / maxq; zero = clamp(-round(min / scale), 0, maxq);
+ *   w' = (clamp(round(w / scale) + zero, 0, maxq) - zero) * scale     (quant/quantizer.h
+ *   llmq_quant_params_awq; round = half to even).
+ *
+ * ---- Weights, views, and the model ------------------------------------------------------------
+ * Model weights are const views into a mapped file, so the search works on a struct llmq_awq_block
+ * that OWNS f32 copies of the block's 7 linears, 2 norms and (qwen2) q/k/v biases. While a block is
+ * bound (llmq_awq_block_bind), the model's layer pointers point at F32 views of those copies, so the
+ * forward pass (calib/forward.h), the GPTQ driver and the writers see the scaled weights; unbind
+ * restores the original pointers. Bind/unbind also refresh the forward object's cached norm and
+ * bias copies of that layer (llmq_forward_reload_layer). The search binds and unbinds internally
+ * and leaves the binding state as it found it.
+ *
+ * Memory of llmq_awq_search (f32): the block copies (its weights once), plus for N tokens the
+ * captured inputs n1 (N, D), o input (N, Dq), n2 (N, D), down input (N, F), and five (N, D) buffers
+ * (block output scratch, fp attention / MLP / down outputs, one candidate output); three candidate
+ * weight buffers of the largest linear; for the clip search the sampled inputs (T, max(D, F, Dq))
+ * and, in double, (T, 256 * (1 + K)) group outputs. The forward object must accept N tokens.
+ *
+ * Cost: the scale search is n_grid x (attention + MLP + down_proj forwards) — about 20-25 block
+ * forwards — and runs at that floor (the matmuls are the forward's threaded sgemms or one
+ * multi-threaded cblas_sgemm per candidate; quantizing candidates and the loss are < 5%); the clip
+ * search is ~11 x 2 x T x (weights of v, o, gate, up, down) flops in dgemm, independent of N.
+ * Measured (bench/awq_speed.c, SmolLM2-135M f32 block 3, 8 x 512 tokens, g64, 2 threads on a
+ * shared 2-core machine): fp block forward 0.98 s, scale search 22.0 s (22.6x), clip search 3.1 s;
+ * block output MSE with the AWQ grid: RTN 0.0537, AWQ 0.0247 (46%). The scale search grows
+ * linearly with N (AutoAWQ's 128 x 512 tokens: ~8x that per block on 2 cores); a driver that
+ * wants it cheaper passes fewer sequences in x.
+ *
+ * Group sizes that do not tile (e.g. stories260K's 172-wide ffn_down with G = 64; AutoAWQ would
+ * fail): the linears with that C are searched with one group per row (G = C) for w_mean, the
+ * candidates and the clip table (clip_groups = 1), with a warning. Whether such a layer may be
+ * quantized at all (--fallback) is the driver's decision; the search itself does not refuse.
+ *
+ * Errors: LLMQ_ERR_ARG (bad options, a second search on the same block), LLMQ_ERR_NUMERIC (NaN/Inf
+ * in the input or a loss, naming layer and group), LLMQ_ERR_NOMEM, and whatever the forward pass
+ * returns. Each is logged once. On failure the block's weights are unspecified (free it) and the
+ * model's binding is as it was before the call.
+ */
+#ifndef LLMQ_QUANT_AWQ_H
+#define LLMQ_QUANT_AWQ_H
+
+#include "calib/forward.h"
+#include "calib/model.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define LLMQ_AWQ_MAX_GROUPS 4
+
+struct llmq_awq_opts {
+    int bits;               // 4 (2..8); the search always uses the zero-point (asym) grid, as AutoAWQ's
+                            // default zero_point=True (zero_point=False is not implemented)
+    int group_size;         // 128 (AutoAWQ's default; 64 for SmolLM2); -1 = one group per row
+    int n_grid;             // 20 scale ratios i / n_grid, i = 0..n_grid-1 (1..1000)
+    bool duo_scaling;       // true: x_mean^a / (w_mean^(1-a) + 1e-4); false: llm-awq's x_mean^a
+    bool clip;              // true: run the clip search (AutoAWQ apply_clip)
+    int clip_n_grid;        // 20
+    float max_shrink;       // 0.5: candidates 1 - i/clip_n_grid for i < max_shrink * clip_n_grid
+    int64_t n_sample_token; // 512 (see the sampling note above)
+    int n_threads;          // reserved: today the work is all in the forward object's threads and
+                            // in BLAS (OpenBLAS's own thread setting)
+};
+
+// AutoAWQ's defaults above (group_size 128, bits 4).
+void llmq_awq_opts_default(struct llmq_awq_opts *o);
+
+// The op whose output channels absorb 1/s.
+enum llmq_awq_prev { LLMQ_AWQ_PREV_ATTN_NORM, LLMQ_AWQ_PREV_V, LLMQ_AWQ_PREV_FFN_NORM, LLMQ_AWQ_PREV_UP };
+
+// One scale group and its search result.
+struct llmq_awq_group {
+    enum llmq_awq_prev prev;
+    int n_lin;               // 1..3 linears that share the input
+    enum llmq_linear lin[3]; // e.g. {Q, K, V}
+    int64_t C;               // channels (the linears' C)
+    int best;                // chosen grid index; ratio = best / n_grid
+    float ratio;
+    double *loss;  // (n_grid) loss of every ratio (owned)
+    float *scales; // (C) chosen s (owned); the linears' columns were multiplied by it
+};
+
+struct llmq_awq_block {
+    const struct llmq_model *m; // not owned; must outlive the block
+    int layer;
+    int64_t D, F, Dq, Dkv;
+    float *w[LLMQ_LIN_COUNT]; // (R, C) f32 copies: original, then scaled (search), then clipped
+    float *attn_norm;         // (D)
+    float *ffn_norm;          // (D)
+    float *bias[3];           // (Dq), (Dkv), (Dkv) q, k, v biases; NULL unless the model has them
+    int n_groups;             // scale groups found (3 without v->o, 4 with it)
+    struct llmq_awq_group groups[LLMQ_AWQ_MAX_GROUPS];
+    int64_t clip_groups[LLMQ_LIN_COUNT]; // NG of each linear's clip table (0 when none)
+    float *clip[LLMQ_LIN_COUNT];         // (R, NG) chosen max|w| per (row, group); NULL for q, k,
+                                         // and when the clip search is off
+    double clip_err[LLMQ_LIN_COUNT];     // sum over (row, group) of the chosen clip error (0 if none)
+    double seconds_scale, seconds_clip;  // wall time of the two searches
+
+    // private: the F32 views on the copies and the model pointers saved while bound
+    struct llmq_tensor_view vw[LLMQ_LIN_COUNT], vattn_norm, vffn_norm, vbias[3];
+    const struct llmq_tensor_view *saved_w[LLMQ_LIN_COUNT], *saved_attn_norm, *saved_ffn_norm, *saved_bias[3];
+    bool bound;
+};
+
+// Copies block `layer` of m to f32 (any weight dtype llmq_model_weight_f32 reads) into a new block.
+// *out must be released with llmq_awq_block_free. LLMQ_ERR_ARG for a layer out of range.
+enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int n_threads, struct llmq_awq_block **out);
+// Unbinds if bound (without a forward object: call llmq_awq_block_unbind first to refresh one), then
+// frees. NULL is a no-op.
+void llmq_awq_block_free(struct llmq_awq_block *b);
+
+// Points the model's layer views (weights, norms, biases) at the block's F32 copies; f (may be
+// NULL) gets llmq_forward_reload_layer. Binding twice is a no-op. unbind restores the model's
+// own views (and reloads f).
+enum llmq_status llmq_awq_block_bind(struct llmq_awq_block *b, struct llmq_forward *f);
+enum llmq_status llmq_awq_block_unbind(struct llmq_awq_block *b, struct llmq_forward *f);
+
+// The whole AWQ step for block b->layer: scale search on the ORIGINAL copies (b must be fresh from
+// llmq_awq_block_init), apply_scale (the copies now hold the scaled weights and folded norms /
+// v / up rows), then, if o->clip, the clip search and apply_clip on the copies. x (N, D),
+// N = n_seq * seqlen, is the block's full-precision input (not modified). f is a forward object
+// of b->m (max_tokens >= N). Results: b->groups, b->clip, b->clip_err, timings; one log line per
+// scale group (ratio, loss at ratio 0 and at the chosen ratio) and per clipped linear.
+enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *f, const float *x, int64_t n_seq,
+                                 int64_t seqlen, const struct llmq_awq_opts *o);
+
+// The per-column scale applied to linear `lin` of b (its input was divided by it): the (C) scales of
+// the group that contains lin, or NULL when lin is in no group (o under GQA) or before the search.
+// For awq+gptq: the Hessian of the scaled layer is H'[i, j] = H[i, j] / (s[i] * s[j]) where H is
+// built from the unscaled input; llmq_awq_scale_hessian does that in place on H (C, C).
+const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin);
+void llmq_awq_scale_hessian(const struct llmq_awq_block *b, enum llmq_linear lin, float *H /* (C, C) */);
+
+// AutoAWQ's pseudo_quantize_tensor (zero point) on W (R, C) with G = group_size (-1, or a size
+// that does not tile C: G = C, as the search): Wq (R, C) = dequantized fake-quant weights. Wq may
+// equal W.
+void llmq_awq_pseudo_quantize(const float *W, int64_t R, int64_t C, int bits, int group_size, float *Wq);
+
+#endif // LLMQ_QUANT_AWQ_H

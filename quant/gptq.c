@@ -1,0 +1,265 @@
+/*
+ * quant/gptq.c — GPTQ `fasterquant` for one linear layer (see gptq.h for the contract and the step
+ * list; the step numbers below refer to it). Mirrors IST-DASLab/gptq gptq.py line by line, with the
+ * reference's names: H, Hinv, W1, Q1, Err1, blocksize, percdamp, perm, invperm.
+ *
+ * Legend: R rows/out, C cols/in, G group size, NG groups per row, B blocksize.
+ *
+ * Layout notes. W is row-major (R, C); GPTQ rows are independent, so the in-block loop runs row by row
+ * over a contiguous slice W[r, i1:i2] (the reference's W1 column block, updated in place: every value
+ * the reference later reads from the stale W[:, i1:i2] — the dynamic-group ranges — is taken at the
+ * start of the block, before the slice changes). The in-block update w1[k] -= err1 * Hinv[i, k] is a
+ * product rounded to fp32 and then a subtraction, exactly like torch's outer product then `-=`; this
+ * file is built with -ffp-contract=off so the compiler cannot fuse them.
+ *
+ * The Cholesky chain runs in column-major LAPACK on the symmetric row-major H, so "row-major lower" is
+ * "column-major upper": spotrf('U') = reference cholesky (lower L, stored in our lower triangle),
+ * spotri('U') = cholesky_inverse, mirror lower -> upper, spotrf('L') = cholesky(upper=True) in our upper
+ * triangle. No LAPACKE row-major wrappers: they would transpose through a second C x C buffer.
+ */
+#include "quant/gptq.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+struct llmq_gptq_opts llmq_gptq_opts_default(void) {
+    struct llmq_gptq_opts o = {
+        .q = {.bits = 4, .group_size = 128, .sym = false},
+        .percdamp = LLMQ_GPTQ_PERCDAMP_DEFAULT,
+        .act_order = false,
+        .static_groups = false,
+        .blocksize = LLMQ_GPTQ_BLOCKSIZE_DEFAULT,
+        .damp_increment = LLMQ_GPTQ_DAMP_INCREMENT_DEFAULT,
+    };
+    return o;
+}
+
+// One attempt of step 6 on H (already damped): 0 on success.
+static int hinv_chain(float *H /* (C, C) */, int64_t C) {
+    lapack_int n = (lapack_int)C;
+    if (LAPACKE_spotrf(LAPACK_COL_MAJOR, 'U', n, H, n) != 0) return 1; // H = L·Lᵀ, L in our lower
+    if (LAPACKE_spotri(LAPACK_COL_MAJOR, 'U', n, H, n) != 0) return 2; // H⁻¹ in our lower
+    for (int64_t i = 0; i < C; i++)                                    // mirror lower -> upper
+        for (int64_t j = 0; j < i; j++) H[j * C + i] = H[i * C + j];
+    if (LAPACKE_spotrf(LAPACK_COL_MAJOR, 'L', n, H, n) != 0) return 3; // H⁻¹ = Uᵀ·U, U in our upper
+    for (int64_t i = 0; i < C; i++) {
+        float d = H[i * C + i];
+        if (!(d > 0.0f) || !isfinite(d)) return 4;
+        memset(H + i * C, 0, (size_t)i * sizeof(float)); // strict lower = 0
+    }
+    return 0;
+}
+
+enum llmq_status llmq_gptq_hinv(const char *name, float *H, float *H0, int64_t C, float *percdamp,
+                                float damp_increment) {
+    memcpy(H0, H, (size_t)(C * C) * sizeof(float));
+    double sum = 0.0;
+    for (int64_t i = 0; i < C; i++) sum += H[i * C + i];
+    const float mean = (float)(sum / (double)C); // torch.mean(torch.diag(H))
+    for (;;) {
+        const float damp = *percdamp * mean;
+        for (int64_t i = 0; i < C; i++) H[i * C + i] += damp;
+        int fail = hinv_chain(H, C);
+        if (!fail) return LLMQ_OK;
+        static const char *what[] = {"", "cholesky(H)", "cholesky_inverse", "cholesky(H^-1, upper)",
+                                     "cholesky(H^-1, upper)"};
+        float next = *percdamp + (damp_increment > 0.0f ? damp_increment : LLMQ_GPTQ_DAMP_INCREMENT_DEFAULT);
+        if (!(next < 1.0f))
+            return llmq_errorf(LLMQ_ERR_NUMERIC,
+                               "%s: H is not positive definite (%s failed) even with percdamp %.4f; "
+                               "giving up", name, what[fail], (double)*percdamp);
+        llmq_warn("%s: %s failed with percdamp %.4f, retrying with percdamp %.4f", name, what[fail],
+                  (double)*percdamp, (double)next);
+        *percdamp = next;
+        memcpy(H, H0, (size_t)(C * C) * sizeof(float));
+    }
+}
+
+// Stable descending argsort of diag(H) (merge sort on indices; ties keep ascending index).
+static void argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */,
+                         int64_t C) {
+    for (int64_t i = 0; i < C; i++) perm[i] = i;
+    for (int64_t width = 1; width < C; width *= 2) {
+        for (int64_t lo = 0; lo < C; lo += 2 * width) {
+            int64_t mid = lo + width < C ? lo + width : C, hi = lo + 2 * width < C ? lo + 2 * width : C;
+            int64_t a = lo, b = mid, k = lo;
+            while (a < mid && b < hi) tmp[k++] = key[perm[b]] > key[perm[a]] ? perm[b++] : perm[a++];
+            while (a < mid) tmp[k++] = perm[a++];
+            while (b < hi) tmp[k++] = perm[b++];
+        }
+        memcpy(perm, tmp, (size_t)C * sizeof *perm);
+    }
+}
+
+enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_t R, int64_t C,
+                                    const struct llmq_gptq_opts *o, struct llmq_qlinear *out, double *err,
+                                    float *percdamp_used) {
+    enum llmq_status st = LLMQ_OK;
+    int64_t *perm = NULL, *invperm = NULL; // (C) processing position -> original column, and back
+    float *H0 = NULL;                      // (C, C) backup of H for the damping retry / permute scratch
+    float *Err1 = NULL;                    // (R, B) scaled errors of the current block
+    float *row = NULL;                     // (C) permutation scratch
+    memset(out, 0, sizeof *out);
+
+    if ((st = llmq_qconfig_check(&o->q, name))) return st;
+    if (!(o->percdamp >= 0.0f && o->percdamp < 1.0f))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: percdamp must be in [0, 1), got %g", name, (double)o->percdamp);
+    if (o->blocksize < 0) return llmq_errorf(LLMQ_ERR_ARG, "%s: blocksize %d < 0", name, o->blocksize);
+    if (R <= 0 || C <= 0 || C > (1 << 30))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: bad shape (%lld, %lld)", name, (long long)R, (long long)C);
+    for (int64_t i = 0; i < R * C; i++)
+        if (!isfinite(W[i]))
+            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: weight (%lld, %lld) is %f", name, (long long)(i / C),
+                               (long long)(i % C), (double)W[i]);
+    for (int64_t i = 0; i < C * C; i++)
+        if (!isfinite(H[i]))
+            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: Hessian (%lld, %lld) is %f", name, (long long)(i / C),
+                               (long long)(i % C), (double)H[i]);
+
+    const int64_t B = o->blocksize > 0 ? o->blocksize : LLMQ_GPTQ_BLOCKSIZE_DEFAULT;
+    const int64_t G = o->q.group_size; // -1 = per row
+    const int bits = o->q.bits, maxq = (1 << bits) - 1;
+    const bool sym = o->q.sym, static_groups = o->static_groups && G > 0;
+    float percdamp = o->percdamp;
+    double loss = 0.0, t0 = now_s(), t_chain = 0.0, t_gemm = 0.0;
+
+    if ((st = llmq_qlinear_init(R, C, &o->q, out))) return st;
+    const int64_t NG = out->n_groups;
+    perm = malloc((size_t)C * sizeof *perm);
+    invperm = malloc((size_t)C * sizeof *invperm);
+    H0 = malloc((size_t)(C * C) * sizeof *H0);
+    Err1 = malloc((size_t)(R * B) * sizeof *Err1);
+    row = malloc((size_t)C * sizeof *row);
+    if (!perm || !invperm || !H0 || !Err1 || !row) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (C = %lld)", name, (long long)C);
+        goto fail;
+    }
+
+    // 1. per-row grid from the original W (quantizer.find_params(W) before anything else)
+    if (G <= 0)
+        for (int64_t r = 0; r < R; r++)
+            llmq_quant_params_gptq(W + r * C, C, 1, bits, sym, &out->scales[r], &out->zeros[r]);
+
+    // 2. dead columns
+    for (int64_t i = 0; i < C; i++) {
+        if (H[i * C + i] != 0.0f) continue;
+        H[i * C + i] = 1.0f;
+        for (int64_t r = 0; r < R; r++) W[r * C + i] = 0.0f;
+    }
+
+    // 3. static groups from the original-order W
+    if (static_groups)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t g = 0; g < NG; g++) {
+                int64_t c0 = g * G, n = c0 + G <= C ? G : C - c0;
+                llmq_quant_params_gptq(W + r * C + c0, n, 1, bits, sym, &out->scales[r * NG + g],
+                                       &out->zeros[r * NG + g]);
+            }
+
+    // 4. act-order: perm = argsort(diag(H), descending, stable); W = W[:, perm]; H = H[perm][:, perm]
+    for (int64_t i = 0; i < C; i++) row[i] = H[i * C + i];
+    if (o->act_order) {
+        argsort_desc(row, perm, invperm, C);
+    } else {
+        for (int64_t i = 0; i < C; i++) perm[i] = i;
+    }
+    for (int64_t i = 0; i < C; i++) invperm[perm[i]] = i;
+    if (o->act_order) {
+        for (int64_t r = 0; r < R; r++) {
+            for (int64_t j = 0; j < C; j++) row[j] = W[r * C + perm[j]];
+            memcpy(W + r * C, row, (size_t)C * sizeof *row);
+        }
+        for (int64_t i = 0; i < C; i++)
+            for (int64_t j = 0; j < C; j++) H0[i * C + j] = H[perm[i] * C + perm[j]];
+        memcpy(H, H0, (size_t)(C * C) * sizeof *H);
+    }
+
+    // 5. + 6. damping and Hinv = cholesky(cholesky_inverse(cholesky(H)), upper=True), with retries
+    t_chain = now_s();
+    if ((st = llmq_gptq_hinv(name, H, H0, C, &percdamp, o->damp_increment))) goto fail;
+    t_chain = now_s() - t_chain;
+    const float *Hinv = H; // (C, C) upper triangle, processing order
+    free(H0);
+    H0 = NULL;
+
+    // 7. lazy blocks
+    for (int64_t i1 = 0; i1 < C; i1 += B) {
+        const int64_t i2 = i1 + B < C ? i1 + B : C, count = i2 - i1;
+
+        // dynamic groups starting in this block: find_params(W[:, c:c+G]) from W as it is now
+        if (G > 0 && !static_groups)
+            for (int64_t c = ((i1 + G - 1) / G) * G; c < i2; c += G) {
+                int64_t n = c + G <= C ? G : C - c;
+                for (int64_t r = 0; r < R; r++)
+                    llmq_quant_params_gptq(W + r * C + c, n, 1, bits, sym, &out->scales[r * NG + c / G],
+                                           &out->zeros[r * NG + c / G]);
+            }
+
+        for (int64_t r = 0; r < R; r++) {
+            float *W1 = W + r * C + i1;      // (count) this row's block, updated in place; ends as Q1
+            float *err1 = Err1 + r * count;  // (count) row r of Err1 (R, count)
+            const float *scales = out->scales + r * NG, *zeros = out->zeros + r * NG; // (NG)
+            uint8_t *qrow = out->q + r * C;  // (C) codes, original column order
+            double rloss = 0.0;
+            for (int64_t i = 0; i < count; i++) {
+                const int64_t j = i1 + i;                           // processing position
+                const int64_t g = G <= 0 ? 0 : static_groups ? perm[j] / G : j / G;
+                const float scale = scales[g], zero = zeros[g];
+                const float w = W1[i], d = Hinv[j * C + j];
+                const uint8_t code = llmq_quant_code(w, scale, zero, maxq);
+                const float q = scale * ((float)code - zero);       // Q1[:, i]
+                const float e = (w - q) / d;                        // err1
+                rloss += (double)((w - q) * (w - q) / (d * d));    // Losses1[:, i]
+                const float *hrow = Hinv + j * C + i1;             // Hinv1[i, :]
+                for (int64_t k = i + 1; k < count; k++) W1[k] -= e * hrow[k];
+                err1[i] = e;
+                W1[i] = q;
+                qrow[perm[j]] = code;
+            }
+            loss += rloss;
+        }
+
+        // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
+        double tg = now_s();
+        if (i2 < C)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2),
+                        (blasint)count, -1.0f, Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f,
+                        W + i2, (blasint)C);
+        t_gemm += now_s() - tg;
+    }
+
+    // 8. un-permute Q; g_idx in original column order
+    if (o->act_order)
+        for (int64_t r = 0; r < R; r++) {
+            for (int64_t c = 0; c < C; c++) row[c] = W[r * C + invperm[c]];
+            memcpy(W + r * C, row, (size_t)C * sizeof *row);
+        }
+    for (int64_t c = 0; c < C; c++)
+        out->g_idx[c] = G <= 0 ? 0 : (int32_t)((o->act_order && !static_groups ? invperm[c] : c) / G);
+
+    llmq_debug("%s: gptq (%lld, %lld) %.3f s: Cholesky chain %.3f s, lazy sgemm %.3f s, rest %.3f s", name,
+               (long long)R, (long long)C, now_s() - t0, t_chain, t_gemm, now_s() - t0 - t_chain - t_gemm);
+    if (err) *err = loss / 2.0;
+    if (percdamp_used) *percdamp_used = percdamp;
+    goto done;
+fail:
+    llmq_qlinear_free(out);
+done:
+    free(row);
+    free(Err1);
+    free(H0);
+    free(invperm);
+    free(perm);
+    return st;
+}

@@ -1,0 +1,90 @@
+/*
+ * quant/gptq.h — GPTQ (Frantar et al. 2022) for one linear layer, faithful to the reference
+ * `GPTQ.fasterquant` of IST-DASLab/gptq (gptq.py + quant.py), REFERENCE §2, with the act-order,
+ * static-groups and g_idx conventions of AutoGPTQ / GPTQModel and GPTQModel's damping retry.
+ *
+ * It is NOT the calibration pass: the caller (quant/quantize.h) gathers H = 2/N · XᵀX from the
+ * layer's input activations (calib/calib.h) and hands over W and H; this module only solves.
+ *
+ * Legend: R rows = out_features, C cols = in_features, G group size, N calibration tokens.
+ *
+ * Steps (each maps to a line of fasterquant; all arithmetic fp32 like the reference):
+ *   1. G = -1: (scale, zero) per row from the ORIGINAL W (before dead columns are zeroed).
+ *   2. dead columns: diag(H) == 0 -> H_ii = 1, W[:, i] = 0.
+ *   3. static_groups: (scale, zero) of every original-order group of G columns, from W after step 2.
+ *   4. act_order: perm = argsort(diag H, descending; STABLE: ties keep ascending index), W and H
+ *      permuted.
+ *   5. damping: H_ii += percdamp · mean(diag H) (mean summed in double, rounded to fp32).
+ *   6. Hinv = upper Cholesky factor of H⁻¹: spotrf (lower) -> spotri -> spotrf (upper), fp32 LAPACK
+ *      like torch.linalg.cholesky / cholesky_inverse. If any step fails (H not numerically positive
+ *      definite): percdamp += damp_increment, a warning names the layer and the new percdamp, and the
+ *      chain is retried from the undamped H; percdamp >= 1 -> LLMQ_ERR_NUMERIC naming the layer.
+ *   7. lazy blocks of `blocksize` columns [i1, i2): per column i: q = quant(w), err1 = (w - q) / Hinv_ii,
+ *      W1[:, i:] -= err1 ⊗ Hinv[i, i:] (within the block); then W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
+ *      (cblas_sgemm). Dynamic groups (G > 0, not static): at the first column c of each group (in
+ *      processing order), (scale, zero) from W[:, c:c+G] — the reference reads the matrix W, which holds
+ *      the lazy updates of earlier blocks but not the in-block updates of the current block (W1 is a
+ *      copy); we reproduce that exactly. static_groups + act_order: column c (original index perm[j])
+ *      uses group perm[j] / G.
+ *   8. Q and the codes are un-permuted; g_idx[c] = group used for original column c
+ *      (dynamic + act_order: invperm[c] / G; otherwise c / G).
+ *
+ * Memory: besides the caller's W and H, one C x C fp32 buffer during step 6 (the retry backup; freed
+ * before the block loop) and R x B floats (Err1). H is destroyed: a caller that shares one H between
+ * linears (q/k/v, gate/up) passes a copy to each.
+ *
+ * Threads: the heavy parts (Cholesky chain, lazy sgemm) run in OpenBLAS with its thread count
+ * (OPENBLAS_NUM_THREADS / openblas_set_num_threads); the in-block loop is single-threaded per layer.
+ * Results are bit-identical for a given OpenBLAS build and thread count.
+ */
+#ifndef LLMQ_QUANT_GPTQ_H
+#define LLMQ_QUANT_GPTQ_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "quant/quantizer.h"
+
+#define LLMQ_GPTQ_PERCDAMP_DEFAULT 0.01f
+#define LLMQ_GPTQ_DAMP_INCREMENT_DEFAULT 0.0025f // GPTQModel damp_auto_increment
+#define LLMQ_GPTQ_BLOCKSIZE_DEFAULT 128
+
+struct llmq_gptq_opts {
+    struct llmq_qconfig q; // bits, group size (-1 = per row), sym
+    float percdamp;        // relative damping of diag(H), in [0, 1); 0.01 (reference)
+    bool act_order;        // process columns in order of decreasing diag(H)
+    bool static_groups;    // groups' (scale, zero) from the original weights, before any update
+    int blocksize;         // lazy-update block width; 128 (0 -> 128)
+    float damp_increment;  // added to percdamp on each Cholesky failure; 0 -> 0.0025
+};
+
+// Default options: 4-bit, group 128, asym, percdamp 0.01, no act-order, block 128.
+struct llmq_gptq_opts llmq_gptq_opts_default(void);
+
+// Quantize one linear layer with GPTQ.
+//   name : layer name for messages ("blk.3.ffn_down")
+//   W    : (R, C) row-major fp32; in: weights; out (LLMQ_OK): the dequantized weights Q (what the
+//          reference writes back into layer.weight), equal to llmq_qlinear_dequant(out).
+//   H    : (C, C) row-major fp32 Hessian 2/N·XᵀX (symmetric; the full matrix is read), destroyed; on
+//          LLMQ_OK its upper triangle holds Hinv (permuted order when act_order) and its strict lower
+//          triangle is zero.
+//   R, C : shape; G must be -1 or >= 1 (a G that does not tile C gives a shorter last group).
+//   out  : empty struct; initialised here (llmq_qlinear_init); the caller frees it. Left empty on error.
+//   err  : optional; receives the reference's loss sum(Losses) = ½·Σ (w - q)² / Hinv_ii² (fp64 sum),
+//          the GPTQ proxy of the layer's output error.
+//   percdamp_used : optional; the damping that finally succeeded.
+// Errors: bad options -> LLMQ_ERR_ARG; NaN/Inf in W or H -> LLMQ_ERR_NUMERIC (naming the layer and
+// the element); Cholesky failing up to percdamp >= 1 -> LLMQ_ERR_NUMERIC; allocation -> LLMQ_ERR_NOMEM.
+enum llmq_status llmq_gptq_quantize(const char *name, float *W /* (R, C) */, float *H /* (C, C) */,
+                                    int64_t R, int64_t C, const struct llmq_gptq_opts *o,
+                                    struct llmq_qlinear *out, double *err, float *percdamp_used);
+
+// Step 6 alone (exposed for tests and for the CUDA dispatch): H (C, C) (already dead-column fixed and
+// permuted) -> on LLMQ_OK its upper triangle holds the upper Cholesky factor of (H + damp·I)⁻¹, strict
+// lower zero; *percdamp is updated to the value that succeeded. H0 (C, C) is scratch for the backup of
+// H (the retry restarts from it).
+enum llmq_status llmq_gptq_hinv(const char *name, float *H /* (C, C) */, float *H0 /* (C, C) */,
+                                int64_t C, float *percdamp, float damp_increment);
+
+#endif // LLMQ_QUANT_GPTQ_H

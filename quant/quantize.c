@@ -1,0 +1,669 @@
+/*
+ * quant/quantize.c — the `llmq quantize` pipeline (quant/quantize.h documents the contract).
+ * Legend: R rows/out, C cols/in, G group size, N calibration tokens, D n_embd.
+ */
+#include "quant/quantize.h"
+
+#include "calib/forward.h"
+#include "common/io.h"
+#include "common/log.h"
+#include "quant/awq.h"
+#include "quant/gptq.h"
+
+#include <cblas.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+void openblas_set_num_threads(int n);
+
+static const char *gguf_names[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                 "ffn_gate", "ffn_up", "ffn_down"};
+
+const char *llmq_qmethod_name(enum llmq_qmethod m) {
+    switch (m) {
+    case LLMQ_QMETHOD_RTN: return "rtn";
+    case LLMQ_QMETHOD_GPTQ: return "gptq";
+    case LLMQ_QMETHOD_AWQ: return "awq";
+    case LLMQ_QMETHOD_AWQ_GPTQ: return "awq+gptq";
+    }
+    return "?";
+}
+
+bool llmq_qmethod_parse(const char *s, enum llmq_qmethod *out) {
+    for (int i = 0; i <= LLMQ_QMETHOD_AWQ_GPTQ; i++)
+        if (strcmp(s, llmq_qmethod_name((enum llmq_qmethod)i)) == 0) {
+            *out = (enum llmq_qmethod)i;
+            return true;
+        }
+    return false;
+}
+
+struct llmq_quantize_opts llmq_quantize_default_opts(void) {
+    struct llmq_quantize_opts o;
+    memset(&o, 0, sizeof(o));
+    o.method = LLMQ_QMETHOD_RTN;
+    o.q = (struct llmq_qconfig){.bits = 4, .group_size = 128, .sym = false};
+    o.percdamp = 0.01f;
+    o.true_sequential = true;
+    o.micro_batch = 8;
+    o.n_threads = 1;
+    o.calib.nsamples = 128;
+    o.calib.seqlen = 512;
+    o.out = llmq_export_default_opts();
+    return o;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---- the run's state -------------------------------------------------------------------------------
+
+struct run {
+    struct llmq_model *m;
+    const struct llmq_quantize_opts *o;
+    struct llmq_export *e;
+    struct llmq_forward *f;      // micro-batch forward (micro_batch * seqlen tokens)
+    struct llmq_forward *fbig;   // AWQ: all N tokens
+    struct llmq_calib_data d;
+    struct llmq_calib_stats s;   // statistics of the current block only
+    bool have_calib;
+    int want_slot;               // hook filter: -1 all, else one slot
+    float *x;                    // (N, D) block input (x_q for gptq, x_fp otherwise)
+    float *xt;                   // (N, D) scratch copy for the extra passes / AWQ's search input
+    float *W;                    // (Rmax, Cmax) the weight handed to a solver
+    float *Q;                    // (Rmax, Cmax) dequantized result / RTN comparison
+    float *H;                    // (Cmax, Cmax) Hessian given to GPTQ (destroyed)
+    float *Hx;                   // (Cmax, Cmax) XᵀX kept for the error
+    float *T;                    // (Rmax, Cmax) product scratch
+    float *wq[LLMQ_LIN_COUNT];   // (R, C) dequantized weights of the current block (gptq overrides)
+    struct llmq_tensor_view ov[LLMQ_LIN_COUNT];
+    const struct llmq_tensor_view *saved[LLMQ_LIN_COUNT];
+    bool overridden[LLMQ_LIN_COUNT];
+    json_t *layers;
+    double t0;
+    int64_t params_total, params_done;
+    double bits_total;           // Σ bits of codes + scales (f16) + zeros
+};
+
+static void hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
+    struct run *r = user;
+    if (r->want_slot >= 0 && llmq_calib_slot_of(which) != r->want_slot) return;
+    llmq_calib_stats_hook(&r->s, layer, which, in, n, n_in);
+}
+
+// Runs block l over buf (N, D) in micro-batches (in place), statistics for want_slot (-2: none).
+static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_slot) {
+    int64_t D = r->m->hp.n_embd, mb = r->o->micro_batch, L = r->d.seqlen;
+    r->want_slot = want_slot;
+    for (int64_t s0 = 0; s0 < r->d.n_seq; s0 += mb) {
+        int64_t ns = r->d.n_seq - s0 < mb ? r->d.n_seq - s0 : mb;
+        r->s.n_seq_hint = ns;
+        enum llmq_status st = llmq_forward_block(r->f, l, buf + s0 * L * D, ns, L, want_slot == -2 ? NULL : hook, r);
+        if (!st) st = r->s.err;
+        if (st) return st;
+    }
+    llmq_calib_stats_finish(&r->s, l);
+    return LLMQ_OK;
+}
+
+// The statistics of a normed block input without running the whole block (same micro-batches as
+// block_pass, same numbers: calib/forward.h's sub-block functions reproduce llmq_forward_block bit for bit):
+//   ffn == false: RMSNorm(x) * attn_norm, the q/k/v input;
+//   ffn == true:  RMSNorm(h) * ffn_norm with h = x + attn(RMSNorm(x) * attn_norm), the gate/up input
+//                 (the attention runs with this block's quantized q/k/v/o already in place).
+static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
+    int64_t D = r->m->hp.n_embd, mb = r->o->micro_batch, L = r->d.seqlen;
+    float *a = r->xt, *b = r->xt + mb * L * D; // (mb*L, D) each, inside the (N, D) scratch when it fits
+    float *own = NULL, *wn = malloc((size_t)(2 * D) * sizeof(float)); // (2, D) attn_norm, ffn_norm
+    enum llmq_status st = wn ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory");
+    if (!st && 2 * mb * L > r->d.n_seq * L) {
+        own = malloc((size_t)(2 * mb * L * D) * sizeof(float));
+        if (!own) st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory");
+        a = own;
+        b = own ? own + mb * L * D : NULL;
+    }
+    if (!st) st = llmq_model_weight_f32(r->m->layers[l].attn_norm, wn, 1);
+    if (!st) st = llmq_model_weight_f32(r->m->layers[l].ffn_norm, wn + D, 1);
+    for (int64_t s0 = 0; !st && s0 < r->d.n_seq; s0 += mb) {
+        int64_t ns = r->d.n_seq - s0 < mb ? r->d.n_seq - s0 : mb, n = ns * L;
+        const float *x = r->x + s0 * L * D;
+        if ((st = llmq_forward_rmsnorm(r->f, x, n, wn, a))) break;
+        if (ffn) {
+            if ((st = llmq_forward_attn(r->f, l, a, ns, L, b))) break;
+            for (int64_t i = 0; i < n * D; i++) b[i] = x[i] + b[i];
+            if ((st = llmq_forward_rmsnorm(r->f, b, n, wn + D, a))) break;
+        }
+        st = llmq_calib_stats_add(&r->s, l, ffn ? LLMQ_CALIB_SLOT_GATE : LLMQ_CALIB_SLOT_Q, a, n, ns);
+    }
+    if (!st) llmq_calib_stats_finish(&r->s, l);
+    free(own);
+    free(wn);
+    return st;
+}
+
+static void restore_overrides(struct run *r, int l) {
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++)
+        if (r->overridden[k]) {
+            r->m->layers[l].w[k] = r->saved[k];
+            r->overridden[k] = false;
+        }
+}
+
+// Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double.
+static double quad_form(struct run *r, const float *Dl, const float *H, int64_t R, int64_t C) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)C, (int)C, 1.0f, Dl, (int)C, H, (int)C, 0.0f,
+                r->T, (int)C);
+    double s = 0;
+    for (int64_t i = 0; i < R * C; i++) s += (double)Dl[i] * (double)r->T[i];
+    return s;
+}
+
+// err = ‖(W - Q) X‖² / ‖W X‖² from Hx, or the weight error when Hx is NULL. Uses r->T; Q is overwritten.
+static double rel_err(struct run *r, const float *W, float *Q, const float *Hx, int64_t R, int64_t C) {
+    for (int64_t i = 0; i < R * C; i++) Q[i] = W[i] - Q[i];
+    if (!Hx) {
+        double a = 0, b = 0;
+        for (int64_t i = 0; i < R * C; i++) {
+            a += (double)Q[i] * Q[i];
+            b += (double)W[i] * W[i];
+        }
+        return b > 0 ? a / b : 0;
+    }
+    double den = quad_form(r, W, Hx, R, C);
+    double num = quad_form(r, Q, Hx, R, C);
+    return den > 0 ? num / den : 0;
+}
+
+// RTN on the AWQ grid (AutoAWQ pseudo_quantize_tensor with zero point): llmq_quant_params_awq per group.
+static enum llmq_status awq_rtn(const char *name, const float *W, int64_t R, int64_t C, const struct llmq_qconfig *cfg,
+                                struct llmq_qlinear *out) {
+    enum llmq_status st = llmq_qlinear_init(R, C, cfg, out);
+    if (st) return st;
+    int64_t G = cfg->group_size > 0 ? cfg->group_size : C;
+    int maxq = (1 << cfg->bits) - 1;
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t g = 0; g < out->n_groups; g++) {
+            int64_t c0 = g * G, n = C - c0 < G ? C - c0 : G;
+            const float *w = W + i * C + c0;
+            float sc, z;
+            for (int64_t c = 0; c < n; c++)
+                if (!isfinite(w[c])) {
+                    llmq_qlinear_free(out);
+                    return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: non-finite weight at [%lld, %lld]", name, (long long)i,
+                                       (long long)(c0 + c));
+                }
+            llmq_quant_params_awq(w, n, 1, cfg->bits, cfg->sym, &sc, &z);
+            out->scales[i * out->n_groups + g] = sc;
+            out->zeros[i * out->n_groups + g] = z;
+            for (int64_t c = 0; c < n; c++) out->q[i * C + c0 + c] = llmq_quant_code(w[c], sc, z, maxq);
+        }
+    return LLMQ_OK;
+}
+
+// A per-channel result (G = -1) re-expressed on the G layout: the one (scale, zero) in every group.
+static enum llmq_status widen_per_channel(const struct llmq_qlinear *pc, const struct llmq_qconfig *cfg,
+                                          struct llmq_qlinear *out) {
+    enum llmq_status st = llmq_qlinear_init(pc->R, pc->C, cfg, out);
+    if (st) return st;
+    memcpy(out->q, pc->q, (size_t)(pc->R * pc->C));
+    for (int64_t i = 0; i < pc->R; i++)
+        for (int64_t g = 0; g < out->n_groups; g++) {
+            out->scales[i * out->n_groups + g] = pc->scales[i];
+            out->zeros[i * out->n_groups + g] = pc->zeros[i];
+        }
+    return LLMQ_OK;
+}
+
+static void fmt_time(char *buf, size_t n, double s) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, n, "%lds", t);
+}
+
+// Hands ql to the writer, logs the line, records the JSON row.
+static enum llmq_status finish_linear(struct run *r, int l, int k, struct llmq_qlinear *ql, const char *how, double err,
+                                      bool werr, double loss, double rtn_err, double secs) {
+    enum llmq_status st = llmq_export_layer(r->e, l, (enum llmq_linear)k, ql);
+    if (st) return st;
+    int64_t R = ql->R, C = ql->C;
+    r->params_done += R * C;
+    r->bits_total += (double)R * (double)C * ql->bits + (double)R * (double)ql->n_groups * (16.0 + ql->bits);
+    double el = now_s() - r->t0;
+    char eta[32], name[64], extra[96] = "";
+    fmt_time(eta, sizeof(eta), el / (double)r->params_done * (double)(r->params_total - r->params_done));
+    snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+    if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
+    llmq_info("quantize: %-18s %5lld x %-5lld %-9s %s %.4e%s  %.2f s  ETA %s", name, (long long)R, (long long)C, how,
+              werr ? "werr" : "err ", err, extra, secs, eta);
+    json_t *row = json_object();
+    json_object_set_new(row, "name", json_string(name));
+    json_object_set_new(row, "shape", json_pack("[I, I]", (json_int_t)R, (json_int_t)C));
+    json_object_set_new(row, "method", json_string(how));
+    json_object_set_new(row, werr ? "weight_err" : "err", json_real(err));
+    if (loss >= 0) {
+        json_object_set_new(row, "gptq_loss", json_real(loss));
+        json_object_set_new(row, "rtn_err", json_real(rtn_err));
+    }
+    json_object_set_new(row, "seconds", json_real(secs));
+    json_array_append_new(r->layers, row);
+    return LLMQ_OK;
+}
+
+static bool tiles(const struct llmq_qconfig *q, int64_t C) { return q->group_size <= 0 || C % q->group_size == 0; }
+
+// W (R, C) of linear k of block l, f32, into r->W.
+static enum llmq_status load_weight(struct run *r, int l, int k) {
+    return llmq_model_weight_f32(r->m->layers[l].w[k], r->W, r->o->n_threads);
+}
+
+// The fallback for a non-tiled C: RTN per output channel, widened to the G layout.
+static enum llmq_status quantize_fallback(struct run *r, int l, int k, const char *name, const float *Hx, int64_t R,
+                                          int64_t C, struct llmq_qlinear *out) {
+    struct llmq_qconfig pc = r->o->q;
+    pc.group_size = -1;
+    struct llmq_qlinear tmp = {0};
+    double t = now_s();
+    enum llmq_status st = llmq_rtn_quantize(name, r->W, R, C, &pc, &tmp);
+    if (!st) st = widen_per_channel(&tmp, &r->o->q, out);
+    llmq_qlinear_free(&tmp);
+    if (st) return st;
+    llmq_qlinear_dequant(out, r->Q);
+    double err = rel_err(r, r->W, r->Q, Hx, R, C);
+    llmq_qlinear_dequant(out, r->Q); // rel_err overwrote Q; keep the dequantized weights for overrides
+    return finish_linear(r, l, k, out, "rtn-pc", err, Hx == NULL, -1, 0, now_s() - t);
+}
+
+// ---- RTN ---------------------------------------------------------------------------------------------------
+
+static enum llmq_status block_rtn(struct run *r, int l) {
+    enum llmq_status st = LLMQ_OK;
+    if (r->have_calib) st = block_pass(r, l, r->x, -1); // fp inputs, only for the reported error
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+        int64_t R = v->shape[0], C = v->shape[1];
+        char name[64];
+        snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+        if ((st = load_weight(r, l, k))) break;
+        const float *Hx = NULL;
+        if (r->have_calib) {
+            int slot = llmq_calib_slot_of((enum llmq_linear)k);
+            if ((st = llmq_calib_hessian(&r->s, l, slot, r->Hx))) break;
+            Hx = r->Hx;
+        }
+        struct llmq_qlinear ql = {0};
+        if (!tiles(&r->o->q, C)) {
+            st = quantize_fallback(r, l, k, name, Hx, R, C, &ql);
+        } else {
+            double t = now_s();
+            if (!(st = llmq_rtn_quantize(name, r->W, R, C, &r->o->q, &ql))) {
+                llmq_qlinear_dequant(&ql, r->Q);
+                double err = rel_err(r, r->W, r->Q, Hx, R, C);
+                st = finish_linear(r, l, k, &ql, "rtn", err, Hx == NULL, -1, 0, now_s() - t);
+            }
+        }
+        llmq_qlinear_free(&ql);
+    }
+    return st;
+}
+
+// ---- GPTQ (true-sequential) -------------------------------------------------------------------------------
+
+static enum llmq_status gptq_linear(struct run *r, int l, int k, float *W, const float *Hsrc, struct llmq_qlinear *ql,
+                                    const char *how) {
+    const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+    int64_t R = v->shape[0], C = v->shape[1];
+    char name[64];
+    snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+    enum llmq_status st;
+    memcpy(r->Hx, Hsrc, (size_t)(C * C) * sizeof(float));
+    if (!tiles(&r->o->q, C)) return quantize_fallback(r, l, k, name, r->Hx, R, C, ql);
+    double t = now_s();
+    // RTN of the same W on the same H, for the comparison column
+    struct llmq_qlinear rq = {0};
+    if ((st = llmq_rtn_quantize(name, W, R, C, &r->o->q, &rq))) return st;
+    llmq_qlinear_dequant(&rq, r->Q);
+    llmq_qlinear_free(&rq);
+    double rtn_err = rel_err(r, W, r->Q, r->Hx, R, C);
+    memcpy(r->Q, W, (size_t)(R * C) * sizeof(float)); // keep the original W for the error
+    memcpy(r->H, Hsrc, (size_t)(C * C) * sizeof(float));
+    struct llmq_gptq_opts go = llmq_gptq_opts_default();
+    go.q = r->o->q;
+    go.percdamp = r->o->percdamp;
+    go.act_order = r->o->act_order;
+    go.static_groups = r->o->static_groups;
+    double loss = 0;
+    if ((st = llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, &loss, NULL))) return st;
+    // W holds Q now and r->Q the original W0: err of (W0 - Q) (W is overwritten, then restored)
+    double err = rel_err(r, r->Q, W, r->Hx, R, C);
+    llmq_qlinear_dequant(ql, W);
+    return finish_linear(r, l, k, ql, how, err, false, loss, rtn_err, now_s() - t);
+}
+
+static const int seq_groups[4][3] = {{LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V},
+                                     {LLMQ_LIN_O, -1, -1},
+                                     {LLMQ_LIN_GATE, LLMQ_LIN_UP, -1},
+                                     {LLMQ_LIN_DOWN, -1, -1}};
+
+static enum llmq_status block_gptq(struct run *r, int l) {
+    enum llmq_status st = LLMQ_OK;
+    int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
+    if (!r->o->true_sequential) {
+        memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
+        if ((st = block_pass(r, l, r->xt, -1))) return st;
+    }
+    for (int g = 0; g < 4 && !st; g++) {
+        int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
+        if (r->o->true_sequential) {
+            if (g == 0 || g == 2) st = norm_pass(r, l, g == 2);
+            else {
+                memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
+                st = block_pass(r, l, r->xt, slot);
+            }
+            if (st) break;
+        }
+        for (int j = 0; j < 3 && !st && seq_groups[g][j] >= 0; j++) {
+            int k = seq_groups[g][j];
+            const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+            int64_t R = v->shape[0], C = v->shape[1];
+            if ((st = llmq_model_weight_f32(v, r->wq[k], r->o->n_threads))) break;
+            if ((st = llmq_calib_hessian(&r->s, l, slot, r->H))) break;
+            float *Hsrc = malloc((size_t)(C * C) * sizeof(float));
+            if (!Hsrc) {
+                st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory");
+                break;
+            }
+            memcpy(Hsrc, r->H, (size_t)(C * C) * sizeof(float));
+            struct llmq_qlinear ql = {0};
+            memcpy(r->W, r->wq[k], (size_t)(R * C) * sizeof(float));
+            st = gptq_linear(r, l, k, r->W, Hsrc, &ql, "gptq");
+            if (!st) llmq_qlinear_dequant(&ql, r->wq[k]);
+            llmq_qlinear_free(&ql);
+            free(Hsrc);
+            if (st) break;
+            // the quantized weights replace the model's for the following passes of this block
+            r->ov[k] = *v;
+            r->ov[k].dtype = LLMQ_DTYPE_F32;
+            r->ov[k].data = r->wq[k];
+            r->ov[k].nbytes = (size_t)(R * C) * sizeof(float);
+            r->saved[k] = v;
+            r->overridden[k] = true;
+            r->m->layers[l].w[k] = &r->ov[k];
+        }
+    }
+    if (!st) st = block_pass(r, l, r->x, -2); // x_q <- quantized block(x_q)
+    restore_overrides(r, l);
+    return st;
+}
+
+// ---- AWQ and AWQ+GPTQ ----------------------------------------------------------------------------------------
+
+static enum llmq_status block_awq(struct run *r, int l) {
+    int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
+    bool with_gptq = r->o->method == LLMQ_QMETHOD_AWQ_GPTQ;
+    struct llmq_awq_block *b = NULL;
+    struct llmq_qlinear ql[LLMQ_LIN_COUNT] = {{0}};
+    memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float)); // the block's fp input for the search
+    enum llmq_status st = block_pass(r, l, r->x, -1);     // x <- fp block(x); XᵀX of the fp inputs
+    if (!st) st = llmq_awq_block_init(r->m, l, r->o->n_threads, &b);
+    struct llmq_awq_opts ao;
+    llmq_awq_opts_default(&ao);
+    ao.bits = r->o->q.bits;
+    ao.group_size = r->o->q.group_size;
+    ao.n_threads = r->o->n_threads;
+    if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+        int64_t R = v->shape[0], C = v->shape[1];
+        char name[64];
+        snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+        memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
+        if ((st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->H))) break;
+        llmq_awq_scale_hessian(b, (enum llmq_linear)k, r->H);
+        memcpy(r->Hx, r->H, (size_t)(C * C) * sizeof(float));
+        if (!tiles(&r->o->q, C)) {
+            st = quantize_fallback(r, l, k, name, r->Hx, R, C, &ql[k]);
+            continue;
+        }
+        if (with_gptq) {
+            float *Hsrc = malloc((size_t)(C * C) * sizeof(float));
+            if (!Hsrc) {
+                st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory");
+                break;
+            }
+            memcpy(Hsrc, r->H, (size_t)(C * C) * sizeof(float));
+            // finish_linear exports; AWQ's folded norms must be bound while the writer reads them
+            st = llmq_awq_block_bind(b, NULL);
+            if (!st) st = gptq_linear(r, l, k, r->W, Hsrc, &ql[k], "awq+gptq");
+            free(Hsrc);
+            continue;
+        }
+        double t = now_s();
+        if ((st = awq_rtn(name, r->W, R, C, &r->o->q, &ql[k]))) break;
+        llmq_qlinear_dequant(&ql[k], r->Q);
+        double err = rel_err(r, r->W, r->Q, r->Hx, R, C);
+        if (!(st = llmq_awq_block_bind(b, NULL)))
+            st = finish_linear(r, l, k, &ql[k], "awq", err, false, -1, 0, now_s() - t);
+    }
+    if (b && b->bound) {
+        enum llmq_status s2 = llmq_awq_block_unbind(b, NULL);
+        if (!st) st = s2;
+    }
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) llmq_qlinear_free(&ql[k]);
+    llmq_awq_block_free(b);
+    return st;
+}
+
+// ---- the driver ----------------------------------------------------------------------------------------------
+
+static int64_t dir_bytes(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int64_t total = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char *p = llmq_path_join(dir, de->d_name);
+        struct stat sb;
+        if (p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode)) total += (int64_t)sb.st_size;
+        free(p);
+    }
+    closedir(d);
+    return total;
+}
+
+static json_t *settings_json(const struct llmq_quantize_opts *o) {
+    json_t *s = json_object();
+    json_object_set_new(s, "llmq_version", json_string(LLMQ_VERSION));
+    json_object_set_new(s, "method", json_string(llmq_qmethod_name(o->method)));
+    json_object_set_new(s, "bits", json_integer(o->q.bits));
+    json_object_set_new(s, "group_size", json_integer(o->q.group_size));
+    json_object_set_new(s, "sym", json_boolean(o->q.sym));
+    if (o->method == LLMQ_QMETHOD_GPTQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) {
+        json_object_set_new(s, "damp", json_real(o->percdamp));
+        json_object_set_new(s, "act_order", json_boolean(o->act_order));
+        json_object_set_new(s, "static_groups", json_boolean(o->static_groups));
+        json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential));
+    }
+    json_object_set_new(s, "fallback", json_string(o->fallback_rtn_per_channel ? "rtn-per-channel" : "none"));
+    json_object_set_new(s, "format", json_string(llmq_export_format_name(o->out.format)));
+    return s;
+}
+
+static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_calib_data *d) {
+    if (!d->tokens) return json_null();
+    json_t *c = json_object(), *srcs = json_array();
+    for (int i = 0; i < d->n_src; i++) {
+        const struct llmq_calib_source *s = &d->src[i];
+        json_t *j = json_object();
+        json_object_set_new(j, "source", json_string(s->arg));
+        json_object_set_new(j, "kind", json_string(s->kind == LLMQ_CALIB_SELF ? "self" : s->kind == LLMQ_CALIB_NAMED ? "named" : "file"));
+        if (s->sha256[0]) json_object_set_new(j, "sha256", json_string(s->sha256));
+        json_object_set_new(j, "texts", json_integer(s->n_texts));
+        json_object_set_new(j, "tokens", json_integer(s->n_tokens));
+        json_array_append_new(srcs, j);
+    }
+    json_object_set_new(c, "sources", srcs);
+    json_object_set_new(c, "nsamples", json_integer(d->n_seq));
+    json_object_set_new(c, "seqlen", json_integer(d->seqlen));
+    json_object_set_new(c, "seed", json_integer((json_int_t)o->calib.seed));
+    json_object_set_new(c, "tokens", json_integer(d->n_seq * d->seqlen));
+    json_object_set_new(c, "stream_tokens", json_integer(d->n_stream_tokens));
+    json_object_set_new(c, "tokens_sha256", json_string(d->tokens_sha256));
+    return c;
+}
+
+enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
+    if (report) *report = NULL;
+    struct run r = {.m = m, .o = o, .want_slot = -1};
+    const struct llmq_hparams *hp = &m->hp;
+    enum llmq_status st = llmq_qconfig_check(&o->q, "--bits/--group-size");
+    json_t *prov = NULL, *rep = NULL;
+    if (st) return st;
+    bool need_calib = o->method != LLMQ_QMETHOD_RTN;
+    if (need_calib && o->calib.n_sources == 0)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method %s needs calibration data (--calib PATH|NAME|self)",
+                           llmq_qmethod_name(o->method));
+    if (o->micro_batch < 1) return llmq_errorf(LLMQ_ERR_ARG, "quantize: micro_batch must be >= 1");
+    // refuse non-tiled shapes before any work
+    int64_t Rmax = 0, Cmax = 0;
+    for (int64_t l = 0; l < hp->n_layer; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            int64_t R = v->shape[0], C = v->shape[1];
+            Rmax = R > Rmax ? R : Rmax;
+            Cmax = C > Cmax ? C : Cmax;
+            r.params_total += R * C;
+            if (!tiles(&o->q, C) && !o->fallback_rtn_per_channel)
+                return llmq_errorf(LLMQ_ERR_ARG,
+                                   "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "
+                                   "columns; use a --group-size that divides %lld, --group-size -1 (per channel), or "
+                                   "--fallback rtn-per-channel",
+                                   (long long)l, gguf_names[k], (long long)R, (long long)C, o->q.group_size, (long long)C,
+                                   (long long)C);
+        }
+    openblas_set_num_threads(o->n_threads);
+    r.layers = json_array();
+    r.t0 = now_s();
+    int64_t N = 0, D = hp->n_embd;
+    if (o->calib.n_sources > 0) {
+        struct llmq_calib_opts co = o->calib;
+        co.n_threads = o->n_threads;
+        if ((st = llmq_calib_data_load(m, &co, &r.d))) goto done;
+        r.have_calib = true;
+        N = r.d.n_seq * r.d.seqlen;
+        llmq_info("quantize: calibration %lld x %lld tokens (sha256 %s)", (long long)r.d.n_seq, (long long)r.d.seqlen,
+                  r.d.tokens_sha256);
+    }
+    bool ok = true;
+#define ALLOC(p, n)                                                        \
+    do {                                                                   \
+        (p) = malloc((size_t)(n) * sizeof(*(p)));                          \
+        ok = ok && (p);                                                    \
+    } while (0)
+    ALLOC(r.W, Rmax * Cmax);
+    ALLOC(r.Q, Rmax * Cmax);
+    ALLOC(r.T, Rmax * Cmax);
+    ALLOC(r.H, Cmax * Cmax);
+    ALLOC(r.Hx, Cmax * Cmax);
+    if (r.have_calib) {
+        ALLOC(r.x, N * D);
+        ALLOC(r.xt, N * D);
+    }
+    if (o->method == LLMQ_QMETHOD_GPTQ)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r.wq[k], Rmax * Cmax);
+#undef ALLOC
+    if (!ok) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for the work buffers");
+        goto done;
+    }
+    if (r.have_calib) {
+        int64_t mb_tokens = o->micro_batch * r.d.seqlen;
+        if ((st = llmq_forward_init(m, mb_tokens, o->n_threads, &r.f))) goto done;
+        for (int64_t t0 = 0; t0 < N && !st; t0 += mb_tokens) {
+            int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
+            st = llmq_forward_embed(r.f, r.d.tokens + t0, n, r.x + t0 * D);
+        }
+        if (st) goto done;
+        if ((o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) &&
+            (st = llmq_forward_init(m, N, o->n_threads, &r.fbig)))
+            goto done;
+    }
+
+    prov = settings_json(o);
+    json_object_set_new(prov, "calibration", calib_json(o, &r.d));
+    struct llmq_export_opts eo = o->out;
+    eo.q = o->q;
+    eo.desc_act = o->act_order;
+    eo.static_groups = o->static_groups;
+    eo.true_sequential = o->true_sequential;
+    eo.damp_percent = o->percdamp;
+    eo.provenance = prov;
+    if ((st = llmq_export_begin(m, o->out_dir, &eo, &r.e))) goto done;
+
+    for (int l = 0; l < hp->n_layer && !st; l++) {
+        if (r.have_calib) {
+            llmq_calib_stats_free(&r.s);
+            if ((st = llmq_calib_stats_init(m, true, l, l + 1, &r.s))) break;
+        }
+        switch (o->method) {
+        case LLMQ_QMETHOD_RTN: st = block_rtn(&r, l); break;
+        case LLMQ_QMETHOD_GPTQ: st = block_gptq(&r, l); break;
+        default: st = block_awq(&r, l); break;
+        }
+    }
+    if (st) goto done;
+    st = llmq_export_finish(r.e);
+    r.e = NULL;
+    if (st) goto done;
+
+    double secs = now_s() - r.t0, bpw = r.bits_total / (double)r.params_total;
+    int64_t bytes = dir_bytes(o->out_dir);
+    llmq_info("quantize: %lld linears, %.1f M weights, %.3f bits per weight (codes + f16 scales + zeros), output %.1f MB "
+              "in %s, %.1f s",
+              (long long)json_array_size(r.layers), (double)r.params_total / 1e6, bpw, (double)bytes / 1e6, o->out_dir,
+              secs);
+    rep = json_object();
+    json_object_set(rep, "settings", prov);
+    json_object_set_new(rep, "model", json_string(m->path));
+    json_object_set_new(rep, "output", json_string(o->out_dir));
+    json_object_set_new(rep, "threads", json_integer(o->n_threads));
+    json_object_set(rep, "layers", r.layers);
+    json_t *tot = json_object();
+    json_object_set_new(tot, "linears", json_integer((json_int_t)json_array_size(r.layers)));
+    json_object_set_new(tot, "weights", json_integer(r.params_total));
+    json_object_set_new(tot, "bits_per_weight", json_real(bpw));
+    json_object_set_new(tot, "output_bytes", json_integer(bytes));
+    json_object_set_new(tot, "seconds", json_real(secs));
+    json_object_set_new(rep, "totals", tot);
+    if (report) {
+        *report = rep;
+        rep = NULL;
+    }
+done:
+    json_decref(rep);
+    llmq_export_abort(r.e);
+    json_decref(prov);
+    json_decref(r.layers);
+    llmq_calib_stats_free(&r.s);
+    llmq_calib_data_free(&r.d);
+    llmq_forward_free(r.fbig);
+    llmq_forward_free(r.f);
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) free(r.wq[k]);
+    free(r.x);
+    free(r.xt);
+    free(r.W);
+    free(r.Q);
+    free(r.T);
+    free(r.H);
+    free(r.Hx);
+    return st;
+}

@@ -1,0 +1,88 @@
+/*
+ * quant/quantize.h — the pipeline behind `llmq quantize`: calibration (calib/calib.h), one solver
+ * per linear (RTN quant/quantizer.h, GPTQ quant/gptq.h, AWQ quant/awq.h), output (quant/export.h).
+ *
+ * What it is: the block-by-block driver. What it is not: no solver, no writer, no CLI parsing.
+ *
+ * Legend: R rows/out, C cols/in, G group size, N calibration tokens (n_seq * seqlen), D n_embd.
+ *
+ * ---- Per method ----------------------------------------------------------------------------------
+ *   rtn       no calibration needed: every linear rounded to nearest on the GPTQ grid
+ *             (llmq_rtn_quantize). With --calib, the full-precision activations are gathered too, only
+ *             to report the output error.
+ *   gptq      true-sequential, as IST-DASLab/gptq llama.py --true-sequential: per block, the groups
+ *             [q,k,v] -> [o] -> [gate,up] -> [down]; for each group the block is run (micro-batches)
+ *             on x_q, the block input of the QUANTIZED model so far, with the already quantized linears
+ *             of this block in place (F32 override views on their dequantized weights), collecting the
+ *             group's XᵀX; H = 2/n_seq · XᵀX (calib/calib.h); each linear: llmq_gptq_quantize. After the
+ *             block, x_q <- block(x_q) with all seven quantized: 5 block passes per block.
+ *   awq       AutoAWQ: block inputs x_fp from the full-precision model; llmq_awq_search (scale + clip)
+ *             on the block's fp input; each scaled and clipped linear rounded on the AWQ grid
+ *             (llmq_quant_params_awq); the folded norms / v / up rows go to the output.
+ *   awq+gptq  AWQ's scaling and clipping, then GPTQ on the scaled weights with the Hessian of the scaled
+ *             input H' = H / (s_i s_j) (llmq_awq_scale_hessian), H from the same full-precision inputs
+ *             (not true-sequential: AWQ's search needs the fp block input anyway).
+ *   A group size that does not tile a linear's C is refused (LLMQ_ERR_ARG naming the layer and the
+ *   options) unless fallback_rtn_per_channel: that linear is then rounded per output channel (G = -1,
+ *   re-expressed on the G grid by repeating its one (scale, zero) in every group so the writers see a
+ *   uniform layout; only --format fake can hold a non-tiled C).
+ *
+ * ---- Reported error (stderr line, --json) ----------------------------------------------------------
+ *   err = ‖(W - Q) X‖² / ‖W X‖² with W the matrix handed to the solver (AWQ: scaled and clipped), Q its
+ *   dequantization, X the solver's input (AWQ: scaled), computed as tr(ΔW H ΔWᵀ) / tr(W H Wᵀ) with H the
+ *   layer's XᵀX. gptq additionally reports the reference's loss and rtn_err, the same ratio for RTN of
+ *   the same W on the same H (so the JSON proves GPTQ < RTN per layer). Without calibration (rtn):
+ *   err = ‖W - Q‖² / ‖W‖² (weight error), marked "werr".
+ *
+ * ---- Determinism ------------------------------------------------------------------------------------
+ *   Same model, sources, seed, options and n_threads -> byte-identical output directory and JSON
+ *   (except "seconds" fields). OpenBLAS is set to n_threads.
+ *
+ * ---- Memory -----------------------------------------------------------------------------------------
+ *   x_q or x_fp (N, D) f32 + one copy for the block passes; the forward object sized for micro_batch
+ *   sequences (AWQ: for all N tokens, its search needs them in one call); one block's f32 weights and
+ *   their quantized copies; XᵀX of the four block inputs in f64. Spilling the activations to a temp
+ *   file beyond --max-memory is NOT implemented.
+ */
+#ifndef LLMQ_QUANT_QUANTIZE_H
+#define LLMQ_QUANT_QUANTIZE_H
+
+#include "calib/calib.h"
+#include "calib/model.h"
+#include "common/status.h"
+#include "quant/export.h"
+#include "quant/quantizer.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum llmq_qmethod { LLMQ_QMETHOD_RTN, LLMQ_QMETHOD_GPTQ, LLMQ_QMETHOD_AWQ, LLMQ_QMETHOD_AWQ_GPTQ };
+
+const char *llmq_qmethod_name(enum llmq_qmethod m);            // "rtn", "gptq", "awq", "awq+gptq"
+bool llmq_qmethod_parse(const char *s, enum llmq_qmethod *out); // false when unknown
+
+struct llmq_quantize_opts {
+    enum llmq_qmethod method;
+    struct llmq_qconfig q;          // bits, group size, sym
+    float percdamp;                 // GPTQ damping (0.01)
+    bool act_order, static_groups;  // GPTQ
+    bool true_sequential;           // GPTQ (default true)
+    bool fallback_rtn_per_channel;  // non-tiled C -> RTN per channel instead of an error
+    struct llmq_calib_opts calib;   // sources etc.; calib.n_sources == 0: no calibration (rtn only)
+    int64_t micro_batch;            // sequences per forward call (8)
+    int n_threads;
+    struct llmq_export_opts out;    // format, force, ... (q, provenance filled in by the pipeline)
+    const char *out_dir;
+};
+
+// Defaults: rtn, 4 bits, G 128, asym, percdamp 0.01, true_sequential, micro_batch 8, 1 thread.
+struct llmq_quantize_opts llmq_quantize_default_opts(void);
+
+// Runs the whole pipeline on m (weights are only read; override views are restored before return)
+// and writes opts->out_dir. *report (may be NULL) receives a new JSON object: {"settings": ...,
+// "calibration": {...sources, sha256, tokens}, "layers": [{name, shape, method, err, loss, rtn_err,
+// seconds, ...}], "totals": {...}}. Errors: see the modules; one line naming the layer / tensor.
+enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report);
+
+#endif // LLMQ_QUANT_QUANTIZE_H

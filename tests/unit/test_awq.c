@@ -1,0 +1,410 @@
+/*
+ * tests/unit/test_awq.c — quant/awq.h and the sub-block API of calib/forward.h.
+ *
+ *  1. llmq_forward_attn / llmq_forward_mlp / llmq_forward_rmsnorm rebuild llmq_forward_block bit for
+ *     bit (x + attn(norm(x)), then + mlp(norm(.))) on every block of stories260K and of a random
+ *     qwen2 model with q/k/v biases and no GQA.
+ *  2. Folding: with the clip search off, the scaled weights and folded norms / v rows / v bias / up
+ *     rows give the fp block output within 1e-5 (relative to its max); unbinding restores the
+ *     model bit for bit. Scale groups: 3 under GQA (stories260K), 4 without (the v -> o group).
+ *  3. AWQ beats RTN: block output MSE with AWQ (scale + clip, then the AWQ grid) < with RTN (the same
+ *     grid on the original weights), on stories260K (group 4) and, when ~/.cache/llmq/smollm2-f32.gguf
+ *     exists, on SmolLM2 block 3 (group 64) with wiki.valid.raw tokens.
+ *  4. Errors: NaN input, a second search, group size 0, a layer out of range. A group size that
+ *     does not tile a linear (stories260K's 172-wide ffn_down) makes it per-channel (clip_groups 1).
+ */
+#include "harness.h"
+
+#include "calib/forward.h"
+#include "calib/model.h"
+#include "calib/tokenizer.h"
+#include "common/io.h"
+#include "common/log.h"
+#include "formats/safetensors.h"
+#include "quant/awq.h"
+
+#include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static float *f32_of(const struct llmq_tensor_view *w) {
+    float *p = malloc((size_t)llmq_tensor_nelements(w) * sizeof(float));
+    CHECK(p);
+    CHECK(llmq_model_weight_f32(w, p, 1) == LLMQ_OK);
+    return p;
+}
+
+static double max_abs(const float *a, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i]));
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d;
+    }
+    return m;
+}
+
+static double mse(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return s / (double)n;
+}
+
+// x (n_seq * seqlen, D): the fp input of block `layer` for tokens ids (or synthetic ids if NULL).
+static float *block_input(struct llmq_forward *f, const struct llmq_model *m, const int32_t *ids, int layer,
+                          int64_t n_seq, int64_t seqlen) {
+    const int64_t N = n_seq * seqlen, D = m->hp.n_embd;
+    int32_t *toks = malloc((size_t)N * sizeof(int32_t));
+    float *x = malloc((size_t)(N * D) * sizeof(float));
+    CHECK(toks && x);
+    for (int64_t i = 0; i < N; i++)
+        toks[i] = ids ? ids[i] : (int32_t)((i * 37 + 3) % m->hp.n_vocab);
+    CHECK(llmq_forward_embed(f, toks, N, x) == LLMQ_OK);
+    for (int l = 0; l < layer; l++)
+        CHECK(llmq_forward_block(f, l, x, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    free(toks);
+    return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. sub-block pieces == block
+// ---------------------------------------------------------------------------------------------
+
+static void test_pieces(const struct llmq_model *m, const char *label, int64_t n_seq, int64_t seqlen) {
+    const int64_t N = n_seq * seqlen, D = m->hp.n_embd;
+    struct llmq_forward *f = NULL;
+    CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
+    float *x = block_input(f, m, NULL, 0, n_seq, seqlen);
+    float *xb = malloc((size_t)(N * D) * sizeof(float)), *xn = malloc((size_t)(N * D) * sizeof(float));
+    float *out = malloc((size_t)(N * D) * sizeof(float));
+    CHECK(xb && xn && out);
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        memcpy(xb, x, (size_t)(N * D) * sizeof(float));
+        CHECK(llmq_forward_block(f, l, xb, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+        float *an = f32_of(m->layers[l].attn_norm), *fn = f32_of(m->layers[l].ffn_norm);
+        CHECK(llmq_forward_rmsnorm(f, x, N, an, xn) == LLMQ_OK);
+        CHECK(llmq_forward_attn(f, l, xn, n_seq, seqlen, out) == LLMQ_OK);
+        for (int64_t i = 0; i < N * D; i++)
+            x[i] += out[i];
+        CHECK(llmq_forward_rmsnorm(f, x, N, fn, xn) == LLMQ_OK);
+        CHECK(llmq_forward_mlp(f, l, xn, N, out) == LLMQ_OK);
+        for (int64_t i = 0; i < N * D; i++)
+            x[i] += out[i];
+        CHECK(memcmp(x, xb, (size_t)(N * D) * sizeof(float)) == 0);
+        free(an);
+        free(fn);
+    }
+    // argument errors
+    llmq_log_set_level(LLMQ_LOG_SILENT);
+    CHECK(llmq_forward_attn(f, (int)m->hp.n_layer, xn, n_seq, seqlen, out) == LLMQ_ERR_ARG);
+    CHECK(llmq_forward_mlp(f, 0, xn, N + 1, out) == LLMQ_ERR_ARG);
+    CHECK(llmq_forward_rmsnorm(f, x, 0, xn, out) == LLMQ_ERR_ARG);
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    printf("  %s: attn/mlp/rmsnorm == block on %lld layers (bitwise)\n", label, (long long)m->hp.n_layer);
+    free(x);
+    free(xb);
+    free(xn);
+    free(out);
+    llmq_forward_free(f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. folding preserves the fp block; 3. AWQ < RTN
+// ---------------------------------------------------------------------------------------------
+
+static void test_fold(struct llmq_model *m, const char *label, int layer, int group, int want_groups) {
+    const int64_t n_seq = 2, seqlen = 48, N = n_seq * seqlen, D = m->hp.n_embd;
+    struct llmq_forward *f = NULL;
+    CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
+    float *x = block_input(f, m, NULL, layer, n_seq, seqlen);
+    float *ref = malloc((size_t)(N * D) * sizeof(float)), *y = malloc((size_t)(N * D) * sizeof(float));
+    CHECK(ref && y);
+    memcpy(ref, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+
+    struct llmq_awq_opts o;
+    llmq_awq_opts_default(&o);
+    o.group_size = group;
+    o.clip = false;
+    struct llmq_awq_block *b = NULL;
+    CHECK(llmq_awq_block_init(m, layer, 1, &b) == LLMQ_OK);
+    CHECK(llmq_awq_search(b, f, x, n_seq, seqlen, &o) == LLMQ_OK);
+    CHECK(!b->bound);
+    CHECK_EQ_INT(b->n_groups, want_groups);
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++)
+        CHECK(b->clip[l] == NULL);
+    CHECK(llmq_awq_input_scales(b, LLMQ_LIN_Q) == b->groups[0].scales);
+    CHECK((llmq_awq_input_scales(b, LLMQ_LIN_O) != NULL) == (want_groups == 4));
+    // the search leaves the model as it was
+    memcpy(y, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    CHECK(memcmp(y, ref, (size_t)(N * D) * sizeof(float)) == 0);
+
+    CHECK(llmq_awq_block_bind(b, f) == LLMQ_OK);
+    memcpy(y, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    const double rel = max_diff(y, ref, N * D) / max_abs(ref, N * D);
+    printf("  %s layer %d: %d scale groups (ratios", label, layer, b->n_groups);
+    for (int g = 0; g < b->n_groups; g++)
+        printf(" %.2f", (double)b->groups[g].ratio);
+    printf("); folded fp block vs original: max |diff| / max |out| = %.2e\n", rel);
+    CHECK(rel < 1e-5);
+    CHECK(llmq_awq_block_unbind(b, f) == LLMQ_OK);
+    memcpy(y, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    CHECK(memcmp(y, ref, (size_t)(N * D) * sizeof(float)) == 0);
+
+    // the scaled Hessian helper: H' = diag(1/s) H diag(1/s)
+    const int64_t C = D;
+    float *H = malloc((size_t)(C * C) * sizeof(float));
+    CHECK(H);
+    for (int64_t i = 0; i < C * C; i++)
+        H[i] = 1.0f;
+    llmq_awq_scale_hessian(b, LLMQ_LIN_GATE, H);
+    const float *s = llmq_awq_input_scales(b, LLMQ_LIN_GATE);
+    CHECK(fabsf(H[1 * C + 2] - 1.0f / (s[1] * s[2])) <= 1e-6f * fabsf(H[1 * C + 2]));
+    free(H);
+
+    // errors: a second search, NaN input, group size 0, a layer out of range
+    llmq_log_set_level(LLMQ_LOG_SILENT);
+    CHECK(llmq_awq_search(b, f, x, n_seq, seqlen, &o) == LLMQ_ERR_ARG);
+    llmq_awq_block_free(b);
+    b = NULL;
+    CHECK(llmq_awq_block_init(m, layer, 1, &b) == LLMQ_OK);
+    x[5] = NAN;
+    CHECK(llmq_awq_search(b, f, x, n_seq, seqlen, &o) == LLMQ_ERR_NUMERIC);
+    CHECK_CONTAINS(llmq_last_error(), "block input");
+    x[5] = 0.0f;
+    o.group_size = 0;
+    CHECK(llmq_awq_search(b, f, x, n_seq, seqlen, &o) == LLMQ_ERR_ARG);
+    struct llmq_awq_block *none = NULL;
+    CHECK(llmq_awq_block_init(m, (int)m->hp.n_layer, 1, &none) == LLMQ_ERR_ARG && none == NULL);
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    llmq_awq_block_free(b);
+
+    // a group size that tiles some linears and not others: those are searched per channel
+    if (group > 0) {
+        b = NULL;
+        CHECK(llmq_awq_block_init(m, layer, 1, &b) == LLMQ_OK);
+        o.group_size = 2 * group;
+        o.clip = true;
+        CHECK(llmq_awq_search(b, f, x, n_seq, seqlen, &o) == LLMQ_OK);
+        for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
+            const int64_t C = m->layers[layer].w[l]->shape[1];
+            const int64_t want = l == LLMQ_LIN_Q || l == LLMQ_LIN_K ? 0 : C % (2 * group) ? 1 : C / (2 * group);
+            CHECK_EQ_INT(b->clip_groups[l], want);
+        }
+        llmq_awq_block_free(b);
+    }
+    free(x);
+    free(ref);
+    free(y);
+    llmq_forward_free(f);
+}
+
+// Block output MSE vs the fp block with all 7 linears fake-quantized, after AWQ (awq = true) or RTN.
+static double quantized_block_mse(struct llmq_model *m, struct llmq_forward *f, const float *x, const float *ref,
+                                  int layer, int64_t n_seq, int64_t seqlen, const struct llmq_awq_opts *o, bool awq,
+                                  double *seconds) {
+    const int64_t N = n_seq * seqlen, D = m->hp.n_embd;
+    struct llmq_awq_block *b = NULL;
+    CHECK(llmq_awq_block_init(m, layer, 1, &b) == LLMQ_OK);
+    if (awq) {
+        CHECK(llmq_awq_search(b, f, x, n_seq, seqlen, o) == LLMQ_OK);
+        if (seconds) *seconds = b->seconds_scale + b->seconds_clip;
+    }
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
+        const int64_t R = m->layers[layer].w[l]->shape[0], C = m->layers[layer].w[l]->shape[1];
+        llmq_awq_pseudo_quantize(b->w[l], R, C, o->bits, o->group_size, b->w[l]);
+    }
+    float *y = malloc((size_t)(N * D) * sizeof(float));
+    CHECK(y);
+    memcpy(y, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_awq_block_bind(b, f) == LLMQ_OK);
+    CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    CHECK(llmq_awq_block_unbind(b, f) == LLMQ_OK);
+    double e = mse(y, ref, N * D);
+    free(y);
+    llmq_awq_block_free(b);
+    return e;
+}
+
+static void test_awq_beats_rtn(struct llmq_model *m, const char *label, const int32_t *ids, int layer, int64_t n_seq,
+                               int64_t seqlen, int group, int bits) {
+    const int64_t N = n_seq * seqlen, D = m->hp.n_embd;
+    struct llmq_forward *f = NULL;
+    CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
+    float *x = block_input(f, m, ids, layer, n_seq, seqlen);
+    float *ref = malloc((size_t)(N * D) * sizeof(float));
+    CHECK(ref);
+    memcpy(ref, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    struct llmq_awq_opts o;
+    llmq_awq_opts_default(&o);
+    o.group_size = group;
+    o.bits = bits;
+    double secs = 0;
+    const double rtn = quantized_block_mse(m, f, x, ref, layer, n_seq, seqlen, &o, false, NULL);
+    const double awq = quantized_block_mse(m, f, x, ref, layer, n_seq, seqlen, &o, true, &secs);
+    printf(
+        "  %s layer %d, %lld tokens, %d-bit g%d: block output MSE RTN %.6g, AWQ %.6g (%.1f%% of RTN; search %.2f s)\n",
+        label, layer, (long long)N, bits, group, rtn, awq, 100.0 * awq / rtn, secs);
+    CHECK(awq < rtn);
+    free(x);
+    free(ref);
+    llmq_forward_free(f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A random qwen2 model with q/k/v biases and no GQA (so the v -> o group exists)
+// ---------------------------------------------------------------------------------------------
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static float frand(float scale) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return scale * ((float)(rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+}
+
+static void write_qwen2(const char *dir) {
+    const int64_t D = 32, F = 64, L = 2, V = 64;
+    mkdir(dir, 0755);
+    char *p = llmq_path_join(dir, "config.json");
+    FILE *fp = fopen(p, "wb");
+    CHECK(fp);
+    fprintf(fp,
+            "{\"model_type\": \"qwen2\", \"hidden_size\": %lld, \"intermediate_size\": %lld, "
+            "\"num_hidden_layers\": %lld, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, "
+            "\"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"vocab_size\": %lld, \"tie_word_embeddings\": true}",
+            (long long)D, (long long)F, (long long)L, (long long)V);
+    fclose(fp);
+    free(p);
+    struct {
+        char name[96];
+        int nd;
+        int64_t shape[2];
+        float scale, base;
+    } t[64];
+    int n = 0;
+#define ADD(nm_, nd_, r_, c_, sc_, b_)                                                                                 \
+    do {                                                                                                               \
+        snprintf(t[n].name, sizeof t[n].name, "%s", nm_);                                                              \
+        t[n].nd = nd_;                                                                                                 \
+        t[n].shape[0] = r_;                                                                                            \
+        t[n].shape[1] = c_;                                                                                            \
+        t[n].scale = sc_;                                                                                              \
+        t[n].base = b_;                                                                                                \
+        n++;                                                                                                           \
+    } while (0)
+    ADD("model.embed_tokens.weight", 2, V, D, 1.0f, 0.0f);
+    ADD("model.norm.weight", 1, D, 1, 0.2f, 1.0f);
+    const char *lin[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                          "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    const int64_t shp[7][2] = {{D, D}, {D, D}, {D, D}, {D, D}, {F, D}, {F, D}, {D, F}};
+    char nm[96];
+    for (int64_t l = 0; l < L; l++) {
+        snprintf(nm, sizeof nm, "model.layers.%lld.input_layernorm.weight", (long long)l);
+        ADD(nm, 1, D, 1, 0.2f, 1.0f);
+        snprintf(nm, sizeof nm, "model.layers.%lld.post_attention_layernorm.weight", (long long)l);
+        ADD(nm, 1, D, 1, 0.2f, 1.0f);
+        for (int k = 0; k < 7; k++) {
+            snprintf(nm, sizeof nm, "model.layers.%lld.%s.weight", (long long)l, lin[k]);
+            ADD(nm, 2, shp[k][0], shp[k][1], 1.5f / sqrtf((float)shp[k][1]), 0.0f);
+            if (k < 3) {
+                snprintf(nm, sizeof nm, "model.layers.%lld.%s.bias", (long long)l, lin[k]);
+                ADD(nm, 1, shp[k][0], 1, 0.5f, 0.0f);
+            }
+        }
+    }
+#undef ADD
+    struct llmq_st_writer *w = NULL;
+    CHECK(llmq_st_writer_init(dir, 0, &w) == LLMQ_OK);
+    for (int i = 0; i < n; i++)
+        CHECK(llmq_st_writer_add_tensor(w, t[i].name, LLMQ_DTYPE_F32, t[i].nd, t[i].shape) == LLMQ_OK);
+    for (int i = 0; i < n; i++) {
+        const int64_t cnt = t[i].shape[0] * (t[i].nd > 1 ? t[i].shape[1] : 1);
+        float *d = malloc((size_t)cnt * sizeof(float));
+        CHECK(d);
+        for (int64_t j = 0; j < cnt; j++)
+            d[j] = t[i].base + frand(t[i].scale);
+        // a few channels with large activations, as real models have (AWQ's premise)
+        if (strcmp(t[i].name, "model.embed_tokens.weight") == 0)
+            for (int64_t r = 0; r < V; r++)
+                d[r * D + 3] *= 8.0f;
+        CHECK(llmq_st_writer_write_tensor(w, t[i].name, d, (size_t)cnt * sizeof(float)) == LLMQ_OK);
+        free(d);
+    }
+    CHECK(llmq_st_writer_finish(w) == LLMQ_OK);
+}
+
+static void rm_dir(const char *dir) {
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char *p = llmq_path_join(dir, files[i]);
+        unlink(p);
+        free(p);
+    }
+    rmdir(dir);
+}
+
+int main(void) {
+    char stories[1024], wiki[1024], smol[1024];
+    snprintf(stories, sizeof stories, "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
+    snprintf(wiki, sizeof wiki, "%s/wikitext-2-raw/wiki.valid.raw", test_data_dir());
+    const char *cache = getenv("LLMQ_CACHE");
+    if (cache && *cache)
+        snprintf(smol, sizeof smol, "%s/smollm2-f32.gguf", cache);
+    else
+        snprintf(smol, sizeof smol, "%s/.cache/llmq/smollm2-f32.gguf", getenv("HOME") ? getenv("HOME") : ".");
+    if (!llmq_file_exists(stories)) {
+        fprintf(stderr, "%s is missing (set LLMQ_DATA)\n", stories);
+        return 1;
+    }
+    struct llmq_model *m = NULL;
+    CHECK(llmq_model_load(stories, &m) == LLMQ_OK);
+    test_pieces(m, "stories260K", 2, 40);
+    test_fold(m, "stories260K", 2, 4, 3);
+    test_awq_beats_rtn(m, "stories260K", NULL, 2, 2, 64, 4, 3);
+    llmq_model_free(m);
+
+    char tmp[] = "/tmp/llmq_test_awq.XXXXXX";
+    CHECK(mkdtemp(tmp));
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/qwen2", tmp);
+    write_qwen2(dir);
+    CHECK(llmq_model_load(dir, &m) == LLMQ_OK);
+    CHECK(m->hp.qkv_bias && m->hp.n_head == m->hp.n_head_kv);
+    test_pieces(m, "random qwen2 (bias, no GQA)", 3, 17);
+    test_fold(m, "random qwen2 (bias, no GQA)", 1, 8, 4);
+    test_awq_beats_rtn(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, 3);
+    llmq_model_free(m);
+    rm_dir(dir);
+    rmdir(tmp);
+
+    if (llmq_file_exists(smol) && llmq_file_exists(wiki)) {
+        CHECK(llmq_model_load(smol, &m) == LLMQ_OK);
+        char *text = NULL;
+        size_t size = 0;
+        int32_t *ids = NULL;
+        int64_t n_ids = 0;
+        CHECK(llmq_read_file(wiki, 1u << 26, &text, &size) == LLMQ_OK);
+        CHECK(llmq_tokenize(m->tok, text, size < 20000 ? size : 20000, false, false, &ids, &n_ids) == LLMQ_OK);
+        CHECK(n_ids >= 256);
+        test_awq_beats_rtn(m, "SmolLM2-135M", ids, 3, 2, 128, 64, 4);
+        free(ids);
+        free(text);
+        llmq_model_free(m);
+    } else {
+        printf("  (SmolLM2: %s not found, its AWQ-vs-RTN check skipped; see tests/py/test_awq_oracle.py)\n", smol);
+    }
+    printf("test_awq: OK\n");
+    return 0;
+}

@@ -8,7 +8,7 @@
 #   (seed 0). Evaluation: wiki.test.raw, `llmq eval` llamacpp protocol (ctx 512), CHUNKS chunks (-1: all).
 # Full (the protocol): NSAMPLES=128 SEQLEN=512 CHUNKS=-1. --quick: NSAMPLES=8 SEQLEN=256 CHUNKS=20.
 # Environment overrides: NSAMPLES, SEQLEN, CHUNKS, THREADS (default nproc), BITS ("4 3"), METHODS
-#   ("rtn gptq awq awq+gptq"), BUILD_DIR (default <repo>/build), LLMQ_CACHE, LLMQ_DATA, KEEP=1 (keep outputs).
+#   ("rtn gptq gptq-ao awq awq+gptq"; gptq-ao = gptq --act-order), BUILD_DIR (default <repo>/build), LLMQ_CACHE, LLMQ_DATA, KEEP=1 (keep outputs).
 # Output (stdout): one row per (method, bits): PPL, ΔPPL vs base, share of RTN's increase removed, quantize
 #   seconds and peak RSS (GNU time). Logs of every run go to $WORK (printed).
 set -euo pipefail
@@ -25,7 +25,7 @@ else
 fi
 THREADS="${THREADS:-$(nproc)}"
 BITS="${BITS:-4 3}"
-METHODS="${METHODS:-rtn gptq awq awq+gptq}"
+METHODS="${METHODS:-rtn gptq gptq-ao awq awq+gptq}"
 LLMQ="$BUILD_DIR/llmq"
 [[ -x "$LLMQ" ]] || { echo "error: $LLMQ not built (cmake --build $BUILD_DIR)" >&2; exit 1; }
 BASE="$CACHE/smollm2-f32.gguf"
@@ -48,9 +48,11 @@ for b in $BITS; do
   for m in $METHODS; do
     out="$WORK/q_${m}_${b}"
     cal=()
+    meth=(--method "$m")
+    [[ $m == gptq-ao ]] && meth=(--method gptq --act-order)
     [[ $m != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
     t0=$(date +%s.%N)
-    /usr/bin/time -v "$LLMQ" quantize --model "$BASE" --method "$m" --bits "$b" --group-size 64 --format fake \
+    /usr/bin/time -v "$LLMQ" quantize --model "$BASE" "${meth[@]}" --bits "$b" --group-size 64 --format fake \
       --out "$out" --threads "$THREADS" --json "$WORK/q_${m}_${b}.json" "${cal[@]}" >"$WORK/q_${m}_${b}.log" 2>&1
     SECS[$m$b]=$(echo "$(date +%s.%N) - $t0" | bc)
     RSS[$m$b]=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$WORK/q_${m}_${b}.log")

@@ -25,8 +25,8 @@
  *                                         temperature 1 with a seeded xorshift generator. Costs
  *                                         seqlen forward calls per sequence (no KV cache): use short
  *                                         --seqlen.
- *   Text sources: every text is tokenized WITHOUT BOS/EOS, texts concatenated (in argument order,
- *   separated by "\n\n" tokens of nothing — plain concatenation of the token streams), then n_seq
+ *   Text sources: every text is tokenized WITHOUT BOS/EOS and the token streams are concatenated
+ *   as they are (argument order, then file order; no separator tokens), then n_seq
  *   windows of seqlen tokens are taken at seeded uniform random offsets in [0, total - seqlen]
  *   (the GPTQ reference's get_wikitext2 / get_c4 sampling). When total < seqlen: LLMQ_ERR_ARG.
  *   Seed: splitmix64(seed) drives a xorshift64* stream; identical sources + seed -> identical tokens.

@@ -87,6 +87,8 @@ struct run {
     struct llmq_tensor_view ov[LLMQ_LIN_COUNT];
     const struct llmq_tensor_view *saved[LLMQ_LIN_COUNT];
     bool overridden[LLMQ_LIN_COUNT];
+    struct llmq_qlinear held;    // AWQ: block l-1's down, handed to the writer once block l is bound (see block_awq)
+    int held_layer;              // -1: none
     json_t *layers;
     double t0;
     int64_t params_total, params_done;
@@ -232,8 +234,17 @@ static void fmt_time(char *buf, size_t n, double s) {
 // Hands ql to the writer, logs the line, records the JSON row.
 static enum llmq_status finish_linear(struct run *r, int l, int k, struct llmq_qlinear *ql, const char *how, double err,
                                       bool werr, double loss, double rtn_err, double secs) {
-    enum llmq_status st = llmq_export_layer(r->e, l, (enum llmq_linear)k, ql);
-    if (st) return st;
+    bool defer = k == LLMQ_LIN_DOWN && (r->o->method == LLMQ_QMETHOD_AWQ || r->o->method == LLMQ_QMETHOD_AWQ_GPTQ);
+    enum llmq_status st = LLMQ_OK;
+    if (defer) { // the writer would stream block l+1's input_layernorm right after it: wait for l+1's binding
+        LLMQ_ASSERT(r->held_layer < 0);
+        r->held = *ql;
+        r->held_layer = l;
+        memset(ql, 0, sizeof(*ql));
+        ql = &r->held;
+    } else if ((st = llmq_export_layer(r->e, l, (enum llmq_linear)k, ql))) {
+        return st;
+    }
     int64_t R = ql->R, C = ql->C;
     r->params_done += R * C;
     r->bits_total += (double)R * (double)C * ql->bits + (double)R * (double)ql->n_groups * (16.0 + ql->bits);
@@ -406,6 +417,14 @@ static enum llmq_status block_gptq(struct run *r, int l) {
 
 // ---- AWQ and AWQ+GPTQ ----------------------------------------------------------------------------------------
 
+static enum llmq_status flush_held(struct run *r) {
+    if (r->held_layer < 0) return LLMQ_OK;
+    enum llmq_status st = llmq_export_layer(r->e, r->held_layer, LLMQ_LIN_DOWN, &r->held);
+    llmq_qlinear_free(&r->held);
+    r->held_layer = -1;
+    return st;
+}
+
 static enum llmq_status block_awq(struct run *r, int l) {
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
     bool with_gptq = r->o->method == LLMQ_QMETHOD_AWQ_GPTQ;
@@ -420,6 +439,11 @@ static enum llmq_status block_awq(struct run *r, int l) {
     ao.group_size = r->o->q.group_size;
     ao.n_threads = r->o->n_threads;
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
+    // The writer reads a block's norms (folded by AWQ) when its stream reaches them, which for
+    // input_layernorm is right after the previous block's down: so the block is bound (the model's views
+    // on the folded copies) before the held down of block l-1 goes out, and stays bound for its linears.
+    if (!st) st = llmq_awq_block_bind(b, NULL);
+    if (!st) st = flush_held(r);
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[k];
         int64_t R = v->shape[0], C = v->shape[1];
@@ -441,8 +465,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
             }
             memcpy(Hsrc, r->H, (size_t)(C * C) * sizeof(float));
             // finish_linear exports; AWQ's folded norms must be bound while the writer reads them
-            st = llmq_awq_block_bind(b, NULL);
-            if (!st) st = gptq_linear(r, l, k, r->W, Hsrc, &ql[k], "awq+gptq");
+            st = gptq_linear(r, l, k, r->W, Hsrc, &ql[k], "awq+gptq");
             free(Hsrc);
             continue;
         }
@@ -450,8 +473,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
         if ((st = awq_rtn(name, r->W, R, C, &r->o->q, &ql[k]))) break;
         llmq_qlinear_dequant(&ql[k], r->Q);
         double err = rel_err(r, r->W, r->Q, r->Hx, R, C);
-        if (!(st = llmq_awq_block_bind(b, NULL)))
-            st = finish_linear(r, l, k, &ql[k], "awq", err, false, -1, 0, now_s() - t);
+        st = finish_linear(r, l, k, &ql[k], "awq", err, false, -1, 0, now_s() - t);
     }
     if (b && b->bound) {
         enum llmq_status s2 = llmq_awq_block_unbind(b, NULL);
@@ -523,7 +545,7 @@ static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_
 
 enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
     if (report) *report = NULL;
-    struct run r = {.m = m, .o = o, .want_slot = -1};
+    struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
     const struct llmq_hparams *hp = &m->hp;
     enum llmq_status st = llmq_qconfig_check(&o->q, "--bits/--group-size");
     json_t *prov = NULL, *rep = NULL;
@@ -620,6 +642,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
         default: st = block_awq(&r, l); break;
         }
     }
+    if (!st) st = flush_held(&r);
     if (st) goto done;
     st = llmq_export_finish(r.e);
     r.e = NULL;
@@ -651,6 +674,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
 done:
     json_decref(rep);
     llmq_export_abort(r.e);
+    llmq_qlinear_free(&r.held);
     json_decref(prov);
     json_decref(r.layers);
     llmq_calib_stats_free(&r.s);

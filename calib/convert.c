@@ -335,23 +335,9 @@ static json_t *json_f32(float f) {
 }
 
 static enum llmq_status write_json(const char *dir, const char *name, const json_t *j) {
-    char *path = llmq_path_join(dir, name), *text = NULL;
-    struct llmq_afile f = {0};
-    enum llmq_status st;
+    char *path = llmq_path_join(dir, name);
     if (!path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", dir);
-    text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
-    if (!text) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: JSON encoding failed", path);
-        goto done;
-    }
-    if ((st = llmq_afile_open(&f, path))) goto done;
-    if ((st = llmq_afile_write(&f, text, strlen(text))) || (st = llmq_afile_write(&f, "\n", 1))) {
-        llmq_afile_abort(&f);
-        goto done;
-    }
-    st = llmq_afile_commit(&f);
-done:
-    free(text);
+    enum llmq_status st = llmq_write_json(path, j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     free(path);
     return st;
 }

@@ -203,19 +203,6 @@ static json_t *report_json(const struct llmq_eval_report *rep) {
     return j;
 }
 
-static enum llmq_status write_json(const char *path, json_t *j) {
-    struct llmq_afile f;
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    if (!s) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
-    enum llmq_status st = llmq_afile_open(&f, path);
-    if (!st) st = llmq_afile_write(&f, s, strlen(s));
-    if (!st) st = llmq_afile_write(&f, "\n", 1);
-    if (!st) st = llmq_afile_commit(&f);
-    else llmq_afile_abort(&f);
-    free(s);
-    return st;
-}
-
 // ---- the command ------------------------------------------------------------------------------------
 
 struct text {
@@ -403,7 +390,7 @@ int cmd_eval(int argc, char **argv) {
         json_object_set_new(js, "text_sha256", json_string(hex));
         json_object_set_new(js, "rows_joined", json_boolean(join));
         json_object_set_new(js, "threads", json_integer(threads));
-        if ((st = write_json(json_path, js))) goto done;
+        if ((st = llmq_write_json(json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)))) goto done;
     }
 done:
     json_decref(js);

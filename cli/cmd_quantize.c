@@ -54,19 +54,6 @@ int cli_take_repeated(const char *name, int *argc, char **argv, const char **val
     return 0;
 }
 
-static int write_json_file(const char *path, json_t *j) {
-    struct llmq_afile f;
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    if (!s) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
-    enum llmq_status st = llmq_afile_open(&f, path);
-    if (!st) st = llmq_afile_write(&f, s, strlen(s));
-    if (!st) st = llmq_afile_write(&f, "\n", 1);
-    if (!st) st = llmq_afile_commit(&f);
-    else llmq_afile_abort(&f);
-    free(s);
-    return st;
-}
-
 int cmd_quantize(int argc, char **argv) {
     const char *model_path = NULL, *method = "rtn", *format = "fake", *out = NULL, *json_path = NULL,
                *fallback = "none", *calib_dummy = NULL;
@@ -170,7 +157,7 @@ int cmd_quantize(int argc, char **argv) {
                json_real_value(json_object_get(t, "bits_per_weight")),
                (long long)json_integer_value(json_object_get(t, "output_bytes")));
         fflush(stdout);
-        if (json_path) st = write_json_file(json_path, rep);
+        if (json_path) st = llmq_write_json(json_path, rep, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     }
     json_decref(rep);
     llmq_model_free(m);

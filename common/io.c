@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <zlib.h>
 
 enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
@@ -222,6 +223,19 @@ fail:
     if (gz) gzclose(gz);
     if (fp) fclose(fp);
     return llmq_last_status();
+}
+
+enum llmq_status llmq_write_json(const char *path, const json_t *j, size_t dump_flags) {
+    struct llmq_afile f;
+    char *text = json_dumps(j, dump_flags);
+    if (!text) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: JSON encoding failed", path);
+    enum llmq_status st = llmq_afile_open(&f, path);
+    if (!st) st = llmq_afile_write(&f, text, strlen(text));
+    if (!st) st = llmq_afile_write(&f, "\n", 1);
+    if (!st) st = llmq_afile_commit(&f);
+    else llmq_afile_abort(&f);
+    free(text);
+    return st;
 }
 
 bool llmq_is_dir(const char *path) {

@@ -46,6 +46,11 @@ void llmq_afile_abort(struct llmq_afile *f);               // unlink the temp; f
 // Transparently gunzips files whose name ends in ".gz". *out is owned by the caller (free()).
 enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, size_t *out_size);
 
+// Writes a jansson value as text (json_dumps with dump_flags, then a newline) to path atomically
+// (llmq_afile). Logs and returns the status on failure; nothing is left at path then.
+struct json_t;
+enum llmq_status llmq_write_json(const char *path, const struct json_t *j, size_t dump_flags);
+
 bool llmq_is_dir(const char *path);
 bool llmq_file_exists(const char *path);
 // Joins dir and name with one '/', into a malloc'd string (NULL on OOM).

@@ -8,7 +8,10 @@
 #   (seed 0). Evaluation: wiki.test.raw, `llmq eval` llamacpp protocol (ctx 512), CHUNKS chunks (-1: all).
 # Full (the issue's protocol): NSAMPLES=128 SEQLEN=512 CHUNKS=-1. --quick: NSAMPLES=8 SEQLEN=256 CHUNKS=20.
 # Environment overrides: NSAMPLES, SEQLEN, CHUNKS, THREADS (default nproc), BITS ("4 3"), METHODS
-#   ("rtn gptq gptq-ao awq awq+gptq"; gptq-ao = gptq --act-order), BUILD_DIR (default <repo>/build), LLMQ_CACHE, LLMQ_DATA, KEEP=1 (keep outputs).
+#   ("rtn gptq gptq-ao awq awq+gptq"; gptq-ao = gptq --act-order), BUILD_DIR (default <repo>/build), LLMQ_CACHE, LLMQ_DATA, KEEP=1 (keep outputs),
+#   WORK (a directory to keep logs in; default a new /tmp/llmq_quality.XXXXXX). Resumable: with a fixed WORK, a
+#   (method, bits) whose eval log already holds a final estimate is not run again (nor is the base), so a long full
+#   run that was interrupted continues where it stopped. Each finished run appends a line to $WORK/results.tsv.
 # Output (stdout): one row per (method, bits): PPL, ΔPPL vs base, share of RTN's increase removed, quantize
 #   seconds and peak RSS (GNU time). Logs of every run go to $WORK (printed).
 set -euo pipefail
@@ -33,10 +36,13 @@ if [[ ! -f "$BASE" ]]; then
   "$LLMQ" convert --model "$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" --dtype f32 --out "$BASE"
 fi
 TEST="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
-WORK="$(mktemp -d /tmp/llmq_quality.XXXXXX)"
+WORK="${WORK:-$(mktemp -d /tmp/llmq_quality.XXXXXX)}"
+mkdir -p "$WORK"
 echo "base $BASE; calibration wikitext-2-valid ${NSAMPLES}x${SEQLEN} seed 0; eval $TEST llamacpp ctx 512, chunks $CHUNKS; group 64; threads $THREADS; logs in $WORK" >&2
 
+final() { [[ -f "$1" ]] && sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$1"; }
 ppl() { # model log -> PPL
+  if [[ -n "$(final "$2")" ]]; then final "$2"; return; fi
   "$LLMQ" eval --model "$1" --ppl "$TEST" --protocol llamacpp --chunks "$CHUNKS" --threads "$THREADS" >"$2" 2>"$2.err"
   sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$2"
 }
@@ -47,6 +53,12 @@ declare -A P SECS RSS
 for b in $BITS; do
   for m in $METHODS; do
     out="$WORK/q_${m}_${b}"
+    if [[ -n "$(final "$WORK/eval_${m}_${b}.txt")" && -f "$WORK/q_${m}_${b}.secs" ]]; then
+      P[$m$b]=$(final "$WORK/eval_${m}_${b}.txt"); SECS[$m$b]=$(cat "$WORK/q_${m}_${b}.secs")
+      RSS[$m$b]=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$WORK/q_${m}_${b}.log")
+      echo "$m $b-bit: PPL ${P[$m$b]} (kept from an earlier run in $WORK)" >&2
+      continue
+    fi
     cal=()
     meth=(--method "$m")
     [[ $m == gptq-ao ]] && meth=(--method gptq --act-order)
@@ -55,10 +67,12 @@ for b in $BITS; do
     /usr/bin/time -v "$LLMQ" quantize --model "$BASE" "${meth[@]}" --bits "$b" --group-size 64 --format fake \
       --out "$out" --threads "$THREADS" --json "$WORK/q_${m}_${b}.json" "${cal[@]}" >"$WORK/q_${m}_${b}.log" 2>&1
     SECS[$m$b]=$(echo "$(date +%s.%N) - $t0" | bc)
+    echo "${SECS[$m$b]}" >"$WORK/q_${m}_${b}.secs"
     RSS[$m$b]=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$WORK/q_${m}_${b}.log")
     P[$m$b]=$(ppl "$out" "$WORK/eval_${m}_${b}.txt")
     [[ "${KEEP:-0}" == 1 ]] || rm -rf "$out"
     printf '%s %s-bit: PPL %s (%.0f s)\n' "$m" "$b" "${P[$m$b]}" "${SECS[$m$b]}" >&2
+    printf '%s\t%s\t%s\t%s\t%s\n' "$m" "$b" "${P[$m$b]}" "${SECS[$m$b]}" "${RSS[$m$b]}" >>"$WORK/results.tsv"
   done
 done
 

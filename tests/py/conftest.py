@@ -5,6 +5,11 @@ Paths come from the environment that ctest sets (tests/CMakeLists.txt):
   LLMQ_BIN    the llmq executable          LLMQ_BUILD  the build directory (tests/tools live there)
   LLMQ_DATA   ../shared/datasets           LLMQ_CACHE  downloaded models (default ~/.cache/llmq)
 A missing required input is a test failure, never a silent skip.
+
+Tiers: tests marked `@pytest.mark.heavy` (long loops over many types / whole-model quantizations against
+llama.cpp) run when LLMQ_ORACLES=full (the default, and .ci/run's CPU-only variant). With
+LLMQ_ORACLES=light (.ci/run's CUDA and sanitizer variants, whose CPU code paths are the same) they are
+reported as SKIPPED with that reason, never as passes.
 """
 import os
 import pathlib
@@ -13,6 +18,19 @@ import subprocess
 import pytest
 
 SRC = pathlib.Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "heavy: long oracle loops; skipped when LLMQ_ORACLES=light")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("LLMQ_ORACLES", "full") != "light":
+        return
+    skip = pytest.mark.skip(reason="heavy oracle: runs in the CPU-only CI variant (LLMQ_ORACLES=light here)")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
 
 
 def _env_path(name, default=None):

@@ -7,11 +7,11 @@
  * f32. The decoders reproduce ggml's reference C dequantizers (ggml-quants.c dequantize_row_*)
  * bit for bit: every multiply and subtract happens in f32 in the same order, so a tensor decoded
  * here equals the one llama.cpp or gguf-py (gguf.quants.dequantize) produces, to the last bit.
- * The traits table (llmq_quant_traits) is the single place that maps a dtype to its functions;
- * the quantizers (quant/) hook in through its `from_float` member.
+ * The traits table (llmq_quant_traits) is the single place that maps a dtype to its decoders.
  *
  * What it is not: no file parsing (formats/gguf.h), no threading (callers split rows), no dot
- * products, no quantization of the block types yet (`from_float` is NULL for them).
+ * products, no quantization of the block types: their encoders live in quant/gguf_enc.h (formats/
+ * must not depend on quant/), so `from_float` is set only for F32 / F16 / BF16.
  *
  * Legend: n = elements in a row (a multiple of the type's block size `blck`), nb = n / blck blocks.
  * All multi-byte fields are little-endian; llmq builds only on little-endian hosts.
@@ -160,9 +160,10 @@ _Static_assert(sizeof(struct llmq_block_iq4_xs) == 136, "block_iq4_xs size");
 // src and dst must not overlap.
 typedef void (*llmq_to_float_fn)(const void *src, float *dst, int64_t n);
 
-// Encode n f32 elements into blocks. `importance` is NULL or (n) per-element weights (the imatrix
-// column statistics); types that cannot use it ignore it. Set only for the types a quantizer
-// exists for (quant/ fills these in: issue "quantizers").
+// Encode n f32 elements. `importance` is NULL or (n) per-element weights; the plain types ignore
+// it. Set only for F32 / F16 / BF16: the block-type encoders are quant/gguf_enc.h
+// (llmq_gguf_encode_row_ref / llmq_gguf_encode_rows), not hooked in here so that formats/ does
+// not depend on quant/.
 typedef void (*llmq_from_float_fn)(const float *src, void *dst, int64_t n, const float *importance);
 
 struct llmq_quant_traits {

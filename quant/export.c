@@ -345,12 +345,18 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
     return st;
 }
 
-// Writes every slot from e->pos up to the first linear not handed over yet.
+// Writes every slot from e->pos up to the first linear not handed over yet. A block's norm is declared
+// just before its first linear (input_layernorm before q, post_attention_layernorm before gate) and is
+// read only once that linear has arrived, so a driver that folds AWQ scales into the norm of block l
+// can do so until it hands over block l's q / gate (block l-1's down no longer pulls it out early).
 static enum llmq_status advance(struct llmq_export *e) {
     enum llmq_status st;
     while (e->pos < e->n_slots) {
         struct slot *s = &e->slots[e->pos];
         if (s->kind == SLOT_LINEAR && !s->ready) break;
+        if ((s->kind == SLOT_ATTN_NORM || s->kind == SLOT_FFN_NORM) && e->pos + 1 < e->n_slots &&
+            !e->slots[e->pos + 1].ready)
+            break;
         if ((st = write_slot(e, s))) return st;
         e->pos++;
     }

@@ -87,8 +87,9 @@
  *   In order — block by block, linears q,k,v,o,gate,up,down, as the driver goes — nothing is held
  *   beyond one linear's packed buffers. llmq_export_finish writes model.norm and lm_head.
  *   The model's views are read when the stream reaches them: norms and biases of block l at the
- *   export_layer calls of block l (input_layernorm before q, post_attention_layernorm before gate,
- *   biases with their linear), embed_tokens at the first call, model.norm / lm_head at finish.
+ *   export_layer calls of block l (input_layernorm when q arrives, post_attention_layernorm when gate
+ *   arrives — never earlier, e.g. not at block l-1's down — biases with their linear), embed_tokens at
+ *   the first call, model.norm / lm_head at finish.
  *   So a driver that points m->layers[l] at override views (AWQ's folded norms and v bias) must
  *   keep them in place until export_layer(l, LLMQ_LIN_DOWN) has returned.
  *

@@ -47,7 +47,7 @@ if [[ ! -f "$WORK/base.done" ]]; then
 fi
 # importance matrices once
 if [[ ! -f "$WORK/imat_lcpp.dat" ]]; then
-  "$TOOLS/llama-imatrix" -m "$BASE" -f "$VALID" -o "$WORK/imat_lcpp.dat" --chunks "$NSAMPLES" -c "$SEQLEN" \
+  "$TOOLS/llama-imatrix" -m "$BASE" -f "$VALID" -o "$WORK/imat_lcpp.dat" --output-format dat --chunks "$NSAMPLES" -c "$SEQLEN" \
     -t "$THREADS" >"$WORK/imat_lcpp.log" 2>&1
 fi
 if [[ ! -f "$WORK/imat_llmq.lcs" ]]; then

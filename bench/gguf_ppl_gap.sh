@@ -33,7 +33,7 @@ for t in $TYPES; do
     --out "$q" >"$WORK/q.log" 2>&1 || { echo "$t: llmq quantize failed:" >&2; tail -3 "$WORK/q.log" >&2; continue; }
   "$TOOLS/llama-perplexity" -m "$q" -f "$TEST" -c 512 -b 512 "${lcpp_chunks[@]}" -t "$THREADS" \
     >"$WORK/l.txt" 2>&1 || { echo "$t: llama-perplexity failed to load or run it:" >&2; tail -3 "$WORK/l.txt" >&2; continue; }
-  lp=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/l.txt")
+  lp=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/l.txt")
   "$LLMQ" eval --model "$q" --ppl "$TEST" --chunks "$CHUNKS" --threads "$THREADS" >"$WORK/m.txt" 2>/dev/null
   mp=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/m.txt")
   printf '%-8s %9.2f %12.4f %12.4f %8.3f%%\n' "$t" "$(echo "$(stat -c %s "$q") / 1048576" | bc -l)" "$lp" "$mp" \

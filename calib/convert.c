@@ -973,7 +973,7 @@ static enum llmq_status gguf_hparams(struct llmq_gguf_writer *w, const struct hp
         ((st = llmq_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hp->head_dim)) ||
          (st = llmq_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hp->head_dim))))
         return st;
-    if ((st = llmq_gguf_writer_set_u32(w, "general.file_type", file_type_of(dtype))) ||
+    if ((dtype != LLMQ_DTYPE_COUNT && (st = llmq_gguf_writer_set_u32(w, "general.file_type", file_type_of(dtype)))) ||
         (st = llmq_gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)hp->n_vocab)) ||
         (st = llmq_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hp->head_dim)))
         return st;
@@ -1087,6 +1087,28 @@ done:
     cv_vocab_free(&v);
     free(seen);
     llmq_st_free(m);
+    json_decref(cfg);
+    free(cfg_path);
+    return st;
+}
+
+enum llmq_status llmq_convert_hf_gguf_kvs(const char *in, struct llmq_gguf_writer *w) {
+    struct cv_vocab v = {0};
+    struct hp hp;
+    json_t *cfg = NULL;
+    char *cfg_path = llmq_path_join(in, "config.json");
+    char name[256]; // general.name: the directory's name, as hf_to_gguf writes it
+    size_t len = strlen(in);
+    enum llmq_status st;
+    if (!cfg_path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
+    while (len > 1 && in[len - 1] == '/') len--;
+    const char *base = in + len;
+    while (base > in && base[-1] != '/') base--;
+    snprintf(name, sizeof(name), "%.*s", (int)(in + len - base), base);
+    if (!(st = load_config(in, &cfg)) && !(st = hp_from_hf(cfg_path, cfg, &hp)) &&
+        !(st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v)) && !(st = gguf_hparams(w, &hp, name, LLMQ_DTYPE_COUNT)))
+        st = cv_vocab_write_gguf(&v, w);
+    cv_vocab_free(&v);
     json_decref(cfg);
     free(cfg_path);
     return st;

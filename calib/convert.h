@@ -135,6 +135,11 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
 // n_rows % (2 * n_head) == 0 and 0 <= r < n_rows (LLMQ_ASSERT).
 int64_t llmq_convert_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_gguf);
 
+// The KVs `llmq convert` writes for the HF directory `in` (general.*, <arch>.*, tokenizer.ggml.*, in
+// its order) into w, without general.file_type (quant/gguf_export.c sets it). Errors as llmq_convert.
+struct llmq_gguf_writer;
+enum llmq_status llmq_convert_hf_gguf_kvs(const char *in, struct llmq_gguf_writer *w);
+
 // ---- Pieces shared with other writers of HF directories (quant/export.c) ------------------------
 
 // Prepares an HF output directory as "Output" describes: refuses out == in and an existing out

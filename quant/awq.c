@@ -40,6 +40,15 @@ static int64_t lin_cols(const struct llmq_awq_block *b, enum llmq_linear l) {
     return b->m->layers[b->layer].w[l]->shape[1];
 }
 
+// The group size the search uses for linear l (C input channels): o->lin_group_size[l] when set
+// and tiling C, else o->group_size when it tiles C, else C (one group per row: see "Group sizes that
+// do not tile" in quant/awq.h).
+static int64_t lin_group(const struct llmq_awq_opts *o, const struct llmq_awq_block *b, enum llmq_linear l) {
+    const int64_t C = lin_cols(b, l), Gl = o->lin_group_size[l];
+    if (Gl > 0 && C % Gl == 0) return Gl;
+    return o->group_size > 0 && C % o->group_size == 0 ? o->group_size : C;
+}
+
 static float *alloc_f32(int64_t n) { return n > 0 ? malloc((size_t)n * sizeof(float)) : NULL; }
 
 static void f32_view(struct llmq_tensor_view *v, float *data, int64_t R, int64_t C, const char *name) {
@@ -252,14 +261,17 @@ static void compute_x_mean(const float *x, int64_t N, int64_t C, float *x_mean) 
     free(acc);
 }
 
-// w_mean (C): over the rows of all linears of the group, |W| / (group abs-max + 1e-6), averaged.
-static void compute_w_mean(struct llmq_awq_block *b, const struct llmq_awq_group *g, int64_t G, float *w_mean) {
+// w_mean (C): over the rows of all linears of the group, |W| / (group abs-max + 1e-6), averaged
+// (each linear's quant groups: lin_group).
+static void compute_w_mean(struct llmq_awq_block *b, const struct llmq_awq_group *g, const struct llmq_awq_opts *o,
+                           float *w_mean) {
     const int64_t C = g->C;
     double *acc = calloc((size_t)C, sizeof(double));
     LLMQ_ASSERT(acc);
     int64_t rows = 0;
     for (int i = 0; i < g->n_lin; i++) {
         const float *W = b->w[g->lin[i]]; // (R, C)
+        const int64_t G = lin_group(o, b, g->lin[i]);
         const int64_t R = lin_rows(b, g->lin[i]);
         for (int64_t r = 0; r < R; r++)
             for (int64_t c0 = 0; c0 < C; c0 += G) {
@@ -296,18 +308,23 @@ static void ratio_scales(const float *x_mean, const float *w_mean, int64_t C, fl
     }
 }
 
-// Wc (R, C) = Q(W * s) / s, columns scaled.
-static void scaled_candidate(const float *W, int64_t R, int64_t C, const float *s, int bits, int64_t G, float *Wc) {
-    for (int64_t r = 0; r < R; r++) {
-        const float *w = W + r * C;
-        float *o = Wc + r * C;
+// Wc (R, C) = Q(W * s) / s for linear l of b, columns scaled. tmp: (R, C) scratch for a plugged-in Q.
+static void scaled_candidate(const struct llmq_awq_block *b, enum llmq_linear l, const float *W, const float *s,
+                             const struct llmq_awq_opts *opt, float *tmp, float *Wc) {
+    const int64_t R = lin_rows(b, l), C = lin_cols(b, l), G = lin_group(opt, b, l);
+    float *o = opt->fake_quant ? tmp : Wc; // W * s
+    for (int64_t r = 0; r < R; r++)
         for (int64_t c = 0; c < C; c++)
-            o[c] = w[c] * s[c];
-        for (int64_t c0 = 0; c0 < C; c0 += G)
-            pseudo_quantize_group(o + c0, G, bits, o + c0);
+            o[r * C + c] = W[r * C + c] * s[c];
+    if (opt->fake_quant)
+        opt->fake_quant(opt->fake_quant_user, b->layer, l, R, 0, C, s, tmp, Wc);
+    else
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c0 = 0; c0 < C; c0 += G)
+                pseudo_quantize_group(Wc + r * C + c0, G, opt->bits, Wc + r * C + c0);
+    for (int64_t r = 0; r < R; r++)
         for (int64_t c = 0; c < C; c++)
-            o[c] = o[c] / s[c];
-    }
+            Wc[r * C + c] = Wc[r * C + c] / s[c];
 }
 
 // Y (N, R) = X (N, C) · W (R, C)^T with multi-threaded BLAS.
@@ -322,8 +339,9 @@ struct scale_job {
     const struct llmq_awq_opts *o;
     const float *in;     // (N, C) the group's input
     const float *fp_out; // (N, D) the inspected module's fp output
-    int64_t n_seq, seqlen, N, G;
+    int64_t n_seq, seqlen, N;
     float *cand[3]; // candidate weights of the group's linears, each (R_i, C)
+    float *tmp;     // (largest R * C) scratch of a plugged-in quantizer
     float *out;     // (N, D) candidate output
 };
 
@@ -340,7 +358,7 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         goto done;
     }
     compute_x_mean(j->in, N, C, x_mean);
-    compute_w_mean(b, g, j->G, w_mean);
+    compute_w_mean(b, g, o, w_mean);
 
     double best_err = INFINITY;
     g->best = -1;
@@ -349,7 +367,7 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         ratio_scales(x_mean, w_mean, C, ratio, o->duo_scaling, s);
         for (int k = 0; k < g->n_lin; k++) {
             const enum llmq_linear l = g->lin[k];
-            scaled_candidate(b->w[l], lin_rows(b, l), C, s, o->bits, j->G, j->cand[k]);
+            scaled_candidate(b, l, b->w[l], s, o, j->tmp, j->cand[k]);
             b->vw[l].data = j->cand[k];
         }
         if (g->prev == LLMQ_AWQ_PREV_ATTN_NORM)
@@ -434,11 +452,12 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
     const int K = (int)(o->max_shrink * (float)o->clip_n_grid); // candidates i_s = 0..K-1
     const int64_t RC = R < CLIP_ROW_CHUNK ? R : CLIP_ROW_CHUNK;
     float *W = b->w[l]; // (R, C)
+    const float *s = llmq_awq_input_scales(b, l); // (C) the scales W carries, NULL when none
     enum llmq_status st = LLMQ_OK;
     double *Xg = malloc((size_t)(T * G) * sizeof(double));              // (T, G)
     double *cand = malloc((size_t)(RC * (K + 1) * G) * sizeof(double)); // (RC * (K + 1), G)
     double *out = malloc((size_t)(T * RC * (K + 1)) * sizeof(double));  // (T, RC * (K + 1))
-    float *tmp = alloc_f32(2 * G);
+    float *tmp = alloc_f32(2 * RC * G + RC); // (2, RC, G) candidates in / out, (RC) abs-max per row
     float *best = b->clip[l] = alloc_f32(R * NG);
     if (!Xg || !cand || !out || !tmp || !best) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search of layer %d %s", b->layer,
@@ -453,7 +472,7 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
                 Xg[t * G + j] = (double)X[t * C + g * G + j];
         for (int64_t r0 = 0; r0 < R; r0 += RC) {
             const int64_t nr = R - r0 < RC ? R - r0 : RC;
-            for (int64_t r = 0; r < nr; r++) {
+            for (int64_t r = 0; r < nr && !o->fake_quant; r++) {
                 const float *w = W + (r0 + r) * C + g * G; // (G)
                 float amax = 0.0f;
                 for (int64_t j = 0; j < G; j++)
@@ -468,6 +487,29 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
                     pseudo_quantize_group(tmp, G, o->bits, tmp + G);
                     for (int64_t j = 0; j < G; j++)
                         c0[(1 + i) * G + j] = (double)tmp[G + j];
+                }
+            }
+            if (o->fake_quant) { // the same candidates, one plugged-in call per shrink step for all nr rows
+                float *in = tmp, *q = tmp + RC * G, *amax = tmp + 2 * RC * G;
+                for (int64_t r = 0; r < nr; r++) {
+                    const float *w = W + (r0 + r) * C + g * G; // (G)
+                    amax[r] = 0.0f;
+                    for (int64_t j = 0; j < G; j++) {
+                        amax[r] = fmaxf(amax[r], fabsf(w[j]));
+                        cand[r * (K + 1) * G + j] = (double)w[j];
+                    }
+                }
+                for (int i = 0; i < K; i++) {
+                    for (int64_t r = 0; r < nr; r++) {
+                        const float *w = W + (r0 + r) * C + g * G;
+                        const float mx = amax[r] * (float)(1.0 - (double)i / (double)o->clip_n_grid), mn = -mx;
+                        for (int64_t j = 0; j < G; j++)
+                            in[r * G + j] = fminf(fmaxf(w[j], mn), mx);
+                    }
+                    o->fake_quant(o->fake_quant_user, b->layer, l, nr, g * G, G, s, in, q);
+                    for (int64_t r = 0; r < nr; r++)
+                        for (int64_t j = 0; j < G; j++)
+                            cand[(r * (K + 1) + 1 + i) * G + j] = (double)q[r * G + j];
                 }
             }
             const int64_t M = nr * (K + 1);
@@ -532,12 +574,6 @@ static enum llmq_status check_opts(const struct llmq_awq_opts *o) {
     return LLMQ_OK;
 }
 
-// The group size the search uses for C input channels: o->group_size when it tiles C, else C
-// (one group per row: see "Group sizes that do not tile" in quant/awq.h).
-static int64_t group_of(const struct llmq_awq_opts *o, int64_t C) {
-    return o->group_size > 0 && C % o->group_size == 0 ? o->group_size : C;
-}
-
 // X (N, C) rows t = 0, step, ... (step = max(1, N / n_sample_token)) divided by s (C) (s may be NULL)
 // into S (T, C); returns T.
 static int64_t sample_scaled(const float *X, int64_t N, int64_t C, int64_t n_sample_token, const float *s, float *S) {
@@ -583,8 +619,9 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         if (lin_rows(b, l) * lin_cols(b, l) > cand_n) cand_n = lin_rows(b, l) * lin_cols(b, l);
     for (int k = 0; k < 3; k++)
         job.cand[k] = alloc_f32(cand_n);
+    job.tmp = o->fake_quant ? alloc_f32(cand_n) : alloc_f32(1);
     if (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !down_fp || !cand_out ||
-        !job.cand[0] || !job.cand[1] || !job.cand[2]) {
+        !job.cand[0] || !job.cand[1] || !job.cand[2] || !job.tmp) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for %lld tokens (layer %d)", (long long)N, b->layer);
         goto done;
     }
@@ -623,7 +660,6 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         g->C = defs[d].C;
         job.in = defs[d].in;
         job.fp_out = defs[d].fp;
-        job.G = group_of(o, g->C);
         st = search_group(&job, g);
     }
     if (st) goto done;
@@ -659,8 +695,8 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
                 sample_scaled(in, N, lin_cols(b, l), o->n_sample_token, llmq_awq_input_scales(b, l), S);
             }
             const int64_t T = (N + step - 1) / step;
-            const int64_t G = group_of(o, lin_cols(b, l));
-            if (G != o->group_size && o->group_size > 0)
+            const int64_t G = lin_group(o, b, l);
+            if (G != o->group_size && G != o->lin_group_size[l] && o->group_size > 0)
                 llmq_warn("awq: layer %d %s: group size %d does not tile its %lld input channels: searched per "
                           "channel",
                           b->layer, llmq_linear_name(l), o->group_size, (long long)lin_cols(b, l));
@@ -686,5 +722,6 @@ done:
     free(S);
     for (int k = 0; k < 3; k++)
         free(job.cand[k]);
+    free(job.tmp);
     return st;
 }

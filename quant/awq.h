@@ -39,6 +39,8 @@
  *       err = mean_t (x[t, g] . w' - x[t, g] . W[r, g])^2    (dot products over the group; double)
  *   best = the first i with the strictly smallest err (start: err 1e9, best = org_max).
  * apply_clip: W[r, g] = clamp(W[r, g], -best, best).
+ * Q is pluggable (llmq_awq_opts.fake_quant, e.g. a GGUF block type's encoder + decoder, with a group
+ * size per linear, lin_group_size); the default is AutoAWQ's:
  * Q (pseudo_quantize_tensor, zero point): per (row, group) of G columns, in fp32:
  *   scale = clamp(max - min, 1e-5) / maxq; zero = clamp(-round(min / scale), 0, maxq);
  *   w' = (clamp(round(w / scale) + zero, 0, maxq) - zero) * scale     (quant/quantizer.h
@@ -92,6 +94,17 @@
 
 #define LLMQ_AWQ_MAX_GROUPS 4
 
+// The search's quantize-dequantize step ("Q" above), pluggable: out = Q(w) for `rows` rows of linear
+// `lin` of block `layer`, columns [c0, c0 + n) of each; w and out are (rows, n) row-major, n a whole
+// number of that linear's groups. The search calls it once per scale candidate on the whole matrix
+// (rows = R, c0 = 0, n = C) and once per clip candidate on one group of a chunk of rows (n = G).
+// w are SCALED weights W[r, c] * s[c]; s (C) are the input scales they carry (the candidate's during
+// the scale search, the chosen ones during the clip search; NULL = none), so that a quantizer that
+// weights columns by input statistics can divide them by s². w and out do not overlap. Called from
+// the searching thread only (it may use threads of its own).
+typedef void (*llmq_awq_fake_quant_fn)(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0,
+                                       int64_t n, const float *s, const float *w, float *out);
+
 struct llmq_awq_opts {
     int bits;               // 4 (2..8); the search always uses the zero-point (asym) grid, as AutoAWQ's
                             // default zero_point=True (zero_point=False is not implemented)
@@ -104,6 +117,13 @@ struct llmq_awq_opts {
     int64_t n_sample_token; // 512 (see the sampling note above)
     int n_threads;          // reserved: today the work is all in the forward object's threads and
                             // in BLAS (OpenBLAS's own thread setting)
+    // Another quantizer than AutoAWQ's grid (NULL: the grid above with bits / group_size, the
+    // default). quant/quantize.c plugs in "encode to the linear's GGUF block type and decode".
+    llmq_awq_fake_quant_fn fake_quant;
+    void *fake_quant_user;
+    // Per-linear group size (> 0 and tiling the linear's C: used instead of group_size for that
+    // linear's w_mean, candidates and clip table; e.g. the GGUF block size of its type). 0: group_size.
+    int lin_group_size[LLMQ_LIN_COUNT];
 };
 
 // AutoAWQ's defaults above (group_size 128, bits 4).

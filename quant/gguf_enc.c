@@ -108,6 +108,10 @@ enum llmq_status llmq_gguf_encode_rows(enum llmq_dtype t, const float *src, void
     if (st) return st;
     if (nrows == 0 || n_per_row == 0) return LLMQ_OK;
 
+    if (!importance) {
+        enc_fn fast = llmq_enc_fast(t);
+        if (fast) fn = fast;
+    }
     int nt = n_threads < 1 ? 1 : n_threads > MAX_THREADS ? MAX_THREADS : n_threads;
     if (nt > nrows) nt = (int)nrows;
     struct rows_job jobs[MAX_THREADS];

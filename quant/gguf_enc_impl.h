@@ -9,6 +9,7 @@
  *   gguf_enc_legacy.c  Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
  *   gguf_enc_k.c       Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
  *   gguf_enc_iq4.c     IQ4_NL, IQ4_XS
+ *   gguf_enc_fast.c    SSE2 fast paths of the legacy types (no importance), same bytes
  * Every function mirrors ggml-quants.c (llama.cpp as vendored by llama-cpp-python 0.3.36) in the
  * order of its floating-point operations, so the bytes are identical. Files are compiled with
  * -ffp-contract=off.
@@ -41,6 +42,9 @@ void llmq_enc_q5_k(const float *x, void *y, int64_t n, const float *qw);
 void llmq_enc_q6_k(const float *x, void *y, int64_t n, const float *qw);
 void llmq_enc_iq4_nl(const float *x, void *y, int64_t n, const float *qw);
 void llmq_enc_iq4_xs(const float *x, void *y, int64_t n, const float *qw);
+
+// ---- gguf_enc_fast.c: SSE2 encoders without importance, the same bytes as the reference (NULL: none)
+void (*llmq_enc_fast(int type))(const float *x, void *y, int64_t n, const float *qw);
 
 // ---- per-type grids (see quant/gguf_enc.h): j is the element index inside the block
 struct llmq_gguf_grid;

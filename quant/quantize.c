@@ -7,8 +7,11 @@
 #include "calib/forward.h"
 #include "common/io.h"
 #include "common/log.h"
+#include "formats/ggml_quants.h"
 #include "quant/awq.h"
+#include "quant/gguf_enc.h"
 #include "quant/gptq.h"
+#include "quant/gptq_gguf.h"
 
 #include <cblas.h>
 #include <dirent.h>
@@ -55,6 +58,7 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void) {
     o.calib.nsamples = 128;
     o.calib.seqlen = 512;
     o.out = llmq_export_default_opts();
+    o.gguf = llmq_gguf_export_default_opts();
     return o;
 }
 
@@ -70,6 +74,7 @@ struct run {
     struct llmq_model *m;
     const struct llmq_quantize_opts *o;
     struct llmq_export *e;
+    struct llmq_gguf_export *ge; // to_gguf: the GGUF writer (e is NULL then)
     struct llmq_forward *f;      // micro-batch forward (micro_batch * seqlen tokens)
     struct llmq_forward *fbig;   // AWQ: all N tokens
     struct llmq_calib_data d;
@@ -89,6 +94,11 @@ struct run {
     bool overridden[LLMQ_LIN_COUNT];
     struct llmq_qlinear held;    // AWQ: block l-1's down, handed to the writer once block l is bound (see block_awq)
     int held_layer;              // -1: none
+    // to_gguf only
+    uint8_t *blk;                // (Rmax, Cmax * 4 bytes) one linear's encoded rows
+    float *imp;                  // (Cmax) importance handed to the encoder / solver
+    float *simp[LLMQ_CALIB_N_SLOTS]; // (Cmax) AWQ: importance of each block input (mean x² of the fp input)
+    float *fq_qw;                // (Cmax) AWQ search: importance of the scaled input
     json_t *layers;
     double t0;
     int64_t params_total, params_done;
@@ -231,6 +241,34 @@ static void fmt_time(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%lds", t);
 }
 
+// The stderr line and the JSON row of one finished linear; bits: what its storage costs.
+// gtype: the GGUF type it was written in (LLMQ_DTYPE_INVALID for the HF formats).
+static void report_linear(struct run *r, int l, int k, int64_t R, int64_t C, double bits, const char *how,
+                          enum llmq_dtype gtype, double err, bool werr, double loss, double rtn_err, double secs) {
+    r->params_done += R * C;
+    r->bits_total += bits;
+    double el = now_s() - r->t0;
+    char eta[32], name[64], extra[96] = "", type[24] = "";
+    fmt_time(eta, sizeof(eta), el / (double)r->params_done * (double)(r->params_total - r->params_done));
+    snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+    if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
+    if (gtype != LLMQ_DTYPE_INVALID) snprintf(type, sizeof(type), "%-6s ", llmq_dtype_name(gtype));
+    llmq_info("quantize: %-18s %5lld x %-5lld %-9s %s%s %.4e%s  %.2f s  ETA %s", name, (long long)R, (long long)C, how,
+              type, werr ? "werr" : "err ", err, extra, secs, eta);
+    json_t *row = json_object();
+    json_object_set_new(row, "name", json_string(name));
+    json_object_set_new(row, "shape", json_pack("[I, I]", (json_int_t)R, (json_int_t)C));
+    json_object_set_new(row, "method", json_string(how));
+    if (gtype != LLMQ_DTYPE_INVALID) json_object_set_new(row, "type", json_string(llmq_dtype_name(gtype)));
+    json_object_set_new(row, werr ? "weight_err" : "err", json_real(err));
+    if (loss >= 0) {
+        json_object_set_new(row, "gptq_loss", json_real(loss));
+        json_object_set_new(row, "rtn_err", json_real(rtn_err));
+    }
+    json_object_set_new(row, "seconds", json_real(secs));
+    json_array_append_new(r->layers, row);
+}
+
 // Hands ql to the writer, logs the line, records the JSON row.
 static enum llmq_status finish_linear(struct run *r, int l, int k, struct llmq_qlinear *ql, const char *how, double err,
                                       bool werr, double loss, double rtn_err, double secs) {
@@ -245,27 +283,9 @@ static enum llmq_status finish_linear(struct run *r, int l, int k, struct llmq_q
     } else if ((st = llmq_export_layer(r->e, l, (enum llmq_linear)k, ql))) {
         return st;
     }
-    int64_t R = ql->R, C = ql->C;
-    r->params_done += R * C;
-    r->bits_total += (double)R * (double)C * ql->bits + (double)R * (double)ql->n_groups * (16.0 + ql->bits);
-    double el = now_s() - r->t0;
-    char eta[32], name[64], extra[96] = "";
-    fmt_time(eta, sizeof(eta), el / (double)r->params_done * (double)(r->params_total - r->params_done));
-    snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
-    if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
-    llmq_info("quantize: %-18s %5lld x %-5lld %-9s %s %.4e%s  %.2f s  ETA %s", name, (long long)R, (long long)C, how,
-              werr ? "werr" : "err ", err, extra, secs, eta);
-    json_t *row = json_object();
-    json_object_set_new(row, "name", json_string(name));
-    json_object_set_new(row, "shape", json_pack("[I, I]", (json_int_t)R, (json_int_t)C));
-    json_object_set_new(row, "method", json_string(how));
-    json_object_set_new(row, werr ? "weight_err" : "err", json_real(err));
-    if (loss >= 0) {
-        json_object_set_new(row, "gptq_loss", json_real(loss));
-        json_object_set_new(row, "rtn_err", json_real(rtn_err));
-    }
-    json_object_set_new(row, "seconds", json_real(secs));
-    json_array_append_new(r->layers, row);
+    report_linear(r, l, k, ql->R, ql->C,
+                  (double)ql->R * (double)ql->C * ql->bits + (double)ql->R * (double)ql->n_groups * (16.0 + ql->bits),
+                  how, LLMQ_DTYPE_INVALID, err, werr, loss, rtn_err, secs);
     return LLMQ_OK;
 }
 
@@ -359,6 +379,88 @@ static enum llmq_status gptq_linear(struct run *r, int l, int k, float *W, const
     return finish_linear(r, l, k, ql, how, err, false, loss, rtn_err, now_s() - t);
 }
 
+// ---- GGUF output (to_gguf) ---------------------------------------------------------------------------------
+
+// W (R, C) encoded to t (block type or F32 / F16 / BF16) into r->blk with importance imp (C or NULL), and
+// decoded into Q (R, C): exactly the weights the file will hold.
+static enum llmq_status gguf_roundtrip(struct run *r, const char *name, enum llmq_dtype t, const float *W, int64_t R,
+                                       int64_t C, const float *imp, float *Q) {
+    size_t rb = 0;
+    if (!llmq_dtype_nbytes(t, C, &rb))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: %s: %lld columns do not tile %s blocks", name, (long long)C,
+                           llmq_dtype_name(t));
+    enum llmq_status st = llmq_gguf_encode_rows(t, W, r->blk, R, C, imp, r->o->n_threads);
+    for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(t, r->blk + (size_t)i * rb, Q + i * C, C);
+    return st;
+}
+
+// One linear into the GGUF writer. W (R, C): in, the weights to quantize (AWQ: scaled and clipped); out, the
+// decoding of what was handed over (the true-sequential override). Hsrc (C, C): the Hessian of W's input (AWQ:
+// scaled), read only (it may be r->H). imp: the encoder's importance (C), NULL = diag(Hsrc). solve: GPTQ onto the
+// linear's type (llmq_gptq_gguf_quantize), else the encoder alone (AWQ). When GPTQ's err is not below the
+// encoder's (rtn_err, same importance, same H) the encoder's blocks are written instead, the method shows
+// "<how>:rtn" and the JSON keeps the rejected "gptq_err". F32 / F16 / BF16 types: handed over as f32 (plain
+// conversion by the writer), no solver, method "convert".
+static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const float *Hsrc, const float *imp,
+                                    bool solve, const char *how) {
+    const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+    const int64_t R = v->shape[0], C = v->shape[1];
+    const enum llmq_dtype t = llmq_gguf_export_linear_type(r->ge, l, (enum llmq_linear)k);
+    char name[64];
+    snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+    size_t rb = 0;
+    if (!llmq_dtype_nbytes(t, C, &rb))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: %s: %lld columns do not tile %s blocks", name, (long long)C,
+                           llmq_dtype_name(t));
+    const double bits = 8.0 * (double)rb * (double)R;
+    memcpy(r->Hx, Hsrc, (size_t)(C * C) * sizeof(float));
+    double t0 = now_s(), loss = -1, rtn_err = 0, err, gptq_err = -1;
+    char fallback_how[24];
+    snprintf(fallback_how, sizeof(fallback_how), "%s:rtn", how);
+    enum llmq_status st;
+    if (!llmq_dtype_traits(t)->is_quant) {
+        if ((st = llmq_gguf_export_linear_f32(r->ge, l, (enum llmq_linear)k, W))) return st;
+        if ((st = gguf_roundtrip(r, name, t, W, R, C, NULL, r->Q))) return st;
+        err = rel_err(r, W, r->Q, r->Hx, R, C);
+        if ((st = gguf_roundtrip(r, name, t, W, R, C, NULL, W))) return st;
+        report_linear(r, l, k, R, C, bits, "convert", t, err, false, -1, 0, now_s() - t0);
+        return LLMQ_OK;
+    }
+    if (!imp) {
+        for (int64_t i = 0; i < C; i++) r->imp[i] = r->Hx[i * C + i];
+        imp = r->imp;
+    }
+    if (solve) {
+        // the encoder alone with the same importance, for the comparison column
+        if ((st = gguf_roundtrip(r, name, t, W, R, C, imp, r->Q))) return st;
+        rtn_err = rel_err(r, W, r->Q, r->Hx, R, C);
+        memcpy(r->Q, W, (size_t)(R * C) * sizeof(float)); // keep the original W for the error
+        memcpy(r->H, r->Hx, (size_t)(C * C) * sizeof(float));
+        struct llmq_gptq_gguf_opts go = llmq_gptq_gguf_opts_default();
+        go.percdamp = r->o->percdamp;
+        go.n_threads = r->o->n_threads;
+        if ((st = llmq_gptq_gguf_quantize(name, W, r->H, R, C, t, imp, &go, r->blk, &loss, NULL))) return st;
+        err = rel_err(r, r->Q, W, r->Hx, R, C); // W := W0 - Q; restored from the blocks below
+        if (!(err < rtn_err)) { // the solver lost on its own objective (little data, a strong encoder): keep RTN
+            llmq_info("quantize: %s: gptq err %.4e >= rtn_err %.4e: written with the encoder alone", name, err, rtn_err);
+            gptq_err = err;
+            err = rtn_err;
+            how = fallback_how;
+            if ((st = gguf_roundtrip(r, name, t, r->Q, R, C, imp, W))) return st;
+        }
+    } else {
+        if ((st = gguf_roundtrip(r, name, t, W, R, C, imp, r->Q))) return st;
+        err = rel_err(r, W, r->Q, r->Hx, R, C);
+    }
+    if ((st = llmq_gguf_export_linear_bytes(r->ge, l, (enum llmq_linear)k, r->blk))) return st;
+    for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(t, r->blk + (size_t)i * rb, W + i * C, C);
+    if (st) return st;
+    report_linear(r, l, k, R, C, bits, how, t, err, false, loss, rtn_err, now_s() - t0);
+    if (gptq_err >= 0) json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err",
+                                           json_real(gptq_err));
+    return LLMQ_OK;
+}
+
 static const int seq_groups[4][3] = {{LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V},
                                      {LLMQ_LIN_O, -1, -1},
                                      {LLMQ_LIN_GATE, LLMQ_LIN_UP, -1},
@@ -395,8 +497,14 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             memcpy(Hsrc, r->H, (size_t)(C * C) * sizeof(float));
             struct llmq_qlinear ql = {0};
             memcpy(r->W, r->wq[k], (size_t)(R * C) * sizeof(float));
-            st = gptq_linear(r, l, k, r->W, Hsrc, &ql, "gptq");
-            if (!st) llmq_qlinear_dequant(&ql, r->wq[k]);
+            if (r->ge) { // importance: the imatrix when given, else diag(H)
+                st = gguf_linear(r, l, k, r->W, Hsrc,
+                                 llmq_gguf_export_linear_importance(r->ge, l, (enum llmq_linear)k), true, "gptq");
+                if (!st) memcpy(r->wq[k], r->W, (size_t)(R * C) * sizeof(float));
+            } else {
+                st = gptq_linear(r, l, k, r->W, Hsrc, &ql, "gptq");
+                if (!st) llmq_qlinear_dequant(&ql, r->wq[k]);
+            }
             llmq_qlinear_free(&ql);
             free(Hsrc);
             if (st) break;
@@ -484,6 +592,96 @@ static enum llmq_status block_awq(struct run *r, int l) {
     return st;
 }
 
+// AWQ (and AWQ+GPTQ) into GGUF. The search quantizes its candidates with the target type of each linear
+// (gguf_fake_quant: encode with the importance of the scaled input, decode), with that type's block as the
+// group. Importance: the imatrix when given, else the mean x² of the block's fp inputs (what llama.cpp's
+// imatrix would hold for this calibration), divided by s² for the scaled input. The block stays bound (the
+// model's views on the folded norms / v / up) until its seventh linear is handed over: the writer reads the
+// norms then.
+struct gguf_fq {
+    enum llmq_dtype type[LLMQ_LIN_COUNT];
+    const float *imp[LLMQ_LIN_COUNT]; // (C) importance of the unscaled input, or NULL
+    float *qw;                        // (Cmax) importance of the scaled input
+    uint8_t *blk;                     // (Rmax, Cmax * 4 bytes) the encoded rows
+    int n_threads;
+    enum llmq_status st;              // first failure (the callback returns nothing)
+};
+
+static void gguf_fake_quant(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0, int64_t n,
+                            const float *s, const float *w, float *out) {
+    struct gguf_fq *q = user;
+    (void)layer;
+    const float *qw = NULL;
+    if (q->imp[lin]) {
+        for (int64_t j = 0; j < n; j++) {
+            const float sj = s ? s[c0 + j] : 1.0f;
+            q->qw[j] = q->imp[lin][c0 + j] / (sj * sj);
+        }
+        qw = q->qw;
+    }
+    size_t rb = 0;
+    (void)llmq_dtype_nbytes(q->type[lin], n, &rb); // n is whole blocks (lin_group_size)
+    enum llmq_status st = llmq_gguf_encode_rows(q->type[lin], w, q->blk, rows, n, qw, q->n_threads);
+    for (int64_t r = 0; r < rows && !st; r++) st = llmq_dequantize_row(q->type[lin], q->blk + (size_t)r * rb, out + r * n, n);
+    if (st) {
+        if (!q->st) q->st = st;
+        memcpy(out, w, (size_t)(rows * n) * sizeof(float));
+    }
+}
+
+// simp (C) = sum_sq / count of (layer l, slot) of the current statistics; NULL when there are none.
+static const float *stats_importance(const struct run *r, int l, int slot, float *simp) {
+    const struct llmq_calib_input *in = &r->s.in[(int64_t)l * LLMQ_CALIB_N_SLOTS + slot];
+    if (!in->sum_sq || in->count < 1) return NULL;
+    for (int64_t c = 0; c < in->n_in; c++) simp[c] = (float)(in->sum_sq[c] / (double)in->count);
+    return simp;
+}
+
+static enum llmq_status block_awq_gguf(struct run *r, int l) {
+    int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
+    bool with_gptq = r->o->method == LLMQ_QMETHOD_AWQ_GPTQ;
+    struct llmq_awq_block *b = NULL;
+    struct gguf_fq fq = {.qw = r->fq_qw, .blk = r->blk, .n_threads = r->o->n_threads};
+    memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float)); // the block's fp input for the search
+    enum llmq_status st = block_pass(r, l, r->x, -1);     // x <- fp block(x); XᵀX of the fp inputs
+    if (!st) st = llmq_awq_block_init(r->m, l, r->o->n_threads, &b);
+    struct llmq_awq_opts ao;
+    llmq_awq_opts_default(&ao);
+    ao.n_threads = r->o->n_threads;
+    ao.fake_quant = gguf_fake_quant;
+    ao.fake_quant_user = &fq;
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        int slot = llmq_calib_slot_of((enum llmq_linear)k);
+        fq.type[k] = llmq_gguf_export_linear_type(r->ge, l, (enum llmq_linear)k);
+        fq.imp[k] = llmq_gguf_export_linear_importance(r->ge, l, (enum llmq_linear)k);
+        if (!fq.imp[k]) fq.imp[k] = stats_importance(r, l, slot, r->simp[slot]);
+        int64_t blck = llmq_dtype_traits(fq.type[k])->blck;
+        ao.lin_group_size[k] = blck > 1 ? (int)blck : 32; // F16 / BF16 / F32: any group, nearly lossless
+    }
+    if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
+    if (!st && fq.st) st = fq.st;
+    if (!st) st = llmq_awq_block_bind(b, NULL);
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+        int64_t R = v->shape[0], C = v->shape[1];
+        memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
+        if ((st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->H))) break;
+        llmq_awq_scale_hessian(b, (enum llmq_linear)k, r->H);
+        const float *s = llmq_awq_input_scales(b, (enum llmq_linear)k), *imp = NULL;
+        if (fq.imp[k]) {
+            for (int64_t c = 0; c < C; c++) r->fq_qw[c] = s ? fq.imp[k][c] / (s[c] * s[c]) : fq.imp[k][c];
+            imp = r->fq_qw;
+        }
+        st = gguf_linear(r, l, k, r->W, r->H, imp, with_gptq, with_gptq ? "awq+gptq" : "awq");
+    }
+    if (b && b->bound) {
+        enum llmq_status s2 = llmq_awq_block_unbind(b, NULL);
+        if (!st) st = s2;
+    }
+    llmq_awq_block_free(b);
+    return st;
+}
+
 // ---- the driver ----------------------------------------------------------------------------------------------
 
 static int64_t dir_bytes(const char *dir) {
@@ -506,6 +704,21 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
     json_t *s = json_object();
     json_object_set_new(s, "llmq_version", json_string(LLMQ_VERSION));
     json_object_set_new(s, "method", json_string(llmq_qmethod_name(o->method)));
+    if (o->to_gguf) {
+        const struct llmq_gguf_mix_opts *mx = &o->gguf.mix;
+        json_object_set_new(s, "format", json_string("gguf"));
+        json_object_set_new(s, "gguf_type", json_string(llmq_gguf_ftype_name(mx->ftype)));
+        json_object_set_new(s, "pure", json_boolean(mx->pure));
+        if (mx->output_type != LLMQ_DTYPE_COUNT)
+            json_object_set_new(s, "output_type", json_string(llmq_dtype_name(mx->output_type)));
+        if (mx->embedding_type != LLMQ_DTYPE_COUNT)
+            json_object_set_new(s, "embedding_type", json_string(llmq_dtype_name(mx->embedding_type)));
+        if (o->method == LLMQ_QMETHOD_GPTQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) {
+            json_object_set_new(s, "damp", json_real(o->percdamp));
+            json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ));
+        }
+        return s;
+    }
     json_object_set_new(s, "bits", json_integer(o->q.bits));
     json_object_set_new(s, "group_size", json_integer(o->q.group_size));
     json_object_set_new(s, "sym", json_boolean(o->q.sym));
@@ -545,10 +758,15 @@ static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_
 
 enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
     if (report) *report = NULL;
+    if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN) // no solver: the writer does it all (quant/gguf_export.h)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method rtn into --format gguf goes through llmq_gguf_export_rtn");
+    if (o->to_gguf && (o->act_order || o->static_groups))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order / --static-groups do not apply to --format gguf (a "
+                                         "block is a contiguous run of columns)");
     struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
     const struct llmq_hparams *hp = &m->hp;
     enum llmq_status st = llmq_qconfig_check(&o->q, "--bits/--group-size");
-    json_t *prov = NULL, *rep = NULL;
+    json_t *prov = NULL, *rep = NULL, *gguf_rep = NULL;
     if (st) return st;
     bool need_calib = o->method != LLMQ_QMETHOD_RTN;
     if (need_calib && o->calib.n_sources == 0)
@@ -564,7 +782,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
             Rmax = R > Rmax ? R : Rmax;
             Cmax = C > Cmax ? C : Cmax;
             r.params_total += R * C;
-            if (!tiles(&o->q, C) && !o->fallback_rtn_per_channel)
+            if (!o->to_gguf && !tiles(&o->q, C) && !o->fallback_rtn_per_channel)
                 return llmq_errorf(LLMQ_ERR_ARG,
                                    "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "
                                    "columns; use a --group-size that divides %lld, --group-size -1 (per channel), or "
@@ -602,6 +820,12 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     }
     if (o->method == LLMQ_QMETHOD_GPTQ)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r.wq[k], Rmax * Cmax);
+    if (o->to_gguf) {
+        ALLOC(r.blk, 4 * Rmax * Cmax); // 4 bytes per element hold any type (F32 is the widest)
+        ALLOC(r.imp, Cmax);
+        ALLOC(r.fq_qw, Cmax);
+        for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) ALLOC(r.simp[k], Cmax);
+    }
 #undef ALLOC
     if (!ok) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for the work buffers");
@@ -622,6 +846,15 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
 
     prov = settings_json(o);
     json_object_set_new(prov, "calibration", calib_json(o, &r.d));
+    if (o->to_gguf) {
+        struct llmq_gguf_export_opts go = o->gguf;
+        if (json_is_object(o->gguf.provenance)) // the caller's (e.g. the CLI's "imatrix", "tensor_types")
+            json_object_update_missing(prov, (json_t *)o->gguf.provenance);
+        go.provenance = prov;
+        go.report = &gguf_rep;
+        if (go.n_threads < 1) go.n_threads = o->n_threads;
+        if ((st = llmq_gguf_export_begin(m, o->out_dir, &go, &r.ge))) goto done;
+    }
     struct llmq_export_opts eo = o->out;
     eo.q = o->q;
     eo.desc_act = o->act_order;
@@ -629,7 +862,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     eo.true_sequential = o->true_sequential;
     eo.damp_percent = o->percdamp;
     eo.provenance = prov;
-    if ((st = llmq_export_begin(m, o->out_dir, &eo, &r.e))) goto done;
+    if (!o->to_gguf && (st = llmq_export_begin(m, o->out_dir, &eo, &r.e))) goto done;
 
     for (int l = 0; l < hp->n_layer && !st; l++) {
         if (r.have_calib) {
@@ -639,20 +872,31 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
         switch (o->method) {
         case LLMQ_QMETHOD_RTN: st = block_rtn(&r, l); break;
         case LLMQ_QMETHOD_GPTQ: st = block_gptq(&r, l); break;
-        default: st = block_awq(&r, l); break;
+        default: st = r.ge ? block_awq_gguf(&r, l) : block_awq(&r, l); break;
         }
     }
     if (!st) st = flush_held(&r);
     if (st) goto done;
-    st = llmq_export_finish(r.e);
-    r.e = NULL;
+    if (r.ge) {
+        st = llmq_gguf_export_finish(r.ge);
+        r.ge = NULL;
+    } else {
+        st = llmq_export_finish(r.e);
+        r.e = NULL;
+    }
     if (st) goto done;
 
     double secs = now_s() - r.t0, bpw = r.bits_total / (double)r.params_total;
-    int64_t bytes = dir_bytes(o->out_dir);
-    llmq_info("quantize: %lld linears, %.1f M weights, %.3f bits per weight (codes + f16 scales + zeros), output %.1f MB "
-              "in %s, %.1f s",
-              (long long)json_array_size(r.layers), (double)r.params_total / 1e6, bpw, (double)bytes / 1e6, o->out_dir,
+    int64_t bytes = 0;
+    if (o->to_gguf) {
+        struct stat sb;
+        if (!o->gguf.dry_run && stat(o->out_dir, &sb) == 0) bytes = (int64_t)sb.st_size;
+    } else {
+        bytes = dir_bytes(o->out_dir);
+    }
+    llmq_info("quantize: %lld linears, %.1f M weights, %.3f bits per weight (%s), output %.1f MB in %s, %.1f s",
+              (long long)json_array_size(r.layers), (double)r.params_total / 1e6, bpw,
+              o->to_gguf ? "the linears' GGUF blocks" : "codes + f16 scales + zeros", (double)bytes / 1e6, o->out_dir,
               secs);
     rep = json_object();
     json_object_set(rep, "settings", prov);
@@ -666,13 +910,23 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     json_object_set_new(tot, "bits_per_weight", json_real(bpw));
     json_object_set_new(tot, "output_bytes", json_integer(bytes));
     json_object_set_new(tot, "seconds", json_real(secs));
+    json_t *gt = gguf_rep ? json_object_get(gguf_rep, "totals") : NULL;
+    if (gt) { // the whole file's figures (as `--method rtn` reports them); the linears' own bits kept apart
+        json_object_set_new(tot, "linear_bits_per_weight", json_real(bpw));
+        const char *keys[] = {"tensors", "params", "bytes", "bits_per_weight", "file_bytes", "fallbacks"};
+        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            if (json_object_get(gt, keys[i])) json_object_set(tot, keys[i], json_object_get(gt, keys[i]));
+    }
     json_object_set_new(rep, "totals", tot);
+    if (gguf_rep) json_object_set(rep, "gguf", gguf_rep);
     if (report) {
         *report = rep;
         rep = NULL;
     }
 done:
     json_decref(rep);
+    json_decref(gguf_rep);
+    llmq_gguf_export_abort(r.ge);
     llmq_export_abort(r.e);
     llmq_qlinear_free(&r.held);
     json_decref(prov);
@@ -682,6 +936,10 @@ done:
     llmq_forward_free(r.fbig);
     llmq_forward_free(r.f);
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) free(r.wq[k]);
+    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) free(r.simp[k]);
+    free(r.blk);
+    free(r.imp);
+    free(r.fq_qw);
     free(r.x);
     free(r.xt);
     free(r.W);

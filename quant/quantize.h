@@ -27,6 +27,31 @@
  *   re-expressed on the G grid by repeating its one (scale, zero) in every group so the writers see a
  *   uniform layout; only --format fake can hold a non-tiled C).
  *
+ * ---- GGUF output (to_gguf: quant/gguf_export.h instead of quant/export.h) ---------------------------
+ *   Every linear gets the type the writer's mix gives it (llmq_gguf_export_linear_type); q, the group
+ *   size, act_order, static_groups and the fallback do not apply (act_order / static_groups: LLMQ_ERR_ARG;
+ *   rtn: LLMQ_ERR_ARG, it is llmq_gguf_export_rtn alone). Importance: the writer's imatrix when it has one.
+ *   gptq      the same true-sequential loop; each linear through llmq_gptq_gguf_quantize (quant/gptq_gguf.h)
+ *             with importance = imatrix, else diag(H); its blocks go to llmq_gguf_export_linear_bytes and
+ *             their decoding is the override for the following passes. rtn_err: the encoder alone with
+ *             the same importance. When GPTQ's err is not below rtn_err (it happens with little data on a
+ *             type whose importance-weighted encoder is already strong, e.g. Q4_K ffn_down), the
+ *             encoder's blocks are written instead: method "gptq:rtn", the rejected "gptq_err" in the JSON.
+ *   awq       AWQ's search with the GGUF quantizer (llmq_awq_opts.fake_quant: encode with the linear's type
+ *             and the importance of the scaled input, imp / s², then decode; group = the type's block);
+ *             importance = imatrix, else Σx²/count of the block's fp inputs. Each scaled and clipped
+ *             linear is encoded the same way and handed over as blocks; the block stays bound (folded
+ *             norms / v / up in the model's views) until its seventh linear is handed over.
+ *   awq+gptq  the same search, then llmq_gptq_gguf_quantize on the scaled weights with H' and imp / s².
+ *   F32 / F16 / BF16 linears (the mix's last resort): handed over as f32, converted by the writer
+ *             (method "convert").
+ *   Calibration size: GPTQ fits H; with few tokens per input column it overfits (measured on SmolLM2
+ *   with 8 x 256 tokens: err 0.3-0.4 x rtn_err in sample, 0.8-1.7 x on other text for ffn_down, whose
+ *   1536 columns are close to the token count). Use tens of thousands of tokens (e.g. 32 x 512 or
+ *   more) or a larger --damp when the data is short.
+ *   Report: each layer row also has "type"; "totals" the writer's figures (tensors, bytes, whole-file
+ *   bits_per_weight, fallbacks) plus linear_bits_per_weight; "gguf" the writer's own report.
+ *
  * ---- Reported error (stderr line, --json) ----------------------------------------------------------
  *   err = ‖(W - Q) X‖² / ‖W X‖² with W the matrix handed to the solver (AWQ: scaled and clipped), Q its
  *   dequantization, X the solver's input (AWQ: scaled), computed as tr(ΔW H ΔWᵀ) / tr(W H Wᵀ) with H the
@@ -51,6 +76,7 @@
 #include "calib/model.h"
 #include "common/status.h"
 #include "quant/export.h"
+#include "quant/gguf_export.h"
 #include "quant/quantizer.h"
 
 #include <jansson.h>
@@ -73,7 +99,9 @@ struct llmq_quantize_opts {
     int64_t micro_batch;            // sequences per forward call (8)
     int n_threads;
     struct llmq_export_opts out;    // format, force, ... (q, provenance filled in by the pipeline)
-    const char *out_dir;
+    const char *out_dir;            // the output directory, or the .gguf file when to_gguf
+    bool to_gguf;                   // write a GGUF file (quant/gguf_export.h) instead of an HF directory
+    struct llmq_gguf_export_opts gguf; // its options (q, out are then unused)
 };
 
 // Defaults: rtn, 4 bits, G 128, asym, percdamp 0.01, true_sequential, micro_batch 8, 1 thread.

@@ -209,6 +209,63 @@ static void test_fold(struct llmq_model *m, const char *label, int layer, int gr
     llmq_forward_free(f);
 }
 
+// The pluggable quantizer (llmq_awq_opts.fake_quant): plugging in the default grid itself, through the
+// callback and the per-linear group sizes, gives the very same search (scales, clips, weights).
+struct plug {
+    int bits, G;
+    int64_t calls, bad;
+};
+
+static void plug_grid(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0, int64_t n,
+                      const float *s, const float *w, float *out) {
+    (void)layer, (void)lin, (void)s;
+    struct plug *p = user;
+    p->calls++;
+    if (rows < 1 || n < p->G || n % p->G || c0 % p->G) p->bad++;
+    llmq_awq_pseudo_quantize(w, rows, n, p->bits, p->G, out);
+}
+
+static void test_plugged_quantizer(struct llmq_model *m, const char *label, int layer, int group) {
+    const int64_t n_seq = 2, seqlen = 32, N = n_seq * seqlen;
+    struct llmq_forward *f = NULL;
+    CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
+    float *x = block_input(f, m, NULL, layer, n_seq, seqlen);
+    struct llmq_awq_opts o;
+    llmq_awq_opts_default(&o);
+    o.group_size = group;
+    o.bits = 3;
+    struct llmq_awq_block *a = NULL, *b = NULL;
+    CHECK(llmq_awq_block_init(m, layer, 1, &a) == LLMQ_OK && llmq_awq_block_init(m, layer, 1, &b) == LLMQ_OK);
+    CHECK(llmq_awq_search(a, f, x, n_seq, seqlen, &o) == LLMQ_OK);
+    struct plug p = {.bits = o.bits, .G = group};
+    o.fake_quant = plug_grid;
+    o.fake_quant_user = &p;
+    o.group_size = 1000003; // unused: every linear takes its lin_group_size
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
+        CHECK(m->layers[layer].w[l]->shape[1] % group == 0); // (the test needs a group that tiles every C)
+        o.lin_group_size[l] = group;
+    }
+    CHECK(llmq_awq_search(b, f, x, n_seq, seqlen, &o) == LLMQ_OK);
+    CHECK(p.calls > 0 && p.bad == 0);
+    CHECK_EQ_INT(b->n_groups, a->n_groups);
+    for (int g = 0; g < a->n_groups; g++) {
+        CHECK_EQ_INT(b->groups[g].best, a->groups[g].best);
+        CHECK(memcmp(b->groups[g].scales, a->groups[g].scales, (size_t)a->groups[g].C * sizeof(float)) == 0);
+    }
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
+        const int64_t R = m->layers[layer].w[l]->shape[0], C = m->layers[layer].w[l]->shape[1];
+        CHECK_EQ_INT(b->clip_groups[l], a->clip_groups[l]);
+        if (a->clip[l]) CHECK(memcmp(b->clip[l], a->clip[l], (size_t)(R * a->clip_groups[l]) * sizeof(float)) == 0);
+        CHECK(memcmp(b->w[l], a->w[l], (size_t)(R * C) * sizeof(float)) == 0);
+    }
+    printf("  %s layer %d: plugged-in grid quantizer (%lld calls) = built-in grid, bit for bit\n", label, layer,
+           (long long)p.calls);
+    llmq_awq_block_free(a);
+    llmq_awq_block_free(b);
+    free(x);
+    llmq_forward_free(f);
+}
+
 // Block output MSE vs the fp block with all 7 linears fake-quantized, after AWQ (awq = true) or RTN.
 static double quantized_block_mse(struct llmq_model *m, struct llmq_forward *f, const float *x, const float *ref,
                                   int layer, int64_t n_seq, int64_t seqlen, const struct llmq_awq_opts *o, bool awq,
@@ -372,6 +429,7 @@ int main(void) {
     CHECK(llmq_model_load(stories, &m) == LLMQ_OK);
     test_pieces(m, "stories260K", 2, 40);
     test_fold(m, "stories260K", 2, 4, 3);
+    test_plugged_quantizer(m, "stories260K", 2, 4);
     test_awq_beats_rtn(m, "stories260K", NULL, 2, 2, 64, 4, 3);
     llmq_model_free(m);
 
@@ -384,6 +442,7 @@ int main(void) {
     CHECK(m->hp.qkv_bias && m->hp.n_head == m->hp.n_head_kv);
     test_pieces(m, "random qwen2 (bias, no GQA)", 3, 17);
     test_fold(m, "random qwen2 (bias, no GQA)", 1, 8, 4);
+    test_plugged_quantizer(m, "random qwen2 (bias, no GQA)", 1, 8);
     test_awq_beats_rtn(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, 3);
     llmq_model_free(m);
     rm_dir(dir);

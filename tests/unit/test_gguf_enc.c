@@ -237,11 +237,63 @@ static void check_errors(void) {
     CHECK(llmq_gguf_encode_rows(LLMQ_DTYPE_Q6_K, NULL, NULL, 0, 256, NULL, 4) == LLMQ_OK);
 }
 
+// The SSE2 fast paths of the legacy types (quant/gguf_enc_fast.c, taken by llmq_gguf_encode_rows without
+// importance) against the reference encoder, on blocks built to hit their corner cases: signed zeros,
+// equal magnitudes of both signs, values that land exactly on .5 after scaling, non-finite values,
+// all-equal blocks, subnormals, and plain gaussian / heavy-tailed data.
+static void check_fast_paths(void) {
+    static const enum llmq_dtype legacy[] = {LLMQ_DTYPE_Q4_0, LLMQ_DTYPE_Q4_1, LLMQ_DTYPE_Q5_0, LLMQ_DTYPE_Q5_1,
+                                             LLMQ_DTYPE_Q8_0};
+    enum { N = 32 * 64, ROWS = 96 };
+    static float x[ROWS * N];
+    for (int r = 0; r < ROWS; r++)
+        for (int b = 0; b < N / 32; b++) {
+            float *xb = x + (size_t)r * N + 32 * b;
+            int kind = (int)(rnd() % 12);
+            float s = kind == 9 ? 1e-40f : powf(10.0f, (float)((int)(rnd() % 9) - 4));
+            for (int j = 0; j < 32; j++) {
+                float g = gauss();
+                switch (kind) {
+                case 0: xb[j] = 0.0f; break;
+                case 1: xb[j] = (rnd() & 1) ? -0.0f : 0.0f; break;
+                case 2: xb[j] = (rnd() & 1) ? s : -s; break;                        // equal magnitudes
+                case 3: xb[j] = s * (float)((int)(rnd() % 33) - 16); break;        // integers: exact .5 cases
+                case 4: xb[j] = s * (float)((int)(rnd() % 255) - 127) / 2.0f; break;
+                case 5: xb[j] = j == 7 ? NAN : s * g; break;
+                case 6: xb[j] = j == 3 ? -INFINITY : s * g; break;
+                case 7: xb[j] = 1.5f * s; break;                                   // constant block
+                case 8: xb[j] = (j % 3 == 0) ? -0.0f : s * fabsf(g); break;        // min is -0.0
+                case 9: xb[j] = s * g; break;                                      // subnormals
+                case 10: xb[j] = s * g * g * g; break;                             // heavy tails
+                default: xb[j] = s * g; break;
+                }
+            }
+        }
+    for (size_t ti = 0; ti < sizeof legacy / sizeof legacy[0]; ti++) {
+        enum llmq_dtype t = legacy[ti];
+        size_t rb = 0;
+        CHECK(llmq_dtype_nbytes(t, N, &rb));
+        unsigned char *ref = malloc(rb * ROWS), *got = malloc(rb * ROWS);
+        CHECK(ref && got);
+        for (int r = 0; r < ROWS; r++) CHECK(llmq_gguf_encode_row_ref(t, x + (size_t)r * N, ref + r * rb, N, NULL) == LLMQ_OK);
+        CHECK(llmq_gguf_encode_rows(t, x, got, ROWS, N, NULL, 1) == LLMQ_OK);
+        for (size_t k = 0; k < rb * ROWS; k++)
+            if (got[k] != ref[k]) {
+                fprintf(stderr, "fast path %s differs from the reference at byte %zu (row %zu)\n", llmq_dtype_name(t), k,
+                        k / rb);
+                CHECK(0);
+            }
+        free(ref);
+        free(got);
+    }
+}
+
 int main(void) {
     llmq_log_set_level(LLMQ_LOG_SILENT);
     for (int ti = 0; ti < N_BLOCK_TYPES; ti++) check_grid_contract(block_types[ti]);
     check_nearest();
     check_threads();
+    check_fast_paths();
     check_errors();
     printf("test_gguf_enc: ok\n");
     return 0;

@@ -1,0 +1,707 @@
+// quant/gguf_export.c — the quantized GGUF writer (contract in quant/gguf_export.h).
+//
+// begin: list every output tensor (kind + where its values come from), sort them in llama.cpp's
+// order, plan the types (gguf_mix), declare them to the formats/gguf.h writer. Then a "pump" writes
+// tensors in file order as long as the next one is ready (handed over, or readable from the model).
+#include "quant/gguf_export.h"
+
+#include "calib/convert.h"
+#include "common/io.h"
+#include "common/log.h"
+#include "formats/ggml_quants.h"
+#include "formats/gguf.h"
+#include "quant/gguf_enc.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define CHUNK_FLOATS ((int64_t)4 << 20) // rows decoded per step: about 16 MiB of f32
+
+enum kind {
+    K_VIEW,      // a tensor of the input GGUF that the model does not use (copied / converted as planned)
+    K_TOK_EMBD,  // m->tok_embd
+    K_OUT_NORM,  // m->output_norm
+    K_OUTPUT,    // m->output (only when not tied)
+    K_ROPE,      // m->rope_freqs (GGUF) or generated llama3 factors (HF)
+    K_LINEAR,    // m->layers[l].w[which]
+    K_ATTN_NORM, // m->layers[l].attn_norm
+    K_FFN_NORM,  // m->layers[l].ffn_norm
+    K_BQ, K_BK, K_BV,
+};
+
+static const char *const lin_names[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                      "ffn_gate", "ffn_up", "ffn_down"};
+
+struct entry {
+    char name[96];
+    enum kind kind;
+    int64_t layer; // -1 for globals
+    int which;     // K_LINEAR: enum llmq_linear
+    const struct llmq_tensor_view *view; // K_VIEW: the file tensor; others are resolved when written
+    int n_dims;
+    int64_t shape[LLMQ_MAX_DIMS]; // outermost first
+    int64_t R, C;                 // rows (product of the outer dims) and row length
+    enum llmq_dtype src_type;
+    struct llmq_gguf_mix_choice ch;
+    int64_t perm_heads; // HF llama q / k: rows permuted with this many heads; 0 = in order
+    size_t row_bytes, nbytes;
+    void *held; // (nbytes) encoded rows in the MODEL's row order, handed over early
+    bool handed, written;
+    double seconds;
+};
+
+struct llmq_gguf_export {
+    const struct llmq_model *m;
+    struct llmq_gguf_export_opts o;
+    char *out_path;
+    struct entry *ent; // (n) in file order
+    int64_t n, next;   // next: the first entry not written yet
+    int64_t *lin;      // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
+    int *n_handed;     // (n_layer) linears handed over per block
+    float **imp;       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
+    struct llmq_tensor_view rope_view; // HF llama3: generated rope_freqs.weight
+    float *rope_gen;
+    struct llmq_gguf_writer *w;
+    enum llmq_status err; // first failure while encoding / writing (poisons the export)
+    bool finishing;
+    float *f;           // (f_cap) decoded rows
+    uint8_t *q;         // (q_cap) encoded rows
+    int64_t f_cap;
+    size_t q_cap;
+    double t0;
+    int64_t total_elems, done_elems;
+    uint64_t total_bytes;
+    int n_fallback;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+struct llmq_gguf_export_opts llmq_gguf_export_default_opts(void) {
+    return (struct llmq_gguf_export_opts){.mix = llmq_gguf_mix_default_opts(), .n_threads = 1, .progress = true};
+}
+
+// ---- building the entry list ------------------------------------------------------------------------
+
+static struct entry *add_entry(struct llmq_gguf_export *e, int64_t *cap) {
+    if (e->n == *cap) {
+        int64_t c = *cap ? 2 * *cap : 64;
+        struct entry *p = realloc(e->ent, (size_t)c * sizeof(*p));
+        if (!p) return NULL;
+        e->ent = p;
+        *cap = c;
+    }
+    struct entry *x = &e->ent[e->n++];
+    memset(x, 0, sizeof(*x));
+    x->layer = -1;
+    x->which = -1;
+    return x;
+}
+
+static void set_shape(struct entry *x, const struct llmq_tensor_view *v) {
+    x->n_dims = v->n_dims;
+    memcpy(x->shape, v->shape, sizeof(x->shape));
+    x->src_type = v->dtype;
+}
+
+// Classifies a GGUF tensor name: the kind, block and linear it belongs to (K_VIEW if none).
+static enum kind classify(const char *name, int64_t n_layer, int64_t *layer, int *which) {
+    *layer = -1;
+    *which = -1;
+    if (!strcmp(name, "token_embd.weight")) return K_TOK_EMBD;
+    if (!strcmp(name, "output_norm.weight")) return K_OUT_NORM;
+    if (!strcmp(name, "output.weight")) return K_OUTPUT;
+    if (strncmp(name, "blk.", 4) != 0) return K_VIEW;
+    const char *p = name + 4, *end = p;
+    long long l = 0;
+    while (*end >= '0' && *end <= '9' && end - p < 7) l = l * 10 + (*end++ - '0');
+    if (end == p || *end != '.' || (end - p > 1 && *p == '0') || l >= n_layer) return K_VIEW;
+    const char *s = end + 1;
+    *layer = l;
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+        size_t n = strlen(lin_names[k]);
+        if (!strncmp(s, lin_names[k], n) && !strcmp(s + n, ".weight")) {
+            *which = k;
+            return K_LINEAR;
+        }
+    }
+    if (!strcmp(s, "attn_norm.weight")) return K_ATTN_NORM;
+    if (!strcmp(s, "ffn_norm.weight")) return K_FFN_NORM;
+    if (!strcmp(s, "attn_q.bias")) return K_BQ;
+    if (!strcmp(s, "attn_k.bias")) return K_BK;
+    if (!strcmp(s, "attn_v.bias")) return K_BV;
+    *layer = -1;
+    return K_VIEW;
+}
+
+// The view an entry reads when it is written (the model's CURRENT views: override views count).
+// A model without that view (e.g. a bias the loader does not use) falls back to the file's tensor.
+static const struct llmq_tensor_view *entry_view(const struct llmq_gguf_export *e, const struct entry *x) {
+    const struct llmq_model *m = e->m;
+    const struct llmq_layer *L = x->layer >= 0 ? &m->layers[x->layer] : NULL;
+    const struct llmq_tensor_view *v = NULL;
+    switch (x->kind) {
+    case K_VIEW: break;
+    case K_TOK_EMBD: v = m->tok_embd; break;
+    case K_OUT_NORM: v = m->output_norm; break;
+    case K_OUTPUT: v = m->output; break;
+    case K_ROPE: v = m->from_gguf ? m->rope_freqs : &e->rope_view; break;
+    case K_LINEAR: v = L->w[x->which]; break;
+    case K_ATTN_NORM: v = L->attn_norm; break;
+    case K_FFN_NORM: v = L->ffn_norm; break;
+    case K_BQ: v = L->bq; break;
+    case K_BK: v = L->bk; break;
+    case K_BV: v = L->bv; break;
+    }
+    return v ? v : x->view;
+}
+
+static enum llmq_status list_gguf(struct llmq_gguf_export *e, int64_t *cap) {
+    const struct llmq_gguf *g = e->m->gguf;
+    for (int64_t i = 0; i < llmq_gguf_n_tensors(g); i++) {
+        const struct llmq_tensor_view *v = &llmq_gguf_tensor_at(g, i)->view;
+        struct entry *x = add_entry(e, cap);
+        if (!x) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+        snprintf(x->name, sizeof(x->name), "%s", v->name);
+        x->kind = classify(v->name, e->m->hp.n_layer, &x->layer, &x->which);
+        if (x->kind == K_VIEW && !strcmp(v->name, "rope_freqs.weight")) x->kind = K_ROPE;
+        x->view = v;
+        set_shape(x, v);
+    }
+    return LLMQ_OK;
+}
+
+static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
+    const struct llmq_model *m = e->m;
+    const struct llmq_hparams *hp = &m->hp;
+    struct entry *x = NULL;
+#define ADD(view_, kind_, layer_, which_, ...)                                      \
+    do {                                                                            \
+        if (!(x = add_entry(e, cap))) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory"); \
+        snprintf(x->name, sizeof(x->name), __VA_ARGS__);                            \
+        x->kind = kind_;                                                            \
+        x->layer = layer_;                                                          \
+        x->which = which_;                                                          \
+        set_shape(x, view_);                                                        \
+    } while (0)
+    ADD(m->tok_embd, K_TOK_EMBD, -1, -1, "token_embd.weight");
+    ADD(m->output_norm, K_OUT_NORM, -1, -1, "output_norm.weight");
+    if (!hp->tied_embeddings) ADD(m->output, K_OUTPUT, -1, -1, "output.weight");
+    if (hp->rope_llama3.enabled) { // convert_hf_to_gguf.py writes the factors as a tensor
+        int64_t n = hp->head_dim / 2;
+        if (!(e->rope_gen = malloc((size_t)n * sizeof(float))))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+        llmq_model_rope_freq_factors(m, e->rope_gen);
+        e->rope_view = (struct llmq_tensor_view){.name = "rope_freqs.weight", .dtype = LLMQ_DTYPE_F32, .n_dims = 1,
+                                                 .shape = {n, 1, 1, 1}, .data = e->rope_gen,
+                                                 .nbytes = (size_t)n * sizeof(float)};
+        ADD(&e->rope_view, K_ROPE, -1, -1, "rope_freqs.weight");
+    }
+    for (int64_t l = 0; l < hp->n_layer; l++) {
+        const struct llmq_layer *L = &m->layers[l];
+        ADD(L->attn_norm, K_ATTN_NORM, l, -1, "blk.%lld.attn_norm.weight", (long long)l);
+        ADD(L->ffn_norm, K_FFN_NORM, l, -1, "blk.%lld.ffn_norm.weight", (long long)l);
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            ADD(L->w[k], K_LINEAR, l, k, "blk.%lld.%s.weight", (long long)l, lin_names[k]);
+            if (hp->arch != LLMQ_ARCH_QWEN2 && (k == LLMQ_LIN_Q || k == LLMQ_LIN_K))
+                x->perm_heads = k == LLMQ_LIN_Q ? hp->n_head : hp->n_head_kv;
+        }
+        if (L->bq) ADD(L->bq, K_BQ, l, -1, "blk.%lld.attn_q.bias", (long long)l);
+        if (L->bk) ADD(L->bk, K_BK, l, -1, "blk.%lld.attn_k.bias", (long long)l);
+        if (L->bv) ADD(L->bv, K_BV, l, -1, "blk.%lld.attn_v.bias", (long long)l);
+    }
+#undef ADD
+    return LLMQ_OK;
+}
+
+static int entry_cmp(const void *a, const void *b) {
+    return llmq_gguf_mix_name_cmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
+}
+
+// ---- importance -----------------------------------------------------------------------------------
+
+static enum llmq_status load_importance(struct llmq_gguf_export *e) {
+    const struct llmq_calib_stats *s = e->o.imatrix;
+    const struct llmq_model *m = e->m;
+    int64_t L = m->hp.n_layer;
+    if (!s) return LLMQ_OK;
+    if (s->n_layer != L)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: the importance statistics have %lld blocks, %s has %lld",
+                           (long long)s->n_layer, m->path, (long long)L);
+    if (!(e->imp = calloc((size_t)(L * LLMQ_CALIB_N_SLOTS), sizeof(float *))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+    static const int slot_linear[LLMQ_CALIB_N_SLOTS] = {LLMQ_LIN_Q, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_DOWN};
+    int n_missing = 0;
+    for (int64_t l = 0; l < L; l++)
+        for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
+            const struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS + k];
+            int64_t C = m->layers[l].w[slot_linear[k]]->shape[1];
+            if (!in->sum_sq || in->count <= 0) {
+                n_missing++;
+                continue;
+            }
+            if (in->n_in != C)
+                return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                                   "gguf export: importance of blk.%lld.%s has %lld columns, the weight %lld", (long long)l,
+                                   lin_names[slot_linear[k]], (long long)in->n_in, (long long)C);
+            float *v = malloc((size_t)C * sizeof(float));
+            if (!v) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+            for (int64_t c = 0; c < C; c++) v[c] = (float)(in->sum_sq[c] / (double)in->count);
+            e->imp[l * LLMQ_CALIB_N_SLOTS + k] = v;
+        }
+    if (n_missing)
+        llmq_warn("gguf export: %d of %lld block inputs have no importance data (quantized without)", n_missing,
+                  (long long)(L * LLMQ_CALIB_N_SLOTS));
+    return LLMQ_OK;
+}
+
+static const float *entry_importance(const struct llmq_gguf_export *e, const struct entry *x) {
+    if (!e->imp || x->kind != K_LINEAR) return NULL;
+    return e->imp[x->layer * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)x->which)];
+}
+
+// ---- output path and KVs -----------------------------------------------------------------------------
+
+static enum llmq_status check_output(const struct llmq_gguf_export *e) {
+    struct stat so, si;
+    const char *out = e->out_path;
+    if (stat(out, &so) != 0) {
+        if (errno == ENOENT) return LLMQ_OK;
+        return llmq_errorf(LLMQ_ERR_IO, "%s: %s", out, strerror(errno));
+    }
+    if (stat(e->m->path, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: the output is the input model", out);
+    if (!e->o.force) return llmq_errorf(LLMQ_ERR_ARG, "%s: exists (use --force to replace it)", out);
+    if (!S_ISREG(so.st_mode))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is not a regular file (not replaced, even with --force)", out);
+    return LLMQ_OK;
+}
+
+static enum llmq_status write_kvs(struct llmq_gguf_export *e) {
+    static const char *const except[] = {"general.quantization_version", "general.file_type", "split.no", "split.count",
+                                         "split.tensors.count", NULL};
+    struct llmq_gguf_writer *w = e->w;
+    enum llmq_status st;
+    if (e->m->from_gguf) st = llmq_gguf_writer_copy_kvs(w, e->m->gguf, except);
+    else st = llmq_convert_hf_gguf_kvs(e->m->path, w);
+    if (st || (st = llmq_gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
+        (st = llmq_gguf_writer_set_u32(w, "general.file_type", (uint32_t)e->o.mix.ftype)))
+        return st;
+    if (e->o.no_provenance) return LLMQ_OK;
+    const json_t *p = json_is_object(e->o.provenance) ? e->o.provenance : NULL;
+    const char *method = json_string_value(json_object_get(p, "method"));
+    const char *csha = json_string_value(json_object_get(json_object_get(p, "calibration"), "tokens_sha256"));
+    const char *isha = json_string_value(json_object_get(json_object_get(p, "imatrix"), "sha256"));
+    if ((st = llmq_gguf_writer_set_str(w, "llmq.version", LLMQ_VERSION)) ||
+        (method && (st = llmq_gguf_writer_set_str(w, "llmq.method", method))) ||
+        (st = llmq_gguf_writer_set_str(w, "llmq.gguf_type", llmq_gguf_ftype_name(e->o.mix.ftype))))
+        return st;
+    if (p) {
+        char *text = json_dumps(p, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        if (!text) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+        st = llmq_gguf_writer_set_str(w, "llmq.params", text);
+        free(text);
+        if (st) return st;
+    }
+    if ((csha && (st = llmq_gguf_writer_set_str(w, "llmq.calibration.sha256", csha))) ||
+        (isha && (st = llmq_gguf_writer_set_str(w, "llmq.imatrix.sha256", isha))))
+        return st;
+    return LLMQ_OK;
+}
+
+// ---- begin ---------------------------------------------------------------------------------------------
+
+static void export_free(struct llmq_gguf_export *e) {
+    if (!e) return;
+    llmq_gguf_writer_free(e->w); // removes an uncommitted temporary file
+    for (int64_t i = 0; i < e->n; i++) free(e->ent[i].held);
+    if (e->imp)
+        for (int64_t i = 0; i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->imp[i]);
+    free(e->imp);
+    free(e->ent);
+    free(e->lin);
+    free(e->n_handed);
+    free(e->rope_gen);
+    free(e->f);
+    free(e->q);
+    free(e->out_path);
+    free(e);
+}
+
+enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *out_path,
+                                        const struct llmq_gguf_export_opts *o, struct llmq_gguf_export **out) {
+    struct llmq_gguf_export *e = NULL;
+    struct llmq_gguf_mix_tensor *mt = NULL;
+    struct llmq_gguf_mix_choice *mc = NULL;
+    enum llmq_status st = LLMQ_OK;
+    int64_t cap = 0, L = m ? m->hp.n_layer : 0;
+    *out = NULL;
+    if (!m || !o || (!out_path && !o->dry_run)) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: missing model, output or options");
+    if (!(e = calloc(1, sizeof(*e)))) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+    e->m = m;
+    e->o = *o;
+    if (e->o.n_threads < 1) e->o.n_threads = 1;
+    e->o.mix.have_imatrix = o->mix.have_imatrix || o->imatrix != NULL;
+    e->t0 = now_s();
+    if ((out_path && !(e->out_path = strdup(out_path))) || !(e->lin = malloc((size_t)(L * LLMQ_LIN_COUNT) * sizeof(int64_t))) ||
+        !(e->n_handed = calloc((size_t)(L > 0 ? L : 1), sizeof(int)))) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+        goto fail;
+    }
+    for (int64_t i = 0; i < L * LLMQ_LIN_COUNT; i++) e->lin[i] = -1;
+    if ((st = m->from_gguf ? list_gguf(e, &cap) : list_hf(e, &cap))) goto fail;
+    qsort(e->ent, (size_t)e->n, sizeof(*e->ent), entry_cmp);
+    if ((st = load_importance(e))) goto fail;
+
+    // ---- plan
+    if (!(mt = calloc((size_t)e->n, sizeof(*mt))) || !(mc = calloc((size_t)e->n, sizeof(*mc)))) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+        goto fail;
+    }
+    for (int64_t i = 0; i < e->n; i++) {
+        struct entry *x = &e->ent[i];
+        mt[i].name = x->name;
+        mt[i].n_dims = x->n_dims;
+        memcpy(mt[i].shape, x->shape, sizeof(mt[i].shape));
+        mt[i].src_type = x->src_type;
+        if (x->kind == K_LINEAR) e->lin[x->layer * LLMQ_LIN_COUNT + x->which] = i;
+    }
+    struct llmq_gguf_mix_model mm;
+    llmq_gguf_mix_model_from_hparams(&m->hp, &mm);
+    if ((st = llmq_gguf_mix_plan(&mm, &e->o.mix, e->n, mt, mc))) goto fail;
+    int64_t max_C = 1;
+    for (int64_t i = 0; i < e->n; i++) {
+        struct entry *x = &e->ent[i];
+        int64_t ne = 1;
+        for (int d = 0; d < x->n_dims; d++) ne *= x->shape[d];
+        x->ch = mc[i];
+        x->C = x->n_dims > 0 ? x->shape[x->n_dims - 1] : 1;
+        x->R = x->C > 0 ? ne / x->C : 0;
+        max_C = x->C > max_C ? x->C : max_C;
+        const struct llmq_dtype_traits *tr = llmq_dtype_traits(x->src_type);
+        if (x->src_type != x->ch.type && (!tr || !tr->can_dequant)) {
+            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s: dtype %s cannot be decoded", m->path, x->name,
+                             llmq_dtype_name(x->src_type));
+            goto fail;
+        }
+        if (!llmq_dtype_nbytes(x->ch.type, x->C, &x->row_bytes)) {
+            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: %s: rows of %lld do not fit %s", x->name, (long long)x->C,
+                             llmq_dtype_name(x->ch.type));
+            goto fail;
+        }
+        if (x->perm_heads && x->R % (2 * x->perm_heads) != 0) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s: %lld rows cannot be split into %lld heads of pairs", m->path,
+                             x->name, (long long)x->R, (long long)x->perm_heads);
+            goto fail;
+        }
+        x->nbytes = x->row_bytes * (size_t)x->R;
+        e->total_elems += ne;
+        e->total_bytes += x->nbytes;
+        e->n_fallback += x->ch.fallback;
+    }
+    for (int64_t i = 0; i < L * LLMQ_LIN_COUNT; i++)
+        if (e->lin[i] < 0) {
+            st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: blk.%lld.%s.weight missing", m->path,
+                             (long long)(i / LLMQ_LIN_COUNT), lin_names[i % LLMQ_LIN_COUNT]);
+            goto fail;
+        }
+    e->f_cap = CHUNK_FLOATS > max_C ? CHUNK_FLOATS : max_C;
+    if (o->dry_run) goto ok;
+
+    // ---- the file
+    if ((st = check_output(e))) goto fail;
+    if (!(e->w = llmq_gguf_writer_init())) {
+        st = LLMQ_ERR_NOMEM;
+        goto fail;
+    }
+    if ((st = write_kvs(e))) goto fail;
+    for (int64_t i = 0; i < e->n; i++)
+        if ((st = llmq_gguf_writer_add_tensor(e->w, e->ent[i].name, e->ent[i].ch.type, e->ent[i].n_dims,
+                                              e->ent[i].shape)))
+            goto fail;
+    if ((st = llmq_gguf_writer_begin(e->w, out_path))) goto fail;
+ok:
+    free(mt);
+    free(mc);
+    *out = e;
+    return LLMQ_OK;
+fail:
+    free(mt);
+    free(mc);
+    export_free(e);
+    return st;
+}
+
+// ---- writing ---------------------------------------------------------------------------------------------
+
+static enum llmq_status work_buffers(struct llmq_gguf_export *e) {
+    size_t need = 0;
+    if (!e->f && !(e->f = malloc((size_t)e->f_cap * sizeof(float))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory for %lld floats", (long long)e->f_cap);
+    for (int64_t i = 0; i < e->n; i++) { // encoded size of one chunk of the widest-rowed tensor
+        const struct entry *x = &e->ent[i];
+        int64_t rows = e->f_cap / (x->C > 0 ? x->C : 1);
+        size_t b = x->row_bytes * (size_t)(rows < x->R ? rows : x->R);
+        need = b > need ? b : need;
+    }
+    if (!e->q && !(e->q = malloc(need ? need : 1))) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+    e->q_cap = need;
+    return LLMQ_OK;
+}
+
+static int64_t src_row(const struct entry *x, int64_t r) {
+    return x->perm_heads ? llmq_convert_qk_src_row(r, x->R, x->perm_heads, true) : r;
+}
+
+// Writes encoded rows (model order) in file order.
+static enum llmq_status write_encoded(struct llmq_gguf_export *e, const struct entry *x, const uint8_t *rows) {
+    if (!x->perm_heads) return llmq_gguf_writer_write_tensor(e->w, rows, x->nbytes);
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t r = 0; r < x->R && !st; r++)
+        st = llmq_gguf_writer_write_tensor(e->w, rows + (size_t)src_row(x, r) * x->row_bytes, x->row_bytes);
+    return st;
+}
+
+// Encodes rows of a view (or of the generated rope factors) chunk by chunk into the writer.
+static enum llmq_status write_from_view(struct llmq_gguf_export *e, const struct entry *x,
+                                        const struct llmq_tensor_view *v) {
+    enum llmq_status st = LLMQ_OK;
+    size_t src_rb;
+    if (!v) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s: the model has no view for it", x->name);
+    if (llmq_tensor_nelements(v) != x->R * x->C || (v->n_dims > 0 && v->shape[v->n_dims - 1] != x->C) ||
+        !llmq_dtype_nbytes(v->dtype, x->C, &src_rb))
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s: the model's view has another shape", x->name);
+    const uint8_t *base = v->data;
+    if (!x->perm_heads && v->dtype == x->ch.type) // the same bytes: copy
+        return llmq_gguf_writer_write_tensor(e->w, base, x->nbytes);
+    if ((st = work_buffers(e))) return st;
+    const float *imp = entry_importance(e, x);
+    int64_t rows = e->f_cap / x->C;
+    for (int64_t r0 = 0; r0 < x->R && !st; r0 += rows) {
+        int64_t nr = x->R - r0 < rows ? x->R - r0 : rows;
+        const float *src = e->f;
+        if (!x->perm_heads && v->dtype == LLMQ_DTYPE_F32 && ((uintptr_t)base & 3) == 0)
+            src = (const float *)(base + (size_t)r0 * src_rb); // f32 input: encode straight from the mapping
+        else if (!x->perm_heads)
+            st = llmq_dequantize_row(v->dtype, base + (size_t)r0 * src_rb, e->f, nr * x->C);
+        else
+            for (int64_t k = 0; k < nr && !st; k++)
+                st = llmq_dequantize_row(v->dtype, base + (size_t)src_row(x, r0 + k) * src_rb, e->f + k * x->C, x->C);
+        if (!st) st = llmq_gguf_encode_rows(x->ch.type, src, e->q, nr, x->C, imp, e->o.n_threads);
+        if (!st) st = llmq_gguf_writer_write_tensor(e->w, e->q, x->row_bytes * (size_t)nr);
+    }
+    return st;
+}
+
+static void progress(struct llmq_gguf_export *e, int64_t i, double secs) {
+    const struct entry *x = &e->ent[i];
+    if (!e->o.progress) return;
+    char shape[64];
+    struct llmq_tensor_view v = {.n_dims = x->n_dims};
+    memcpy(v.shape, x->shape, sizeof(v.shape));
+    llmq_tensor_shape_str(&v, shape, sizeof(shape));
+    e->done_elems += x->R * x->C;
+    double el = now_s() - e->t0;
+    double eta = e->done_elems > 0 ? el * (double)(e->total_elems - e->done_elems) / (double)e->done_elems : 0;
+    int width = snprintf(NULL, 0, "%lld", (long long)e->n);
+    llmq_info("[%*lld/%lld] %-28s %-14s %5s -> %-6s %8.3f MiB %5.0f ms  ETA %.0f s%s%s", width, (long long)i + 1,
+              (long long)e->n, x->name, shape, llmq_dtype_name(x->src_type), llmq_dtype_name(x->ch.type),
+              (double)x->nbytes / 1048576.0, 1e3 * secs, eta, x->ch.note[0] ? "  " : "", x->ch.note);
+}
+
+static bool ready(const struct llmq_gguf_export *e, const struct entry *x) {
+    if (e->finishing) return true;
+    if (x->kind == K_LINEAR) return x->handed;
+    if (x->layer >= 0) return e->n_handed[x->layer] == LLMQ_LIN_COUNT;
+    return true;
+}
+
+// Writes entries in file order while the next one is ready.
+static enum llmq_status pump(struct llmq_gguf_export *e) {
+    enum llmq_status st = LLMQ_OK;
+    while (e->next < e->n && !st && ready(e, &e->ent[e->next])) {
+        struct entry *x = &e->ent[e->next];
+        double t0 = now_s();
+        if (!e->o.dry_run) {
+            if (x->held) st = write_encoded(e, x, x->held);
+            else st = write_from_view(e, x, entry_view(e, x));
+            if (st) {
+                llmq_errorf(st, "gguf export: writing %s failed: %s", x->name, llmq_status_name(st));
+                break;
+            }
+        }
+        free(x->held);
+        x->held = NULL;
+        x->written = true;
+        x->seconds = now_s() - t0;
+        if (!e->o.dry_run) progress(e, e->next, x->seconds);
+        e->next++;
+    }
+    if (st) e->err = st;
+    return st;
+}
+
+// ---- hand-overs ---------------------------------------------------------------------------------------------
+
+static struct entry *linear_entry(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
+    if (!e || layer < 0 || layer >= e->m->hp.n_layer || (int)which < 0 || which >= LLMQ_LIN_COUNT) return NULL;
+    return &e->ent[e->lin[layer * LLMQ_LIN_COUNT + which]];
+}
+
+enum llmq_dtype llmq_gguf_export_linear_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
+    const struct entry *x = linear_entry(e, layer, which);
+    return x ? x->ch.type : LLMQ_DTYPE_INVALID;
+}
+
+const float *llmq_gguf_export_linear_importance(const struct llmq_gguf_export *e, int64_t layer,
+                                                enum llmq_linear which) {
+    const struct entry *x = linear_entry(e, layer, which);
+    return x ? entry_importance(e, x) : NULL;
+}
+
+static enum llmq_status check_handover(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                       const void *data, struct entry **xo) {
+    if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: no export");
+    if (e->err) return e->err;
+    struct entry *x = linear_entry(e, layer, which);
+    if (!x || !data)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: linear (%lld, %d) out of range or no data", (long long)layer,
+                           (int)which);
+    if (x->handed) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s handed over twice", x->name);
+    *xo = x;
+    return LLMQ_OK;
+}
+
+// Takes ownership of rows (nbytes, model row order): written now if it is its turn, else held.
+static enum llmq_status accept(struct llmq_gguf_export *e, struct entry *x, void *rows) {
+    x->handed = true;
+    e->n_handed[x->layer]++;
+    if (e->o.dry_run) free(rows);
+    else x->held = rows;
+    return pump(e);
+}
+
+enum llmq_status llmq_gguf_export_linear_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                               const void *blocks) {
+    struct entry *x = NULL;
+    enum llmq_status st = check_handover(e, layer, which, blocks, &x);
+    if (st) return st;
+    if (e->o.dry_run) return accept(e, x, NULL);
+    void *copy = malloc(x->nbytes ? x->nbytes : 1);
+    if (!copy) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: %s: out of memory", x->name);
+    memcpy(copy, blocks, x->nbytes);
+    return accept(e, x, copy);
+}
+
+enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                             const float *W) {
+    struct entry *x = NULL;
+    enum llmq_status st = check_handover(e, layer, which, W, &x);
+    if (st) return st;
+    if (e->o.dry_run) return accept(e, x, NULL);
+    void *rows = malloc(x->nbytes ? x->nbytes : 1);
+    if (!rows) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: %s: out of memory", x->name);
+    if ((st = llmq_gguf_encode_rows(x->ch.type, W, rows, x->R, x->C, entry_importance(e, x), e->o.n_threads))) {
+        free(rows);
+        return st;
+    }
+    return accept(e, x, rows);
+}
+
+// ---- finish ------------------------------------------------------------------------------------------------
+
+static json_t *report_json(const struct llmq_gguf_export *e, double secs, uint64_t file_bytes) {
+    json_t *r = json_object(), *ts = json_array(), *tot = json_object();
+    int64_t params = 0;
+    for (int64_t i = 0; i < e->n; i++) {
+        const struct entry *x = &e->ent[i];
+        json_t *t = json_object(), *sh = json_array();
+        for (int d = 0; d < x->n_dims; d++) json_array_append_new(sh, json_integer(x->shape[d]));
+        json_object_set_new(t, "name", json_string(x->name));
+        json_object_set_new(t, "shape", sh);
+        json_object_set_new(t, "src_type", json_string(llmq_dtype_name(x->src_type)));
+        json_object_set_new(t, "type", json_string(llmq_dtype_name(x->ch.type)));
+        json_object_set_new(t, "wanted", json_string(llmq_dtype_name(x->ch.wanted)));
+        json_object_set_new(t, "bytes", json_integer((json_int_t)x->nbytes));
+        json_object_set_new(t, "note", json_string(x->ch.note));
+        json_object_set_new(t, "seconds", json_real(x->seconds));
+        json_array_append_new(ts, t);
+        params += x->R * x->C;
+    }
+    json_object_set_new(r, "output", e->out_path ? json_string(e->out_path) : json_null());
+    json_object_set_new(r, "model", json_string(e->m->path));
+    json_object_set_new(r, "ftype", json_string(llmq_gguf_ftype_name(e->o.mix.ftype)));
+    json_object_set_new(r, "dry_run", json_boolean(e->o.dry_run));
+    json_object_set_new(r, "tensors", ts);
+    json_object_set_new(tot, "tensors", json_integer(e->n));
+    json_object_set_new(tot, "params", json_integer(params));
+    json_object_set_new(tot, "bytes", json_integer((json_int_t)e->total_bytes));
+    json_object_set_new(tot, "bits_per_weight", json_real(params ? 8.0 * (double)e->total_bytes / (double)params : 0));
+    json_object_set_new(tot, "file_bytes", json_integer((json_int_t)file_bytes));
+    json_object_set_new(tot, "fallbacks", json_integer(e->n_fallback));
+    json_object_set_new(tot, "seconds", json_real(secs));
+    json_object_set_new(r, "totals", tot);
+    return r;
+}
+
+enum llmq_status llmq_gguf_export_finish(struct llmq_gguf_export *e) {
+    if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: finish without an export");
+    enum llmq_status st = e->err;
+    uint64_t file_bytes = 0;
+    e->finishing = true;
+    if (!st) st = pump(e);
+    if (!st && !e->o.dry_run) {
+        st = llmq_gguf_writer_commit(e->w);
+        struct stat sb;
+        if (!st && stat(e->out_path, &sb) == 0) file_bytes = (uint64_t)sb.st_size;
+    }
+    if (!st) {
+        double secs = now_s() - e->t0;
+        int64_t params = 0;
+        for (int64_t i = 0; i < e->n; i++) params += e->ent[i].R * e->ent[i].C;
+        if (!e->o.dry_run)
+            llmq_info("gguf export: %s: %lld tensors, %.2f MiB of tensor data, %.3f bits per weight, %d fallback(s), "
+                      "%.1f s",
+                      e->out_path, (long long)e->n, (double)e->total_bytes / 1048576.0,
+                      params ? 8.0 * (double)e->total_bytes / (double)params : 0.0, e->n_fallback, secs);
+        if (e->o.report) *e->o.report = report_json(e, secs, file_bytes);
+    }
+    export_free(e);
+    return st;
+}
+
+void llmq_gguf_export_abort(struct llmq_gguf_export *e) { export_free(e); }
+
+void llmq_gguf_export_print_plan(const struct llmq_gguf_export *e, FILE *f) {
+    int64_t params = 0;
+    fprintf(f, "%-32s %-16s %-7s %-7s %10s  %s\n", "tensor", "shape", "from", "type", "MiB", "note");
+    for (int64_t i = 0; i < e->n; i++) {
+        const struct entry *x = &e->ent[i];
+        char shape[64];
+        struct llmq_tensor_view v = {.n_dims = x->n_dims};
+        memcpy(v.shape, x->shape, sizeof(v.shape));
+        llmq_tensor_shape_str(&v, shape, sizeof(shape));
+        fprintf(f, "%-32s %-16s %-7s %-7s %10.4f  %s\n", x->name, shape, llmq_dtype_name(x->src_type),
+                llmq_dtype_name(x->ch.type), (double)x->nbytes / 1048576.0, x->ch.note);
+        params += x->R * x->C;
+    }
+    fprintf(f, "total: %lld tensors, %lld weights, %.2f MiB (%llu bytes of tensor data), %.4f bits per weight, "
+               "%d fallback(s), ftype %s\n",
+            (long long)e->n, (long long)params, (double)e->total_bytes / 1048576.0, (unsigned long long)e->total_bytes,
+            params ? 8.0 * (double)e->total_bytes / (double)params : 0.0, e->n_fallback,
+            llmq_gguf_ftype_name(e->o.mix.ftype));
+}
+
+enum llmq_status llmq_gguf_export_rtn(const struct llmq_model *m, const char *out_path,
+                                      const struct llmq_gguf_export_opts *o) {
+    struct llmq_gguf_export *e = NULL;
+    enum llmq_status st = llmq_gguf_export_begin(m, out_path, o, &e);
+    if (st) return st;
+    return llmq_gguf_export_finish(e);
+}

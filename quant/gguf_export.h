@@ -1,0 +1,143 @@
+/*
+ * quant/gguf_export.h — write a model as a quantized GGUF file: the types of quant/gguf_mix.h, the
+ * bytes of quant/gguf_enc.h, streamed through formats/gguf.h's atomic writer.
+ *
+ * What it is: the writer behind `llmq quantize --format gguf`. `--method rtn` is begin + finish
+ * (every tensor encoded from the model's views, with the importance of its input when given);
+ * GPTQ / AWQ drivers (quant/quantize.c) hand over their linears as encoded blocks or as f32 weights
+ * between begin and finish. What it is not: no type choice (gguf_mix.h), no block encoding
+ * (gguf_enc.h), no calibration (calib/calib.h), no solver.
+ *
+ * Legend: R rows = out_features, C cols = in_features (the GGUF row length, ne[0]).
+ *
+ * ---- The file (for a GGUF input: byte-identical to llama_model_quantize of llama.cpp as shipped in
+ *      llama-cpp-python 0.3.36, given the same types and importance, when no_provenance) ----------
+ *   KVs: every KV of the input in order except general.quantization_version, general.file_type and
+ *     split.{no,count,tensors.count}; then general.quantization_version = u32 2 and
+ *     general.file_type = u32 ftype (gguf_set_val_u32 removes a key and appends it: both move to the
+ *     end, as in llama.cpp's output); then, unless no_provenance, the llmq.* keys below.
+ *     An HF input gets the KVs `llmq convert` writes for it (calib/convert.h
+ *     llmq_convert_hf_gguf_kvs: general.*, <arch>.*, tokenizer.ggml.*) the same way.
+ *   Tensors: every tensor of the input (GGUF: every tensor in the file, also ones llmq's model does
+ *     not use; HF: the model's tensors under their GGUF names, rope_freqs.weight generated for
+ *     llama3 rope scaling, no output.weight when tied), in llama.cpp's order (llmq_gguf_mix_name_cmp:
+ *     globals by name, then block by block, names sorted), with the types of llmq_gguf_mix_plan.
+ *     A tensor whose input type equals its output type is copied byte for byte; otherwise its rows
+ *     are decoded to f32 (formats/ggml_quants.h, exact) and encoded (llmq_gguf_encode_rows,
+ *     n_threads). An HF llama / mistral model's q and k rows are permuted as llmq convert does
+ *     (calib/convert.h llmq_convert_qk_src_row): whole encoded rows move.
+ *   Alignment 32 (or the input's general.alignment), version 3.
+ *
+ * ---- Provenance keys (absent with no_provenance) ------------------------------------------------
+ *   llmq.version                string  LLMQ_VERSION
+ *   llmq.method                 string  provenance["method"] (e.g. "rtn", "gptq"), when present
+ *   llmq.gguf_type              string  the ftype name ("Q4_K_M")
+ *   llmq.params                 string  the provenance object as compact JSON text (every setting)
+ *   llmq.calibration.sha256     string  provenance["calibration"]["tokens_sha256"], when present
+ *   llmq.imatrix.sha256         string  provenance["imatrix"]["sha256"], when present
+ *
+ * ---- Importance (llama.cpp's quant_weights) -------------------------------------------------------
+ *   opts->imatrix: statistics with sum_sq and count per block input (calib/calib.h: a .lcs file, a
+ *   llama.cpp imatrix .dat read by llmq_calib_imatrix_load, or llmq_calib_run). The importance of
+ *   column c of a block linear is (float)(sum_sq[c] / count) of its input slot (q/k/v share the
+ *   attention input, gate/up the ffn input): the mean of x² that llama.cpp's imatrix stores, and
+ *   for a .dat input exactly llama-quantize's values / ncall (f64 division then rounding equals the
+ *   f32 division). Slots without data (count 0) and tensors outside the blocks (token_embd, output)
+ *   get none. With an imatrix, mix.have_imatrix is set (it changes some Q4_0 / Q5_0 / IQ4 choices).
+ *
+ * ---- Streaming, holding, order of reads -----------------------------------------------------------
+ *   The output is written in file order. A tensor is written as soon as every tensor before it is:
+ *     - a linear when it was handed over (llmq_gguf_export_linear_bytes / _f32);
+ *     - a norm / bias of block l once all seven linears of block l were handed over (its model
+ *       view is read then: a driver may keep override views on m->layers[l] until that point);
+ *     - a global tensor (token_embd, output_norm, output, rope_freqs) at once.
+ *   llmq_gguf_export_finish writes whatever is left from the model's views. Linears handed over
+ *   ahead of their turn are held, encoded (at most about one block's linears for a driver going
+ *   block by block). Memory otherwise: one chunk of rows in f32 (~16 MiB) plus its encoding.
+ *   Atomic: "<out>.tmp.<pid>" renamed onto out by finish; abort / failure / crash leave out as it was.
+ *   An existing out is refused unless force (and then only a regular file is replaced); out may not
+ *   be the input file.
+ *
+ * ---- Dry run ---------------------------------------------------------------------------------------
+ *   dry_run: begin plans and checks everything but creates nothing (out is not even looked at);
+ *   hand-overs are checked and dropped; finish writes nothing. llmq_gguf_export_print_plan shows it.
+ *
+ * ---- Errors ----------------------------------------------------------------------------------------
+ *   One log line naming the output / tensor and a status: LLMQ_ERR_ARG (output exists without force,
+ *   out == input, layer / which out of range or given twice, finish with a hand-over refused
+ *   earlier), LLMQ_ERR_UNSUPPORTED (a type llmq cannot write, an input dtype that cannot be decoded,
+ *   statistics of another model shape), what gguf_mix.h, gguf_enc.h, formats/gguf.h and
+ *   calib/convert.h return. A hand-over refused for its arguments changes nothing; a failure while
+ *   encoding or writing poisons the export (later calls return the same status). The caller ends
+ *   with finish (which aborts when anything failed) or abort.
+ */
+#ifndef LLMQ_QUANT_GGUF_EXPORT_H
+#define LLMQ_QUANT_GGUF_EXPORT_H
+
+#include "calib/calib.h"
+#include "calib/model.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "quant/gguf_mix.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct llmq_gguf_export_opts {
+    struct llmq_gguf_mix_opts mix;
+    const struct llmq_calib_stats *imatrix; // NULL = no importance (see "Importance"); only read in begin
+    int n_threads;                          // encoder threads (>= 1)
+    bool force, dry_run;
+    bool progress;                          // one stderr line per tensor with an ETA
+    const json_t *provenance;               // an object (or NULL): "method", "calibration", "imatrix", ...
+    bool no_provenance;                     // no llmq.* keys (then rtn output == llama.cpp's bytes)
+    json_t **report;                        // if not NULL: finish stores a new object here (see below)
+};
+
+// Defaults: mix defaults (Q8_0), no imatrix, 1 thread, no force, no dry run, progress on,
+// no provenance object (llmq.version and llmq.gguf_type are still written), no report.
+struct llmq_gguf_export_opts llmq_gguf_export_default_opts(void);
+
+struct llmq_gguf_export; // opaque
+
+// Plans every tensor (gguf_mix.h), checks the output path, opens "<out>.tmp.<pid>" and writes the
+// header placeholder (nothing of that with dry_run). m must outlive the export; o is copied (its
+// pointers must stay valid until finish). On failure *out is NULL, nothing was created, one error
+// line was logged.
+enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *out_path,
+                                        const struct llmq_gguf_export_opts *o, struct llmq_gguf_export **out);
+
+// The output type of block `layer`'s linear `which` (what linear_bytes must be encoded in).
+enum llmq_dtype llmq_gguf_export_linear_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which);
+// Its importance (C floats, owned by e, valid until finish / abort), or NULL without an imatrix.
+const float *llmq_gguf_export_linear_importance(const struct llmq_gguf_export *e, int64_t layer,
+                                                enum llmq_linear which);
+
+// Hands over a linear as R rows already encoded in linear_type (R * row bytes), rows in the MODEL's
+// order (GGUF order for a GGUF input; an HF llama's q / k rows are permuted by the writer). Copied
+// during the call.
+enum llmq_status llmq_gguf_export_linear_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                               const void *blocks);
+// Or as f32 weights W (R, C) in the model's row order, encoded here with the linear's importance.
+enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                             const float *W);
+
+// Writes every tensor not written yet, commits and renames the file, stores the report, frees e.
+// The report: {"output", "model", "ftype", "dry_run", "tensors": [{"name", "shape", "src_type",
+// "type", "wanted", "bytes", "note", "seconds"}], "totals": {"tensors", "params", "bytes",
+// "bits_per_weight", "file_bytes", "fallbacks", "seconds"}}.
+enum llmq_status llmq_gguf_export_finish(struct llmq_gguf_export *e);
+
+// Removes the temporary output and frees e. NULL: no-op.
+void llmq_gguf_export_abort(struct llmq_gguf_export *e);
+
+// The plan as a table (name, shape, type, MiB, note) and totals (size, bits per weight) on f.
+void llmq_gguf_export_print_plan(const struct llmq_gguf_export *e, FILE *f);
+
+// begin + finish: the whole `--method rtn` output.
+enum llmq_status llmq_gguf_export_rtn(const struct llmq_model *m, const char *out_path,
+                                      const struct llmq_gguf_export_opts *o);
+
+#endif // LLMQ_QUANT_GGUF_EXPORT_H

@@ -9,6 +9,7 @@
 #include "common/io.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "common/spill.h"
 
 #include <cblas.h>
 #include <jansson.h>
@@ -541,7 +542,7 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
     int64_t N = d->n_seq * d->seqlen, D = m->hp.n_embd;
     if (micro_batch < 1) micro_batch = 1;
     int64_t mb_tokens = micro_batch * d->seqlen;
-    float *x = malloc((size_t)(N * D) * sizeof(float)); // (N, D) activations at the block boundary
+    float *x = llmq_big_alloc((size_t)(N * D) * sizeof(float), "calib: activations"); // (N, D) at the block boundary
     struct llmq_forward *f = NULL;
     enum llmq_status st = x ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for (%lld, %lld) activations",
                                                      (long long)N, (long long)D);
@@ -569,7 +570,7 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
     s->seqlen = d->seqlen;
     llmq_sha256(d->tokens, (size_t)N * sizeof(int32_t), s->tokens_sha256);
     llmq_forward_free(f);
-    free(x);
+    llmq_big_free(x);
     return st;
 }
 

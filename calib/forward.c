@@ -19,6 +19,7 @@
 #include "calib/forward.h"
 
 #include "common/log.h"
+#include "common/spill.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -324,6 +325,14 @@ static float *alloc_f32(int64_t n, bool *ok) {
     return p;
 }
 
+// The per-token intermediates (they grow with max_tokens): under the --max-memory budget (common/spill.h).
+static float *alloc_act(int64_t n, bool *ok) {
+    if (!*ok) return NULL;
+    float *p = llmq_big_alloc((size_t)(n > 0 ? n : 1) * sizeof(float), "forward activations");
+    if (!p) *ok = false;
+    return p;
+}
+
 enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_tokens, int n_threads,
                                    struct llmq_forward **out) {
     *out = NULL;
@@ -360,14 +369,14 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     f->norms = alloc_f32((2 * L + 1) * D, &ok);
     f->bias = hp->qkv_bias ? alloc_f32(L * (Dq + 2 * Dkv), &ok) : NULL;
     f->ff = alloc_f32(Dh / 2, &ok);
-    f->xn = alloc_f32(T * D, &ok);
-    f->q = alloc_f32(T * Dq, &ok);
-    f->k = alloc_f32(T * Dkv, &ok);
-    f->v = alloc_f32(T * Dkv, &ok);
-    f->att = alloc_f32(T * Dq, &ok);
-    f->gate = alloc_f32(T * F, &ok);
-    f->up = alloc_f32(T * F, &ok);
-    f->out = alloc_f32(T * D, &ok);
+    f->xn = alloc_act(T * D, &ok);
+    f->q = alloc_act(T * Dq, &ok);
+    f->k = alloc_act(T * Dkv, &ok);
+    f->v = alloc_act(T * Dkv, &ok);
+    f->att = alloc_act(T * Dq, &ok);
+    f->gate = alloc_act(T * F, &ok);
+    f->up = alloc_act(T * F, &ok);
+    f->out = alloc_act(T * D, &ok);
     enum llmq_status st = LLMQ_OK;
     if (!ok) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld tokens of %s", (long long)T, m->path);
@@ -403,15 +412,15 @@ void llmq_forward_free(struct llmq_forward *f) {
     free(f->ff);
     free(f->rope_cos);
     free(f->rope_sin);
-    free(f->x);
-    free(f->xn);
-    free(f->q);
-    free(f->k);
-    free(f->v);
-    free(f->att);
-    free(f->gate);
-    free(f->up);
-    free(f->out);
+    llmq_big_free(f->x);
+    llmq_big_free(f->xn);
+    llmq_big_free(f->q);
+    llmq_big_free(f->k);
+    llmq_big_free(f->v);
+    llmq_big_free(f->att);
+    llmq_big_free(f->gate);
+    llmq_big_free(f->up);
+    llmq_big_free(f->out);
     free(f->scores);
     free(f);
 }
@@ -643,7 +652,7 @@ enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *toke
     if (first_logit < 0 || first_logit >= n)
         return llmq_errorf(LLMQ_ERR_ARG, "forward: first_logit %lld outside [0, %lld)", (long long)first_logit,
                            (long long)n);
-    if (!f->x && !(f->x = malloc((size_t)(f->max_tokens * f->m->hp.n_embd) * sizeof(float))))
+    if (!f->x && !(f->x = llmq_big_alloc((size_t)(f->max_tokens * f->m->hp.n_embd) * sizeof(float), "forward input")))
         return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld tokens", (long long)f->max_tokens);
     enum llmq_status st = ensure_positions(f, n);
     if (!st) st = llmq_forward_embed(f, tokens, n, f->x);

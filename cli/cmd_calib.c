@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/log.h"
+#include "common/spill.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,8 @@ static void print_summary(const struct llmq_calib_stats *s) {
 }
 
 int cmd_calib(int argc, char **argv) {
+    const char *max_memory = NULL;
+    uint64_t max_mem_bytes = 0;
     const char *model_path = NULL, *out = NULL, *imat_out = NULL, *imat_in = NULL, *stats_in = NULL, *dummy = NULL;
     long nsamples = 128, seqlen = 512, seed = 0, micro = 8, threads = sysconf(_SC_NPROCESSORS_ONLN);
     bool no_xtx = false;
@@ -57,6 +60,9 @@ int cmd_calib(int argc, char **argv) {
         {"seqlen", CLI_INT, &seqlen, "512", "tokens per sequence"},
         {"seed", CLI_INT, &seed, "0", "seed of the window sampling (and of --calib self)"},
         {"micro-batch", CLI_INT, &micro, "8", "sequences per forward call"},
+        {"max-memory", CLI_STR, &max_memory, "unlimited",
+         "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file in "
+         "$LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"},
         {"threads", CLI_INT, &threads, "the number of CPUs", "threads"},
         {"out", CLI_STR, &out, NULL, "write the statistics file (.lcs) here"},
         {"no-xtx", CLI_BOOL, &no_xtx, "off", "do not gather/save XᵀX (only mean |x|, Σx², counts)"},
@@ -81,11 +87,14 @@ int cmd_calib(int argc, char **argv) {
     else if (nsamples < 1 || seqlen < 2 || micro < 1 || seed < 0) usage = "--nsamples, --seqlen, --micro-batch, --seed out of range";
     else if (threads < 1 || threads > 256) usage = "--threads must be between 1 and 256";
     else if (!out && !imat_out && n_sources > 0) usage = "--out or --imatrix-out is needed";
+    else if (max_memory && !llmq_parse_bytes(max_memory, &max_mem_bytes))
+        usage = "--max-memory must be a size such as 4G, 512M or 1073741824";
     if (usage) {
         fprintf(stderr, "llmq calib: %s\nrun 'llmq calib --help' for the flags and their defaults\n", usage);
         return 2;
     }
     openblas_set_num_threads((int)threads);
+    llmq_spill_configure(max_mem_bytes);
     struct llmq_model *m = NULL;
     struct llmq_calib_data d = {0};
     struct llmq_calib_stats s = {0};

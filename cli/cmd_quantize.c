@@ -23,6 +23,7 @@
 #include "common/io.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "common/spill.h"
 #include "quant/gguf_export.h"
 #include "quant/gguf_mix.h"
 #include "quant/quantize.h"
@@ -202,6 +203,8 @@ static bool ends_with(const char *s, const char *suffix) {
 }
 
 int cmd_quantize(int argc, char **argv) {
+    const char *max_memory = NULL;
+    uint64_t max_mem_bytes = 0;
     const char *model_path = NULL, *method = "rtn", *format = NULL, *out = NULL, *json_path = NULL, *fallback = NULL,
                *calib_dummy = NULL, *gguf_type = NULL, *imatrix = NULL, *tt_dummy = NULL, *output_type = NULL,
                *embedding_type = NULL;
@@ -241,6 +244,9 @@ int cmd_quantize(int argc, char **argv) {
         {"seqlen", CLI_INT, &seqlen, "512", "tokens per calibration sequence"},
         {"seed", CLI_INT, &seed, "0", "seed of the window sampling (and of --calib self)"},
         {"micro-batch", CLI_INT, &micro, "8", "sequences per forward call of the calibration passes"},
+        {"max-memory", CLI_STR, &max_memory, "unlimited",
+         "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file in "
+         "$LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"},
         {"threads", CLI_INT, &threads, "the number of CPUs", "threads (forward pass, OpenBLAS, GGUF encoders)"},
         {"json", CLI_STR, &json_path, NULL, "write settings, calibration provenance and the per-layer table here"},
         {"force", CLI_BOOL, &force, "off", "replace an existing output (a directory holding config.json, or a .gguf file)"},
@@ -298,6 +304,8 @@ int cmd_quantize(int argc, char **argv) {
         usage = "--sym, --asym, --static-groups and --fallback do not apply to --format gguf";
     else if (gguf && act_order) usage = "--act-order does not apply to --format gguf (blocks are contiguous columns)";
     else if (gguf && !gguf_type) usage = "--format gguf needs --gguf-type (e.g. Q4_K_M)";
+    else if (max_memory && !llmq_parse_bytes(max_memory, &max_mem_bytes))
+        usage = "--max-memory must be a size such as 4G, 512M or 1073741824";
     else if (gguf && !llmq_gguf_ftype_parse(gguf_type, &ftype)) {
         snprintf(usage_buf, sizeof(usage_buf), "--gguf-type '%s' is unknown; one of %s", gguf_type, llmq_gguf_ftype_list());
         usage = usage_buf;
@@ -337,6 +345,7 @@ int cmd_quantize(int argc, char **argv) {
         for (int i = 0; i < n_tt; i++) free((char *)tt[i].regex);
         return 2;
     }
+    llmq_spill_configure(max_mem_bytes);
     o.calib.sources = sources;
     o.calib.n_sources = n_sources;
     o.calib.nsamples = nsamples;

@@ -7,6 +7,7 @@
 #include "calib/forward.h"
 #include "common/io.h"
 #include "common/log.h"
+#include "common/spill.h"
 #include "formats/ggml_quants.h"
 #include "quant/awq.h"
 #include "quant/gguf_enc.h"
@@ -814,9 +815,9 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     ALLOC(r.T, Rmax * Cmax);
     ALLOC(r.H, Cmax * Cmax);
     ALLOC(r.Hx, Cmax * Cmax);
-    if (r.have_calib) {
-        ALLOC(r.x, N * D);
-        ALLOC(r.xt, N * D);
+    if (r.have_calib) { // the activations: under --max-memory (common/spill.h)
+        ok = ok && (r.x = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs"));
+        ok = ok && (r.xt = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs (copy)"));
     }
     if (o->method == LLMQ_QMETHOD_GPTQ)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r.wq[k], Rmax * Cmax);
@@ -940,8 +941,8 @@ done:
     free(r.blk);
     free(r.imp);
     free(r.fq_qw);
-    free(r.x);
-    free(r.xt);
+    llmq_big_free(r.x);
+    llmq_big_free(r.xt);
     free(r.W);
     free(r.Q);
     free(r.T);

@@ -66,8 +66,9 @@
  * ---- Memory -----------------------------------------------------------------------------------------
  *   x_q or x_fp (N, D) f32 + one copy for the block passes; the forward object sized for micro_batch
  *   sequences (AWQ: for all N tokens, its search needs them in one call); one block's f32 weights and
- *   their quantized copies; XᵀX of the four block inputs in f64. Spilling the activations to a temp
- *   file beyond --max-memory is NOT implemented.
+ *   their quantized copies; XᵀX of the four block inputs in f64. The activations (x, its copy, the
+ *   forward's per-token buffers) come from common/spill.h: beyond --max-memory they live in an unlinked
+ *   temporary file instead of RAM.
  */
 #ifndef LLMQ_QUANT_QUANTIZE_H
 #define LLMQ_QUANT_QUANTIZE_H

@@ -58,12 +58,16 @@ def test_methods_run_and_load(llmq_bin, stories_v1, data_dir, tmp_path, base_ppl
     assert math.isfinite(q) and q < base_ppl * 1.5, (q, base_ppl)
 
 
-def test_gptq_deterministic(llmq_bin, stories_v1, tmp_path):
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_deterministic_and_spill_identical(llmq_bin, stories_v1, tmp_path, method):
+    """Two runs give the same bytes; the second keeps its activations in a spill file (--max-memory 1K)."""
     outs = []
     for k in range(2):
         out = tmp_path / f"d{k}"
-        quantize(llmq_bin, stories_v1, out, "--method", "gptq", "--group-size", "4", "--format", "fake",
-                 "--json", tmp_path / f"d{k}.json", *CAL)
+        spill = ["--max-memory", "1K"] if k == 1 else []
+        r = quantize(llmq_bin, stories_v1, out, "--method", method, "--group-size", "4", "--format", "fake",
+                     "--json", tmp_path / f"d{k}.json", *CAL, *spill)
+        assert ("temporary file" in r.stderr) == (k == 1), r.stderr[-2000:]
         outs.append(out)
     files = sorted(p.name for p in outs[0].iterdir())
     assert files == sorted(p.name for p in outs[1].iterdir())

@@ -1,0 +1,120 @@
+// common/spill.c — see spill.h.
+#include "common/spill.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/status.h"
+
+#define HDR 64 // header in front of every buffer; keeps the returned pointer 64-byte aligned
+#define MAGIC 0x6c6c6d7173706c6cull // "llmqspll"
+
+struct hdr {
+    uint64_t magic;
+    uint64_t size;   // bytes the caller asked for
+    uint64_t mapped; // 0: heap; else the length of the file mapping (HDR + size)
+};
+_Static_assert(sizeof(struct hdr) <= HDR, "spill header");
+
+static uint64_t budget, ram, file, peak_file;
+
+void llmq_spill_configure(uint64_t max_bytes) { budget = max_bytes; }
+uint64_t llmq_spill_ram_bytes(void) { return ram; }
+uint64_t llmq_spill_file_bytes(void) { return file; }
+uint64_t llmq_spill_peak_file_bytes(void) { return peak_file; }
+
+bool llmq_parse_bytes(const char *s, uint64_t *out) {
+    if (!s || !*s) return false;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0)) return false;
+    uint64_t mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10, end++; break;
+    case 'm': case 'M': mul = 1ull << 20, end++; break;
+    case 'g': case 'G': mul = 1ull << 30, end++; break;
+    case 't': case 'T': mul = 1ull << 40, end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i') end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end) return false;
+    double b = v * (double)mul;
+    if (b > 18e18) return false;
+    *out = (uint64_t)b;
+    return true;
+}
+
+static void *spill_map(size_t len, const char *what) {
+    const char *dir = getenv("LLMQ_SPILL_DIR");
+    if (!dir || !*dir) dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/tmp";
+    char path[4096];
+    snprintf(path, sizeof path, "%s/llmq-spill-XXXXXX", dir);
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot create a spill file in %s: %s", what, dir, strerror(errno));
+        return NULL;
+    }
+    unlink(path); // no name: nothing stays on disk, whatever happens
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0) p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    else (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot size a %zu-byte spill file in %s: %s", what, len, dir, strerror(errno));
+    close(fd);
+    if (p == MAP_FAILED) {
+        (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot map a %zu-byte spill file in %s: %s", what, len, dir, strerror(errno));
+        return NULL;
+    }
+    return p;
+}
+
+void *llmq_big_alloc(size_t n, const char *what) {
+    if (n > SIZE_MAX - HDR) return NULL;
+    size_t len = HDR + n;
+    struct hdr h = {MAGIC, n, 0};
+    void *base = NULL;
+    if (budget == 0 || ram + n <= budget) {
+        base = aligned_alloc(HDR, (len + HDR - 1) / HDR * HDR);
+        if (base) ram += n;
+    }
+    if (!base) {
+        base = spill_map(len, what ? what : "buffer");
+        if (!base) return NULL;
+        h.mapped = len;
+        file += n;
+        if (file > peak_file) peak_file = file;
+        static bool told;
+        llmq_log(told ? LLMQ_LOG_DEBUG : LLMQ_LOG_INFO,
+                 "%s: %.1f MiB go to a temporary file (--max-memory %.1f MiB reached; %.1f MiB spilled now)",
+                 what ? what : "buffer", (double)n / 1048576.0, (double)budget / 1048576.0, (double)file / 1048576.0);
+        told = true;
+    }
+    memcpy(base, &h, sizeof h);
+    return (char *)base + HDR;
+}
+
+void llmq_big_free(void *p) {
+    if (!p) return;
+    char *base = (char *)p - HDR;
+    struct hdr h;
+    memcpy(&h, base, sizeof h);
+    if (h.magic != MAGIC) {
+        llmq_log(LLMQ_LOG_ERROR, "llmq_big_free: not a big buffer (%p)", p);
+        abort();
+    }
+    if (h.mapped) {
+        file -= h.size;
+        munmap(base, h.mapped);
+    } else {
+        ram -= h.size;
+        free(base);
+    }
+}

@@ -170,3 +170,24 @@ def test_awq_into_gguf(llmq_bin, tool, smol4, data_dir, tmp_path, method, gguf_t
     assert gguf.GGUFReader(str(out)).fields["llmq.method"].contents() == method
     check_dequant_equal(llmq_bin, out, tmp_path)
     check_llama_cpp(out, tool, tmp_path)
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq", "awq+gptq"])
+def test_stories_solvers_into_gguf_light(llmq_bin, stories_v3, tmp_path, method):
+    """The light tier's check of the solvers into GGUF (it runs under the sanitizers too): stories260K,
+    tiny calibration, Q4_0. Every quantized tensor decodes in gguf-py, the 172-wide ffn_down stays F16,
+    and the JSON names a method and type for every linear."""
+    out = tmp_path / f"s_{method.replace('+', '_')}.gguf"
+    rep = tmp_path / "r.json"
+    r = run([llmq_bin, "quantize", "--model", stories_v3, "--format", "gguf", "--gguf-type", "Q4_0", "--method",
+             method, "--calib", "wikitext-2-valid", "--nsamples", "4", "--seqlen", "64", "--seed", "2",
+             "--threads", "2", "--json", rep, "--out", out])
+    assert "ffn_down" in r.stderr and "f16" in r.stderr.lower()
+    layers = json.loads(rep.read_text())["layers"]
+    assert len(layers) == 5 * 7 and all(l.get("type") for l in layers)
+    reader = gguf.GGUFReader(str(out))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["blk.0.attn_q.weight"] == "Q4_0" and types["blk.0.ffn_down.weight"] == "F16"
+    for t in reader.tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+        assert np.isfinite(w).all(), t.name

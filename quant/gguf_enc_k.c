@@ -114,7 +114,7 @@ static void q2_k_ref(const float *x, struct llmq_block_q2_k *y) {
         float iscale = q4scale / max_min;
         for (int j = 0; j < QK_K / 16; ++j) {
             int l = llmq_nearest_int(iscale * mins[j]);
-            y->scales[j] |= (uint8_t)(l << 4);
+            y->scales[j] |= (uint8_t)((unsigned)l << 4); // ggml shifts the int (UB when negative); same bits
         }
         y->dmin = f2h(max_min / q4scale);
     } else {

@@ -28,12 +28,6 @@ static float frand(void) { // uniform [-1, 1)
     return (float)((rng_state >> 40) * (1.0 / (1 << 23))) - 1.0f;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int dump(const char *prefix, const char *ext, const void *p, size_t n) {
     char path[4096];
     snprintf(path, sizeof path, "%s.%s", prefix, ext);
@@ -92,9 +86,9 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps; r++) {
         memcpy(Wc, W, (size_t)(R * C) * sizeof *W);
         memcpy(Hc, H, (size_t)(C * C) * sizeof *H);
-        double t0 = now_s();
+        double t0 = llmq_now_s();
         if (llmq_gptq_quantize("bench", Wc, Hc, R, C, &o, &ql, &loss, NULL)) return 1;
-        t[r] = now_s() - t0;
+        t[r] = llmq_now_s() - t0;
         if (prefix && r == 0 && dump(prefix, "llmq.q", ql.q, (size_t)(R * C))) return 1;
         llmq_qlinear_free(&ql);
     }

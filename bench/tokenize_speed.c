@@ -7,16 +7,11 @@
 #include "calib/tokenizer.h"
 #include "common/io.h"
 #include "formats/gguf.h"
+#include "common/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -34,19 +29,19 @@ int main(int argc, char **argv) {
     struct llmq_tokenizer *t = NULL;
     char *text = NULL;
     size_t n = 0;
-    double t0 = now_s();
+    double t0 = llmq_now_s();
     if (llmq_is_dir(argv[1]) ? llmq_tokenizer_load_hf(argv[1], &t) != LLMQ_OK
                              : (llmq_gguf_open(argv[1], &g) != LLMQ_OK || llmq_tokenizer_load_gguf(g, &t) != LLMQ_OK))
         return 1;
-    double load = now_s() - t0;
+    double load = llmq_now_s() - t0;
     if (llmq_read_file(argv[2], (size_t)1 << 31, &text, &n) != LLMQ_OK) return 1;
     double *secs = malloc((size_t)reps * sizeof(double));
     int64_t n_ids = 0;
     for (int r = 0; r < reps; r++) {
         int32_t *ids = NULL;
-        t0 = now_s();
+        t0 = llmq_now_s();
         if (llmq_tokenize(t, text, n, true, false, &ids, &n_ids) != LLMQ_OK) return 1;
-        secs[r] = now_s() - t0;
+        secs[r] = llmq_now_s() - t0;
         free(ids);
     }
     qsort(secs, (size_t)reps, sizeof(double), cmp_double);

@@ -531,12 +531,6 @@ enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t la
     return LLMQ_OK;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_calib_data *d, int n_threads,
                                 int64_t micro_batch, struct llmq_calib_stats *s) {
     int64_t N = d->n_seq * d->seqlen, D = m->hp.n_embd;
@@ -551,7 +545,7 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
         int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
         st = llmq_forward_embed(f, d->tokens + t0, n, x + t0 * D);
     }
-    double t_start = now_s();
+    double t_start = llmq_now_s();
     for (int64_t l = 0; !st && l < m->hp.n_layer; l++) {
         llmq_calib_stats_reset(s, l);
         for (int64_t s0 = 0; !st && s0 < d->n_seq; s0 += micro_batch) {
@@ -562,7 +556,7 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
         }
         if (st) break;
         llmq_calib_stats_finish(s, l);
-        double el = now_s() - t_start;
+        double el = llmq_now_s() - t_start;
         llmq_info("calib: block %lld/%lld  %.1f s  ETA %.0f s", (long long)l + 1, (long long)m->hp.n_layer, el,
                   el / (double)(l + 1) * (double)(m->hp.n_layer - l - 1));
     }

@@ -48,12 +48,6 @@ int64_t llmq_convert_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool 
     return h * hd + 2 * (k % half) + k / half;           // HF row (j, i) = (k / half, k % half) <- GGUF row (i, j)
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // ============================================================================ hyper-parameters ====
 
 enum arch { ARCH_LLAMA, ARCH_QWEN2 }; // GGUF architectures (HF mistral is written as llama)
@@ -272,7 +266,7 @@ static enum llmq_status run_plan(const struct plan *p, struct sink *s, bool prog
     struct work w = {0};
     enum llmq_status st = LLMQ_OK;
     uint64_t total = 0; // output bytes of the whole plan, for the ETA
-    double start = now_s();
+    double start = llmq_now_s();
     int width = snprintf(NULL, 0, "%lld", (long long)p->n);
     for (int64_t i = 0; i < p->n; i++) {
         int64_t R, C;
@@ -289,7 +283,7 @@ static enum llmq_status run_plan(const struct plan *p, struct sink *s, bool prog
     }
     for (int64_t i = 0; i < p->n; i++) {
         const struct job *j = &p->jobs[i];
-        double t0 = now_s();
+        double t0 = llmq_now_s();
         if ((st = run_job(j, s, &w))) {
             llmq_errorf(st, "convert: tensor %s failed: %s", j->name, llmq_status_name(st));
             goto done;
@@ -307,12 +301,12 @@ static enum llmq_status run_plan(const struct plan *p, struct sink *s, bool prog
             llmq_tensor_shape_str(&v, shape, sizeof(shape));
             const char *src_name = j->src ? j->src->name : "(generated)";
             bool renamed = strcmp(src_name, j->name) != 0;
-            double done_s = now_s() - start, eta = stats->bytes_out ? done_s * (double)(total - stats->bytes_out) / (double)stats->bytes_out : 0;
+            double done_s = llmq_now_s() - start, eta = stats->bytes_out ? done_s * (double)(total - stats->bytes_out) / (double)stats->bytes_out : 0;
             llmq_info("[%*lld/%lld] %s%s%s: %s -> %s %s, %.2f MiB%s, %.0f ms, ETA %.0f s", width, (long long)i + 1,
                       (long long)p->n, src_name, renamed ? " -> " : "", renamed ? j->name : "",
                       j->src ? llmq_dtype_name(j->src->dtype) : "f32", llmq_dtype_name(j->dtype), shape,
                       (double)out_bytes / 1048576.0, j->perm_heads ? (j->to_gguf ? ", q/k rows permuted" : ", q/k rows un-permuted") : "",
-                      1e3 * (now_s() - t0), eta);
+                      1e3 * (llmq_now_s() - t0), eta);
         }
     }
 done:
@@ -1131,7 +1125,7 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
     struct stat si;
     bool exists = false;
     enum llmq_status st;
-    double t0 = now_s();
+    double t0 = llmq_now_s();
     if (!stats) stats = &dummy;
     memset(stats, 0, sizeof(*stats));
     if (!in || !out || !opts) return llmq_errorf(LLMQ_ERR_ARG, "convert: missing input, output or options");
@@ -1154,7 +1148,7 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
     if (in_hf) st = hf_to_gguf(in, out, opts, stats);
     else if (to == LLMQ_CONVERT_TO_GGUF) st = gguf_to_gguf(in, out, opts, stats);
     else st = gguf_to_hf(in, out, exists, opts, stats);
-    stats->seconds = now_s() - t0;
+    stats->seconds = llmq_now_s() - t0;
     return st;
 }
 

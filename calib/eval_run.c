@@ -22,12 +22,6 @@
 
 enum { SLICE_ROWS = 512 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 bool llmq_eval_same_vocab(const struct llmq_model *a, const struct llmq_model *b) {
     if (a->hp.n_vocab != b->hp.n_vocab) return false;
     if (!a->tok || !b->tok) return a->tok == b->tok;
@@ -120,7 +114,7 @@ static enum llmq_status run_eval(const struct llmq_model *m, const struct llmq_m
         if (st) goto done;
     }
 
-    double t0 = now_s();
+    double t0 = llmq_now_s();
     for (int64_t k = 0; k < plan->n_chunks; k++) {
         if (lf) memcpy(r.chunk, llmq_logits_tokens(lf) + k * n, (size_t)n * sizeof(int32_t));
         else llmq_eval_chunk_tokens(plan, tokens, k, r.chunk);
@@ -142,7 +136,7 @@ static enum llmq_status run_eval(const struct llmq_model *m, const struct llmq_m
             if (r.w && (st = llmq_logits_append(r.w, r.lm, ns))) goto done;
         }
         if (o->progress) {
-            struct llmq_eval_progress p = {k + 1, plan->n_chunks, now_s() - t0, 0, 0};
+            struct llmq_eval_progress p = {k + 1, plan->n_chunks, llmq_now_s() - t0, 0, 0};
             p.ppl = exp(r.stats.sum_nll / (double)r.stats.count);
             p.kld_mean = kld ? r.stats.sum_kld / (double)r.stats.count : 0;
             o->progress(o->progress_user, &p);
@@ -153,7 +147,7 @@ static enum llmq_status run_eval(const struct llmq_model *m, const struct llmq_m
         r.w = NULL;
         if (st) goto done;
     }
-    out->seconds = now_s() - t0;
+    out->seconds = llmq_now_s() - t0;
     out->tokens_evaluated = plan->n_chunks * n;
     out->tokens_per_s = out->seconds > 0 ? (double)out->tokens_evaluated * (base ? 2 : 1) / out->seconds : 0;
     llmq_eval_stats_result(&r.stats, &out->res);

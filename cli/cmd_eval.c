@@ -236,15 +236,9 @@ static enum llmq_status load_text(const char *arg, enum llmq_eval_protocol proto
     return LLMQ_OK;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static enum llmq_status tokenize_text(const struct llmq_model *m, const struct text *t, int32_t **ids, int64_t *n) {
     if (!m->tok) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: the model has no tokenizer", m->path);
-    double t0 = now_s();
+    double t0 = llmq_now_s();
     enum llmq_status st = llmq_tokenize(m->tok, t->data, t->len, true, false, ids, n);
     if (st) return st;
     if (*n > 0 && llmq_tokenizer_add_eos(m->tok) && (*ids)[*n - 1] == llmq_tokenizer_eos(m->tok)) {
@@ -252,7 +246,7 @@ static enum llmq_status tokenize_text(const struct llmq_model *m, const struct t
         (*n)--;
     }
     llmq_info("eval: %s: %zu bytes -> %lld tokens in %.1f s", t->path, t->len, (long long)*n,
-              now_s() - t0);
+              llmq_now_s() - t0);
     return LLMQ_OK;
 }
 

@@ -26,12 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = "";
     long n_predict = 64, threads = 0;
@@ -128,7 +122,7 @@ int cmd_generate(int argc, char **argv) {
     fflush(stdout);
     int64_t n = n_ids, n_gen = 0;
     char piece[256];
-    double t0 = now_s();
+    double t0 = llmq_now_s();
     for (; n_gen < n_predict; n_gen++) {
         if (llmq_forward_logits(f, seq, n, n - 1, logits) != LLMQ_OK) goto done;
         int32_t best = 0;
@@ -149,7 +143,7 @@ int cmd_generate(int argc, char **argv) {
         fwrite(p, 1, (size_t)len, stdout);
         fflush(stdout);
     }
-    double dt = now_s() - t0;
+    double dt = llmq_now_s() - t0;
     fputc('\n', stdout);
     llmq_info("generate: prompt %lld tokens, generated %lld tokens in %.2f s (%.1f tokens/s, %ld threads)",
               (long long)n_ids, (long long)n_gen, dt, dt > 0 ? (double)n_gen / dt : 0.0, threads);

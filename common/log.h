@@ -17,6 +17,9 @@ void llmq_log_set_level(enum llmq_log_level level);
 enum llmq_log_level llmq_log_get_level(void);
 void llmq_log(enum llmq_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+// Monotonic wall-clock seconds (CLOCK_MONOTONIC), for progress lines, ETAs and reported timings.
+double llmq_now_s(void);
+
 #define llmq_debug(...) llmq_log(LLMQ_LOG_DEBUG, __VA_ARGS__)
 #define llmq_info(...) llmq_log(LLMQ_LOG_INFO, __VA_ARGS__)
 #define llmq_warn(...) llmq_log(LLMQ_LOG_WARN, __VA_ARGS__)

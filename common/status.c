@@ -3,6 +3,7 @@
 #include "common/log.h"
 
 #include <string.h>
+#include <time.h>
 
 static const char *status_names[LLMQ_STATUS_COUNT] = {
     [LLMQ_OK] = "ok",
@@ -59,4 +60,10 @@ void llmq_log(enum llmq_log_level level, const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+}
+
+double llmq_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

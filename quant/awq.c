@@ -27,12 +27,6 @@
 
 #define CLIP_ROW_CHUNK 256 // weight rows per clip dgemm
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int64_t lin_rows(const struct llmq_awq_block *b, enum llmq_linear l) {
     return b->m->layers[b->layer].w[l]->shape[0];
 }
@@ -603,7 +597,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     struct captured cap = {.N = N};
     float *h = NULL, *attn_fp = NULL, *mlp_fp = NULL, *down_fp = NULL, *cand_out = NULL, *S = NULL;
     struct scale_job job = {.b = b, .f = f, .o = o, .n_seq = n_seq, .seqlen = seqlen, .N = N};
-    double t0 = now_s();
+    double t0 = llmq_now_s();
 
     cap.n1 = alloc_f32(N * D);
     cap.att = alloc_f32(N * Dq); // o's input: the v->o search and o's clip search
@@ -663,8 +657,8 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         st = search_group(&job, g);
     }
     if (st) goto done;
-    b->seconds_scale = now_s() - t0;
-    t0 = now_s();
+    b->seconds_scale = llmq_now_s() - t0;
+    t0 = llmq_now_s();
 
     // apply_scale, in the order of the groups (v and up see their column scale before the row one).
     for (int k = 0; k < b->n_groups; k++)
@@ -703,7 +697,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
             st = search_clip(b, l, S, T, o, G);
         }
     }
-    b->seconds_clip = now_s() - t0;
+    b->seconds_clip = llmq_now_s() - t0;
 
 done:
     if (!was_bound) {

@@ -77,12 +77,6 @@ struct llmq_gguf_export {
     int n_fallback;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 struct llmq_gguf_export_opts llmq_gguf_export_default_opts(void) {
     return (struct llmq_gguf_export_opts){.mix = llmq_gguf_mix_default_opts(), .n_threads = 1, .progress = true};
 }
@@ -348,7 +342,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
     e->o = *o;
     if (e->o.n_threads < 1) e->o.n_threads = 1;
     e->o.mix.have_imatrix = o->mix.have_imatrix || o->imatrix != NULL;
-    e->t0 = now_s();
+    e->t0 = llmq_now_s();
     if ((out_path && !(e->out_path = strdup(out_path))) || !(e->lin = malloc((size_t)(L * LLMQ_LIN_COUNT) * sizeof(int64_t))) ||
         !(e->n_handed = calloc((size_t)(L > 0 ? L : 1), sizeof(int)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
@@ -507,7 +501,7 @@ static void progress(struct llmq_gguf_export *e, int64_t i, double secs) {
     memcpy(v.shape, x->shape, sizeof(v.shape));
     llmq_tensor_shape_str(&v, shape, sizeof(shape));
     e->done_elems += x->R * x->C;
-    double el = now_s() - e->t0;
+    double el = llmq_now_s() - e->t0;
     double eta = e->done_elems > 0 ? el * (double)(e->total_elems - e->done_elems) / (double)e->done_elems : 0;
     int width = snprintf(NULL, 0, "%lld", (long long)e->n);
     llmq_info("[%*lld/%lld] %-28s %-14s %5s -> %-6s %8.3f MiB %5.0f ms  ETA %.0f s%s%s", width, (long long)i + 1,
@@ -527,7 +521,7 @@ static enum llmq_status pump(struct llmq_gguf_export *e) {
     enum llmq_status st = LLMQ_OK;
     while (e->next < e->n && !st && ready(e, &e->ent[e->next])) {
         struct entry *x = &e->ent[e->next];
-        double t0 = now_s();
+        double t0 = llmq_now_s();
         if (!e->o.dry_run) {
             if (x->held) st = write_encoded(e, x, x->held);
             else st = write_from_view(e, x, entry_view(e, x));
@@ -539,7 +533,7 @@ static enum llmq_status pump(struct llmq_gguf_export *e) {
         free(x->held);
         x->held = NULL;
         x->written = true;
-        x->seconds = now_s() - t0;
+        x->seconds = llmq_now_s() - t0;
         if (!e->o.dry_run) progress(e, e->next, x->seconds);
         e->next++;
     }
@@ -662,7 +656,7 @@ enum llmq_status llmq_gguf_export_finish(struct llmq_gguf_export *e) {
         if (!st && stat(e->out_path, &sb) == 0) file_bytes = (uint64_t)sb.st_size;
     }
     if (!st) {
-        double secs = now_s() - e->t0;
+        double secs = llmq_now_s() - e->t0;
         int64_t params = 0;
         for (int64_t i = 0; i < e->n; i++) params += e->ent[i].R * e->ent[i].C;
         if (!e->o.dry_run)

@@ -27,12 +27,6 @@
 
 #include "common/log.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 struct llmq_gptq_opts llmq_gptq_opts_default(void) {
     struct llmq_gptq_opts o = {
         .q = {.bits = 4, .group_size = 128, .sym = false},
@@ -132,7 +126,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     const int bits = o->q.bits, maxq = (1 << bits) - 1;
     const bool sym = o->q.sym, static_groups = o->static_groups && G > 0;
     float percdamp = o->percdamp;
-    double loss = 0.0, t0 = now_s(), t_chain = 0.0, t_gemm = 0.0;
+    double loss = 0.0, t0 = llmq_now_s(), t_chain = 0.0, t_gemm = 0.0;
 
     if ((st = llmq_qlinear_init(R, C, &o->q, out))) return st;
     const int64_t NG = out->n_groups;
@@ -186,9 +180,9 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     }
 
     // 5. + 6. damping and Hinv = cholesky(cholesky_inverse(cholesky(H)), upper=True), with retries
-    t_chain = now_s();
+    t_chain = llmq_now_s();
     if ((st = llmq_gptq_hinv(name, H, H0, C, &percdamp, o->damp_increment))) goto fail;
-    t_chain = now_s() - t_chain;
+    t_chain = llmq_now_s() - t_chain;
     const float *Hinv = H; // (C, C) upper triangle, processing order
     free(H0);
     H0 = NULL;
@@ -231,12 +225,12 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         }
 
         // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
-        double tg = now_s();
+        double tg = llmq_now_s();
         if (i2 < C)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2),
                         (blasint)count, -1.0f, Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f,
                         W + i2, (blasint)C);
-        t_gemm += now_s() - tg;
+        t_gemm += llmq_now_s() - tg;
     }
 
     // 8. un-permute Q; g_idx in original column order
@@ -249,7 +243,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         out->g_idx[c] = G <= 0 ? 0 : (int32_t)((o->act_order && !static_groups ? invperm[c] : c) / G);
 
     llmq_debug("%s: gptq (%lld, %lld) %.3f s: Cholesky chain %.3f s, lazy sgemm %.3f s, rest %.3f s", name,
-               (long long)R, (long long)C, now_s() - t0, t_chain, t_gemm, now_s() - t0 - t_chain - t_gemm);
+               (long long)R, (long long)C, llmq_now_s() - t0, t_chain, t_gemm, llmq_now_s() - t0 - t_chain - t_gemm);
     if (err) *err = loss / 2.0;
     if (percdamp_used) *percdamp_used = percdamp;
     goto done;

@@ -22,12 +22,6 @@
 
 #define MAX_THREADS 64
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 struct llmq_gptq_gguf_opts llmq_gptq_gguf_opts_default(void) {
     struct llmq_gptq_gguf_opts o = {
         .percdamp = LLMQ_GPTQ_PERCDAMP_DEFAULT,
@@ -149,7 +143,7 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     const int64_t B0 = o->blocksize > 0 ? o->blocksize : LLMQ_GPTQ_BLOCKSIZE_DEFAULT;
     const int64_t B = (B0 + QK - 1) / QK * QK;
     float percdamp = o->percdamp;
-    double t0 = now_s(), t_chain = 0.0, t_gemm = 0.0;
+    double t0 = llmq_now_s(), t_chain = 0.0, t_gemm = 0.0;
     float *imp = malloc((size_t)C * sizeof *imp);          // (C)
     float *H0 = malloc((size_t)(C * C) * sizeof *H0);      // (C, C) retry backup
     float *Err1 = malloc((size_t)(R * B) * sizeof *Err1);  // (R, B)
@@ -170,9 +164,9 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     }
 
     // 5. + 6. damping and the Cholesky chain, with retries
-    t_chain = now_s();
+    t_chain = llmq_now_s();
     if ((st = llmq_gptq_hinv(name, H, H0, C, &percdamp, o->damp_increment))) goto done;
-    t_chain = now_s() - t_chain;
+    t_chain = llmq_now_s() - t_chain;
     free(H0);
     H0 = NULL;
     const float *Hinv = H; // (C, C) upper triangle
@@ -185,17 +179,17 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
                                 .Err1 = Err1, .rowloss = rowloss};
         if ((st = run_batch(&job, R, o->n_threads))) goto done;
         // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
-        double tg = now_s();
+        double tg = llmq_now_s();
         if (i2 < C)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count,
                         -1.0f, Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
-        t_gemm += now_s() - tg;
+        t_gemm += llmq_now_s() - tg;
     }
 
     double sum = 0.0;
     for (int64_t r = 0; r < R; r++) sum += rowloss[r];
     llmq_debug("%s: gptq onto %s (%lld, %lld) %.3f s: Cholesky chain %.3f s, lazy sgemm %.3f s", name, tr->name,
-               (long long)R, (long long)C, now_s() - t0, t_chain, t_gemm);
+               (long long)R, (long long)C, llmq_now_s() - t0, t_chain, t_gemm);
     if (loss) *loss = sum / 2.0;
     if (percdamp_used) *percdamp_used = percdamp;
 done:

@@ -63,12 +63,6 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void) {
     return o;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // ---- the run's state -------------------------------------------------------------------------------
 
 struct run {
@@ -248,7 +242,7 @@ static void report_linear(struct run *r, int l, int k, int64_t R, int64_t C, dou
                           enum llmq_dtype gtype, double err, bool werr, double loss, double rtn_err, double secs) {
     r->params_done += R * C;
     r->bits_total += bits;
-    double el = now_s() - r->t0;
+    double el = llmq_now_s() - r->t0;
     char eta[32], name[64], extra[96] = "", type[24] = "";
     fmt_time(eta, sizeof(eta), el / (double)r->params_done * (double)(r->params_total - r->params_done));
     snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
@@ -303,7 +297,7 @@ static enum llmq_status quantize_fallback(struct run *r, int l, int k, const cha
     struct llmq_qconfig pc = r->o->q;
     pc.group_size = -1;
     struct llmq_qlinear tmp = {0};
-    double t = now_s();
+    double t = llmq_now_s();
     enum llmq_status st = llmq_rtn_quantize(name, r->W, R, C, &pc, &tmp);
     if (!st) st = widen_per_channel(&tmp, &r->o->q, out);
     llmq_qlinear_free(&tmp);
@@ -311,7 +305,7 @@ static enum llmq_status quantize_fallback(struct run *r, int l, int k, const cha
     llmq_qlinear_dequant(out, r->Q);
     double err = rel_err(r, r->W, r->Q, Hx, R, C);
     llmq_qlinear_dequant(out, r->Q); // rel_err overwrote Q; keep the dequantized weights for overrides
-    return finish_linear(r, l, k, out, "rtn-pc", err, Hx == NULL, -1, 0, now_s() - t);
+    return finish_linear(r, l, k, out, "rtn-pc", err, Hx == NULL, -1, 0, llmq_now_s() - t);
 }
 
 // ---- RTN ---------------------------------------------------------------------------------------------------
@@ -335,11 +329,11 @@ static enum llmq_status block_rtn(struct run *r, int l) {
         if (!tiles(&r->o->q, C)) {
             st = quantize_fallback(r, l, k, name, Hx, R, C, &ql);
         } else {
-            double t = now_s();
+            double t = llmq_now_s();
             if (!(st = llmq_rtn_quantize(name, r->W, R, C, &r->o->q, &ql))) {
                 llmq_qlinear_dequant(&ql, r->Q);
                 double err = rel_err(r, r->W, r->Q, Hx, R, C);
-                st = finish_linear(r, l, k, &ql, "rtn", err, Hx == NULL, -1, 0, now_s() - t);
+                st = finish_linear(r, l, k, &ql, "rtn", err, Hx == NULL, -1, 0, llmq_now_s() - t);
             }
         }
         llmq_qlinear_free(&ql);
@@ -358,7 +352,7 @@ static enum llmq_status gptq_linear(struct run *r, int l, int k, float *W, const
     enum llmq_status st;
     memcpy(r->Hx, Hsrc, (size_t)(C * C) * sizeof(float));
     if (!tiles(&r->o->q, C)) return quantize_fallback(r, l, k, name, r->Hx, R, C, ql);
-    double t = now_s();
+    double t = llmq_now_s();
     // RTN of the same W on the same H, for the comparison column
     struct llmq_qlinear rq = {0};
     if ((st = llmq_rtn_quantize(name, W, R, C, &r->o->q, &rq))) return st;
@@ -377,7 +371,7 @@ static enum llmq_status gptq_linear(struct run *r, int l, int k, float *W, const
     // W holds Q now and r->Q the original W0: err of (W0 - Q) (W is overwritten, then restored)
     double err = rel_err(r, r->Q, W, r->Hx, R, C);
     llmq_qlinear_dequant(ql, W);
-    return finish_linear(r, l, k, ql, how, err, false, loss, rtn_err, now_s() - t);
+    return finish_linear(r, l, k, ql, how, err, false, loss, rtn_err, llmq_now_s() - t);
 }
 
 // ---- GGUF output (to_gguf) ---------------------------------------------------------------------------------
@@ -415,7 +409,7 @@ static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const
                            llmq_dtype_name(t));
     const double bits = 8.0 * (double)rb * (double)R;
     memcpy(r->Hx, Hsrc, (size_t)(C * C) * sizeof(float));
-    double t0 = now_s(), loss = -1, rtn_err = 0, err, gptq_err = -1;
+    double t0 = llmq_now_s(), loss = -1, rtn_err = 0, err, gptq_err = -1;
     char fallback_how[24];
     snprintf(fallback_how, sizeof(fallback_how), "%s:rtn", how);
     enum llmq_status st;
@@ -424,7 +418,7 @@ static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const
         if ((st = gguf_roundtrip(r, name, t, W, R, C, NULL, r->Q))) return st;
         err = rel_err(r, W, r->Q, r->Hx, R, C);
         if ((st = gguf_roundtrip(r, name, t, W, R, C, NULL, W))) return st;
-        report_linear(r, l, k, R, C, bits, "convert", t, err, false, -1, 0, now_s() - t0);
+        report_linear(r, l, k, R, C, bits, "convert", t, err, false, -1, 0, llmq_now_s() - t0);
         return LLMQ_OK;
     }
     if (!imp) {
@@ -456,7 +450,7 @@ static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const
     if ((st = llmq_gguf_export_linear_bytes(r->ge, l, (enum llmq_linear)k, r->blk))) return st;
     for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(t, r->blk + (size_t)i * rb, W + i * C, C);
     if (st) return st;
-    report_linear(r, l, k, R, C, bits, how, t, err, false, loss, rtn_err, now_s() - t0);
+    report_linear(r, l, k, R, C, bits, how, t, err, false, loss, rtn_err, llmq_now_s() - t0);
     if (gptq_err >= 0) json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err",
                                            json_real(gptq_err));
     return LLMQ_OK;
@@ -578,11 +572,11 @@ static enum llmq_status block_awq(struct run *r, int l) {
             free(Hsrc);
             continue;
         }
-        double t = now_s();
+        double t = llmq_now_s();
         if ((st = awq_rtn(name, r->W, R, C, &r->o->q, &ql[k]))) break;
         llmq_qlinear_dequant(&ql[k], r->Q);
         double err = rel_err(r, r->W, r->Q, r->Hx, R, C);
-        st = finish_linear(r, l, k, &ql[k], "awq", err, false, -1, 0, now_s() - t);
+        st = finish_linear(r, l, k, &ql[k], "awq", err, false, -1, 0, llmq_now_s() - t);
     }
     if (b && b->bound) {
         enum llmq_status s2 = llmq_awq_block_unbind(b, NULL);
@@ -793,7 +787,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
         }
     openblas_set_num_threads(o->n_threads);
     r.layers = json_array();
-    r.t0 = now_s();
+    r.t0 = llmq_now_s();
     int64_t N = 0, D = hp->n_embd;
     if (o->calib.n_sources > 0) {
         struct llmq_calib_opts co = o->calib;
@@ -887,7 +881,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     }
     if (st) goto done;
 
-    double secs = now_s() - r.t0, bpw = r.bits_total / (double)r.params_total;
+    double secs = llmq_now_s() - r.t0, bpw = r.bits_total / (double)r.params_total;
     int64_t bytes = 0;
     if (o->to_gguf) {
         struct stat sb;

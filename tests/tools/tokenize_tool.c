@@ -17,18 +17,13 @@
 #include "common/io.h"
 #include "common/status.h"
 #include "formats/gguf.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static char *read_all(const char *path, size_t *n) {
     if (strcmp(path, "-") != 0) {
@@ -169,9 +164,9 @@ int main(int argc, char **argv) {
         goto done;
     }
     int64_t n_ids = 0;
-    double t0 = now_s();
+    double t0 = llmq_now_s();
     if (llmq_tokenize(t, text, n, add_special, parse_special, &ids, &n_ids) != LLMQ_OK) goto done;
-    double dt = now_s() - t0;
+    double dt = llmq_now_s() - t0;
     fprintf(stderr, "tokenize_tool: %lld tokens from %zu bytes in %.3f s (%.0f tokens/s)\n", (long long)n_ids, n, dt,
             dt > 0 ? (double)n_ids / dt : 0.0);
     for (int64_t i = 0; i < n_ids; i++)

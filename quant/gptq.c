@@ -16,6 +16,10 @@
  * "column-major upper": spotrf('U') = reference cholesky (lower L, stored in our lower triangle),
  * spotri('U') = cholesky_inverse, mirror lower -> upper, spotrf('L') = cholesky(upper=True) in our upper
  * triangle. No LAPACKE row-major wrappers: they would transpose through a second C x C buffer.
+ *
+ * Backends: steps 1-4 and 8 always run here. Steps 5-7 run either here (llmq_gptq_hinv + blocks_cpu) or
+ * on CUDA (solve_cuda -> kernels/gptq_cuda.h); both share the damping retry (hinv_retry), and the CUDA
+ * in-block kernel is a port of llmq_gptq_block_row (the reference the GPU tests compare it with).
  */
 #include "quant/gptq.h"
 
@@ -26,6 +30,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "kernels/gptq_cuda.h"
 
 struct llmq_gptq_opts llmq_gptq_opts_default(void) {
     struct llmq_gptq_opts o = {
@@ -55,16 +60,18 @@ static int hinv_chain(float *H /* (C, C) */, int64_t C) {
     return 0;
 }
 
-enum llmq_status llmq_gptq_hinv(const char *name, float *H, float *H0, int64_t C, float *percdamp,
-                                float damp_increment) {
-    memcpy(H0, H, (size_t)(C * C) * sizeof(float));
+// One attempt of steps 5 + 6 with absolute damping `damp`: 0 on success, else the failing step (1..4).
+typedef int (*hinv_attempt_fn)(void *ctx, float damp);
+
+// Steps 5 + 6 with GPTQModel's retry, for either backend: mean(diag H) of the undamped H (C, C), then
+// attempts with percdamp, percdamp + increment, ... until one succeeds or percdamp reaches 1.
+static enum llmq_status hinv_retry(const char *name, const float *H /* (C, C) */, int64_t C, float *percdamp,
+                                   float damp_increment, hinv_attempt_fn attempt, void *ctx) {
     double sum = 0.0;
     for (int64_t i = 0; i < C; i++) sum += H[i * C + i];
     const float mean = (float)(sum / (double)C); // torch.mean(torch.diag(H))
     for (;;) {
-        const float damp = *percdamp * mean;
-        for (int64_t i = 0; i < C; i++) H[i * C + i] += damp;
-        int fail = hinv_chain(H, C);
+        int fail = attempt(ctx, *percdamp * mean);
         if (!fail) return LLMQ_OK;
         static const char *what[] = {"", "cholesky(H)", "cholesky_inverse", "cholesky(H^-1, upper)",
                                      "cholesky(H^-1, upper)"};
@@ -76,8 +83,46 @@ enum llmq_status llmq_gptq_hinv(const char *name, float *H, float *H0, int64_t C
         llmq_warn("%s: %s failed with percdamp %.4f, retrying with percdamp %.4f", name, what[fail],
                   (double)*percdamp, (double)next);
         *percdamp = next;
-        memcpy(H, H0, (size_t)(C * C) * sizeof(float));
     }
+}
+
+struct cpu_hinv {
+    float *H, *H0; // (C, C) working copy, undamped backup
+    int64_t C;
+};
+
+static int cpu_hinv_attempt(void *ctx, float damp) {
+    struct cpu_hinv *c = ctx;
+    for (int64_t i = 0; i < c->C; i++) c->H[i * c->C + i] += damp;
+    int fail = hinv_chain(c->H, c->C);
+    if (fail) memcpy(c->H, c->H0, (size_t)(c->C * c->C) * sizeof(float));
+    return fail;
+}
+
+enum llmq_status llmq_gptq_hinv(const char *name, float *H, float *H0, int64_t C, float *percdamp,
+                                float damp_increment) {
+    memcpy(H0, H, (size_t)(C * C) * sizeof(float));
+    struct cpu_hinv ctx = {H, H0, C};
+    return hinv_retry(name, H0, C, percdamp, damp_increment, cpu_hinv_attempt, &ctx);
+}
+
+double llmq_gptq_block_row(float *W1, float *err1, uint8_t *code1, const float *Hinv1, int64_t ldh, int64_t count,
+                           const float *scales, const float *zeros, const int32_t *gcol, int maxq) {
+    double rloss = 0.0;
+    for (int64_t i = 0; i < count; i++) {
+        const float scale = scales[gcol[i]], zero = zeros[gcol[i]];
+        const float w = W1[i], d = Hinv1[i * ldh + i];
+        const uint8_t code = llmq_quant_code(w, scale, zero, maxq);
+        const float q = scale * ((float)code - zero);    // Q1[:, i]
+        const float e = (w - q) / d;                     // err1
+        rloss += (double)((w - q) * (w - q) / (d * d)); // Losses1[:, i]
+        const float *hrow = Hinv1 + i * ldh;             // Hinv1[i, :]
+        for (int64_t k = i + 1; k < count; k++) W1[k] -= e * hrow[k];
+        err1[i] = e;
+        W1[i] = q;
+        code1[i] = code;
+    }
+    return rloss;
 }
 
 // Stable descending argsort of diag(H) (merge sort on indices; ties keep ascending index).
@@ -96,14 +141,104 @@ static void argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, in
     }
 }
 
+// Step 7 on the CPU: lazy blocks over W (R, C) (processing order) with Hinv (C, C) (upper). G_dyn > 0:
+// dynamic groups of G_dyn columns; gcol (C) the group of each processing position; perm (C) its original
+// column. *loss accumulates the Losses sum (rows in order, block by block).
+static enum llmq_status blocks_cpu(const char *name, float *W, const float *Hinv, int64_t R, int64_t C, int64_t B,
+                                   int64_t G_dyn, const int32_t *gcol, const int64_t *perm,
+                                   const struct llmq_qconfig *cfg, struct llmq_qlinear *out, double *loss,
+                                   double *t_gemm) {
+    const int64_t NG = out->n_groups;
+    const int maxq = (1 << cfg->bits) - 1;
+    float *Err1 = malloc((size_t)(R * B) * sizeof *Err1); // (R, B) scaled errors of the current block
+    uint8_t *code1 = malloc((size_t)B);                    // (B) one row's codes, block order
+    if (!Err1 || !code1) {
+        free(code1);
+        free(Err1);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (R = %lld)", name, (long long)R);
+    }
+    for (int64_t i1 = 0; i1 < C; i1 += B) {
+        const int64_t i2 = i1 + B < C ? i1 + B : C, count = i2 - i1;
+
+        // dynamic groups starting in this block: find_params(W[:, c:c+G]) from W as it is now
+        if (G_dyn > 0)
+            for (int64_t c = ((i1 + G_dyn - 1) / G_dyn) * G_dyn; c < i2; c += G_dyn) {
+                int64_t n = c + G_dyn <= C ? G_dyn : C - c;
+                for (int64_t r = 0; r < R; r++)
+                    llmq_quant_params_gptq(W + r * C + c, n, 1, cfg->bits, cfg->sym, &out->scales[r * NG + c / G_dyn],
+                                           &out->zeros[r * NG + c / G_dyn]);
+            }
+
+        for (int64_t r = 0; r < R; r++) {
+            // W[r, i1:i2] is this row's block of the reference's W1, updated in place; ends as Q1
+            *loss += llmq_gptq_block_row(W + r * C + i1, Err1 + r * count, code1, Hinv + i1 * C + i1, C, count,
+                                         out->scales + r * NG, out->zeros + r * NG, gcol + i1, maxq);
+            for (int64_t i = 0; i < count; i++) out->q[r * C + perm[i1 + i]] = code1[i]; // original order
+        }
+
+        // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
+        double tg = llmq_now_s();
+        if (i2 < C)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2),
+                        (blasint)count, -1.0f, Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f,
+                        W + i2, (blasint)C);
+        *t_gemm += llmq_now_s() - tg;
+    }
+    free(code1);
+    free(Err1);
+    return LLMQ_OK;
+}
+
+struct cuda_hinv {
+    struct llmq_cuda_gptq *g;
+    const float *H; // (C, C) undamped, processing order
+};
+
+static int cuda_hinv_attempt(void *ctx, float damp) {
+    struct cuda_hinv *c = ctx;
+    return llmq_cuda_gptq_hinv_attempt(c->g, c->H, damp);
+}
+
+// Steps 5 - 7 on the CUDA device (kernels/gptq_cuda.h), same retry policy as the CPU (hinv_retry). W (R, C)
+// processing order -> Q; H (C, C) undamped -> Hinv (upper, strict lower 0); codes, grids, loss into out.
+static enum llmq_status solve_cuda(const char *name, float *W, float *H, int64_t R, int64_t C, int64_t B,
+                                   int64_t G_dyn, const int32_t *gcol, const int64_t *perm,
+                                   const struct llmq_gptq_opts *o, struct llmq_qlinear *out, float *percdamp,
+                                   double *loss, double *t_chain) {
+    const int64_t nblocks = (C + B - 1) / B;
+    struct llmq_cuda_gptq *g = NULL;
+    int32_t *perm32 = malloc((size_t)C * sizeof *perm32);                    // (C)
+    double *loss_rows = malloc((size_t)(nblocks * R) * sizeof *loss_rows); // (nblocks, R)
+    enum llmq_status st = LLMQ_OK;
+    if (!perm32 || !loss_rows) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (R = %lld)", name, (long long)R);
+        goto done;
+    }
+    for (int64_t j = 0; j < C; j++) perm32[j] = (int32_t)perm[j];
+    if ((st = llmq_cuda_gptq_init(name, R, C, out->n_groups, B, &g))) goto done;
+    double t = llmq_now_s();
+    struct cuda_hinv ctx = {g, H};
+    if ((st = hinv_retry(name, H, C, percdamp, o->damp_increment, cuda_hinv_attempt, &ctx))) goto done;
+    *t_chain = llmq_now_s() - t;
+    if ((st = llmq_cuda_gptq_blocks(g, W, gcol, perm32, G_dyn, o->q.bits, o->q.sym, out->scales, out->zeros,
+                                    out->q, loss_rows, H)))
+        goto done;
+    for (int64_t i = 0; i < nblocks * R; i++) *loss += loss_rows[i]; // the CPU's order: block by block, rows
+done:
+    llmq_cuda_gptq_free(g);
+    free(loss_rows);
+    free(perm32);
+    return st;
+}
+
 enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_t R, int64_t C,
                                     const struct llmq_gptq_opts *o, struct llmq_qlinear *out, double *err,
                                     float *percdamp_used) {
     enum llmq_status st = LLMQ_OK;
     int64_t *perm = NULL, *invperm = NULL; // (C) processing position -> original column, and back
     float *H0 = NULL;                      // (C, C) backup of H for the damping retry / permute scratch
-    float *Err1 = NULL;                    // (R, B) scaled errors of the current block
     float *row = NULL;                     // (C) permutation scratch
+    int32_t *gcol = NULL;                  // (C) group of each processing position
     memset(out, 0, sizeof *out);
 
     if ((st = llmq_qconfig_check(&o->q, name))) return st;
@@ -123,19 +258,24 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
 
     const int64_t B = o->blocksize > 0 ? o->blocksize : LLMQ_GPTQ_BLOCKSIZE_DEFAULT;
     const int64_t G = o->q.group_size; // -1 = per row
-    const int bits = o->q.bits, maxq = (1 << bits) - 1;
+    const int bits = o->q.bits;
     const bool sym = o->q.sym, static_groups = o->static_groups && G > 0;
     float percdamp = o->percdamp;
     double loss = 0.0, t0 = llmq_now_s(), t_chain = 0.0, t_gemm = 0.0;
 
+    if (o->backend != LLMQ_BACKEND_CPU && o->backend != LLMQ_BACKEND_CUDA)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: unknown backend %d", name, (int)o->backend);
+    const char *why = NULL;
+    if (o->backend == LLMQ_BACKEND_CUDA && llmq_cuda_device_count(&why) == 0)
+        return llmq_errorf(LLMQ_ERR_DEVICE, "%s: GPTQ on CUDA: no CUDA device: %s", name, why);
     if ((st = llmq_qlinear_init(R, C, &o->q, out))) return st;
     const int64_t NG = out->n_groups;
     perm = malloc((size_t)C * sizeof *perm);
     invperm = malloc((size_t)C * sizeof *invperm);
     H0 = malloc((size_t)(C * C) * sizeof *H0);
-    Err1 = malloc((size_t)(R * B) * sizeof *Err1);
     row = malloc((size_t)C * sizeof *row);
-    if (!perm || !invperm || !H0 || !Err1 || !row) {
+    gcol = malloc((size_t)C * sizeof *gcol);
+    if (!perm || !invperm || !H0 || !row || !gcol) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (C = %lld)", name, (long long)C);
         goto fail;
     }
@@ -179,58 +319,24 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         memcpy(H, H0, (size_t)(C * C) * sizeof *H);
     }
 
-    // 5. + 6. damping and Hinv = cholesky(cholesky_inverse(cholesky(H)), upper=True), with retries
-    t_chain = llmq_now_s();
-    if ((st = llmq_gptq_hinv(name, H, H0, C, &percdamp, o->damp_increment))) goto fail;
-    t_chain = llmq_now_s() - t_chain;
-    const float *Hinv = H; // (C, C) upper triangle, processing order
-    free(H0);
-    H0 = NULL;
+    // group of each processing position (dynamic groups follow the processing order; static groups and
+    // the per-row grid do not move with act-order)
+    for (int64_t j = 0; j < C; j++) gcol[j] = G <= 0 ? 0 : (int32_t)((static_groups ? perm[j] : j) / G);
+    const int64_t G_dyn = G > 0 && !static_groups ? G : 0;
 
-    // 7. lazy blocks
-    for (int64_t i1 = 0; i1 < C; i1 += B) {
-        const int64_t i2 = i1 + B < C ? i1 + B : C, count = i2 - i1;
-
-        // dynamic groups starting in this block: find_params(W[:, c:c+G]) from W as it is now
-        if (G > 0 && !static_groups)
-            for (int64_t c = ((i1 + G - 1) / G) * G; c < i2; c += G) {
-                int64_t n = c + G <= C ? G : C - c;
-                for (int64_t r = 0; r < R; r++)
-                    llmq_quant_params_gptq(W + r * C + c, n, 1, bits, sym, &out->scales[r * NG + c / G],
-                                           &out->zeros[r * NG + c / G]);
-            }
-
-        for (int64_t r = 0; r < R; r++) {
-            float *W1 = W + r * C + i1;      // (count) this row's block, updated in place; ends as Q1
-            float *err1 = Err1 + r * count;  // (count) row r of Err1 (R, count)
-            const float *scales = out->scales + r * NG, *zeros = out->zeros + r * NG; // (NG)
-            uint8_t *qrow = out->q + r * C;  // (C) codes, original column order
-            double rloss = 0.0;
-            for (int64_t i = 0; i < count; i++) {
-                const int64_t j = i1 + i;                           // processing position
-                const int64_t g = G <= 0 ? 0 : static_groups ? perm[j] / G : j / G;
-                const float scale = scales[g], zero = zeros[g];
-                const float w = W1[i], d = Hinv[j * C + j];
-                const uint8_t code = llmq_quant_code(w, scale, zero, maxq);
-                const float q = scale * ((float)code - zero);       // Q1[:, i]
-                const float e = (w - q) / d;                        // err1
-                rloss += (double)((w - q) * (w - q) / (d * d));    // Losses1[:, i]
-                const float *hrow = Hinv + j * C + i1;             // Hinv1[i, :]
-                for (int64_t k = i + 1; k < count; k++) W1[k] -= e * hrow[k];
-                err1[i] = e;
-                W1[i] = q;
-                qrow[perm[j]] = code;
-            }
-            loss += rloss;
-        }
-
-        // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
-        double tg = llmq_now_s();
-        if (i2 < C)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2),
-                        (blasint)count, -1.0f, Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f,
-                        W + i2, (blasint)C);
-        t_gemm += llmq_now_s() - tg;
+    if (o->backend == LLMQ_BACKEND_CUDA) {
+        free(H0); // 5. - 7. on the device (H stays the undamped host copy until Hinv comes back)
+        H0 = NULL;
+        if ((st = solve_cuda(name, W, H, R, C, B, G_dyn, gcol, perm, o, out, &percdamp, &loss, &t_chain))) goto fail;
+    } else {
+        // 5. + 6. damping and Hinv = cholesky(cholesky_inverse(cholesky(H)), upper=True), with retries
+        t_chain = llmq_now_s();
+        if ((st = llmq_gptq_hinv(name, H, H0, C, &percdamp, o->damp_increment))) goto fail;
+        t_chain = llmq_now_s() - t_chain;
+        free(H0);
+        H0 = NULL;
+        // 7. lazy blocks
+        if ((st = blocks_cpu(name, W, H, R, C, B, G_dyn, gcol, perm, &o->q, out, &loss, &t_gemm))) goto fail;
     }
 
     // 8. un-permute Q; g_idx in original column order
@@ -250,8 +356,8 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
 fail:
     llmq_qlinear_free(out);
 done:
+    free(gcol);
     free(row);
-    free(Err1);
     free(H0);
     free(invperm);
     free(perm);

@@ -36,6 +36,18 @@
  * Threads: the heavy parts (Cholesky chain, lazy sgemm) run in OpenBLAS with its thread count
  * (OPENBLAS_NUM_THREADS / openblas_set_num_threads); the in-block loop is single-threaded per layer.
  * Results are bit-identical for a given OpenBLAS build and thread count.
+ *
+ * CUDA (opts.backend = LLMQ_BACKEND_CUDA, kernels/gptq_cuda.h): steps 1-4 and 8 stay here on the CPU;
+ * steps 5-7 run on the device: damping and the Cholesky chain in cuSOLVER (spotrf/spotri/spotrf, the
+ * same retry loop and warnings as the CPU, shared code), the in-block loop as one warp per row with the
+ * same fp32 operations as llmq_gptq_block_row (bit-identical for identical inputs; tests/gpu checks it),
+ * dynamic (scale, zero) bit-identical to llmq_quant_params_gptq, the lazy update in cublasSgemm (plain
+ * FP32, no TF32). The result differs from the CPU one only through cuSOLVER / cuBLAS vs OpenBLAS fp32
+ * rounding (codes agree on >= 99%, tests/gpu/test_gptq_cuda.c). Reruns on the same GPU, driver and
+ * CUDA libraries give bit-identical results (cuSOLVER potrf/potri and cuBLAS sgemm are deterministic
+ * for a fixed configuration; our kernels use no atomics on floats); another GPU model or library
+ * version may round differently. Device memory: W (R, C), H (C, C), Err1 (R, B), codes (R, C),
+ * scales/zeros, the cuSOLVER workspace. The Hinv contract on H holds on both backends.
  */
 #ifndef LLMQ_QUANT_GPTQ_H
 #define LLMQ_QUANT_GPTQ_H
@@ -44,6 +56,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/backend.h"
 #include "quant/quantizer.h"
 
 #define LLMQ_GPTQ_PERCDAMP_DEFAULT 0.01f
@@ -57,9 +70,10 @@ struct llmq_gptq_opts {
     bool static_groups;    // groups' (scale, zero) from the original weights, before any update
     int blocksize;         // lazy-update block width; 128 (0 -> 128)
     float damp_increment;  // added to percdamp on each Cholesky failure; 0 -> 0.0025
+    enum llmq_backend backend; // where steps 5-7 run; LLMQ_BACKEND_CPU (= 0, so a zeroed struct means CPU)
 };
 
-// Default options: 4-bit, group 128, asym, percdamp 0.01, no act-order, block 128.
+// Default options: 4-bit, group 128, asym, percdamp 0.01, no act-order, block 128, CPU.
 struct llmq_gptq_opts llmq_gptq_opts_default(void);
 
 // Quantize one linear layer with GPTQ.
@@ -74,7 +88,8 @@ struct llmq_gptq_opts llmq_gptq_opts_default(void);
 //   err  : optional; receives the reference's loss sum(Losses) = ½·Σ (w - q)² / Hinv_ii² (fp64 sum),
 //          the GPTQ proxy of the layer's output error.
 //   percdamp_used : optional; the damping that finally succeeded.
-// Errors: bad options -> LLMQ_ERR_ARG; NaN/Inf in W or H -> LLMQ_ERR_NUMERIC (naming the layer and
+// Errors: bad options -> LLMQ_ERR_ARG; backend CUDA in a build without CUDA or without a device ->
+// LLMQ_ERR_DEVICE; NaN/Inf in W or H -> LLMQ_ERR_NUMERIC (naming the layer and
 // the element); Cholesky failing up to percdamp >= 1 -> LLMQ_ERR_NUMERIC; allocation -> LLMQ_ERR_NOMEM.
 enum llmq_status llmq_gptq_quantize(const char *name, float *W /* (R, C) */, float *H /* (C, C) */,
                                     int64_t R, int64_t C, const struct llmq_gptq_opts *o,
@@ -86,5 +101,19 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W /* (R, C) */, flo
 // H (the retry restarts from it).
 enum llmq_status llmq_gptq_hinv(const char *name, float *H /* (C, C) */, float *H0 /* (C, C) */,
                                 int64_t C, float *percdamp, float damp_increment);
+
+// Step 7's in-block loop for one row (the CPU reference of the CUDA kernel; exposed for tests):
+// for i in 0..count-1: code = quant(W1[i]) with (scales[gcol[i]], zeros[gcol[i]]), q, e = (w - q) / d,
+// W1[k] -= e * Hinv1[i, k] for k > i (product rounded to fp32, then the subtraction), W1[i] = q.
+//   W1     : (count) in: the row's block of W; out: Q1
+//   err1   : (count) out: Err1 row
+//   code1  : (count) out: integer codes, in block (processing) order
+//   Hinv1  : (count, ldh) Hinv[i1:i2, i1:i2] with row stride ldh (C in the solve)
+//   scales, zeros : (NG) this row's grid; gcol (count): group of each block column
+// Returns the row's Losses1 sum Σ (w - q)² / d² (fp64 sum of fp32 terms; the caller halves the total).
+double llmq_gptq_block_row(float *W1 /* (count) */, float *err1 /* (count) */, uint8_t *code1 /* (count) */,
+                           const float *Hinv1 /* (count, ldh) */, int64_t ldh, int64_t count,
+                           const float *scales /* (NG) */, const float *zeros /* (NG) */,
+                           const int32_t *gcol /* (count) */, int maxq);
 
 #endif // LLMQ_QUANT_GPTQ_H

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "harness.h"
+#include "kernels/backend.h"
 #include "quant/gptq.h"
 #include "quant/quantizer.h"
 
@@ -201,6 +202,13 @@ static void test_gptq_errors(void) {
     o.percdamp = 1.5f;
     CHECK_EQ_INT(llmq_gptq_quantize("x", W, H, R, C, &o, &ql, NULL, NULL), LLMQ_ERR_ARG);
     o.percdamp = 0.01f;
+    if (llmq_cuda_device_count(NULL) == 0) { // CUDA backend without a device (or without CUDA): a clear error
+        o.backend = LLMQ_BACKEND_CUDA;
+        CHECK_EQ_INT(llmq_gptq_quantize("blk.3.ffn_down", W, H, R, C, &o, &ql, NULL, NULL), LLMQ_ERR_DEVICE);
+        CHECK_CONTAINS(llmq_last_error(), "blk.3.ffn_down");
+        CHECK(ql.q == NULL);
+        o.backend = LLMQ_BACKEND_CPU;
+    }
     o.q.bits = 9;
     CHECK_EQ_INT(llmq_gptq_quantize("x", W, H, R, C, &o, &ql, NULL, NULL), LLMQ_ERR_ARG);
     llmq_log_set_level(LLMQ_LOG_INFO);

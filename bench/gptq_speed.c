@@ -3,13 +3,16 @@
  * H (C, C); bench/gptq_speed.sh runs the numpy reference (tests/py/gptq_ref.py) on the same files.
  *
  *   bench_gptq_speed --R 4096 --C 4096 [--seed 1] [--bits 4] [--group 128] [--act-order]
- *                    [--dump PREFIX] [--reps 1] [--verbose (time per phase on stderr)]
+ *                    [--device cpu|cuda (default cpu)] [--dump PREFIX] [--reps 1]
+ *                    [--verbose (time per phase on stderr)]
  *
  * H = 2/k · (B·S)ᵀ(B·S) + 0.05·S² with B (k = 256, C) random and S = diag(s), s in [0.2, 3]: a
  * low-rank-plus-diagonal Hessian like a real layer's (strong correlations, a wide diag(H) range).
  * --dump writes PREFIX.W, PREFIX.H (inputs, raw f32) and PREFIX.llmq.q (llmq's codes, u8).
- * stdout: one JSON line {"R", "C", "seconds" (median), "gflops" (≈ R·C² + 4/3·C³ lazy+chain), "loss"}.
- * Threads: OpenBLAS's (OPENBLAS_NUM_THREADS).
+ * stdout: one JSON line {"R", "C", "device", "seconds" (median), "gflops" (≈ R·C² + 4/3·C³ lazy+chain),
+ * "loss"}. Threads: OpenBLAS's (OPENBLAS_NUM_THREADS). --device cuda: steps 5-7 on the GPU (quant/gptq.h);
+ * the seconds include the host steps 1-4 / 8, the transfers and the per-call cuBLAS / cuSOLVER handle
+ * creation, but not the CUDA context and library loading (one small untimed warm-up solve first).
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "kernels/backend.h"
 #include "quant/gptq.h"
 
 static uint64_t rng_state;
@@ -60,6 +64,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--group")) o.q.group_size = atoi(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--dump")) prefix = v;
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) { fprintf(stderr, "bench_gptq_speed: --device cpu|cuda, got %s\n", v); return 1; }
+            if (llmq_backend_select(v, &o.backend)) return 1; // cuda without a device: the reason is logged
+        }
         else { fprintf(stderr, "bench_gptq_speed: unknown flag %s\n", a); return 1; }
         i++;
     }
@@ -83,6 +91,16 @@ int main(int argc, char **argv) {
     }
     double t[50], loss = 0;
     struct llmq_qlinear ql;
+    if (o.backend == LLMQ_BACKEND_CUDA) { // warm-up: CUDA context, cuBLAS / cuSOLVER loading
+        const int64_t wc = 64;
+        float *ww = calloc((size_t)(8 * wc), sizeof *ww), *wh = calloc((size_t)(wc * wc), sizeof *wh);
+        if (!ww || !wh) { fprintf(stderr, "bench_gptq_speed: out of memory\n"); return 1; }
+        for (int64_t c = 0; c < wc; c++) wh[c * wc + c] = 1.0f;
+        if (llmq_gptq_quantize("warmup", ww, wh, 8, wc, &o, &ql, NULL, NULL)) return 1;
+        llmq_qlinear_free(&ql);
+        free(wh);
+        free(ww);
+    }
     for (int r = 0; r < reps; r++) {
         memcpy(Wc, W, (size_t)(R * C) * sizeof *W);
         memcpy(Hc, H, (size_t)(C * C) * sizeof *H);
@@ -94,8 +112,8 @@ int main(int argc, char **argv) {
     }
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     double flops = (double)R * C * C + 4.0 / 3.0 * (double)C * C * C;
-    printf("{\"R\": %lld, \"C\": %lld, \"seconds\": %.3f, \"gflops\": %.1f, \"loss\": %.9g}\n", (long long)R,
-           (long long)C, t[reps / 2], flops / t[reps / 2] * 1e-9, loss);
+    printf("{\"R\": %lld, \"C\": %lld, \"device\": \"%s\", \"seconds\": %.3f, \"gflops\": %.1f, \"loss\": %.9g}\n",
+           (long long)R, (long long)C, llmq_backend_name(o.backend), t[reps / 2], flops / t[reps / 2] * 1e-9, loss);
     free(s);
     free(B);
     free(Hc);

@@ -4,7 +4,7 @@
 //   1. the group-params kernel and the in-block kernel are BIT-EXACT against llmq_quant_params_gptq /
 //      llmq_gptq_block_row on the same host inputs (random, and dyadic inputs that hit .5 ties of rint);
 //   2. the whole solve, CPU vs CUDA, on a correlated H: codes agree on >= 99%, |loss ratio - 1| < 1e-2,
-//      dequantized W within 5% relative (Frobenius), Hinv within 1e-3 relative. These are not bit-exact
+//      dequantized W within 5% relative (Frobenius), Hinv within 1e-4 relative (fp32 vs fp64 is ~1e-6 on these H). These are not bit-exact
 //      and cannot be: cuSOLVER's potrf/potri and cuBLAS's sgemm sum in another order than OpenBLAS, so
 //      Hinv and the lazy updates differ in the last fp32 bits; a weight that sits at a rounding boundary
 //      of the grid then flips one code, and the flip propagates along the rest of its row (rows are
@@ -81,7 +81,7 @@ static void block_case(int64_t R, int64_t count, int G, int bits, bool sym, bool
     for (int64_t i = 0; i < count; i++) gcol[i] = G > 0 ? (int32_t)(i / G) : 0;
     for (int64_t i = 0; i < count; i++)
         for (int64_t k = 0; k < count; k++)
-            Hinv1[i * count + k] = dyadic ? (float)(irand(9) - 4) / 8.0f : 0.3f * frand();
+            Hinv1[i * count + k] = dyadic ? (float)(irand(9) - 4) / 64.0f : 0.05f * frand(); // bounded growth
     for (int64_t i = 0; i < count; i++)
         Hinv1[i * count + i] = dyadic ? (irand(2) ? 1.0f : 2.0f) : 0.5f + 0.5f * (frand() + 1.0f);
     for (int64_t r = 0; r < R; r++)
@@ -191,15 +191,12 @@ static void solved_free(struct solved *s) {
     free(s->Q);
 }
 
-static void test_solve(int64_t R, int64_t C, int G, bool act_order, bool static_groups) {
+static void test_solve(int64_t R, int64_t C, struct llmq_gptq_opts o) {
     float *W = malloc((size_t)(R * C) * sizeof *W), *H = malloc((size_t)(C * C) * sizeof *H);
     float *D = malloc((size_t)(R * C) * sizeof *D);
     CHECK(W && H && D);
     make_problem(R, C, 64, 0.05f, C / 3, W, H);
-    struct llmq_gptq_opts o = llmq_gptq_opts_default();
-    o.q.group_size = G;
-    o.act_order = act_order;
-    o.static_groups = static_groups;
+    const int G = o.q.group_size;
     struct solved cpu, gpu, gpu2;
     solve(W, H, R, C, o, LLMQ_BACKEND_CPU, &cpu);
     solve(W, H, R, C, o, LLMQ_BACKEND_CUDA, &gpu);
@@ -220,17 +217,17 @@ static void test_solve(int64_t R, int64_t C, int G, bool act_order, bool static_
             nh += (double)hc * hc;
         }
     const double agree = (double)same / (double)(R * C), rel_q = sqrt(dq / nq), rel_h = sqrt(dh / nh);
-    printf("solve (%lld, %lld) G %d act %d static %d: codes equal %.5f, loss cpu %.6g cuda %.6g, "
-           "|dQ|/|Q| %.2e, |dHinv|/|Hinv| %.2e\n", (long long)R, (long long)C, G, act_order, static_groups, agree,
-           cpu.loss, gpu.loss, rel_q, rel_h);
+    printf("solve (%lld, %lld) bits %d G %d sym %d act %d static %d B %d: codes equal %.5f, loss cpu %.6g cuda "
+           "%.6g, |dQ|/|Q| %.2e, |dHinv|/|Hinv| %.2e\n", (long long)R, (long long)C, o.q.bits, G, o.q.sym,
+           o.act_order, o.static_groups, o.blocksize, agree, cpu.loss, gpu.loss, rel_q, rel_h);
     CHECK(agree >= 0.99);
     CHECK(fabs(gpu.loss / cpu.loss - 1.0) < 1e-2);
     CHECK(rel_q < 0.05);
-    CHECK(rel_h < 1e-3);
+    CHECK(rel_h < 1e-4);
     CHECK(gpu.percdamp == cpu.percdamp);
     // exact parts: g_idx, grids that do not depend on the solve, W out == dequant(out)
     CHECK(memcmp(cpu.ql.g_idx, gpu.ql.g_idx, (size_t)C * sizeof(int32_t)) == 0);
-    if (G <= 0 || static_groups) {
+    if (G <= 0 || o.static_groups) {
         CHECK(memcmp(cpu.ql.scales, gpu.ql.scales, (size_t)(R * cpu.ql.n_groups) * sizeof(float)) == 0);
         CHECK(memcmp(cpu.ql.zeros, gpu.ql.zeros, (size_t)(R * cpu.ql.n_groups) * sizeof(float)) == 0);
     }
@@ -342,8 +339,24 @@ int main(void) {
     for (int si = 0; si < 3; si++)
         for (int gi = 0; gi < 2; gi++)
             for (int act = 0; act < 2; act++)
-                for (int st = 0; st < 1 + gi; st++) // static groups only mean something with G > 0
-                    test_solve(shapes[si][0], shapes[si][1], gi ? 128 : -1, act, st);
+                for (int st = 0; st < 1 + gi; st++) { // static groups only mean something with G > 0
+                    struct llmq_gptq_opts o = llmq_gptq_opts_default();
+                    o.q.group_size = gi ? 128 : -1;
+                    o.act_order = act;
+                    o.static_groups = st;
+                    test_solve(shapes[si][0], shapes[si][1], o);
+                }
+    // groups longer than a block (the dynamic grid reads columns the lazy update has not reached yet),
+    // small groups, 3-bit symmetric, a block that does not tile C
+    struct llmq_gptq_opts o = llmq_gptq_opts_default();
+    o.blocksize = 48;
+    o.act_order = true;
+    test_solve(40, 333, o);
+    o.q.bits = 3;
+    o.q.sym = true;
+    o.q.group_size = 32;
+    o.blocksize = 128;
+    test_solve(40, 333, o);
     test_retry_and_nan();
     printf("test_gptq_cuda: ok\n");
     return 0;

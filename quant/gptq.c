@@ -348,8 +348,9 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     for (int64_t c = 0; c < C; c++)
         out->g_idx[c] = G <= 0 ? 0 : (int32_t)((o->act_order && !static_groups ? invperm[c] : c) / G);
 
-    llmq_debug("%s: gptq (%lld, %lld) %.3f s: Cholesky chain %.3f s, lazy sgemm %.3f s, rest %.3f s", name,
-               (long long)R, (long long)C, llmq_now_s() - t0, t_chain, t_gemm, llmq_now_s() - t0 - t_chain - t_gemm);
+    llmq_debug("%s: gptq (%lld, %lld) on %s %.3f s: Cholesky chain %.3f s, lazy sgemm %.3f s (cpu only), rest %.3f s",
+               name, (long long)R, (long long)C, llmq_backend_name(o->backend), llmq_now_s() - t0, t_chain, t_gemm,
+               llmq_now_s() - t0 - t_chain - t_gemm);
     if (err) *err = loss / 2.0;
     if (percdamp_used) *percdamp_used = percdamp;
     goto done;

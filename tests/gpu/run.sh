@@ -1,11 +1,90 @@
 #!/usr/bin/env bash
-# Builds llmq with CUDA and runs every GPU test (ctest label gpu) and GPU benchmark, for a session
-# that holds a device machine. Keep it short: the whole task has minutes of device time.
-set -euo pipefail
+# tests/gpu/run.sh — every GPU test and GPU benchmark, in one short run on a machine with a CUDA device.
+#
+#   tests/gpu/run.sh
+# Two ways to get the programs:
+#   - .devbundle/bundle.tar.xz exists (made by tests/gpu/bundle.sh on a build machine): unpack and use
+#     its prebuilt programs, libraries and data (for GPU machines without OpenBLAS/LAPACKE/jansson);
+#   - otherwise build here: cmake -DLLMQ_CUDA=ON into build-gpu (needs all build dependencies).
+# Then: the gpu test programs (a skip, exit 77, counts as a FAILURE here: this script is for machines
+# with a device), the GPTQ speed benchmark on the CPU (all cores) and the GPU next to the numpy port,
+# and an end-to-end eval / quantize of stories260K on both devices. Logs go to $OUT (or ./gpu-out).
+# Exit status: 0 when every test passed.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmake -S . -B build-gpu -DLLMQ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-gpu -j "$(nproc)"
-./build-gpu/llmq devices
-ctest --test-dir build-gpu -L gpu --output-on-failure
-# GPTQ solve, llmq CPU vs llmq CUDA vs the numpy reference (one 4096x4096 layer; python3 there has numpy)
-BUILD_DIR=build-gpu LLMQ_PYTHON="${LLMQ_PYTHON:-python3}" DEVICE=cuda bench/gptq_speed.sh 4096x4096
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+LOG="$OUT/gpu_run.log"
+exec > >(tee "$LOG") 2>&1
+PY="${PYTHON:-python3}"
+if [[ -f .devbundle/bundle.tar.xz ]]; then
+  X=/tmp/llmq-bundle
+  rm -rf "$X" && mkdir -p "$X" && tar -C "$X" -xJf .devbundle/bundle.tar.xz
+  BIN="$X/bin"; export LLMQ_DATA="$X/data"; REF="$X/py/gptq_ref.py"
+  # cudart / cuBLAS / cuSOLVER (13.x / 12.x sonames) from the machine: its toolkit, else pip's nvidia-* wheels
+  CUDALIBS=""
+  for so in libcudart.so.13 libcublas.so.13 libcusolver.so.12 libcusparse.so.12 libnvJitLink.so.13; do
+    d=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib -name "$so" 2>/dev/null | head -1)
+    [[ -n "$d" ]] && CUDALIBS="$CUDALIBS:$(dirname "$d")"
+  done
+  export LD_LIBRARY_PATH="$X/lib$CUDALIBS:${LD_LIBRARY_PATH:-}"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+else
+  cmake -S . -B build-gpu -DLLMQ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
+  cmake --build build-gpu -j"$(nproc)" || exit 1
+  BIN="$OUT/bin"; mkdir -p "$BIN"
+  ln -sf "$PWD/build-gpu/llmq" "$PWD/build-gpu/bench/bench_gptq_speed" "$BIN/"
+  for f in build-gpu/tests/test_*; do ln -sf "$PWD/$f" "$BIN/"; done
+  export LLMQ_DATA="${LLMQ_DATA:-$(cd .. && pwd)/shared/datasets}"; REF="$PWD/tests/py/gptq_ref.py"
+fi
+export LLMQ_BIN="$BIN/llmq" LLMQ_SRC="$PWD" LLMQ_BUILD="$BIN"
+echo "== device"; nvidia-smi -L || true; "$BIN/llmq" devices
+
+echo "== gpu tests"
+pass=0; fail=0; failed=""
+for t in tests/gpu/test_*.c; do
+  n=$(basename "$t" .c)
+  t0=$(date +%s.%N)
+  timeout 300 "$BIN/$n" >"$OUT/$n.log" 2>&1; rc=$?
+  dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  if [[ $rc == 0 ]]; then pass=$((pass + 1)); s=PASS; else fail=$((fail + 1)); failed="$failed $n"; s="FAIL (rc $rc)"; fi
+  printf '%-28s %s  %.1f s\n' "$n" "$s" "$dt"
+  [[ $rc == 0 ]] || tail -20 "$OUT/$n.log"
+done
+echo "gpu tests: $pass passed, $fail failed:$failed"
+
+if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
+  echo "== bench gptq_speed (group 128, CPU threads $(nproc))"
+  W=$(mktemp -d)
+  export OPENBLAS_NUM_THREADS=$(nproc) OMP_NUM_THREADS=$(nproc)
+  for shape in 4096x4096 4096x11008; do
+    R=${shape%x*}; C=${shape#*x}
+    c=$("$BIN/bench_gptq_speed" --R "$R" --C "$C" --group 128 --device cpu --dump "$W/p")
+    g=$("$BIN/bench_gptq_speed" --R "$R" --C "$C" --group 128 --device cuda --dump "$W/g")
+    n=$(timeout 240 "$PY" "$REF" --bench "$R" "$C" --in "$W/p" --group 128 --save || echo '{"seconds": 0}')
+    echo "$shape cpu $c"; echo "$shape cuda $g"; echo "$shape numpy $n"
+    "$PY" - "$W" "$shape" "$c" "$g" "$n" <<'PYEOF'
+import json, os, sys
+import numpy as np
+w, shape, c, g, n = sys.argv[1:]
+c, g, n = json.loads(c), json.loads(g), json.loads(n)
+def eq(a, b):
+    a, b = os.path.join(w, a), os.path.join(w, b)
+    return (np.fromfile(a, np.uint8) == np.fromfile(b, np.uint8)).mean() if os.path.exists(a) and os.path.exists(b) else float("nan")
+print(f"{shape}: cpu {c['seconds']:.3f} s, cuda {g['seconds']:.3f} s, numpy {n['seconds']:.3f} s; "
+      f"cpu/cuda {c['seconds'] / g['seconds']:.1f}x, numpy/cuda {n['seconds'] / max(g['seconds'], 1e-9):.1f}x; "
+      f"codes equal cuda=cpu {eq('g.llmq.q', 'p.llmq.q'):.5f}, cpu=numpy {eq('p.llmq.q', 'p.ref.q'):.5f}")
+PYEOF
+    rm -f "$W"/*
+  done
+  rm -rf "$W"
+fi
+
+echo "== end to end: stories260K"
+M="$LLMQ_DATA/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf"
+T="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
+for d in cpu cuda; do
+  "$BIN/llmq" eval --model "$M" --ppl "$T" --protocol llamacpp --ctx 128 --chunks 40 --device $d 2>"$OUT/e2e_eval_$d.err" | grep -i "final" | sed "s/^/$d: /"
+done
+echo "gpu tests: $pass passed, $fail failed:$failed"
+[[ $fail == 0 ]]

@@ -75,6 +75,7 @@
 #include "calib/forward.h"
 #include "calib/model.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -100,6 +101,7 @@ struct llmq_calib_opts {
     int64_t nsamples, seqlen;   // n_seq windows of seqlen tokens
     uint64_t seed;
     int n_threads;
+    enum llmq_backend backend;  // GEMM backend of the "self" sampling forward (kernels/gemm.h); 0 = CPU
     const char *manifest;       // NULL: the search order above
 };
 
@@ -146,6 +148,8 @@ struct llmq_calib_stats {
     bool with_xtx;
     struct llmq_calib_input *in; // (n_layer, LLMQ_CALIB_N_SLOTS)
     float *scratch;              // (Cmax, Cmax) ssyrk scratch
+    enum llmq_backend backend;   // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
+                                 // after init / load: set it after llmq_calib_stats_init
     int64_t n_seq_hint;          // sequences per block call (for n_seq counting in the hook)
     enum llmq_status err;        // first error seen by the hook
     int64_t n_seq, seqlen;       // of the calibration data (for the file header)
@@ -176,7 +180,7 @@ enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t la
 // Runs the whole model over d block by block (embedding, then block 0..L-1 with the stats hook,
 // the block outputs feeding the next block) gathering every layer's statistics into s (allocated
 // for all layers). Memory: one (N, D) activation buffer plus the forward object's buffers.
-// progress: one stderr line per block with ETA.
+// progress: one stderr line per block with ETA. The forward and the XᵀX products run on s->backend.
 enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_calib_data *d, int n_threads,
                                 int64_t micro_batch, struct llmq_calib_stats *s);
 

@@ -277,7 +277,7 @@ int cmd_quantize(int argc, char **argv) {
         "Quantize the linear layers of a model with RTN, GPTQ, AWQ or AWQ+GPTQ, or write a GGUF quant.",
         "GPTQ takes each block's inputs from the already quantized model (true-sequential); AWQ from the\n"
         "full-precision model. Calibration windows: seeded random --seqlen windows of the concatenated\n"
-        "tokenized sources. Identical inputs, --seed and --threads give byte-identical outputs.\n"
+        "tokenized sources. Identical inputs, --seed, --threads and --device give byte-identical outputs.\n"
         "stderr: one line per linear (name, shape, method, ‖WX-QX‖²/‖WX‖², seconds) and ETA.\n"
         "GGUF output gets llama-quantize's per-tensor types (quant/gguf_mix.h); with --method rtn\n"
         "and --no-provenance the file equals llama.cpp's for the same input and importance.\n"

@@ -35,8 +35,9 @@
  *   Per block, four inputs (calib/forward.h hook slots): LLMQ_LIN_Q (shared by q/k/v), LLMQ_LIN_O,
  *   LLMQ_LIN_GATE (shared by gate/up), LLMQ_LIN_DOWN. For each input x (N, C):
  *     xtx     (C, C)  Σ_tokens xᵀx, accumulated in f64: every micro-batch of <= 256 rows goes through
- *                     cblas_ssyrk into an f32 (C, C) scratch (beta 0, upper triangle) which is added
- *                     to the f64 sum; the lower triangle is mirrored at the end (llmq_calib_stats_finish).
+ *                     an f32 SYRK (kernels/gemm.h: cblas_ssyrk, or cuBLAS on s->backend) into an f32
+ *                     (C, C) scratch (beta 0, upper triangle) which is added to the f64 sum; the lower
+ *                     triangle is mirrored at the end (llmq_calib_stats_finish).
  *     sum_abs (C)     Σ_tokens |x| in f64        sum_sq (C)  Σ_tokens x² in f64
  *     count           tokens seen (N)            n_seq       sequences seen
  *   GPTQ's Hessian is then H = (2 / n_seq) · xtx: the reference's running update

@@ -75,7 +75,7 @@ int cmd_calib(int argc, char **argv) {
     const struct cli_cmd cmd = {
         "calib", "--model M --calib SRC [flags]",
         "Gather per-linear input statistics (XᵀX, mean |x|, Σx², counts) block by block and save them.",
-        "XᵀX is summed in f64 over micro-batches of 256 rows (cblas_ssyrk in f32 per micro-batch); GPTQ's\n"
+        "XᵀX is summed in f64 over micro-batches of 256 rows (an f32 SYRK per micro-batch, on --device); GPTQ's\n"
         "H = 2/n_seq · XᵀX. The .lcs layout is documented in calib/calib.h. Exit: 0 ok, 1 error, 2 usage.",
         flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
     const char *pos[1];

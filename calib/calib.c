@@ -10,8 +10,8 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/spill.h"
+#include "kernels/gemm.h"
 
-#include <cblas.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -222,7 +222,7 @@ fail:
 // ---- token matrix ---------------------------------------------------------------------------------------
 
 static enum llmq_status sample_self(const struct llmq_model *m, int64_t n_seq, int64_t seqlen, uint64_t *rng,
-                                    int n_threads, int32_t *tokens) {
+                                    int n_threads, enum llmq_backend be, int32_t *tokens) {
     int32_t bos = llmq_tokenizer_bos(m->tok);
     if (bos < 0) return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "calib: --calib self needs a BOS token; %s has none", m->path);
     struct llmq_forward *f = NULL;
@@ -235,6 +235,7 @@ static enum llmq_status sample_self(const struct llmq_model *m, int64_t n_seq, i
         goto done;
     }
     if ((st = llmq_forward_init(m, seqlen, n_threads, &f))) goto done;
+    llmq_forward_set_backend(f, be);
     for (int64_t s = 0; s < n_seq; s++) {
         int32_t *t = tokens + s * seqlen;
         t[0] = bos;
@@ -350,7 +351,7 @@ enum llmq_status llmq_calib_data_load(const struct llmq_model *m, const struct l
                   (long long)s->n_tokens);
     }
     if (self) {
-        if ((st = sample_self(m, d.n_seq, d.seqlen, &rng, o->n_threads, d.tokens))) goto fail;
+        if ((st = sample_self(m, d.n_seq, d.seqlen, &rng, o->n_threads, o->backend, d.tokens))) goto fail;
         d.src[0].n_texts = d.n_seq;
         d.src[0].n_tokens = d.n_seq * d.seqlen;
         n_stream = d.n_seq * d.seqlen;
@@ -490,8 +491,8 @@ enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer,
         for (int64_t t0 = 0; t0 < n; t0 += MICRO_BATCH) {
             int64_t mb = n - t0 < MICRO_BATCH ? n - t0 : MICRO_BATCH;
             // scratch (C, C) upper = x[t0:t0+mb]ᵀ x[t0:t0+mb]; x row-major (mb, C) is A with A = Xᵀ col-wise
-            cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)C, (int)mb, 1.0f, x + t0 * C, (int)C, 0.0f,
-                        s->scratch, (int)C);
+            enum llmq_status st = llmq_syrk_f32_acc(s->backend, C, mb, 1.0f, x + t0 * C, C, 0.0f, s->scratch, C);
+            if (st) return st;
             for (int64_t i = 0; i < C; i++) {
                 double *dst = in->xtx + i * C;
                 const float *src = s->scratch + i * C;
@@ -541,6 +542,7 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
     enum llmq_status st = x ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for (%lld, %lld) activations",
                                                      (long long)N, (long long)D);
     if (!st) st = llmq_forward_init(m, mb_tokens, n_threads, &f);
+    if (!st) llmq_forward_set_backend(f, s->backend);
     for (int64_t t0 = 0; !st && t0 < N; t0 += mb_tokens) {
         int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
         st = llmq_forward_embed(f, d->tokens + t0, n, x + t0 * D);

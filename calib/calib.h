@@ -35,8 +35,9 @@
  *   Per block, four inputs (calib/forward.h hook slots): LLMQ_LIN_Q (shared by q/k/v), LLMQ_LIN_O,
  *   LLMQ_LIN_GATE (shared by gate/up), LLMQ_LIN_DOWN. For each input x (N, C):
  *     xtx     (C, C)  Σ_tokens xᵀx, accumulated in f64: every micro-batch of <= 256 rows goes through
- *                     cblas_ssyrk into an f32 (C, C) scratch (beta 0, upper triangle) which is added
- *                     to the f64 sum; the lower triangle is mirrored at the end (llmq_calib_stats_finish).
+ *                     an f32 SYRK (kernels/gemm.h: cblas_ssyrk, or cuBLAS on s->backend) into an f32
+ *                     (C, C) scratch (beta 0, upper triangle) which is added to the f64 sum; the lower
+ *                     triangle is mirrored at the end (llmq_calib_stats_finish).
  *     sum_abs (C)     Σ_tokens |x| in f64        sum_sq (C)  Σ_tokens x² in f64
  *     count           tokens seen (N)            n_seq       sequences seen
  *   GPTQ's Hessian is then H = (2 / n_seq) · xtx: the reference's running update
@@ -75,6 +76,7 @@
 #include "calib/forward.h"
 #include "calib/model.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -100,6 +102,7 @@ struct llmq_calib_opts {
     int64_t nsamples, seqlen;   // n_seq windows of seqlen tokens
     uint64_t seed;
     int n_threads;
+    enum llmq_backend backend;  // GEMM backend of the "self" sampling forward (kernels/gemm.h); 0 = CPU
     const char *manifest;       // NULL: the search order above
 };
 
@@ -146,6 +149,8 @@ struct llmq_calib_stats {
     bool with_xtx;
     struct llmq_calib_input *in; // (n_layer, LLMQ_CALIB_N_SLOTS)
     float *scratch;              // (Cmax, Cmax) ssyrk scratch
+    enum llmq_backend backend;   // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
+                                 // after init / load: set it after llmq_calib_stats_init
     int64_t n_seq_hint;          // sequences per block call (for n_seq counting in the hook)
     enum llmq_status err;        // first error seen by the hook
     int64_t n_seq, seqlen;       // of the calibration data (for the file header)
@@ -176,7 +181,7 @@ enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t la
 // Runs the whole model over d block by block (embedding, then block 0..L-1 with the stats hook,
 // the block outputs feeding the next block) gathering every layer's statistics into s (allocated
 // for all layers). Memory: one (N, D) activation buffer plus the forward object's buffers.
-// progress: one stderr line per block with ETA.
+// progress: one stderr line per block with ETA. The forward and the XᵀX products run on s->backend.
 enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_calib_data *d, int n_threads,
                                 int64_t micro_batch, struct llmq_calib_stats *s);
 

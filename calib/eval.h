@@ -84,6 +84,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -267,6 +268,7 @@ struct llmq_eval_opts {
     int64_t n_ctx;              // <= 0: protocol default
     int64_t max_chunks;         // < 0: all
     int n_threads;              // forward pass and scoring threads (>= 1)
+    enum llmq_backend backend;  // GEMM backend of the forward passes (calib/forward.h); 0 = CPU
     const char *save_logits;    // llmq_eval_ppl only: write the logits file here (NULL: no)
     enum llmq_dtype logits_dtype; // F32 or F16 for save_logits
     const uint8_t *text_sha256; // (32) recorded in the logits file; may be NULL (zeros)

@@ -88,6 +88,8 @@ static enum llmq_status run_eval(const struct llmq_model *m, const struct llmq_m
     r.stats.kld = kld;
     if ((st = llmq_forward_init(m, n, nt, &r.fm))) goto done;
     if (base && (st = llmq_forward_init(base, n, nt, &r.fb))) goto done;
+    llmq_forward_set_backend(r.fm, o->backend);
+    if (r.fb) llmq_forward_set_backend(r.fb, o->backend);
     r.xm = malloc((size_t)(n * D) * sizeof(float));
     r.lm = malloc((size_t)(slice * V) * sizeof(float));
     r.chunk = malloc((size_t)n * sizeof(int32_t));

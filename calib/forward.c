@@ -20,6 +20,7 @@
 
 #include "common/log.h"
 #include "common/spill.h"
+#include "kernels/gemm.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -39,6 +40,7 @@ struct llmq_forward {
     int n_threads;
     int64_t max_tokens;
     int blas_saved; // OpenBLAS thread count to restore (0: not changed)
+    enum llmq_backend backend; // of the linear / head products (llmq_forward_set_backend); CPU by default
 
     float *wbuf;     // (wbuf_n) f32 copy of the weight rows in use
     int64_t wbuf_n;
@@ -144,6 +146,7 @@ struct linear_ctx {
     float *Y;                         // (n, ldy): columns [0, nr) written
     int64_t ldy;
     float beta;                       // 0: Y = X W^T; 1: Y += X W^T
+    bool convert_only;                // device GEMM: the workers only convert their rows into wbuf
     enum llmq_status st[MAX_THREADS];
 };
 
@@ -162,22 +165,29 @@ static void linear_worker(void *p, int ith, int nth) {
         if (c->st[ith]) return;
         W = dst;
     }
+    if (c->convert_only) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->n, (int)(b - a), (int)c->C, 1.0f, c->X, (int)c->C,
                 W, (int)c->C, c->beta, c->Y + a, (int)c->ldy);
 }
 
 // Y[:, 0:nr] (n, ldy) = X (n, C) · W[r0 : r0+nr]^T + beta · Y. nr * C fits in wbuf.
+// On the device (kernels/gemm.h decides by size): the threads convert W's rows into wbuf (rows
+// [r0, r0+nr) at wbuf[0..nr*C)), then ONE GEMM over all rows instead of a GEMM per thread slice.
 static enum llmq_status linear_rows(struct llmq_forward *f, const struct llmq_tensor_view *w, int64_t r0, int64_t nr,
                                     const float *X, int64_t n, float *Y, int64_t ldy, float beta) {
+    const bool dev = llmq_gemm_on_device(f->backend, n, nr, w->shape[1]);
     struct linear_ctx c = {.f = f, .w = w, .r0 = r0, .nr = nr, .X = X, .n = n, .C = w->shape[1],
-                           .Y = Y, .ldy = ldy, .beta = beta};
+                           .Y = Y, .ldy = ldy, .beta = beta, .convert_only = dev};
     int nth = threads_for(f, n * nr * c.C);
     if (nth > (nr + 15) / 16) nth = (int)((nr + 15) / 16);
     if (nth < 1) nth = 1;
-    parallel(nth, linear_worker, &c);
+    if (dev && direct_f32(w)) nth = 0; // nothing to convert
+    if (nth > 0) parallel(nth, linear_worker, &c);
     for (int i = 0; i < nth; i++)
         if (c.st[i]) return c.st[i];
-    return LLMQ_OK;
+    if (!dev) return LLMQ_OK;
+    const float *W = direct_f32(w) ? (const float *)w->data + r0 * c.C : f->wbuf; // (nr, C)
+    return llmq_gemm_f32(f->backend, false, true, n, nr, c.C, 1.0f, X, c.C, W, c.C, beta, Y, ldy);
 }
 
 static enum llmq_status linear(struct llmq_forward *f, const struct llmq_tensor_view *w, const float *X, int64_t n,
@@ -403,6 +413,8 @@ fail:
     llmq_forward_free(f);
     return st;
 }
+
+void llmq_forward_set_backend(struct llmq_forward *f, enum llmq_backend be) { f->backend = be; }
 
 void llmq_forward_free(struct llmq_forward *f) {
     if (!f) return;

@@ -42,6 +42,7 @@
 
 #include "calib/model.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 
 #include <stdint.h>
 
@@ -52,6 +53,13 @@ struct llmq_forward;
 enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_tokens, int n_threads,
                                    struct llmq_forward **out);
 void llmq_forward_free(struct llmq_forward *f); // NULL is a no-op
+
+// Backend of the linear layers and the output head (kernels/gemm.h); LLMQ_BACKEND_CPU after init.
+// With LLMQ_BACKEND_CUDA a product at or above the device threshold converts the weight's rows to
+// f32 on the threads (as on the CPU), then runs as ONE device GEMM over all tokens and rows; smaller
+// ones stay on the CPU path. Attention, norms, RoPE and SwiGLU always run on the CPU. Results differ
+// from the CPU backend by float rounding only; a failed device call is returned by the pass.
+void llmq_forward_set_backend(struct llmq_forward *f, enum llmq_backend be);
 
 // One sequence of n tokens (tokens (n)) from position 0 (prefill, causal). Writes the logits of
 // positions [first_logit, n) into logits: ((n - first_logit), V) floats, row-major.

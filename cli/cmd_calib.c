@@ -44,7 +44,8 @@ static void print_summary(const struct llmq_calib_stats *s) {
 int cmd_calib(int argc, char **argv) {
     const char *max_memory = NULL;
     uint64_t max_mem_bytes = 0;
-    const char *model_path = NULL, *out = NULL, *imat_out = NULL, *imat_in = NULL, *stats_in = NULL, *dummy = NULL;
+    const char *model_path = NULL, *out = NULL, *imat_out = NULL, *imat_in = NULL, *stats_in = NULL, *dummy = NULL,
+               *device = "auto";
     long nsamples = 128, seqlen = 512, seed = 0, micro = 8, threads = sysconf(_SC_NPROCESSORS_ONLN);
     bool no_xtx = false;
     if (threads < 1) threads = 1;
@@ -64,6 +65,7 @@ int cmd_calib(int argc, char **argv) {
          "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file in "
          "$LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"},
         {"threads", CLI_INT, &threads, "the number of CPUs", "threads"},
+        {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP},
         {"out", CLI_STR, &out, NULL, "write the statistics file (.lcs) here"},
         {"no-xtx", CLI_BOOL, &no_xtx, "off", "do not gather/save XᵀX (only mean |x|, Σx², counts)"},
         {"imatrix-out", CLI_STR, &imat_out, NULL, "also write llama.cpp's legacy imatrix .dat here"},
@@ -73,7 +75,7 @@ int cmd_calib(int argc, char **argv) {
     const struct cli_cmd cmd = {
         "calib", "--model M --calib SRC [flags]",
         "Gather per-linear input statistics (XᵀX, mean |x|, Σx², counts) block by block and save them.",
-        "XᵀX is summed in f64 over micro-batches of 256 rows (cblas_ssyrk in f32 per micro-batch); GPTQ's\n"
+        "XᵀX is summed in f64 over micro-batches of 256 rows (an f32 SYRK per micro-batch, on --device); GPTQ's\n"
         "H = 2/n_seq · XᵀX. The .lcs layout is documented in calib/calib.h. Exit: 0 ok, 1 error, 2 usage.",
         flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
     const char *pos[1];
@@ -93,6 +95,9 @@ int cmd_calib(int argc, char **argv) {
         fprintf(stderr, "llmq calib: %s\nrun 'llmq calib --help' for the flags and their defaults\n", usage);
         return 2;
     }
+    enum llmq_backend backend = LLMQ_BACKEND_CPU;
+    char device_desc[320];
+    if (n_sources > 0 && (rc = cli_device(device, &backend, device_desc, sizeof(device_desc)))) return rc;
     openblas_set_num_threads((int)threads);
     llmq_spill_configure(max_mem_bytes);
     struct llmq_model *m = NULL;
@@ -104,9 +109,12 @@ int cmd_calib(int argc, char **argv) {
     else if (stats_in) st = llmq_calib_stats_load(stats_in, &s);
     else {
         struct llmq_calib_opts co = {.sources = sources, .n_sources = n_sources, .nsamples = nsamples,
-                                     .seqlen = seqlen, .seed = (uint64_t)seed, .n_threads = (int)threads};
-        if (!(st = llmq_calib_data_load(m, &co, &d)) && !(st = llmq_calib_stats_init(m, !no_xtx, 0, m->hp.n_layer, &s)))
+                                     .seqlen = seqlen, .seed = (uint64_t)seed, .n_threads = (int)threads,
+                                     .backend = backend};
+        if (!(st = llmq_calib_data_load(m, &co, &d)) && !(st = llmq_calib_stats_init(m, !no_xtx, 0, m->hp.n_layer, &s))) {
+            s.backend = backend;
             st = llmq_calib_run(m, &d, (int)threads, micro, &s);
+        }
         if (!st) printf("calibration: %lld x %lld tokens, tokens sha256 %s\n", (long long)d.n_seq, (long long)d.seqlen,
                         d.tokens_sha256);
         for (int i = 0; !st && i < d.n_src; i++)

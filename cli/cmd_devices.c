@@ -1,9 +1,29 @@
-// cli/cmd_devices.c — `llmq devices`: the CUDA devices this binary can use.
+// cli/cmd_devices.c — `llmq devices`: the CUDA devices this binary can use; and the --device choice
+// of the other commands (cli_device).
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "kernels/backend.h"
 
 #include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+int cli_device(const char *name, enum llmq_backend *be, char *desc, size_t desc_n) {
+    enum llmq_status st = llmq_backend_select(name, be);
+    if (st) return st == LLMQ_ERR_ARG ? 2 : 1; // the error line is out
+    struct llmq_device_info d;
+    const char *why = NULL;
+    if (*be == LLMQ_BACKEND_CUDA) {
+        if ((st = llmq_cuda_device_info(0, &d))) return 1;
+        snprintf(desc, desc_n, "cuda:0 %s (%d SMs)", d.name, d.sm_count);
+    } else if (strcmp(name, "auto") == 0 && llmq_cuda_device_count(&why) == 0) {
+        snprintf(desc, desc_n, "cpu (no CUDA device: %s)", why ? why : "unknown reason");
+    } else {
+        snprintf(desc, desc_n, "cpu");
+    }
+    fprintf(stderr, "device: %s\n", desc);
+    return 0;
+}
 
 int cmd_devices(int argc, char **argv) {
     bool json = false;

@@ -252,7 +252,7 @@ static enum llmq_status tokenize_text(const struct llmq_model *m, const struct t
 
 int cmd_eval(int argc, char **argv) {
     const char *model_path = NULL, *text_arg = NULL, *protocol_name = "llamacpp", *kld_base = NULL, *save_logits = NULL,
-               *kld_file = NULL, *json_path = NULL, *logits_dtype = "f16", *rows = "auto";
+               *kld_file = NULL, *json_path = NULL, *logits_dtype = "f16", *rows = "auto", *device = "auto";
     long ctx = 0, chunks = -1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
     const struct cli_flag flags[] = {
@@ -264,6 +264,7 @@ int cmd_eval(int argc, char **argv) {
         {"ctx", CLI_INT, &ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
         {"chunks", CLI_INT, &chunks, "-1 (all)", "evaluate only the first N chunks"},
         {"threads", CLI_INT, &threads, "the number of CPUs", "threads for the forward pass and the scoring"},
+        {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP},
         {"kld-base", CLI_STR, &kld_base, NULL, "KL divergence mode: run this base model next to --model"},
         {"save-logits", CLI_STR, &save_logits, NULL, "write the scored positions' logits here (for a later --kld)"},
         {"logits-dtype", CLI_STR, &logits_dtype, "f16", "element type of --save-logits: f16 or f32"},
@@ -307,6 +308,10 @@ int cmd_eval(int argc, char **argv) {
         return 2;
     }
 
+    enum llmq_backend backend;
+    char device_desc[320];
+    if ((rc = cli_device(device, &backend, device_desc, sizeof(device_desc)))) return rc;
+
     struct llmq_model *m = NULL, *base = NULL;
     struct llmq_logits_file *lf = NULL;
     struct text text = {0};
@@ -340,7 +345,7 @@ int cmd_eval(int argc, char **argv) {
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
 
     struct llmq_eval_opts o = {
-        .protocol = protocol, .n_ctx = ctx, .max_chunks = chunks, .n_threads = (int)threads,
+        .protocol = protocol, .n_ctx = ctx, .max_chunks = chunks, .n_threads = (int)threads, .backend = backend,
         .save_logits = save_logits, .logits_dtype = dtype, .text_sha256 = text_arg ? text.sha : NULL,
         .progress = on_progress, .progress_user = &pr,
     };
@@ -384,6 +389,7 @@ int cmd_eval(int argc, char **argv) {
         json_object_set_new(js, "text_sha256", json_string(hex));
         json_object_set_new(js, "rows_joined", json_boolean(join));
         json_object_set_new(js, "threads", json_integer(threads));
+        json_object_set_new(js, "device", json_string(device_desc));
         if ((st = llmq_write_json(json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)))) goto done;
     }
 done:

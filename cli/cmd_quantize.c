@@ -125,6 +125,7 @@ static json_t *calib_provenance(const struct llmq_calib_data *d, uint64_t seed) 
 // The GGUF output: checked options in, exit status out.
 struct gguf_args {
     const char *model, *method, *out, *json, *imatrix;
+    const char *device; // "cuda:0 NAME (N SMs)" or "cpu ..." for the report
     struct llmq_gguf_export_opts eo;
     struct llmq_quantize_opts qo; // gptq / awq (to_gguf)
     json_t *settings;
@@ -147,10 +148,12 @@ static int run_gguf(struct gguf_args *a) {
         else {
             struct llmq_calib_opts co = a->qo.calib;
             co.n_threads = a->qo.n_threads;
+            co.backend = a->qo.backend;
             openblas_set_num_threads(a->qo.n_threads);
-            if ((st = llmq_calib_data_load(m, &co, &d)) || (st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &s)) ||
-                (st = llmq_calib_run(m, &d, a->qo.n_threads, a->qo.micro_batch, &s)))
+            if ((st = llmq_calib_data_load(m, &co, &d)) || (st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &s)))
                 goto done;
+            s.backend = a->qo.backend;
+            if ((st = llmq_calib_run(m, &d, a->qo.n_threads, a->qo.micro_batch, &s))) goto done;
             json_object_set_new(a->settings, "calibration", calib_provenance(&d, co.seed));
             a->eo.imatrix = &s;
         }
@@ -187,6 +190,7 @@ static int run_gguf(struct gguf_args *a) {
     }
     if (a->json && rep) {
         if (!json_object_get(rep, "settings")) json_object_set(rep, "settings", a->settings);
+        json_object_set_new(rep, "device", json_string(a->device));
         st = llmq_write_json(a->json, rep, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     }
 done:
@@ -207,7 +211,7 @@ int cmd_quantize(int argc, char **argv) {
     uint64_t max_mem_bytes = 0;
     const char *model_path = NULL, *method = "rtn", *format = NULL, *out = NULL, *json_path = NULL, *fallback = NULL,
                *calib_dummy = NULL, *gguf_type = NULL, *imatrix = NULL, *tt_dummy = NULL, *output_type = NULL,
-               *embedding_type = NULL;
+               *embedding_type = NULL, *device = "auto";
     long bits = LONG_MIN, group = LONG_MIN, nsamples = 128, seqlen = 512, seed = 0, micro = 8;
     long threads = sysconf(_SC_NPROCESSORS_ONLN);
     double damp = 0.01;
@@ -248,6 +252,7 @@ int cmd_quantize(int argc, char **argv) {
          "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file in "
          "$LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"},
         {"threads", CLI_INT, &threads, "the number of CPUs", "threads (forward pass, OpenBLAS, GGUF encoders)"},
+        {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP " (the GPTQ solver and the GGUF encoders run on the CPU)"},
         {"json", CLI_STR, &json_path, NULL, "write settings, calibration provenance and the per-layer table here"},
         {"force", CLI_BOOL, &force, "off", "replace an existing output (a directory holding config.json, or a .gguf file)"},
         {"fallback", CLI_STR, &fallback, "none",
@@ -272,7 +277,7 @@ int cmd_quantize(int argc, char **argv) {
         "Quantize the linear layers of a model with RTN, GPTQ, AWQ or AWQ+GPTQ, or write a GGUF quant.",
         "GPTQ takes each block's inputs from the already quantized model (true-sequential); AWQ from the\n"
         "full-precision model. Calibration windows: seeded random --seqlen windows of the concatenated\n"
-        "tokenized sources. Identical inputs, --seed and --threads give byte-identical outputs.\n"
+        "tokenized sources. Identical inputs, --seed, --threads and --device give byte-identical outputs.\n"
         "stderr: one line per linear (name, shape, method, ‖WX-QX‖²/‖WX‖², seconds) and ETA.\n"
         "GGUF output gets llama-quantize's per-tensor types (quant/gguf_mix.h); with --method rtn\n"
         "and --no-provenance the file equals llama.cpp's for the same input and importance.\n"
@@ -345,6 +350,8 @@ int cmd_quantize(int argc, char **argv) {
         for (int i = 0; i < n_tt; i++) free((char *)tt[i].regex);
         return 2;
     }
+    char device_desc[320];
+    if ((rc = cli_device(device, &o.backend, device_desc, sizeof(device_desc)))) return rc;
     llmq_spill_configure(max_mem_bytes);
     o.calib.sources = sources;
     o.calib.n_sources = n_sources;
@@ -358,7 +365,7 @@ int cmd_quantize(int argc, char **argv) {
 
     if (gguf) {
         struct gguf_args a = {.model = model_path, .method = method, .out = out, .json = json_path, .imatrix = imatrix,
-                              .qo = o, .dry_run = dry_run};
+                              .qo = o, .dry_run = dry_run, .device = device_desc};
         a.eo = llmq_gguf_export_default_opts();
         a.eo.mix.ftype = ftype;
         a.eo.mix.output_type = otype;
@@ -414,6 +421,7 @@ int cmd_quantize(int argc, char **argv) {
                json_real_value(json_object_get(t, "bits_per_weight")),
                (long long)json_integer_value(json_object_get(t, "output_bytes")));
         fflush(stdout);
+        json_object_set_new(rep, "device", json_string(device_desc));
         if (json_path) st = llmq_write_json(json_path, rep, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     }
     json_decref(rep);

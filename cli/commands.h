@@ -14,4 +14,20 @@ int cmd_convert(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_calib(int argc, char **argv);
 
+// ---- shared by the commands
+
+#include "kernels/backend.h"
+#include <stddef.h>
+
+// The help text of --device (quantize, calib, eval).
+#define CLI_DEVICE_HELP                                                                                     \
+    "auto | cpu | cuda: where the matrix products (linear layers, output head, XᵀX, AWQ search) run; "     \
+    "auto = cuda when a CUDA device is present. CPU and CUDA results differ in float rounding; reruns on "  \
+    "the same device are byte-identical"
+
+// --device NAME (auto | cpu | cuda, kernels/backend.h): sets *be and prints "device: ..." once on
+// stderr; desc (desc_n bytes) receives the same text without the prefix, for --json. Returns 0, or
+// 2 for an unknown name and 1 for cuda without a usable device (the error line is printed).
+int cli_device(const char *name, enum llmq_backend *be, char *desc, size_t desc_n);
+
 #endif

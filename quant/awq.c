@@ -17,9 +17,9 @@
 #include "quant/awq.h"
 
 #include "common/log.h"
+#include "kernels/gemm.h"
 #include "quant/quantizer.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -321,10 +321,10 @@ static void scaled_candidate(const struct llmq_awq_block *b, enum llmq_linear l,
             Wc[r * C + c] = Wc[r * C + c] / s[c];
 }
 
-// Y (N, R) = X (N, C) · W (R, C)^T with multi-threaded BLAS.
-static void gemm_nt(const float *X, const float *W, int64_t N, int64_t R, int64_t C, float *Y) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)R, (int)C, 1.0f, X, (int)C, W, (int)C, 0.0f, Y,
-                (int)R);
+// Y (N, R) = X (N, C) · W (R, C)^T on backend be (the CPU one with multi-threaded BLAS).
+static enum llmq_status gemm_nt(enum llmq_backend be, const float *X, const float *W, int64_t N, int64_t R, int64_t C,
+                                float *Y) {
+    return llmq_gemm_f32(be, false, true, N, R, C, 1.0f, X, C, W, C, 0.0f, Y, R);
 }
 
 struct scale_job {
@@ -369,7 +369,7 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         else if (g->prev == LLMQ_AWQ_PREV_FFN_NORM)
             st = llmq_forward_mlp(j->f, b->layer, j->in, N, j->out);
         else
-            gemm_nt(j->in, j->cand[0], N, D, C, j->out);
+            st = gemm_nt(o->backend, j->in, j->cand[0], N, D, C, j->out);
         for (int k = 0; k < g->n_lin; k++)
             b->vw[g->lin[k]].data = b->w[g->lin[k]];
         if (st) goto done;
@@ -507,8 +507,7 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
                 }
             }
             const int64_t M = nr * (K + 1);
-            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)M, (int)G, 1.0, Xg, (int)G, cand, (int)G,
-                        0.0, out, (int)M);
+            if ((st = llmq_gemm_f64(o->backend, false, true, T, M, G, 1.0, Xg, G, cand, G, 0.0, out, M))) goto done;
             for (int64_t r = 0; r < nr; r++) {
                 const float *w = W + (r0 + r) * C + g * G;
                 float amax = 0.0f;
@@ -628,8 +627,8 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     if ((st = llmq_forward_mlp(f, b->layer, cap.n2, N, mlp_fp))) goto done;
     // o's and down's own outputs with our sgemm, as their candidates compute them (h is free now)
     float *o_fp = h;
-    if (has_vo) gemm_nt(cap.att, b->w[LLMQ_LIN_O], N, D, Dq, o_fp);
-    gemm_nt(cap.act, b->w[LLMQ_LIN_DOWN], N, D, F, down_fp);
+    if (has_vo && (st = gemm_nt(o->backend, cap.att, b->w[LLMQ_LIN_O], N, D, Dq, o_fp))) goto done;
+    if ((st = gemm_nt(o->backend, cap.act, b->w[LLMQ_LIN_DOWN], N, D, F, down_fp))) goto done;
     job.out = cand_out;
 
     // The scale groups (get_layers_for_scaling), searched on the original weights.

@@ -88,6 +88,7 @@
 #include "calib/model.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/backend.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -117,6 +118,10 @@ struct llmq_awq_opts {
     int64_t n_sample_token; // 512 (see the sampling note above)
     int n_threads;          // reserved: today the work is all in the forward object's threads and
                             // in BLAS (OpenBLAS's own thread setting)
+    enum llmq_backend backend; // the search's own products (o / down candidates, the clip dgemm) go
+                            // through kernels/gemm.h on it; CPU by default. The forward object's
+                            // backend (llmq_forward_set_backend) covers the attention / MLP passes:
+                            // set both alike, or the fp and candidate outputs differ in rounding.
     // Another quantizer than AutoAWQ's grid (NULL: the grid above with bits / group_size, the
     // default). quant/quantize.c plugs in "encode to the linear's GGUF block type and decode".
     llmq_awq_fake_quant_fn fake_quant;

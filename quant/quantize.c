@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/spill.h"
 #include "formats/ggml_quants.h"
+#include "kernels/gemm.h"
 #include "quant/awq.h"
 #include "quant/gguf_enc.h"
 #include "quant/gptq.h"
@@ -83,6 +84,7 @@ struct run {
     float *H;                    // (Cmax, Cmax) Hessian given to GPTQ (destroyed)
     float *Hx;                   // (Cmax, Cmax) XᵀX kept for the error
     float *T;                    // (Rmax, Cmax) product scratch
+    enum llmq_status gemm_st;    // first failed product of rel_err (it returns NaN then); checked per block
     float *wq[LLMQ_LIN_COUNT];   // (R, C) dequantized weights of the current block (gptq overrides)
     struct llmq_tensor_view ov[LLMQ_LIN_COUNT];
     const struct llmq_tensor_view *saved[LLMQ_LIN_COUNT];
@@ -166,8 +168,11 @@ static void restore_overrides(struct run *r, int l) {
 
 // Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double.
 static double quad_form(struct run *r, const float *Dl, const float *H, int64_t R, int64_t C) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)C, (int)C, 1.0f, Dl, (int)C, H, (int)C, 0.0f,
-                r->T, (int)C);
+    enum llmq_status st = llmq_gemm_f32(r->o->backend, false, false, R, C, C, 1.0f, Dl, C, H, C, 0.0f, r->T, C);
+    if (st) {
+        if (!r->gemm_st) r->gemm_st = st;
+        return NAN;
+    }
     double s = 0;
     for (int64_t i = 0; i < R * C; i++) s += (double)Dl[i] * (double)r->T[i];
     return s;
@@ -541,6 +546,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
     ao.bits = r->o->q.bits;
     ao.group_size = r->o->q.group_size;
     ao.n_threads = r->o->n_threads;
+    ao.backend = r->o->backend;
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
     // The writer reads a block's norms (folded by AWQ) when its stream reaches them, which for
     // input_layernorm is right after the previous block's down: so the block is bound (the model's views
@@ -643,6 +649,7 @@ static enum llmq_status block_awq_gguf(struct run *r, int l) {
     struct llmq_awq_opts ao;
     llmq_awq_opts_default(&ao);
     ao.n_threads = r->o->n_threads;
+    ao.backend = r->o->backend;
     ao.fake_quant = gguf_fake_quant;
     ao.fake_quant_user = &fq;
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
@@ -792,6 +799,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     if (o->calib.n_sources > 0) {
         struct llmq_calib_opts co = o->calib;
         co.n_threads = o->n_threads;
+        co.backend = o->backend;
         if ((st = llmq_calib_data_load(m, &co, &r.d))) goto done;
         r.have_calib = true;
         N = r.d.n_seq * r.d.seqlen;
@@ -829,6 +837,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     if (r.have_calib) {
         int64_t mb_tokens = o->micro_batch * r.d.seqlen;
         if ((st = llmq_forward_init(m, mb_tokens, o->n_threads, &r.f))) goto done;
+        llmq_forward_set_backend(r.f, o->backend);
         for (int64_t t0 = 0; t0 < N && !st; t0 += mb_tokens) {
             int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
             st = llmq_forward_embed(r.f, r.d.tokens + t0, n, r.x + t0 * D);
@@ -837,6 +846,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
         if ((o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) &&
             (st = llmq_forward_init(m, N, o->n_threads, &r.fbig)))
             goto done;
+        if (r.fbig) llmq_forward_set_backend(r.fbig, o->backend);
     }
 
     prov = settings_json(o);
@@ -863,12 +873,14 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
         if (r.have_calib) {
             llmq_calib_stats_free(&r.s);
             if ((st = llmq_calib_stats_init(m, true, l, l + 1, &r.s))) break;
+            r.s.backend = o->backend;
         }
         switch (o->method) {
         case LLMQ_QMETHOD_RTN: st = block_rtn(&r, l); break;
         case LLMQ_QMETHOD_GPTQ: st = block_gptq(&r, l); break;
         default: st = r.ge ? block_awq_gguf(&r, l) : block_awq(&r, l); break;
         }
+        if (!st && r.gemm_st) st = r.gemm_st;
     }
     if (!st) st = flush_held(&r);
     if (st) goto done;

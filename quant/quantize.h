@@ -99,6 +99,9 @@ struct llmq_quantize_opts {
     struct llmq_calib_opts calib;   // sources etc.; calib.n_sources == 0: no calibration (rtn only)
     int64_t micro_batch;            // sequences per forward call (8)
     int n_threads;
+    enum llmq_backend backend;      // GEMM backend (kernels/gemm.h) of the forward passes, XᵀX, AWQ's search
+                                    // and the layer-error products; CPU by default. The GPTQ solver itself
+                                    // (quant/gptq.h) runs on the CPU.
     struct llmq_export_opts out;    // format, force, ... (q, provenance filled in by the pipeline)
     const char *out_dir;            // the output directory, or the .gguf file when to_gguf
     bool to_gguf;                   // write a GGUF file (quant/gguf_export.h) instead of an HF directory

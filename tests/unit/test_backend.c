@@ -12,7 +12,7 @@ int main(void) {
     CHECK_CONTAINS(llmq_last_error(), "tpu");
     if (llmq_cuda_device_count(NULL) == 0) {
         CHECK(llmq_backend_select("cuda", &b) == LLMQ_ERR_DEVICE);
-        CHECK_CONTAINS(llmq_last_error(), "no CUDA device");
+        CHECK_CONTAINS(llmq_last_error(), "--device cuda: no CUDA device");
     }
     for (int s = 0; s < LLMQ_STATUS_COUNT; s++) CHECK(strcmp(llmq_status_name((enum llmq_status)s), "unknown") != 0);
     CHECK(strcmp(llmq_status_name(LLMQ_ERR_TRUNCATED), "truncated") == 0);

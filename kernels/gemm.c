@@ -1,0 +1,102 @@
+// kernels/gemm.c — GEMM / SYRK dispatch and the CPU reference (cblas); the device half is
+// kernels/gemm_cuda.cu (contract in kernels/gemm.h).
+#include "kernels/gemm.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+static long long min_work = LLMQ_GEMM_CUDA_MIN_WORK;
+static pthread_once_t min_work_once = PTHREAD_ONCE_INIT;
+
+static void read_min_work(void) {
+    const char *s = getenv("LLMQ_GEMM_CUDA_MIN_WORK");
+    if (!s || !*s) return;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (end && *end == '\0' && v >= 0) min_work = v;
+}
+
+bool llmq_gemm_on_device(enum llmq_backend be, int64_t M, int64_t N, int64_t K) {
+    if (be != LLMQ_BACKEND_CUDA) return false;
+    pthread_once(&min_work_once, read_min_work);
+    if (M <= 0 || N <= 0 || K <= 0) return false; // nothing to multiply: the CPU path scales C
+    return (double)M * (double)N * (double)K >= (double)min_work; // in double: no int64 overflow
+}
+
+static bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+// Checks dims and strides of op(A) (M, K), op(B) (K, N), C (M, N), row-major.
+static enum llmq_status check_gemm(const char *what, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                   int64_t lda, int64_t ldb, int64_t ldc) {
+    const int64_t acols = transA ? M : K, bcols = transB ? K : N;
+    if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
+        lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < (N > 1 ? N : 1))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: bad shape M %lld N %lld K %lld lda %lld ldb %lld ldc %lld (transA %d transB %d)",
+                           what, (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb,
+                           (long long)ldc, (int)transA, (int)transB);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_gemm_f32(enum llmq_backend be, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                               float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                               float *C, int64_t ldc) {
+    enum llmq_status st = check_gemm("gemm_f32", transA, transB, M, N, K, lda, ldb, ldc);
+    if (st || M == 0 || N == 0) return st;
+    if (K > 0 && llmq_gemm_on_device(be, M, N, K))
+        return llmq_gemm_cuda_f32(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_gemm_f64(enum llmq_backend be, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                               double alpha, const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                               double *C, int64_t ldc) {
+    enum llmq_status st = check_gemm("gemm_f64", transA, transB, M, N, K, lda, ldb, ldc);
+    if (st || M == 0 || N == 0) return st;
+    if (K > 0 && llmq_gemm_on_device(be, M, N, K))
+        return llmq_gemm_cuda_f64(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cblas_dgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, float alpha, const float *A,
+                                   int64_t lda, float beta, float *C, int64_t ldc) {
+    if (!fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldc) || lda < (N > 1 ? N : 1) ||
+        ldc < (N > 1 ? N : 1))
+        return llmq_errorf(LLMQ_ERR_ARG, "syrk_f32: bad shape N %lld K %lld lda %lld ldc %lld", (long long)N,
+                           (long long)K, (long long)lda, (long long)ldc);
+    if (N == 0) return LLMQ_OK;
+    if (K > 0 && llmq_gemm_on_device(be, N, N, K)) return llmq_syrk_cuda_f32(N, K, alpha, A, lda, beta, C, ldc);
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)N, (int)K, alpha, A, (int)lda, beta, C, (int)ldc);
+    return LLMQ_OK;
+}
+
+#ifndef LLMQ_HAVE_CUDA
+static enum llmq_status no_cuda(const char *what) {
+    return llmq_errorf(LLMQ_ERR_DEVICE, "%s on cuda: this llmq was built without CUDA", what);
+}
+enum llmq_status llmq_gemm_cuda_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                                    int64_t ldc) {
+    (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb;
+    (void)beta, (void)C, (void)ldc;
+    return no_cuda("gemm_f32");
+}
+enum llmq_status llmq_gemm_cuda_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K, double alpha,
+                                    const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                                    double *C, int64_t ldc) {
+    (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb;
+    (void)beta, (void)C, (void)ldc;
+    return no_cuda("gemm_f64");
+}
+enum llmq_status llmq_syrk_cuda_f32(int64_t N, int64_t K, float alpha, const float *A, int64_t lda, float beta,
+                                    float *C, int64_t ldc) {
+    (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)beta, (void)C, (void)ldc;
+    return no_cuda("syrk_f32");
+}
+void llmq_gemm_cuda_release(void) {}
+#endif

@@ -1,0 +1,85 @@
+/*
+ * kernels/gemm.h — the dense matrix products of llmq behind one dispatch (cpu | cuda).
+ *
+ * What it is: GEMM (f32, f64) and the XᵀX rank-k update (f32 SYRK) with cblas RowMajor semantics,
+ * taking and returning HOST pointers. LLMQ_BACKEND_CPU is cblas (OpenBLAS, with whatever thread
+ * count OpenBLAS is set to) and is the reference. LLMQ_BACKEND_CUDA copies the operands into
+ * device buffers, runs cuBLAS and copies the result back, so a caller changes nothing but the
+ * backend value. What it is not: no device-resident tensors, no fused ops, no TF32/bf16 — cuBLAS
+ * runs in plain FP32/FP64 (CUBLAS_PEDANTIC_MATH: no tensor-core down-conversion), so the two
+ * backends agree to float rounding (different summation order), not bit for bit. Reruns on the
+ * same device, toolkit and inputs give the same bits (cuBLAS GEMM/SYRK use no atomics by default,
+ * and llmq runs them on one stream).
+ *
+ * Small products stay on the CPU: with the CUDA backend a call with M·N·K below the device
+ * threshold (LLMQ_GEMM_CUDA_MIN_WORK = 2^24 multiply-adds, about 2 ms of single-thread BLAS; the
+ * PCIe copies of such operands cost as much as the product) runs the CPU path, bit-identical to
+ * LLMQ_BACKEND_CPU. The environment variable LLMQ_GEMM_CUDA_MIN_WORK (an integer >= 0, read once)
+ * overrides the threshold; tests set it to 0 to push tiny models' products onto the device.
+ *
+ * The CUDA context is one per process: device 0 (what `--device cuda` selects), a cuBLAS handle,
+ * one stream and three device buffers grown on demand (never shrunk; llmq_gemm_cuda_release frees
+ * them). A mutex serialises the calls, so several threads may call in; they queue, they do not
+ * overlap. Host memory is pageable (no pinned staging): copies run at pageable speed.
+ *
+ * Legend (row-major, as cblas_sgemm with CblasRowMajor): op(X) = X or Xᵀ;
+ *   C (M, N) = alpha · op(A) (M, K) · op(B) (K, N) + beta · C.
+ *   A is stored (M, K) when !transA, (K, M) when transA, with row stride lda (>= its column count);
+ *   B likewise (K, N) / (N, K) with ldb; C (M, N) with ldc >= N. Columns of C at or beyond N and
+ *   the elements between rows are never written. beta == 0: C is not read (NaN there is ignored).
+ *
+ * Errors: LLMQ_ERR_ARG when a dimension or stride is negative, too small, or above INT_MAX (cblas
+ * and cuBLAS take int); LLMQ_ERR_DEVICE for the CUDA backend when llmq was built without CUDA, no
+ * device is usable, or a CUDA / cuBLAS call fails (the message names the call and the CUDA error;
+ * C is then unspecified); LLMQ_ERR_NOMEM when device memory runs out. Each is logged once.
+ * M == 0 or N == 0 is a no-op; K == 0 gives C = beta · C.
+ */
+#ifndef LLMQ_KERNELS_GEMM_H
+#define LLMQ_KERNELS_GEMM_H
+
+#include "common/status.h"
+#include "kernels/backend.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define LLMQ_GEMM_CUDA_MIN_WORK (1LL << 24) // default device threshold on M·N·K (see above)
+
+// C (M, N) = alpha · op(A) · op(B) + beta · C in f32.
+enum llmq_status llmq_gemm_f32(enum llmq_backend be, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                               float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                               float *C, int64_t ldc);
+
+// The same in f64 (AWQ's clip search).
+enum llmq_status llmq_gemm_f64(enum llmq_backend be, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                               double alpha, const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                               double *C, int64_t ldc);
+
+// The XᵀX update (cblas_ssyrk(RowMajor, Upper, Trans, N, K, ...)): for A (K, N) row-major with row
+// stride lda >= N, the upper triangle (j >= i) of C (N, N), row stride ldc >= N, becomes
+//     C[i][j] = alpha · Σ_k A[k][i] · A[k][j] + beta · C[i][j].
+// The strict lower triangle is left as it was. beta 1 accumulates over calls (the Hessian sum);
+// calib/calib.c uses beta 0 into an f32 scratch and sums the scratch in f64 itself.
+enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, float alpha, const float *A,
+                                   int64_t lda, float beta, float *C, int64_t ldc);
+
+// True when a product of M·N·K multiply-adds on backend be runs on the device (be is CUDA and the
+// work is at or above the threshold); false means the CPU path (exactly LLMQ_BACKEND_CPU's bits).
+bool llmq_gemm_on_device(enum llmq_backend be, int64_t M, int64_t N, int64_t K);
+
+// Frees the CUDA context's buffers, stream and handle (a later call makes them again). No-op
+// without CUDA or before the first device call.
+void llmq_gemm_cuda_release(void);
+
+// ---- internal: the device half (kernels/gemm_cuda.cu; stubs returning LLMQ_ERR_DEVICE without
+// CUDA). Arguments already checked by the dispatch above; M, N, K > 0.
+enum llmq_status llmq_gemm_cuda_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                                    int64_t ldc);
+enum llmq_status llmq_gemm_cuda_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K, double alpha,
+                                    const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                                    double *C, int64_t ldc);
+enum llmq_status llmq_syrk_cuda_f32(int64_t N, int64_t K, float alpha, const float *A, int64_t lda, float beta,
+                                    float *C, int64_t ldc);
+
+#endif // LLMQ_KERNELS_GEMM_H

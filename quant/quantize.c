@@ -371,6 +371,7 @@ static enum llmq_status gptq_linear(struct run *r, int l, int k, float *W, const
     go.percdamp = r->o->percdamp;
     go.act_order = r->o->act_order;
     go.static_groups = r->o->static_groups;
+    go.backend = r->o->backend; // CUDA: steps 5-7 on the GPU (quant/gptq.h)
     double loss = 0;
     if ((st = llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, &loss, NULL))) return st;
     // W holds Q now and r->Q the original W0: err of (W0 - Q) (W is overwritten, then restored)

@@ -157,8 +157,11 @@ static int run_gguf(struct gguf_args *a) {
             json_object_set_new(a->settings, "calibration", calib_provenance(&d, co.seed));
             a->eo.imatrix = &s;
         }
-    } else if (!rtn && a->dry_run) {
-        a->eo.mix.have_imatrix = false;
+    } else if (!rtn) {
+        // GPTQ / AWQ gather calibration statistics and weight the encoders with them: the file gets the
+        // imatrix mix (llama-quantize's Q4_0 / Q5_0 / IQ4_* ffn_down choices with --imatrix), so it has the
+        // same size as llama-quantize --imatrix of the same type.
+        a->eo.mix.have_imatrix = true;
     }
     a->eo.provenance = a->settings;
     a->eo.report = &rep;

@@ -209,6 +209,20 @@ def smol8_stats(llmq_bin, smol8, work, data_dir):
     return lcs, dat
 
 
+def test_calibrated_methods_get_the_imatrix_mix(llmq_bin, smol8, smol8_stats, work, data_dir):
+    """gptq / awq have calibration statistics: their plan is llama-quantize's --imatrix plan (Q4_0: the
+    first n_layer/8 ffn_down are Q4_1), so their files have the size of llama-quantize --imatrix's."""
+    def plan(*flags):
+        r = run([llmq_bin, "quantize", "--model", smol8, "--format", "gguf", "--gguf-type", "Q4_0", "--dry-run",
+                 "--out", work / "mixdry.gguf", *flags], env={**os.environ, "LLMQ_DATA": str(data_dir)})
+        return re.findall(r"^(blk\.\d+\.ffn_down\.weight)\s+\[[^\]]*\]\s+\S+\s+(\S+)", r.stdout, re.M)
+    imat = plan("--method", "rtn", "--imatrix", smol8_stats[0])
+    plain = plan("--method", "rtn")
+    assert ("blk.0.ffn_down.weight", "q4_1") in imat and imat != plain, (imat, plain)
+    for m in ("gptq", "awq", "awq+gptq"):
+        assert plan("--method", m, "--calib", "wikitext-2-valid", "--nsamples", "2", "--seqlen", "64") == imat, m
+
+
 @pytest.mark.parametrize("name", ["Q4_K_M", "Q4_0", "IQ4_XS"])
 def test_rtn_imatrix_byte_identical(llmq_bin, lc, smol8, smol8_stats, work, name):
     """With importance (.dat as llama-quantize reads it; .lcs for Q4_K_M): the same file as llama.cpp's."""

@@ -7,7 +7,9 @@
 # Evaluation: wiki.test.raw, llamacpp protocol ctx 512, CHUNKS chunks (default 20; -1 = all) in both.
 # llama.cpp multiplies quantized weights with 8-bit (Q8_0 / Q8_K) activations; llmq eval decodes weights
 # to f32 and multiplies in f32, so a small gap is expected; the column "gap" is (llama.cpp - llmq) / llmq.
-# Environment: TYPES (default: every supported mix), CHUNKS, THREADS, BUILD_DIR, LLMQ_CACHE, LLMQ_DATA.
+# EMULATE=1 adds `llmq eval --emulate llamacpp-cpu` (calib/actq.h: activations rounded as llama.cpp's CPU
+# backend does, flash attention on as llama-perplexity's default) and its gap as two more columns.
+# Environment: TYPES (default: every supported mix), CHUNKS, THREADS, EMULATE, BUILD_DIR, LLMQ_CACHE, LLMQ_DATA.
 set -euo pipefail
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$SRC/build}"
@@ -15,6 +17,7 @@ CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
 export LLMQ_DATA="${LLMQ_DATA:-$SRC/../shared/datasets}"
 CHUNKS="${CHUNKS:-20}"
 THREADS="${THREADS:-$(nproc)}"
+EMULATE="${EMULATE:-0}"
 TYPES="${TYPES:-F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_0 Q5_1 Q4_K_M Q4_K_S Q4_0 Q4_1 Q3_K_L Q3_K_M Q3_K_S Q2_K IQ4_NL IQ4_XS}"
 LLMQ="$BUILD_DIR/llmq"
 [[ -x "$LLMQ" ]] || { echo "error: $LLMQ not built" >&2; exit 1; }
@@ -26,7 +29,11 @@ WORK="$(mktemp -d /tmp/llmq_gguf_gap.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 lcpp_chunks=(); [[ "$CHUNKS" != -1 ]] && lcpp_chunks=(--chunks "$CHUNKS")
 echo "base $BASE; wiki.test llamacpp ctx 512, chunks $CHUNKS; threads $THREADS" >&2
-printf '%-8s %9s %12s %12s %9s\n' type MiB "llama.cpp" llmq gap
+if [[ "$EMULATE" == 1 ]]; then
+  printf '%-8s %9s %12s %12s %9s %12s %9s\n' type MiB "llama.cpp" llmq gap "llmq-emul" "gap-emul"
+else
+  printf '%-8s %9s %12s %12s %9s\n' type MiB "llama.cpp" llmq gap
+fi
 for t in $TYPES; do
   q="$WORK/$t.gguf"
   "$LLMQ" quantize --model "$BASE" --format gguf --gguf-type "$t" --method rtn --threads "$THREADS" \
@@ -36,7 +43,14 @@ for t in $TYPES; do
   lp=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/l.txt")
   "$LLMQ" eval --model "$q" --ppl "$TEST" --chunks "$CHUNKS" --threads "$THREADS" >"$WORK/m.txt" 2>/dev/null
   mp=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/m.txt")
-  printf '%-8s %9.2f %12.4f %12.4f %8.3f%%\n' "$t" "$(echo "$(stat -c %s "$q") / 1048576" | bc -l)" "$lp" "$mp" \
-    "$(echo "100 * ($lp - $mp) / $mp" | bc -l)"
+  row=$(printf '%-8s %9.2f %12.4f %12.4f %8.3f%%' "$t" "$(echo "$(stat -c %s "$q") / 1048576" | bc -l)" "$lp" "$mp" \
+    "$(echo "100 * ($lp - $mp) / $mp" | bc -l)")
+  if [[ "$EMULATE" == 1 ]]; then
+    "$LLMQ" eval --model "$q" --ppl "$TEST" --chunks "$CHUNKS" --threads "$THREADS" --emulate llamacpp-cpu \
+      >"$WORK/e.txt" 2>/dev/null
+    ep=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/e.txt")
+    row+=$(printf ' %12.4f %8.3f%%' "$ep" "$(echo "100 * ($lp - $ep) / $ep" | bc -l)")
+  fi
+  echo "$row"
   rm -f "$q"
 done

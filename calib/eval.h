@@ -82,6 +82,7 @@
 #ifndef LLMQ_CALIB_EVAL_H
 #define LLMQ_CALIB_EVAL_H
 
+#include "calib/actq.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -269,6 +270,7 @@ struct llmq_eval_opts {
     int64_t max_chunks;         // < 0: all
     int n_threads;              // forward pass and scoring threads (>= 1)
     enum llmq_backend backend;  // GEMM backend of the forward passes (calib/forward.h); 0 = CPU
+    enum llmq_emulate emulate;  // arithmetic of the forward passes (calib/actq.h); 0: llmq's f32
     const char *save_logits;    // llmq_eval_ppl only: write the logits file here (NULL: no)
     enum llmq_dtype logits_dtype; // F32 or F16 for save_logits
     const uint8_t *text_sha256; // (32) recorded in the logits file; may be NULL (zeros)

@@ -86,8 +86,9 @@ static enum llmq_status run_eval(const struct llmq_model *m, const struct llmq_m
     memset(out, 0, sizeof(*out));
     out->plan = *plan;
     r.stats.kld = kld;
-    if ((st = llmq_forward_init(m, n, nt, &r.fm))) goto done;
-    if (base && (st = llmq_forward_init(base, n, nt, &r.fb))) goto done;
+    if ((st = llmq_forward_init(m, n, nt, &r.fm)) || (st = llmq_forward_set_emulate(r.fm, o->emulate))) goto done;
+    if (base && ((st = llmq_forward_init(base, n, nt, &r.fb)) || (st = llmq_forward_set_emulate(r.fb, o->emulate))))
+        goto done;
     llmq_forward_set_backend(r.fm, o->backend);
     if (r.fb) llmq_forward_set_backend(r.fb, o->backend);
     r.xm = malloc((size_t)(n * D) * sizeof(float));

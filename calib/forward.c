@@ -41,6 +41,8 @@ struct llmq_forward {
     int64_t max_tokens;
     int blas_saved; // OpenBLAS thread count to restore (0: not changed)
     enum llmq_backend backend; // of the linear / head products (llmq_forward_set_backend); CPU by default
+    enum llmq_emulate emulate; // calib/actq.h; NONE: plain f32
+    float *xq;       // (max_tokens, max(D, Dq, F)) a linear input rounded as llama.cpp would (emulate only)
 
     float *wbuf;     // (wbuf_n) f32 copy of the weight rows in use
     int64_t wbuf_n;
@@ -170,11 +172,35 @@ static void linear_worker(void *p, int ith, int nth) {
                 W, (int)c->C, c->beta, c->Y + a, (int)c->ldy);
 }
 
+struct actq_ctx {
+    enum llmq_dtype vt;
+    const float *X; // (n, C)
+    float *Xq;      // (n, C)
+    int64_t n, C;
+};
+
+static void actq_worker(void *p, int ith, int nth) {
+    struct actq_ctx *c = p;
+    int64_t a, b;
+    range_of(c->n, ith, nth, 1, &a, &b);
+    for (int64_t t = a; t < b; t++) llmq_actq_round_row(c->vt, c->X + t * c->C, c->C, c->Xq + t * c->C);
+}
+
+// The input X (n, C) of a product with w as llama.cpp's CPU backend sees it (calib/actq.h): rounded
+// through w's vec_dot_type into f->xq, or X itself when it stays f32.
+static const float *emulate_input(struct llmq_forward *f, const struct llmq_tensor_view *w, const float *X, int64_t n) {
+    struct actq_ctx c = {llmq_actq_vec_dot_type(w->dtype), X, f->xq, n, w->shape[1]};
+    if (c.vt == LLMQ_DTYPE_F32) return X;
+    parallel(threads_for(f, n * c.C * 16), actq_worker, &c);
+    return f->xq;
+}
+
 // Y[:, 0:nr] (n, ldy) = X (n, C) · W[r0 : r0+nr]^T + beta · Y. nr * C fits in wbuf.
 // On the device (kernels/gemm.h decides by size): the threads convert W's rows into wbuf (rows
 // [r0, r0+nr) at wbuf[0..nr*C)), then ONE GEMM over all rows instead of a GEMM per thread slice.
 static enum llmq_status linear_rows(struct llmq_forward *f, const struct llmq_tensor_view *w, int64_t r0, int64_t nr,
                                     const float *X, int64_t n, float *Y, int64_t ldy, float beta) {
+    if (f->emulate) X = emulate_input(f, w, X, n);
     const bool dev = llmq_gemm_on_device(f->backend, n, nr, w->shape[1]);
     struct linear_ctx c = {.f = f, .w = w, .r0 = r0, .nr = nr, .X = X, .n = n, .C = w->shape[1],
                            .Y = Y, .ldy = ldy, .beta = beta, .convert_only = dev};
@@ -301,6 +327,7 @@ static void attn_worker(void *p, int ith, int nth) {
             }
             const float inv = (float)(1.0 / sum);
             for (int64_t j = 0; j < nv; j++) row[j] *= inv;
+            if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row, nv);
             for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)nk, 1.0f, S, (int)nk, Vv, (int)Dkv,
@@ -419,6 +446,7 @@ void llmq_forward_set_backend(struct llmq_forward *f, enum llmq_backend be) { f-
 void llmq_forward_free(struct llmq_forward *f) {
     if (!f) return;
     free(f->wbuf);
+    llmq_big_free(f->xq);
     free(f->norms);
     free(f->bias);
     free(f->ff);
@@ -435,6 +463,18 @@ void llmq_forward_free(struct llmq_forward *f) {
     llmq_big_free(f->out);
     free(f->scores);
     free(f);
+}
+
+enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emulate e) {
+    if ((unsigned)e >= LLMQ_EMULATE_COUNT) return llmq_errorf(LLMQ_ERR_ARG, "forward: emulation mode %d unknown", (int)e);
+    const struct llmq_hparams *hp = &f->m->hp;
+    int64_t c = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
+    if (hp->n_head * hp->head_dim > c) c = hp->n_head * hp->head_dim;
+    if (e && !f->xq && !(f->xq = llmq_big_alloc((size_t)(f->max_tokens * c) * sizeof(float), "emulated activations")))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld emulated activations of %s",
+                           (long long)(f->max_tokens * c), f->m->path);
+    f->emulate = e;
+    return LLMQ_OK;
 }
 
 // Grows the RoPE tables and the score buffers to sequences of seqlen tokens. The table follows
@@ -517,6 +557,11 @@ static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn,
     if ((st = linear(f, ly->w[LLMQ_LIN_V], xn, n, f->v, beta))) return st;
     struct rope_ctx rc = {f, f->q, f->k, n, seqlen};
     parallel(threads_for(f, n * (Dq + Dkv) * 4), rope_worker, &rc);
+    if (f->emulate) { // the F16 KV cache; Q to f16 as mul_mat(K f16, Q) does without flash attention
+        llmq_actq_round_f16(f->k, n * Dkv);
+        llmq_actq_round_f16(f->v, n * Dkv);
+        if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(f->q, n * Dq);
+    }
     struct attn_ctx ac = {.f = f, .n_seq = n_seq, .seqlen = seqlen, .n_rb = (seqlen + RB - 1) / RB};
     atomic_init(&ac.next, 0);
     int64_t attn_work = n_seq * hp->n_head * seqlen * seqlen * Dh;

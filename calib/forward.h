@@ -40,6 +40,7 @@
 #ifndef LLMQ_CALIB_FORWARD_H
 #define LLMQ_CALIB_FORWARD_H
 
+#include "calib/actq.h"
 #include "calib/model.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -60,6 +61,14 @@ void llmq_forward_free(struct llmq_forward *f); // NULL is a no-op
 // ones stay on the CPU path. Attention, norms, RoPE and SwiGLU always run on the CPU. Results differ
 // from the CPU backend by float rounding only; a failed device call is returned by the pass.
 void llmq_forward_set_backend(struct llmq_forward *f, enum llmq_backend be);
+
+// Emulates llama.cpp's CPU-backend arithmetic from the next call on (calib/actq.h): the input of every
+// product with a weight rounded once through the weight's vec_dot_type (Q8_0 / Q8_1 / Q8_K / F16 /
+// BF16), K and V rounded to f16 after RoPE, and for LLMQ_EMULATE_LLAMACPP_CPU_NOFA also Q and the
+// softmax probabilities. Applies to every pass (blocks, head, logits). The default, LLMQ_EMULATE_NONE,
+// leaves the f32 arithmetic above unchanged bit for bit. Allocates (max_tokens, max(D, H*Dh, F))
+// floats on the first mode other than NONE. LLMQ_ERR_ARG for an unknown mode, LLMQ_ERR_NOMEM.
+enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emulate e);
 
 // One sequence of n tokens (tokens (n)) from position 0 (prefill, causal). Writes the logits of
 // positions [first_logit, n) into logits: ((n - first_logit), V) floats, row-major.

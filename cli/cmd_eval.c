@@ -3,12 +3,13 @@
  * model, under the llama.cpp or the GPTQ-paper protocol (calib/eval.h has the definitions).
  *
  *   llmq eval --model M --ppl FILE [--protocol llamacpp|gptq] [--ctx N] [--chunks N] [--threads N]
- *             [--kld-base MODEL | --save-logits FILE | --kld FILE] [--json FILE]
+ *             [--kld-base MODEL | --save-logits FILE | --kld FILE] [--emulate MODE] [--json FILE]
  *
  * Modes: plain perplexity (optionally --save-logits: the base logits for a later --kld run);
  * --kld-base MODEL runs the base and the model chunk by chunk in this process; --kld FILE compares
  * with a saved logits file (its chunks, protocol and context are used; --ppl is then optional and
- * only checked against the file's text hash).
+ * only checked against the file's text hash). --emulate llamacpp-cpu rounds activations as llama.cpp's
+ * CPU backend does (calib/actq.h), to predict llama-perplexity's figure on a quantized GGUF file.
  * stdout: the figures (llama-perplexity's wording); stderr: logs and one progress line with ETA
  * (rewritten in place on a terminal, a line every ~5% otherwise); --json FILE: every figure plus
  * what produced it (model, text sha256, protocol, tokens, llmq version), written atomically.
@@ -252,7 +253,7 @@ static enum llmq_status tokenize_text(const struct llmq_model *m, const struct t
 
 int cmd_eval(int argc, char **argv) {
     const char *model_path = NULL, *text_arg = NULL, *protocol_name = "llamacpp", *kld_base = NULL, *save_logits = NULL,
-               *kld_file = NULL, *json_path = NULL, *logits_dtype = "f16", *rows = "auto", *device = "auto";
+               *kld_file = NULL, *json_path = NULL, *logits_dtype = "f16", *rows = "auto", *device = "auto", *emulate_name = "none";
     long ctx = 0, chunks = -1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
     const struct cli_flag flags[] = {
@@ -272,6 +273,10 @@ int cmd_eval(int argc, char **argv) {
         {"rows", CLI_STR, &rows, "auto",
          "on: each line of the text is a dataset row, rows joined with \"\\n\\n\" (as the papers load "
          "wikitext-2-raw-v1); off: the file as is; auto: on for gptq, off for llamacpp"},
+        {"emulate", CLI_STR, &emulate_name, "none",
+         "none: f32 arithmetic; llamacpp-cpu: round activations as llama.cpp's CPU backend does (8-bit "
+         "Q8_0/Q8_1/Q8_K or f16 inputs per weight type, f16 KV cache, flash attention as llama-perplexity's "
+         "default); llamacpp-cpu-nofa: the same with flash attention off (also Q and softmax in f16)"},
         {"json", CLI_STR, &json_path, NULL, "also write every figure as JSON to this file"},
     };
     const struct cli_cmd cmd = {
@@ -291,6 +296,7 @@ int cmd_eval(int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : rc;
 
     enum llmq_eval_protocol protocol;
+    enum llmq_emulate emulate = LLMQ_EMULATE_NONE;
     enum llmq_dtype dtype = llmq_dtype_from_name(logits_dtype);
     const char *usage = NULL;
     if (!model_path) usage = "--model is required";
@@ -303,6 +309,8 @@ int cmd_eval(int argc, char **argv) {
         usage = "--kld-base, --save-logits and --kld exclude each other";
     else if (dtype != LLMQ_DTYPE_F16 && dtype != LLMQ_DTYPE_F32) usage = "--logits-dtype must be f16 or f32";
     else if (strcmp(rows, "auto") && strcmp(rows, "on") && strcmp(rows, "off")) usage = "--rows must be auto, on or off";
+    else if (!llmq_emulate_from_name(emulate_name, &emulate))
+        usage = "--emulate must be none, llamacpp-cpu or llamacpp-cpu-nofa";
     if (usage) {
         fprintf(stderr, "llmq eval: %s\nrun 'llmq eval --help' for the flags and their defaults\n", usage);
         return 2;
@@ -345,16 +353,16 @@ int cmd_eval(int argc, char **argv) {
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
 
     struct llmq_eval_opts o = {
-        .protocol = protocol, .n_ctx = ctx, .max_chunks = chunks, .n_threads = (int)threads, .backend = backend,
+        .protocol = protocol, .n_ctx = ctx, .max_chunks = chunks, .n_threads = (int)threads, .backend = backend, .emulate = emulate,
         .save_logits = save_logits, .logits_dtype = dtype, .text_sha256 = text_arg ? text.sha : NULL,
         .progress = on_progress, .progress_user = &pr,
     };
     int64_t n_chunks = lf ? llmq_logits_header(lf)->n_chunks : n_ids / (ctx > 0 ? ctx : llmq_eval_protocol_default_ctx(protocol));
     if (chunks > 0 && chunks < n_chunks) n_chunks = chunks;
     pr.every = n_chunks / 20 > 1 ? n_chunks / 20 : 1;
-    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s", m->path,
+    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s%s%s", m->path,
               llmq_eval_protocol_name(protocol), (long long)n_chunks, threads, base ? ", base " : "",
-              base ? base->path : "");
+              base ? base->path : "", emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
     if (lf) st = llmq_eval_kld_file(lf, m, &o, &rep);
     else if (base) st = llmq_eval_kld_models(base, m, ids, n_ids, &o, &rep);
     else st = llmq_eval_ppl(m, ids, n_ids, &o, &rep);
@@ -368,6 +376,7 @@ int cmd_eval(int argc, char **argv) {
     printf("model:     %s\n", m->path);
     if (base) printf("base:      %s\n", base->path);
     if (lf) printf("base:      logits file %s\n", kld_file);
+    if (emulate) printf("emulate:   %s\n", llmq_emulate_name(emulate));
     if (text_arg) printf("text:      %s (%zu bytes%s, sha256 %s)\n", text.path, text.len, join ? ", rows joined" : "", hex);
     else printf("text:      sha256 %s (from the logits file)\n", hex);
     printf("protocol:  %s (ctx %lld, scored positions [%lld, %lld), BOS per chunk: %s)\n",
@@ -381,6 +390,7 @@ int cmd_eval(int argc, char **argv) {
         js = report_json(&rep);
         json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
         json_object_set_new(js, "model", json_string(m->path));
+        json_object_set_new(js, "emulate", json_string(llmq_emulate_name(emulate)));
         if (base) json_object_set_new(js, "base_model", json_string(base->path));
         if (lf) json_object_set_new(js, "kld_logits_file", json_string(kld_file));
         if (save_logits) json_object_set_new(js, "saved_logits", json_string(save_logits));

@@ -1,11 +1,11 @@
 /*
  * tests/tools/forward_logits.c — llmq_forward_logits on the command line, for the pytest oracles.
  *
- *   forward_logits MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0]
+ *   forward_logits MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0] [EMULATE=none]
  *
  * IDS_FILE holds whitespace-separated token ids (one sequence, prefilled from position 0).
  * OUT_FILE receives the logits of positions [FIRST, n) as raw little-endian float32,
- * ((n - FIRST), n_vocab) row-major. Prints "n_tokens n_vocab" on stdout. Exit 1 on error.
+ * ((n - FIRST), n_vocab) row-major. EMULATE names a calib/actq.h mode (llamacpp-cpu, ...). Prints "n_tokens n_vocab" on stdout. Exit 1 on error.
  */
 #include "calib/forward.h"
 #include "calib/model.h"
@@ -16,11 +16,16 @@
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0] [EMULATE=none]\n", argv[0]);
         return 2;
     }
     int threads = argc > 4 ? atoi(argv[4]) : 2;
     int64_t first = argc > 5 ? atoll(argv[5]) : 0;
+    enum llmq_emulate emulate = LLMQ_EMULATE_NONE;
+    if (argc > 6 && !llmq_emulate_from_name(argv[6], &emulate)) {
+        fprintf(stderr, "%s: unknown emulation mode\n", argv[6]);
+        return 2;
+    }
     char *text = NULL;
     size_t size = 0;
     int32_t *ids = NULL;
@@ -47,7 +52,7 @@ int main(int argc, char **argv) {
         goto done;
     }
     if (llmq_model_load(argv[1], &m) != LLMQ_OK) goto done;
-    if (llmq_forward_init(m, n, threads, &f) != LLMQ_OK) goto done;
+    if (llmq_forward_init(m, n, threads, &f) != LLMQ_OK || llmq_forward_set_emulate(f, emulate) != LLMQ_OK) goto done;
     logits = malloc((size_t)((n - first) * m->hp.n_vocab) * sizeof(float));
     if (!logits) goto done;
     if (llmq_forward_logits(f, ids, n, first, logits) != LLMQ_OK) goto done;

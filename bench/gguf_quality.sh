@@ -69,7 +69,7 @@ for t in $TYPES; do
       llmq-*)    "$LLMQ" quantize --model "$BASE" --format gguf --gguf-type "$t" --method "${v#llmq-}" \
                    "${CAL[@]}" --threads "$THREADS" --force --out "$out" >"$WORK/$key.log" 2>&1 ;;
     esac
-    secs=$(echo "$(date +%s.%N) - $t0" | bc)
+    secs=$(printf "%.3f" "$(echo "$(date +%s.%N) - $t0" | bc)") # "%.3f": bc prints ".49", which is not JSON
     "$LLMQ" eval --model "$out" --ppl "$TEST" --kld "$WORK/base.logits" --threads "$THREADS" \
       --json "$WORK/$key.eval.json" >"$WORK/$key.eval.txt" 2>"$WORK/$key.eval.err"
     printf '{"type":"%s","variant":"%s","bytes":%s,"quantize_s":%s,"ppl":%s,"kld":%s}\n' "$t" "$v" \

@@ -234,7 +234,7 @@ int cmd_quantize(int argc, char **argv) {
          "input columns per (scale, zero) group; -1 = one per output row (not gguf: its blocks are fixed)"},
         {"sym", CLI_BOOL, &sym, "off", "symmetric grid (zero fixed at 2^(bits-1))"},
         {"asym", CLI_BOOL, &asym, "on (unless --sym)", "asymmetric grid with a zero point"},
-        {"act-order", CLI_BOOL, &act_order, "off", "GPTQ: columns in order of decreasing Hessian diagonal"},
+        {"act-order", CLI_BOOL, &act_order, "off", "GPTQ: columns in order of decreasing Hessian diagonal (gguf: every block's grid fixed first from the original weights)"},
         {"static-groups", CLI_BOOL, &static_groups, "off", "GPTQ: group parameters from the original weights"},
         {"no-true-sequential", CLI_BOOL, &no_tseq, "off",
          "GPTQ: collect all Hessians of a block in one pass instead of [qkv] -> [o] -> [gate,up] -> [down]"},
@@ -310,7 +310,8 @@ int cmd_quantize(int argc, char **argv) {
         usage = "--bits and --group-size do not apply to --format gguf (its block types fix them: choose --gguf-type)";
     else if (gguf && (sym || asym || static_groups || fallback))
         usage = "--sym, --asym, --static-groups and --fallback do not apply to --format gguf";
-    else if (gguf && act_order) usage = "--act-order does not apply to --format gguf (blocks are contiguous columns)";
+    else if (gguf && act_order && strcmp(method, "gptq") != 0 && strcmp(method, "awq+gptq") != 0)
+        usage = "--act-order needs --method gptq or awq+gptq";
     else if (gguf && !gguf_type) usage = "--format gguf needs --gguf-type (e.g. Q4_K_M)";
     else if (max_memory && !llmq_parse_bytes(max_memory, &max_mem_bytes))
         usage = "--max-memory must be a size such as 4G, 512M or 1073741824";
@@ -365,6 +366,7 @@ int cmd_quantize(int argc, char **argv) {
     o.n_threads = (int)threads;
     o.percdamp = (float)damp;
     o.true_sequential = !no_tseq;
+    o.act_order = act_order;
 
     if (gguf) {
         struct gguf_args a = {.model = model_path, .method = method, .out = out, .json = json_path, .imatrix = imatrix,
@@ -396,8 +398,10 @@ int cmd_quantize(int argc, char **argv) {
                             etype == LLMQ_DTYPE_COUNT ? json_null() : json_string(llmq_dtype_name(etype)));
         json_object_set_new(a.settings, "pure", json_boolean(pure));
         json_object_set_new(a.settings, "tensor_types", ttj);
-        if (o.method == LLMQ_QMETHOD_GPTQ || o.method == LLMQ_QMETHOD_AWQ_GPTQ)
+        if (o.method == LLMQ_QMETHOD_GPTQ || o.method == LLMQ_QMETHOD_AWQ_GPTQ) {
             json_object_set_new(a.settings, "damp", json_real(o.percdamp));
+            json_object_set_new(a.settings, "act_order", json_boolean(o.act_order));
+        }
         rc = run_gguf(&a);
         json_decref(a.settings);
         for (int i = 0; i < n_tt; i++) free((char *)tt[i].regex);
@@ -405,7 +409,6 @@ int cmd_quantize(int argc, char **argv) {
     }
 
     o.q = (struct llmq_qconfig){.bits = (int)bits, .group_size = (int)group, .sym = sym};
-    o.act_order = act_order;
     o.static_groups = static_groups;
     o.fallback_rtn_per_channel = fallback && strcmp(fallback, "rtn-per-channel") == 0;
     o.out.force = force;

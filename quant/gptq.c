@@ -126,8 +126,8 @@ double llmq_gptq_block_row(float *W1, float *err1, uint8_t *code1, const float *
 }
 
 // Stable descending argsort of diag(H) (merge sort on indices; ties keep ascending index).
-static void argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */,
-                         int64_t C) {
+void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */,
+                            int64_t C) {
     for (int64_t i = 0; i < C; i++) perm[i] = i;
     for (int64_t width = 1; width < C; width *= 2) {
         for (int64_t lo = 0; lo < C; lo += 2 * width) {
@@ -304,7 +304,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     // 4. act-order: perm = argsort(diag(H), descending, stable); W = W[:, perm]; H = H[perm][:, perm]
     for (int64_t i = 0; i < C; i++) row[i] = H[i * C + i];
     if (o->act_order) {
-        argsort_desc(row, perm, invperm, C);
+        llmq_gptq_argsort_desc(row, perm, invperm, C);
     } else {
         for (int64_t i = 0; i < C; i++) perm[i] = i;
     }

@@ -116,4 +116,9 @@ double llmq_gptq_block_row(float *W1 /* (count) */, float *err1 /* (count) */, u
                            const float *scales /* (NG) */, const float *zeros /* (NG) */,
                            const int32_t *gcol /* (count) */, int maxq);
 
+// Step 4's order: perm = argsort(key, descending), STABLE (ties keep ascending index); tmp is (C)
+// scratch. Shared with quant/gptq_gguf.c.
+void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */,
+                            int64_t C);
+
 #endif // LLMQ_QUANT_GPTQ_H

@@ -43,6 +43,8 @@ struct batch_job {
     uint8_t *blocks;    // (R, row_bytes)
     float *Err1;        // (R, i2 - i1)
     double *rowloss;    // (R)
+    const int64_t *perm; // (C) act-order: processing position -> original column; NULL: identity
+    bool fixed;         // act-order: every block is encoded already, only codes are chosen
     enum llmq_status st;
 };
 
@@ -55,10 +57,11 @@ static void *batch_rows(void *arg) {
         uint8_t *brow = j->blocks + (size_t)r * j->row_bytes;
         double rloss = 0.0;
         for (int64_t i = 0; i < count; i++) {
-            const int64_t c = i1 + i;        // column
-            const int e = (int)(c % QK);     // element inside its block
+            const int64_t p = i1 + i;                   // processing position (Hinv's index)
+            const int64_t c = j->perm ? j->perm[p] : p; // original column (the block's)
+            const int e = (int)(c % QK);                // element inside its block
             void *blk = brow + (size_t)(c / QK) * j->bsz;
-            if (e == 0) { // the block's scales from the current, error-compensated values
+            if (e == 0 && !j->fixed) { // the block's scales from the current, error-compensated values
                 enum llmq_status st = llmq_gguf_encode_row_ref(j->type, W1 + i, blk, QK, j->imp + c);
                 if (st) {
                     j->st = st;
@@ -67,13 +70,13 @@ static void *batch_rows(void *arg) {
             }
             struct llmq_gguf_grid g;
             llmq_gguf_block_grid(j->type, blk, e, &g);
-            const float w = W1[i], d = j->Hinv[c * C + c];
+            const float w = W1[i], d = j->Hinv[p * C + p];
             const int code = llmq_gguf_grid_nearest(&g, w);
             llmq_gguf_block_set_code(j->type, blk, e, code);
             const float q = llmq_gguf_grid_value(&g, code); // Q1[:, i]
             const float er = (w - q) / d;                   // err1
             rloss += (double)((w - q) * (w - q) / (d * d)); // Losses1[:, i]
-            const float *hrow = j->Hinv + c * C + i1;       // Hinv1[i, :]
+            const float *hrow = j->Hinv + p * C + i1;       // Hinv1[i, :]
             for (int64_t k = i + 1; k < count; k++) W1[k] -= er * hrow[k];
             err1[i] = er;
             W1[i] = q;
@@ -148,7 +151,14 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     float *H0 = malloc((size_t)(C * C) * sizeof *H0);      // (C, C) retry backup
     float *Err1 = malloc((size_t)(R * B) * sizeof *Err1);  // (R, B)
     double *rowloss = calloc((size_t)R, sizeof *rowloss);  // (R)
-    if (!imp || !H0 || !Err1 || !rowloss) {
+    int64_t *perm = NULL, *tmp = NULL;                     // (C) act-order
+    float *row = NULL;                                     // (C) act-order permutation scratch
+    if (o->act_order) {
+        perm = malloc((size_t)C * sizeof *perm);
+        tmp = malloc((size_t)C * sizeof *tmp);
+        row = malloc((size_t)C * sizeof *row);
+    }
+    if (!imp || !H0 || !Err1 || !rowloss || (o->act_order && (!perm || !tmp || !row))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (C = %lld)", name, (long long)C);
         goto done;
     }
@@ -161,6 +171,22 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
         if (H[i * C + i] != 0.0f) continue;
         H[i * C + i] = 1.0f;
         for (int64_t r = 0; r < R; r++) W[r * C + i] = 0.0f;
+    }
+
+    // act-order: every block's grid from the original W, then W and H in decreasing diag(H) order
+    if (o->act_order) {
+        for (int64_t r = 0; r < R; r++)
+            if ((st = llmq_gguf_encode_row_ref(type, W + r * C, (uint8_t *)blocks + (size_t)r * row_bytes, C, imp)))
+                goto done;
+        for (int64_t i = 0; i < C; i++) row[i] = H[i * C + i];
+        llmq_gptq_argsort_desc(row, perm, tmp, C);
+        for (int64_t r = 0; r < R; r++) {
+            for (int64_t j = 0; j < C; j++) row[j] = W[r * C + perm[j]];
+            memcpy(W + r * C, row, (size_t)C * sizeof *row);
+        }
+        for (int64_t i = 0; i < C; i++)
+            for (int64_t j = 0; j < C; j++) H0[i * C + j] = H[perm[i] * C + perm[j]];
+        memcpy(H, H0, (size_t)(C * C) * sizeof *H);
     }
 
     // 5. + 6. damping and the Cholesky chain, with retries
@@ -176,7 +202,7 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
         const int64_t i2 = i1 + B < C ? i1 + B : C, count = i2 - i1;
         struct batch_job job = {.type = type, .C = C, .QK = QK, .i1 = i1, .i2 = i2, .bsz = tr->size,
                                 .row_bytes = row_bytes, .W = W, .Hinv = Hinv, .imp = imp, .blocks = blocks,
-                                .Err1 = Err1, .rowloss = rowloss};
+                                .Err1 = Err1, .rowloss = rowloss, .perm = perm, .fixed = o->act_order};
         if ((st = run_batch(&job, R, o->n_threads))) goto done;
         // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
         double tg = llmq_now_s();
@@ -186,13 +212,21 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
         t_gemm += llmq_now_s() - tg;
     }
 
+    if (o->act_order) // back to the original column order: W = the decoding of the blocks
+        for (int64_t r = 0; r < R; r++) {
+            for (int64_t j = 0; j < C; j++) row[perm[j]] = W[r * C + j];
+            memcpy(W + r * C, row, (size_t)C * sizeof *row);
+        }
     double sum = 0.0;
     for (int64_t r = 0; r < R; r++) sum += rowloss[r];
-    llmq_debug("%s: gptq onto %s (%lld, %lld) %.3f s: Cholesky chain %.3f s, lazy sgemm %.3f s", name, tr->name,
-               (long long)R, (long long)C, llmq_now_s() - t0, t_chain, t_gemm);
+    llmq_debug("%s: gptq%s onto %s (%lld, %lld) %.3f s: Cholesky chain %.3f s, lazy sgemm %.3f s", name,
+               o->act_order ? " (act-order)" : "", tr->name, (long long)R, (long long)C, llmq_now_s() - t0, t_chain, t_gemm);
     if (loss) *loss = sum / 2.0;
     if (percdamp_used) *percdamp_used = percdamp;
 done:
+    free(row);
+    free(tmp);
+    free(perm);
     free(rowloss);
     free(Err1);
     free(H0);

@@ -32,7 +32,13 @@
  *          loss += (w - q)² / Hinv_jj².
  *      then W[:, i2:] -= Err1 · Hinv[i1:i2, i2:] (cblas_sgemm), as fasterquant. In exact arithmetic
  *      this is the column-by-column GPTQ sweep: B only changes rounding.
- *   No act-order (a block is a contiguous run of columns) and no static groups.
+ *   act_order (AutoGPTQ's desc_act with static_groups, the only way act-order fits blocks of
+   contiguous columns): after step 2 every row is encoded whole from the ORIGINAL W with the
+   importance (llmq_gguf_encode_row_ref: the plain encoder's scales, mins and codes), which fixes
+   every block's grid for good; then W and H are permuted by perm = argsort(diag H, descending,
+   stable; llmq_gptq_argsort_desc), and step 7 runs over the permuted columns without re-encoding:
+   column j (original column perm[j]) only picks the nearest code on its block's fixed grid. W is
+   un-permuted at the end. Batches need no rounding to QK then, but B is rounded the same way.
  *
  * Result: blocks (R rows of C / QK blocks, llmq_dtype_nbytes(type, C) bytes per row, row r at
  * blocks + r * row_bytes) and W = their decoding: llmq_dequantize_row(type, row r) == W[r, :] bit
@@ -51,6 +57,7 @@
 #ifndef LLMQ_QUANT_GPTQ_GGUF_H
 #define LLMQ_QUANT_GPTQ_GGUF_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/dtype.h"
@@ -61,6 +68,7 @@ struct llmq_gptq_gguf_opts {
     float damp_increment; // added on each Cholesky failure; 0 -> 0.0025
     int blocksize;        // lazy batch width before rounding up to a multiple of QK; 0 -> 128
     int n_threads;        // >= 1
+    bool act_order;       // columns in order of decreasing diag(H), every block's grid fixed first (below)
 };
 
 // percdamp 0.01, damp_increment 0.0025, blocksize 128, 1 thread.

@@ -440,6 +440,7 @@ static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const
         struct llmq_gptq_gguf_opts go = llmq_gptq_gguf_opts_default();
         go.percdamp = r->o->percdamp;
         go.n_threads = r->o->n_threads;
+        go.act_order = r->o->act_order;
         if ((st = llmq_gptq_gguf_quantize(name, W, r->H, R, C, t, imp, &go, r->blk, &loss, NULL))) return st;
         err = rel_err(r, r->Q, W, r->Hx, R, C); // W := W0 - Q; restored from the blocks below
         if (!(err < rtn_err)) { // the solver lost on its own objective (little data, a strong encoder): keep RTN
@@ -718,6 +719,7 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
             json_object_set_new(s, "embedding_type", json_string(llmq_dtype_name(mx->embedding_type)));
         if (o->method == LLMQ_QMETHOD_GPTQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) {
             json_object_set_new(s, "damp", json_real(o->percdamp));
+            json_object_set_new(s, "act_order", json_boolean(o->act_order));
             json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ));
         }
         return s;
@@ -763,9 +765,11 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     if (report) *report = NULL;
     if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN) // no solver: the writer does it all (quant/gguf_export.h)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method rtn into --format gguf goes through llmq_gguf_export_rtn");
-    if (o->to_gguf && (o->act_order || o->static_groups))
-        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order / --static-groups do not apply to --format gguf (a "
-                                         "block is a contiguous run of columns)");
+    if (o->to_gguf && o->static_groups)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --static-groups does not apply to --format gguf (with "
+                                         "--act-order the block grids are static already)");
+    if (o->to_gguf && o->act_order && o->method != LLMQ_QMETHOD_GPTQ && o->method != LLMQ_QMETHOD_AWQ_GPTQ)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order needs --method gptq or awq+gptq");
     struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
     const struct llmq_hparams *hp = &m->hp;
     enum llmq_status st = llmq_qconfig_check(&o->q, "--bits/--group-size");

@@ -425,6 +425,7 @@ def test_dry_run_writes_nothing(llmq_bin, stories_v3, work):
     (["--gguf-type", "Q4_0", "--group-size", "32"], 2, "--bits and --group-size do not apply"),
     (["--format", "gguf"], 2, "needs --gguf-type"),
     (["--format", "awq", "--pure"], 2, "need --format gguf"),
+    (["--gguf-type", "Q4_0", "--act-order"], 2, "--act-order needs --method gptq or awq+gptq"),
 ])
 def test_bad_flags(llmq_bin, stories_v3, work, flags, code, msg):
     out = work / "bad.gguf"

@@ -161,6 +161,18 @@ def test_gptq_into_gguf(llmq_bin, tool, smol4, data_dir, tmp_path, gguf_type, wa
 
 
 @pytest.mark.heavy
+def test_gptq_act_order_into_gguf(llmq_bin, tool, smol4, data_dir, tmp_path):
+    """--act-order: every block's grid from the original weights, codes in decreasing diag(H) order; the
+    bytes still decode to what GPTQ compensated for, and it beats the encoder alone on every layer."""
+    out = tmp_path / "gptq-ao-Q4_K_M.gguf"
+    rep, err = quantize(llmq_bin, smol4, out, "gptq", "Q4_K_M", CAL_GPTQ + ["--act-order"], data_dir)
+    check_layers(rep, "gptq", allow_fallback=True)
+    assert rep["settings"]["act_order"] is True, rep["settings"]
+    check_dequant_equal(llmq_bin, out, tmp_path)
+    check_llama_cpp(out, tool, tmp_path)
+
+
+@pytest.mark.heavy
 @pytest.mark.parametrize("method,gguf_type", [("awq", "Q4_0"), ("awq+gptq", "Q4_K_M")])
 def test_awq_into_gguf(llmq_bin, tool, smol4, data_dir, tmp_path, method, gguf_type):
     out = tmp_path / f"{method}-{gguf_type}.gguf"
@@ -172,19 +184,22 @@ def test_awq_into_gguf(llmq_bin, tool, smol4, data_dir, tmp_path, method, gguf_t
     check_llama_cpp(out, tool, tmp_path)
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq", "awq+gptq"])
+@pytest.mark.parametrize("method", ["gptq", "gptq --act-order", "awq", "awq+gptq"])
 def test_stories_solvers_into_gguf_light(llmq_bin, stories_v3, tmp_path, method):
     """The light tier's check of the solvers into GGUF (it runs under the sanitizers too): stories260K,
     tiny calibration, Q4_0. Every quantized tensor decodes in gguf-py, the 172-wide ffn_down stays F16,
     and the JSON names a method and type for every linear."""
-    out = tmp_path / f"s_{method.replace('+', '_')}.gguf"
+    out = tmp_path / f"s_{method.replace('+', '_').replace(' ', '_')}.gguf"
     rep = tmp_path / "r.json"
     r = run([llmq_bin, "quantize", "--model", stories_v3, "--format", "gguf", "--gguf-type", "Q4_0", "--method",
-             method, "--calib", "wikitext-2-valid", "--nsamples", "4", "--seqlen", "64", "--seed", "2",
+             *method.split(), "--calib", "wikitext-2-valid", "--nsamples", "4", "--seqlen", "64", "--seed", "2",
              "--threads", "2", "--json", rep, "--out", out])
     assert "ffn_down" in r.stderr and "f16" in r.stderr.lower()
-    layers = json.loads(rep.read_text())["layers"]
+    js = json.loads(rep.read_text())
+    layers = js["layers"]
     assert len(layers) == 5 * 7 and all(l.get("type") for l in layers)
+    if "gptq" in method:
+        assert js["settings"]["act_order"] is ("--act-order" in method), js["settings"]
     reader = gguf.GGUFReader(str(out))
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     assert types["blk.0.attn_q.weight"] == "Q4_0" and types["blk.0.ffn_down.weight"] == "F16"

@@ -80,7 +80,7 @@ static void check_decodes_to(enum llmq_dtype t, const uint8_t *blocks, size_t rb
         }
 }
 
-static void test_gptq_vs_rtn(bool with_importance) {
+static void test_gptq_vs_rtn(bool with_importance, bool act_order) {
     const int64_t R = 24, C = 512, N = 1024;
     float *W0 = malloc((size_t)(R * C) * sizeof(float)), *W = malloc((size_t)(R * C) * sizeof(float));
     float *Q = malloc((size_t)(R * C) * sizeof(float)), *H = malloc((size_t)(C * C) * sizeof(float));
@@ -100,6 +100,7 @@ static void test_gptq_vs_rtn(bool with_importance) {
         double e_rtn = proxy(W0, Q, H, R, C);
         // GPTQ
         struct llmq_gptq_gguf_opts o = llmq_gptq_gguf_opts_default();
+        o.act_order = act_order;
         memcpy(W, W0, (size_t)(R * C) * sizeof(float));
         memcpy(Hc, H, (size_t)(C * C) * sizeof(float));
         double loss = -1;
@@ -107,8 +108,9 @@ static void test_gptq_vs_rtn(bool with_importance) {
                      LLMQ_OK);
         check_decodes_to(t, blk, rb, W, R, C, Q);
         double e_gptq = proxy(W0, W, H, R, C);
-        printf("%-7s %s: proxy error gptq %.4e  rtn %.4e  (ratio %.3f)  loss %.4e\n", llmq_dtype_name(t),
-               with_importance ? "imatrix" : "diag(H)", e_gptq, e_rtn, e_gptq / e_rtn, loss);
+        printf("%-7s %s%s: proxy error gptq %.4e  rtn %.4e  (ratio %.3f)  loss %.4e\n", llmq_dtype_name(t),
+               with_importance ? "imatrix" : "diag(H)", act_order ? " act-order" : "", e_gptq, e_rtn, e_gptq / e_rtn,
+               loss);
         CHECK(loss > 0 && isfinite(loss));
         CHECK(e_gptq < e_rtn);
         // 3 threads: same bytes, same W, same loss
@@ -235,8 +237,10 @@ static void test_errors(void) {
 int main(void) {
     test_errors();
     test_identity();
-    test_gptq_vs_rtn(false);
-    test_gptq_vs_rtn(true);
+    test_gptq_vs_rtn(false, false);
+    test_gptq_vs_rtn(true, false);
+    test_gptq_vs_rtn(false, true); // act-order: static block grids, then codes in decreasing diag(H) order
+    test_gptq_vs_rtn(true, true);
     printf("test_gptq_gguf: ok\n");
     return 0;
 }

@@ -231,6 +231,16 @@ done:
     return st;
 }
 
+void llmq_gptq_permute(float *W, float *H, int64_t R, int64_t C, const int64_t *perm, float *row, float *Hs) {
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t j = 0; j < C; j++) row[j] = W[r * C + perm[j]];
+        memcpy(W + r * C, row, (size_t)C * sizeof *row);
+    }
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = 0; j < C; j++) Hs[i * C + j] = H[perm[i] * C + perm[j]];
+    memcpy(H, Hs, (size_t)(C * C) * sizeof *H);
+}
+
 enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_t R, int64_t C,
                                     const struct llmq_gptq_opts *o, struct llmq_qlinear *out, double *err,
                                     float *percdamp_used) {
@@ -310,13 +320,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     }
     for (int64_t i = 0; i < C; i++) invperm[perm[i]] = i;
     if (o->act_order) {
-        for (int64_t r = 0; r < R; r++) {
-            for (int64_t j = 0; j < C; j++) row[j] = W[r * C + perm[j]];
-            memcpy(W + r * C, row, (size_t)C * sizeof *row);
-        }
-        for (int64_t i = 0; i < C; i++)
-            for (int64_t j = 0; j < C; j++) H0[i * C + j] = H[perm[i] * C + perm[j]];
-        memcpy(H, H0, (size_t)(C * C) * sizeof *H);
+        llmq_gptq_permute(W, H, R, C, perm, row, H0);
     }
 
     // group of each processing position (dynamic groups follow the processing order; static groups and

@@ -121,4 +121,8 @@ double llmq_gptq_block_row(float *W1 /* (count) */, float *err1 /* (count) */, u
 void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */,
                             int64_t C);
 
+// Step 4's permutation: W (R, C) = W[:, perm], H (C, C) = H[perm][:, perm]; row (C) and Hs (C, C) are
+// scratch. Shared with quant/gptq_gguf.c.
+void llmq_gptq_permute(float *W, float *H, int64_t R, int64_t C, const int64_t *perm, float *row, float *Hs);
+
 #endif // LLMQ_QUANT_GPTQ_H

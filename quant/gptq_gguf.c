@@ -180,13 +180,7 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
                 goto done;
         for (int64_t i = 0; i < C; i++) row[i] = H[i * C + i];
         llmq_gptq_argsort_desc(row, perm, tmp, C);
-        for (int64_t r = 0; r < R; r++) {
-            for (int64_t j = 0; j < C; j++) row[j] = W[r * C + perm[j]];
-            memcpy(W + r * C, row, (size_t)C * sizeof *row);
-        }
-        for (int64_t i = 0; i < C; i++)
-            for (int64_t j = 0; j < C; j++) H0[i * C + j] = H[perm[i] * C + perm[j]];
-        memcpy(H, H0, (size_t)(C * C) * sizeof *H);
+        llmq_gptq_permute(W, H, R, C, perm, row, H0);
     }
 
     // 5. + 6. damping and the Cholesky chain, with retries

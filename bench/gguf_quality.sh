@@ -12,7 +12,8 @@
 #   the same code for every file): PPL and mean KLD against the base's logits.
 # Full: NSAMPLES=128 SEQLEN=512 CHUNKS=-1 (hours on 2 cores). Default: CHUNKS=40. --quick: NSAMPLES=16
 #   SEQLEN=512 CHUNKS=10 TYPES="Q4_K_M Q4_0".
-# Environment: TYPES, VARIANTS ("lcpp lcpp-imat llmq-imat llmq-gptq llmq-awq llmq-awq+gptq"), THREADS,
+# Environment: TYPES, VARIANTS ("lcpp lcpp-imat llmq-imat llmq-gptq llmq-awq llmq-awq+gptq"; a -ao suffix,
+#   e.g. llmq-gptq-ao, llmq-awq+gptq-ao, adds --act-order), THREADS,
 #   BUILD_DIR, LLMQ_CACHE, LLMQ_DATA, WORK (resumable like bench/quality.sh: finished rows are kept).
 set -euo pipefail
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
@@ -66,6 +67,8 @@ for t in $TYPES; do
       lcpp-imat) "$TOOLS/llama-quantize" --imatrix "$WORK/imat_lcpp.dat" "$BASE" "$out" "$t" "$THREADS" >"$WORK/$key.log" 2>&1 ;;
       llmq-imat) "$LLMQ" quantize --model "$BASE" --format gguf --gguf-type "$t" --method rtn \
                    --imatrix "$WORK/imat_llmq.lcs" --threads "$THREADS" --force --out "$out" >"$WORK/$key.log" 2>&1 ;;
+      llmq-*-ao) "$LLMQ" quantize --model "$BASE" --format gguf --gguf-type "$t" --method "$(m="${v#llmq-}"; echo "${m%-ao}")" \
+                   --act-order "${CAL[@]}" --threads "$THREADS" --force --out "$out" >"$WORK/$key.log" 2>&1 ;;
       llmq-*)    "$LLMQ" quantize --model "$BASE" --format gguf --gguf-type "$t" --method "${v#llmq-}" \
                    "${CAL[@]}" --threads "$THREADS" --force --out "$out" >"$WORK/$key.log" 2>&1 ;;
     esac

@@ -175,9 +175,7 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
 
     // act-order: every block's grid from the original W, then W and H in decreasing diag(H) order
     if (o->act_order) {
-        for (int64_t r = 0; r < R; r++)
-            if ((st = llmq_gguf_encode_row_ref(type, W + r * C, (uint8_t *)blocks + (size_t)r * row_bytes, C, imp)))
-                goto done;
+        if ((st = llmq_gguf_encode_rows(type, W, blocks, R, C, imp, o->n_threads))) goto done;
         for (int64_t i = 0; i < C; i++) row[i] = H[i * C + i];
         llmq_gptq_argsort_desc(row, perm, tmp, C);
         llmq_gptq_permute(W, H, R, C, perm, row, H0);

@@ -34,7 +34,7 @@
  *      this is the column-by-column GPTQ sweep: B only changes rounding.
  *   act_order (AutoGPTQ's desc_act with static_groups, the only way act-order fits blocks of
    contiguous columns): after step 2 every row is encoded whole from the ORIGINAL W with the
-   importance (llmq_gguf_encode_row_ref: the plain encoder's scales, mins and codes), which fixes
+   importance (llmq_gguf_encode_rows, threaded: the plain encoder's bytes), which fixes
    every block's grid for good; then W and H are permuted by perm = argsort(diag H, descending,
    stable; llmq_gptq_argsort_desc), and step 7 runs over the permuted columns without re-encoding:
    column j (original column perm[j]) only picks the nearest code on its block's fixed grid. W is

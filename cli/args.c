@@ -1,9 +1,12 @@
 // cli/args.c — the flag parser behind every llmq subcommand.
 #include "cli/args.h"
 
+#include "common/spill.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void cli_print_help(const struct cli_cmd *cmd, FILE *out) {
     fprintf(out, "usage: llmq %s %s\n\n%s\n", cmd->name, cmd->usage, cmd->summary);
@@ -83,4 +86,54 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, const char **pos
     }
     if (*n_pos < cmd->min_pos) return usage_error(cmd, "missing argument: ", cmd->usage);
     return 0;
+}
+
+int cli_take_repeated(const char *name, int *argc, char **argv, const char **vals, int max_vals, int *n_vals) {
+    size_t nl = strlen(name);
+    int w = 0;
+    *n_vals = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        const char *v = NULL;
+        if (strncmp(a, "--", 2) == 0 && strncmp(a + 2, name, nl) == 0 && a[2 + nl] == '=') v = a + 3 + nl;
+        else if (strncmp(a, "--", 2) == 0 && strcmp(a + 2, name) == 0) {
+            if (i + 1 >= *argc) {
+                fprintf(stderr, "llmq: --%s needs a value\n", name);
+                return 2;
+            }
+            v = argv[++i];
+        }
+        if (v) {
+            if (*n_vals >= max_vals) {
+                fprintf(stderr, "llmq: at most %d --%s flags\n", max_vals, name);
+                return 2;
+            }
+            vals[(*n_vals)++] = v;
+        } else {
+            argv[w++] = argv[i];
+        }
+    }
+    *argc = w;
+    return 0;
+}
+
+void cli_calib_args_init(struct cli_calib_args *a) {
+    *a = (struct cli_calib_args){.nsamples = 128, .seqlen = 512, .seed = 0, .micro = 8};
+    a->threads = sysconf(_SC_NPROCESSORS_ONLN);
+    if (a->threads < 1) a->threads = 1;
+}
+
+int cli_calib_take_sources(struct cli_calib_args *a, int *argc, char **argv) {
+    return cli_take_repeated("calib", argc, argv, a->sources, CLI_CALIB_MAX_SOURCES, &a->n_sources);
+}
+
+const char *cli_calib_args_check(struct cli_calib_args *a) {
+    if (a->nsamples < 1 || a->nsamples > (1 << 20)) return "--nsamples must be between 1 and 1048576";
+    if (a->seqlen < 2 || a->seqlen > (1 << 20)) return "--seqlen must be between 2 and 1048576";
+    if (a->micro < 1) return "--micro-batch must be >= 1";
+    if (a->seed < 0) return "--seed must be >= 0";
+    if (a->threads < 1 || a->threads > 256) return "--threads must be between 1 and 256";
+    if (a->max_memory && !llmq_parse_bytes(a->max_memory, &a->max_mem_bytes))
+        return "--max-memory must be a size such as 4G, 512M or 1073741824";
+    return NULL;
 }

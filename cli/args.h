@@ -9,6 +9,7 @@
 #define LLMQ_CLI_ARGS_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 enum cli_flag_kind { CLI_BOOL, CLI_INT, CLI_FLOAT, CLI_STR };
@@ -36,5 +37,43 @@ struct cli_cmd {
 // (the caller exits 0), 2 on a usage error (already printed; the caller exits 2).
 int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, const char **pos, int *n_pos);
 void cli_print_help(const struct cli_cmd *cmd, FILE *out);
+
+// A repeatable flag (cli_parse keeps one value): collects every "--name V" / "--name=V" into vals (at
+// most max_vals) and removes them from argv, updating *argc. Returns 0, or 2 on a usage error (printed).
+int cli_take_repeated(const char *name, int *argc, char **argv, const char **vals, int max_vals, int *n_vals);
+
+// ---- the calibration flags, shared by `llmq calib` and `llmq quantize`
+
+#define CLI_CALIB_MAX_SOURCES 16 // = LLMQ_CALIB_MAX_SOURCES (calib/calib.h; checked there)
+
+struct cli_calib_args {
+    const char *sources[CLI_CALIB_MAX_SOURCES]; // every --calib, in order (cli_take_repeated)
+    int n_sources;
+    const char *calib_help_dummy; // the --calib table entry's destination; the values are in sources
+    long nsamples, seqlen, seed, micro, threads;
+    const char *max_memory;       // --max-memory as given (NULL: unlimited)
+    uint64_t max_mem_bytes;       // parsed by cli_calib_args_check (0: unlimited)
+};
+
+// Defaults: 128 x 512 tokens, seed 0, micro-batch 8, threads = online CPUs, no memory limit.
+void cli_calib_args_init(struct cli_calib_args *a);
+// Takes every --calib out of argv (cli_take_repeated); returns its status.
+int cli_calib_take_sources(struct cli_calib_args *a, int *argc, char **argv);
+// NULL when the values are in range (and --max-memory parses), else the usage message.
+const char *cli_calib_args_check(struct cli_calib_args *a);
+
+#define CLI_CALIB_SOURCE_HELP                                                                              \
+    "calibration source, repeatable: a .txt/.raw/.jsonl[.gz] file, a datasets/manifest.tsv name "           \
+    "(wikitext-2-valid, ...), or self (sequences sampled from the model)"
+
+// The table entries of the flags above (--threads is the command's own: its help differs).
+#define CLI_CALIB_FLAGS(a)                                                                                  \
+    {"nsamples", CLI_INT, &(a)->nsamples, "128", "calibration sequences"},                                  \
+        {"seqlen", CLI_INT, &(a)->seqlen, "512", "tokens per calibration sequence"},                        \
+        {"seed", CLI_INT, &(a)->seed, "0", "seed of the window sampling (and of --calib self)"},            \
+        {"micro-batch", CLI_INT, &(a)->micro, "8", "sequences per forward call of the calibration passes"}, \
+        {"max-memory", CLI_STR, &(a)->max_memory, "unlimited",                                              \
+         "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file "  \
+         "in $LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"}
 
 #endif // LLMQ_CLI_ARGS_H

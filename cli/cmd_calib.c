@@ -19,10 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 void openblas_set_num_threads(int n);
-int cli_take_repeated(const char *name, int *argc, char **argv, const char **vals, int max_vals, int *n_vals);
+
+_Static_assert(CLI_CALIB_MAX_SOURCES == LLMQ_CALIB_MAX_SOURCES, "cli/args.h and calib/calib.h disagree");
 
 static void print_summary(const struct llmq_calib_stats *s) {
     static const char *slot[LLMQ_CALIB_N_SLOTS] = {"attn_in", "attn_out", "ffn_in", "ffn_down_in"};
@@ -42,29 +42,17 @@ static void print_summary(const struct llmq_calib_stats *s) {
 }
 
 int cmd_calib(int argc, char **argv) {
-    const char *max_memory = NULL;
-    uint64_t max_mem_bytes = 0;
-    const char *model_path = NULL, *out = NULL, *imat_out = NULL, *imat_in = NULL, *stats_in = NULL, *dummy = NULL,
-               *device = "auto";
-    long nsamples = 128, seqlen = 512, seed = 0, micro = 8, threads = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *model_path = NULL, *out = NULL, *imat_out = NULL, *imat_in = NULL, *stats_in = NULL, *device = "auto";
     bool no_xtx = false;
-    if (threads < 1) threads = 1;
-    const char *sources[LLMQ_CALIB_MAX_SOURCES];
-    int n_sources = 0;
-    int rc = cli_take_repeated("calib", &argc, argv, sources, LLMQ_CALIB_MAX_SOURCES, &n_sources);
+    struct cli_calib_args ca;
+    cli_calib_args_init(&ca);
+    int rc = cli_calib_take_sources(&ca, &argc, argv);
     if (rc) return rc;
     const struct cli_flag flags[] = {
         {"model", CLI_STR, &model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
-        {"calib", CLI_STR, &dummy, "none",
-         "calibration source, repeatable: .txt/.raw/.jsonl[.gz] file, a datasets/manifest.tsv name, or self"},
-        {"nsamples", CLI_INT, &nsamples, "128", "calibration sequences"},
-        {"seqlen", CLI_INT, &seqlen, "512", "tokens per sequence"},
-        {"seed", CLI_INT, &seed, "0", "seed of the window sampling (and of --calib self)"},
-        {"micro-batch", CLI_INT, &micro, "8", "sequences per forward call"},
-        {"max-memory", CLI_STR, &max_memory, "unlimited",
-         "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file in "
-         "$LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"},
-        {"threads", CLI_INT, &threads, "the number of CPUs", "threads"},
+        {"calib", CLI_STR, &ca.calib_help_dummy, "none", CLI_CALIB_SOURCE_HELP},
+        CLI_CALIB_FLAGS(&ca),
+        {"threads", CLI_INT, &ca.threads, "the number of CPUs", "threads"},
         {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP},
         {"out", CLI_STR, &out, NULL, "write the statistics file (.lcs) here"},
         {"no-xtx", CLI_BOOL, &no_xtx, "off", "do not gather/save XᵀX (only mean |x|, Σx², counts)"},
@@ -83,14 +71,12 @@ int cmd_calib(int argc, char **argv) {
     rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
     const char *usage = NULL;
-    int n_inputs = (n_sources > 0) + (imat_in != NULL) + (stats_in != NULL);
+    int n_sources = ca.n_sources, n_inputs = (n_sources > 0) + (imat_in != NULL) + (stats_in != NULL);
+    const char *const *sources = ca.sources;
     if (!model_path) usage = "--model is required";
     else if (n_inputs != 1) usage = "exactly one of --calib, --imatrix-in, --stats-in is needed";
-    else if (nsamples < 1 || seqlen < 2 || micro < 1 || seed < 0) usage = "--nsamples, --seqlen, --micro-batch, --seed out of range";
-    else if (threads < 1 || threads > 256) usage = "--threads must be between 1 and 256";
     else if (!out && !imat_out && n_sources > 0) usage = "--out or --imatrix-out is needed";
-    else if (max_memory && !llmq_parse_bytes(max_memory, &max_mem_bytes))
-        usage = "--max-memory must be a size such as 4G, 512M or 1073741824";
+    else usage = cli_calib_args_check(&ca);
     if (usage) {
         fprintf(stderr, "llmq calib: %s\nrun 'llmq calib --help' for the flags and their defaults\n", usage);
         return 2;
@@ -98,8 +84,8 @@ int cmd_calib(int argc, char **argv) {
     enum llmq_backend backend = LLMQ_BACKEND_CPU;
     char device_desc[320];
     if (n_sources > 0 && (rc = cli_device(device, &backend, device_desc, sizeof(device_desc)))) return rc;
-    openblas_set_num_threads((int)threads);
-    llmq_spill_configure(max_mem_bytes);
+    openblas_set_num_threads((int)ca.threads);
+    llmq_spill_configure(ca.max_mem_bytes);
     struct llmq_model *m = NULL;
     struct llmq_calib_data d = {0};
     struct llmq_calib_stats s = {0};
@@ -108,12 +94,12 @@ int cmd_calib(int argc, char **argv) {
     if (imat_in) st = llmq_calib_imatrix_load(imat_in, m, &s);
     else if (stats_in) st = llmq_calib_stats_load(stats_in, &s);
     else {
-        struct llmq_calib_opts co = {.sources = sources, .n_sources = n_sources, .nsamples = nsamples,
-                                     .seqlen = seqlen, .seed = (uint64_t)seed, .n_threads = (int)threads,
+        struct llmq_calib_opts co = {.sources = sources, .n_sources = n_sources, .nsamples = ca.nsamples,
+                                     .seqlen = ca.seqlen, .seed = (uint64_t)ca.seed, .n_threads = (int)ca.threads,
                                      .backend = backend};
         if (!(st = llmq_calib_data_load(m, &co, &d)) && !(st = llmq_calib_stats_init(m, !no_xtx, 0, m->hp.n_layer, &s))) {
             s.backend = backend;
-            st = llmq_calib_run(m, &d, (int)threads, micro, &s);
+            st = llmq_calib_run(m, &d, (int)ca.threads, ca.micro, &s);
         }
         if (!st) printf("calibration: %lld x %lld tokens, tokens sha256 %s\n", (long long)d.n_seq, (long long)d.seqlen,
                         d.tokens_sha256);

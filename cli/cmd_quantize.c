@@ -33,42 +33,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 void openblas_set_num_threads(int n);
 
 #define MAX_TENSOR_TYPES 64
-
-// --calib is repeatable, cli_parse keeps one value: collect every occurrence and drop them from argv.
-int cli_take_repeated(const char *name, int *argc, char **argv, const char **vals, int max_vals, int *n_vals);
-int cli_take_repeated(const char *name, int *argc, char **argv, const char **vals, int max_vals, int *n_vals) {
-    size_t nl = strlen(name);
-    int w = 0;
-    *n_vals = 0;
-    for (int i = 0; i < *argc; i++) {
-        const char *a = argv[i];
-        const char *v = NULL;
-        if (strncmp(a, "--", 2) == 0 && strncmp(a + 2, name, nl) == 0 && a[2 + nl] == '=') v = a + 3 + nl;
-        else if (strncmp(a, "--", 2) == 0 && strcmp(a + 2, name) == 0) {
-            if (i + 1 >= *argc) {
-                fprintf(stderr, "llmq: --%s needs a value\n", name);
-                return 2;
-            }
-            v = argv[++i];
-        }
-        if (v) {
-            if (*n_vals >= max_vals) {
-                fprintf(stderr, "llmq: at most %d --%s flags\n", max_vals, name);
-                return 2;
-            }
-            vals[(*n_vals)++] = v;
-        } else {
-            argv[w++] = argv[i];
-        }
-    }
-    *argc = w;
-    return 0;
-}
 
 // sha256 of a file, streamed (hex into out). false when it cannot be read.
 static bool file_sha256(const char *path, char out[65]) {
@@ -210,20 +178,18 @@ static bool ends_with(const char *s, const char *suffix) {
 }
 
 int cmd_quantize(int argc, char **argv) {
-    const char *max_memory = NULL;
-    uint64_t max_mem_bytes = 0;
     const char *model_path = NULL, *method = "rtn", *format = NULL, *out = NULL, *json_path = NULL, *fallback = NULL,
-               *calib_dummy = NULL, *gguf_type = NULL, *imatrix = NULL, *tt_dummy = NULL, *output_type = NULL,
+               *gguf_type = NULL, *imatrix = NULL, *tt_dummy = NULL, *output_type = NULL,
                *embedding_type = NULL, *device = "auto";
-    long bits = LONG_MIN, group = LONG_MIN, nsamples = 128, seqlen = 512, seed = 0, micro = 8;
-    long threads = sysconf(_SC_NPROCESSORS_ONLN);
+    long bits = LONG_MIN, group = LONG_MIN;
     double damp = 0.01;
     bool sym = false, asym = false, act_order = false, static_groups = false, force = false, no_tseq = false,
          pure = false, dry_run = false, no_prov = false;
-    if (threads < 1) threads = 1;
-    const char *sources[LLMQ_CALIB_MAX_SOURCES], *tts[MAX_TENSOR_TYPES];
-    int n_sources = 0, n_tts = 0;
-    int rc = cli_take_repeated("calib", &argc, argv, sources, LLMQ_CALIB_MAX_SOURCES, &n_sources);
+    struct cli_calib_args ca;
+    cli_calib_args_init(&ca);
+    const char *tts[MAX_TENSOR_TYPES];
+    int n_tts = 0;
+    int rc = cli_calib_take_sources(&ca, &argc, argv);
     if (!rc) rc = cli_take_repeated("tensor-type", &argc, argv, tts, MAX_TENSOR_TYPES, &n_tts);
     if (rc) return rc;
     const struct cli_flag flags[] = {
@@ -243,18 +209,10 @@ int cmd_quantize(int argc, char **argv) {
          "awq | gptq | fake (dequantized weights) | gguf"},
         {"out", CLI_STR, &out, NULL,
          "output directory, or the .gguf file (required, except with --dry-run; refused if it exists unless --force)"},
-        {"calib", CLI_STR, &calib_dummy, "none",
-         "calibration source, repeatable: a .txt/.raw/.jsonl[.gz] file, a datasets/manifest.tsv name "
-         "(wikitext-2-valid, ...), or self (sampled from the model). Required except for rtn; with rtn into gguf "
-         "it gathers the importance matrix"},
-        {"nsamples", CLI_INT, &nsamples, "128", "calibration sequences"},
-        {"seqlen", CLI_INT, &seqlen, "512", "tokens per calibration sequence"},
-        {"seed", CLI_INT, &seed, "0", "seed of the window sampling (and of --calib self)"},
-        {"micro-batch", CLI_INT, &micro, "8", "sequences per forward call of the calibration passes"},
-        {"max-memory", CLI_STR, &max_memory, "unlimited",
-         "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file in "
-         "$LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"},
-        {"threads", CLI_INT, &threads, "the number of CPUs", "threads (forward pass, OpenBLAS, GGUF encoders)"},
+        {"calib", CLI_STR, &ca.calib_help_dummy, "none",
+         CLI_CALIB_SOURCE_HELP ". Required except for rtn; with rtn into gguf it gathers the importance matrix"},
+        CLI_CALIB_FLAGS(&ca),
+        {"threads", CLI_INT, &ca.threads, "the number of CPUs", "threads (forward pass, OpenBLAS, GGUF encoders)"},
         {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP " (the GPTQ solver and the GGUF encoders run on the CPU)"},
         {"json", CLI_STR, &json_path, NULL, "write settings, calibration provenance and the per-layer table here"},
         {"force", CLI_BOOL, &force, "off", "replace an existing output (a directory holding config.json, or a .gguf file)"},
@@ -313,27 +271,21 @@ int cmd_quantize(int argc, char **argv) {
     else if (gguf && act_order && strcmp(method, "gptq") != 0 && strcmp(method, "awq+gptq") != 0)
         usage = "--act-order needs --method gptq or awq+gptq";
     else if (gguf && !gguf_type) usage = "--format gguf needs --gguf-type (e.g. Q4_K_M)";
-    else if (max_memory && !llmq_parse_bytes(max_memory, &max_mem_bytes))
-        usage = "--max-memory must be a size such as 4G, 512M or 1073741824";
     else if (gguf && !llmq_gguf_ftype_parse(gguf_type, &ftype)) {
         snprintf(usage_buf, sizeof(usage_buf), "--gguf-type '%s' is unknown; one of %s", gguf_type, llmq_gguf_ftype_list());
         usage = usage_buf;
     } else if (!gguf && (gguf_type || imatrix || n_tts || output_type || embedding_type || pure || dry_run || no_prov))
         usage = "--gguf-type, --imatrix, --tensor-type, --output-type, --embedding-type, --pure, --dry-run and "
                 "--no-provenance need --format gguf";
-    else if (gguf && imatrix && n_sources > 0 && o.method == LLMQ_QMETHOD_RTN)
+    else if (gguf && imatrix && ca.n_sources > 0 && o.method == LLMQ_QMETHOD_RTN)
         usage = "--imatrix and --calib exclude each other with --method rtn (--calib gathers the importance)";
     else if (!gguf && (bits < 2 || bits > 8)) usage = "--bits must be between 2 and 8";
     else if (!gguf && (group == 0 || group < -1 || group > (1 << 20))) usage = "--group-size must be -1 or >= 1";
     else if (sym && asym) usage = "--sym and --asym exclude each other";
     else if (damp < 0 || damp >= 1) usage = "--damp must be in [0, 1)";
-    else if (nsamples < 1 || nsamples > (1 << 20)) usage = "--nsamples must be >= 1";
-    else if (seqlen < 2 || seqlen > (1 << 20)) usage = "--seqlen must be >= 2";
-    else if (micro < 1) usage = "--micro-batch must be >= 1";
-    else if (threads < 1 || threads > 256) usage = "--threads must be between 1 and 256";
     else if (fallback && strcmp(fallback, "none") && strcmp(fallback, "rtn-per-channel"))
         usage = "--fallback must be none or rtn-per-channel";
-    else if (seed < 0) usage = "--seed must be >= 0";
+    else usage = cli_calib_args_check(&ca);
     if (!usage && gguf) {
         if (output_type && !llmq_gguf_mix_type_ok(otype = llmq_dtype_from_name(output_type))) {
             snprintf(usage_buf, sizeof(usage_buf), "--output-type '%s' is not a type llmq can write into a GGUF", output_type);
@@ -356,14 +308,14 @@ int cmd_quantize(int argc, char **argv) {
     }
     char device_desc[320];
     if ((rc = cli_device(device, &o.backend, device_desc, sizeof(device_desc)))) return rc;
-    llmq_spill_configure(max_mem_bytes);
-    o.calib.sources = sources;
-    o.calib.n_sources = n_sources;
-    o.calib.nsamples = nsamples;
-    o.calib.seqlen = seqlen;
-    o.calib.seed = (uint64_t)seed;
-    o.micro_batch = micro;
-    o.n_threads = (int)threads;
+    llmq_spill_configure(ca.max_mem_bytes);
+    o.calib.sources = ca.sources;
+    o.calib.n_sources = ca.n_sources;
+    o.calib.nsamples = ca.nsamples;
+    o.calib.seqlen = ca.seqlen;
+    o.calib.seed = (uint64_t)ca.seed;
+    o.micro_batch = ca.micro;
+    o.n_threads = (int)ca.threads;
     o.percdamp = (float)damp;
     o.true_sequential = !no_tseq;
     o.act_order = act_order;
@@ -378,7 +330,7 @@ int cmd_quantize(int argc, char **argv) {
         a.eo.mix.pure = pure;
         a.eo.mix.n_overrides = n_tt;
         a.eo.mix.overrides = tt;
-        a.eo.n_threads = (int)threads;
+        a.eo.n_threads = (int)ca.threads;
         a.eo.force = force;
         a.eo.dry_run = dry_run;
         a.eo.no_provenance = no_prov;

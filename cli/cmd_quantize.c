@@ -183,7 +183,7 @@ int cmd_quantize(int argc, char **argv) {
                *embedding_type = NULL, *device = "auto";
     long bits = LONG_MIN, group = LONG_MIN;
     double damp = 0.01;
-    bool sym = false, asym = false, act_order = false, static_groups = false, force = false, no_tseq = false,
+    bool sym = false, asym = false, act_order = false, static_groups = false, group_aware = false, force = false, no_tseq = false,
          pure = false, dry_run = false, no_prov = false;
     struct cli_calib_args ca;
     cli_calib_args_init(&ca);
@@ -202,6 +202,10 @@ int cmd_quantize(int argc, char **argv) {
         {"asym", CLI_BOOL, &asym, "on (unless --sym)", "asymmetric grid with a zero point"},
         {"act-order", CLI_BOOL, &act_order, "off", "GPTQ: columns in order of decreasing Hessian diagonal (gguf: every block's grid fixed first from the original weights)"},
         {"static-groups", CLI_BOOL, &static_groups, "off", "GPTQ: group parameters from the original weights"},
+        {"act-group-aware", CLI_BOOL, &group_aware, "off",
+         "GPTQ: GPTQModel's act_group_aware order (GAR): whole groups by decreasing max Hessian diagonal, the "
+         "columns of a group likewise; groups stay contiguous, so g_idx is plain and --format awq holds it "
+         "(not gguf; excludes --act-order, --static-groups)"},
         {"no-true-sequential", CLI_BOOL, &no_tseq, "off",
          "GPTQ: collect all Hessians of a block in one pass instead of [qkv] -> [o] -> [gate,up] -> [down]"},
         {"damp", CLI_FLOAT, &damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
@@ -270,6 +274,11 @@ int cmd_quantize(int argc, char **argv) {
         usage = "--sym, --asym, --static-groups and --fallback do not apply to --format gguf";
     else if (gguf && act_order && strcmp(method, "gptq") != 0 && strcmp(method, "awq+gptq") != 0)
         usage = "--act-order needs --method gptq or awq+gptq";
+    else if (group_aware && (gguf || (strcmp(method, "gptq") != 0 && strcmp(method, "awq+gptq") != 0)))
+        usage = "--act-group-aware needs --method gptq or awq+gptq and a directory format (awq, gptq, fake)";
+    else if (group_aware && (act_order || static_groups))
+        usage = "--act-group-aware excludes --act-order and --static-groups";
+    else if (group_aware && group == -1) usage = "--act-group-aware needs a group size (not -1)";
     else if (gguf && !gguf_type) usage = "--format gguf needs --gguf-type (e.g. Q4_K_M)";
     else if (gguf && !llmq_gguf_ftype_parse(gguf_type, &ftype)) {
         snprintf(usage_buf, sizeof(usage_buf), "--gguf-type '%s' is unknown; one of %s", gguf_type, llmq_gguf_ftype_list());
@@ -362,6 +371,7 @@ int cmd_quantize(int argc, char **argv) {
 
     o.q = (struct llmq_qconfig){.bits = (int)bits, .group_size = (int)group, .sym = sym};
     o.static_groups = static_groups;
+    o.group_aware = group_aware;
     o.fallback_rtn_per_channel = fallback && strcmp(fallback, "rtn-per-channel") == 0;
     o.out.force = force;
     o.out_dir = out;

@@ -231,6 +231,47 @@ done:
     return st;
 }
 
+// Step 4, group-aware (GAR): the full groups by decreasing max diag within the group, each group's
+// columns by decreasing diag, the tail columns last in their own order. diag (C) is read only.
+static enum llmq_status gar_perm(const float *diag, int64_t C, int64_t G, int64_t *perm) {
+    const int64_t NF = C / G; // full groups
+    float *key = malloc((size_t)(NF > G ? NF : G) * sizeof *key);
+    int64_t *gorder = malloc((size_t)(NF > 0 ? NF : 1) * sizeof *gorder), *local = malloc((size_t)G * sizeof *local);
+    int64_t *tmp = malloc((size_t)(NF > G ? NF : G) * sizeof *tmp);
+    if (!key || !gorder || !local || !tmp) {
+        free(tmp), free(local), free(gorder), free(key);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gptq: out of memory for the group-aware order (C = %lld)", (long long)C);
+    }
+    for (int64_t g = 0; g < NF; g++) {
+        float m = diag[g * G];
+        for (int64_t i = 1; i < G; i++) m = diag[g * G + i] > m ? diag[g * G + i] : m;
+        key[g] = m;
+    }
+    if (NF > 0) llmq_gptq_argsort_desc(key, gorder, tmp, NF);
+    for (int64_t j = 0; j < NF; j++) {
+        const int64_t g = gorder[j];
+        llmq_gptq_argsort_desc(diag + g * G, local, tmp, G);
+        for (int64_t i = 0; i < G; i++) perm[j * G + i] = g * G + local[i];
+    }
+    for (int64_t c = NF * G; c < C; c++) perm[c] = c;
+    free(tmp), free(local), free(gorder), free(key);
+    return LLMQ_OK;
+}
+
+// Step 8, group-aware: the grid found for processing group j belongs to original group perm[j * G] / G.
+// The tail group (C % G columns, processed last in place) does not move. tmp is (C) scratch >= NG floats.
+static void gar_unpermute_grids(struct llmq_qlinear *out, int64_t R, int64_t C, int64_t G, const int64_t *perm,
+                                float *tmp) {
+    const int64_t NG = out->n_groups, NF = C / G;
+    float *grids[2] = {out->scales, out->zeros};
+    for (int k = 0; k < 2; k++)
+        for (int64_t r = 0; r < R; r++) {
+            float *v = grids[k] + r * NG;
+            for (int64_t j = 0; j < NF; j++) tmp[perm[j * G] / G] = v[j];
+            memcpy(v, tmp, (size_t)NF * sizeof *v);
+        }
+}
+
 void llmq_gptq_permute(float *W, float *H, int64_t R, int64_t C, const int64_t *perm, float *row, float *Hs) {
     for (int64_t r = 0; r < R; r++) {
         for (int64_t j = 0; j < C; j++) row[j] = W[r * C + perm[j]];
@@ -255,6 +296,9 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     if (!(o->percdamp >= 0.0f && o->percdamp < 1.0f))
         return llmq_errorf(LLMQ_ERR_ARG, "%s: percdamp must be in [0, 1), got %g", name, (double)o->percdamp);
     if (o->blocksize < 0) return llmq_errorf(LLMQ_ERR_ARG, "%s: blocksize %d < 0", name, o->blocksize);
+    if (o->group_aware && (o->act_order || o->static_groups || o->q.group_size <= 0))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: group-aware order needs a group size and excludes act-order and "
+                                         "static groups", name);
     if (R <= 0 || C <= 0 || C > (1 << 30))
         return llmq_errorf(LLMQ_ERR_ARG, "%s: bad shape (%lld, %lld)", name, (long long)R, (long long)C);
     for (int64_t i = 0; i < R * C; i++)
@@ -312,14 +356,18 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
             }
 
     // 4. act-order: perm = argsort(diag(H), descending, stable); W = W[:, perm]; H = H[perm][:, perm]
+    //    (group-aware: the GAR order, groups kept whole)
+    const bool reorder = o->act_order || o->group_aware;
     for (int64_t i = 0; i < C; i++) row[i] = H[i * C + i];
     if (o->act_order) {
         llmq_gptq_argsort_desc(row, perm, invperm, C);
+    } else if (o->group_aware) {
+        if ((st = gar_perm(row, C, G, perm))) goto fail;
     } else {
         for (int64_t i = 0; i < C; i++) perm[i] = i;
     }
     for (int64_t i = 0; i < C; i++) invperm[perm[i]] = i;
-    if (o->act_order) {
+    if (reorder) {
         llmq_gptq_permute(W, H, R, C, perm, row, H0);
     }
 
@@ -343,8 +391,9 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         if ((st = blocks_cpu(name, W, H, R, C, B, G_dyn, gcol, perm, &o->q, out, &loss, &t_gemm))) goto fail;
     }
 
-    // 8. un-permute Q; g_idx in original column order
-    if (o->act_order)
+    // 8. un-permute Q; g_idx in original column order (group-aware: grids back to their own group)
+    if (o->group_aware) gar_unpermute_grids(out, R, C, G, perm, row);
+    if (reorder)
         for (int64_t r = 0; r < R; r++) {
             for (int64_t c = 0; c < C; c++) row[c] = W[r * C + invperm[c]];
             memcpy(W + r * C, row, (size_t)C * sizeof *row);

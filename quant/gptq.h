@@ -13,7 +13,11 @@
  *   2. dead columns: diag(H) == 0 -> H_ii = 1, W[:, i] = 0.
  *   3. static_groups: (scale, zero) of every original-order group of G columns, from W after step 2.
  *   4. act_order: perm = argsort(diag H, descending; STABLE: ties keep ascending index), W and H
- *      permuted.
+ *      permuted. group_aware instead (GPTQModel's act_group_aware, "GAR", Gafni et al. 2025): the
+ *      full groups of G columns in order of decreasing max diag(H) within the group (stable), the
+ *      columns of each group in order of decreasing diag(H) (stable), then the C % G tail columns
+ *      in their own order. Each group's columns stay together, so the dynamic grid of processing
+ *      group j is the grid of one original group.
  *   5. damping: H_ii += percdamp · mean(diag H) (mean summed in double, rounded to fp32).
  *   6. Hinv = upper Cholesky factor of H⁻¹: spotrf (lower) -> spotri -> spotrf (upper), fp32 LAPACK
  *      like torch.linalg.cholesky / cholesky_inverse. If any step fails (H not numerically positive
@@ -27,7 +31,9 @@
  *      copy); we reproduce that exactly. static_groups + act_order: column c (original index perm[j])
  *      uses group perm[j] / G.
  *   8. Q and the codes are un-permuted; g_idx[c] = group used for original column c
- *      (dynamic + act_order: invperm[c] / G; otherwise c / G).
+ *      (dynamic + act_order: invperm[c] / G; otherwise c / G). group_aware: the grids of the full
+ *      groups move back to their original group index, so g_idx[c] = c / G as without reordering
+ *      (any format that holds plain groups, --format awq included, holds the result).
  *
  * Memory: besides the caller's W and H, one C x C fp32 buffer during step 6 (the retry backup; freed
  * before the block loop) and R x B floats (Err1). H is destroyed: a caller that shares one H between
@@ -68,6 +74,7 @@ struct llmq_gptq_opts {
     float percdamp;        // relative damping of diag(H), in [0, 1); 0.01 (reference)
     bool act_order;        // process columns in order of decreasing diag(H)
     bool static_groups;    // groups' (scale, zero) from the original weights, before any update
+    bool group_aware;      // GAR order (step 4); needs G > 0; excludes act_order and static_groups
     int blocksize;         // lazy-update block width; 128 (0 -> 128)
     float damp_increment;  // added to percdamp on each Cholesky failure; 0 -> 0.0025
     enum llmq_backend backend; // where steps 5-7 run; LLMQ_BACKEND_CPU (= 0, so a zeroed struct means CPU)

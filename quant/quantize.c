@@ -371,6 +371,7 @@ static enum llmq_status gptq_linear(struct run *r, int l, int k, float *W, const
     go.percdamp = r->o->percdamp;
     go.act_order = r->o->act_order;
     go.static_groups = r->o->static_groups;
+    go.group_aware = r->o->group_aware;
     go.backend = r->o->backend; // CUDA: steps 5-7 on the GPU (quant/gptq.h)
     double loss = 0;
     if ((st = llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, &loss, NULL))) return st;
@@ -731,6 +732,7 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
         json_object_set_new(s, "damp", json_real(o->percdamp));
         json_object_set_new(s, "act_order", json_boolean(o->act_order));
         json_object_set_new(s, "static_groups", json_boolean(o->static_groups));
+        json_object_set_new(s, "act_group_aware", json_boolean(o->group_aware));
         json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential));
     }
     json_object_set_new(s, "fallback", json_string(o->fallback_rtn_per_channel ? "rtn-per-channel" : "none"));
@@ -770,6 +772,10 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
                                          "--act-order the block grids are static already)");
     if (o->to_gguf && o->act_order && o->method != LLMQ_QMETHOD_GPTQ && o->method != LLMQ_QMETHOD_AWQ_GPTQ)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order needs --method gptq or awq+gptq");
+    if (o->group_aware && (o->to_gguf || (o->method != LLMQ_QMETHOD_GPTQ && o->method != LLMQ_QMETHOD_AWQ_GPTQ) ||
+                           o->act_order || o->static_groups || o->q.group_size <= 0))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-group-aware needs --method gptq or awq+gptq, a group size, "
+                                         "not --format gguf, and excludes --act-order and --static-groups");
     struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
     const struct llmq_hparams *hp = &m->hp;
     enum llmq_status st = llmq_qconfig_check(&o->q, "--bits/--group-size");

@@ -94,6 +94,7 @@ struct llmq_quantize_opts {
     struct llmq_qconfig q;          // bits, group size, sym
     float percdamp;                 // GPTQ damping (0.01)
     bool act_order, static_groups;  // GPTQ
+    bool group_aware;               // GPTQ: GPTQModel's act_group_aware order (quant/gptq.h step 4); not gguf
     bool true_sequential;           // GPTQ (default true)
     bool fallback_rtn_per_channel;  // non-tiled C -> RTN per channel instead of an error
     struct llmq_calib_opts calib;   // sources etc.; calib.n_sources == 0: no calibration (rtn only)

@@ -8,7 +8,7 @@
 #   ./tests/run.sh build-cpu  -DLLMQ_CUDA=OFF           # CPU-only variant
 #   ./tests/run.sh build-asan -DLLMQ_CUDA=OFF -DLLMQ_SANITIZE=ON
 # Environment: LLMQ_CACHE (default ~/.cache/llmq: venv + models), LLMQ_DATA (default
-# ../shared/datasets), JOBS (default 2). GPU tests (label gpu) skip cleanly without a device.
+# ../shared/datasets), JOBS (default 2), LLMQ_WITH_LLAMA_CPP (default 1), LLMQ_WITH_HF (default 0). GPU tests (label gpu) skip cleanly without a device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build}"
@@ -43,6 +43,19 @@ if [ "${LLMQ_WITH_LLAMA_CPP:-1}" = 1 ] && ! "$VENV/bin/python" -c "import llama_
   fi
   "$VENV/bin/pip" install --quiet --disable-pip-version-check -r tests/requirements-llamacpp.txt
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps "$whl"
+fi
+# Hugging Face transformers + GPTQModel (tests/requirements-hf.txt) for tests/py/test_hf_load.py: with
+# LLMQ_WITH_HF=1 its venv is set up (once; ~3.5 GB download) and LLMQ_HF_PYTHON names it; without, that
+# test reports "skipped".
+if [ "${LLMQ_WITH_HF:-0}" = 1 ]; then
+  HF_VENV="$LLMQ_CACHE/venv-hf"
+  if ! cmp -s tests/requirements-hf.txt "$HF_VENV/.llmq-requirements"; then
+    echo "run.sh: setting up the transformers venv in $HF_VENV (torch, transformers, gptqmodel; minutes)"
+    python3 -m venv "$HF_VENV"
+    "$HF_VENV/bin/pip" install --quiet --disable-pip-version-check -r tests/requirements-hf.txt
+    cp tests/requirements-hf.txt "$HF_VENV/.llmq-requirements"
+  fi
+  export LLMQ_HF_PYTHON="$HF_VENV/bin/python"
 fi
 PYTHON="$VENV/bin/python" datasets/fetch_models.sh
 

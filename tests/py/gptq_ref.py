@@ -103,10 +103,25 @@ def lazy_update_cblas(libpath, threads=None):
     return update
 
 
+def gar_perm(diag, G):
+    """GPTQModel's act_group_aware order (gar.py, from Gafni et al. 2025): the full groups by
+    decreasing max diag within the group, each group's columns by decreasing diag, then the C % G
+    tail columns in place. Stable sorts (GPTQModel uses topk; ties are where the two may differ)."""
+    C = len(diag)
+    NF = C // G
+    groups = diag[:NF * G].reshape(NF, G)
+    order = np.argsort(-groups.max(axis=1), kind="stable")
+    perm = [g * G + np.argsort(-groups[g], kind="stable") for g in order]
+    return np.concatenate(perm + [np.arange(NF * G, C)]).astype(np.int64)
+
+
 def fasterquant(W, H, bits=4, groupsize=128, sym=False, percdamp=0.01, actorder=False,
-                static_groups=False, blocksize=128, Hinv=None, lazy_update=lazy_update_numpy):
+                static_groups=False, blocksize=128, Hinv=None, lazy_update=lazy_update_numpy,
+                group_aware=False):
     """GPTQ.fasterquant on W (R, C), H (C, C). Returns a dict with codes (R, C) uint8 in original
-    order, scales / zeros (R, NG), g_idx (C,), Q (R, C) dequantized, Hinv, loss, percdamp."""
+    order, scales / zeros (R, NG), g_idx (C,), Q (R, C) dequantized, Hinv, loss, percdamp.
+    group_aware: GPTQModel's act_group_aware (GAR) order instead of act-order; its grids are put back
+    at their original group index afterwards, so g_idx stays c // G."""
     W = np.array(W, dtype=F, copy=True)
     H = np.array(H, dtype=F, copy=True)
     R, C = W.shape
@@ -127,8 +142,8 @@ def fasterquant(W, H, bits=4, groupsize=128, sym=False, percdamp=0.01, actorder=
             scales[:, g], zeros[:, g] = find_params(W[:, g * G:(g + 1) * G], bits, sym)
 
     perm = np.arange(C)
-    if actorder:
-        perm = np.argsort(-np.diag(H), kind="stable")
+    if actorder or group_aware:
+        perm = np.argsort(-np.diag(H), kind="stable") if actorder else gar_perm(np.diag(H), G)
         W = np.ascontiguousarray(W[:, perm])
         H = np.ascontiguousarray(H[perm][:, perm])
     invperm = np.argsort(perm)
@@ -172,6 +187,12 @@ def fasterquant(W, H, bits=4, groupsize=128, sym=False, percdamp=0.01, actorder=
         Losses[:, i1:i2] = Losses1 / 2
         lazy_update(W, Err1, Hinv, i1, i2)
 
+    if group_aware:  # processing group j holds original group perm[j * G] // G
+        NF = C // G
+        src = perm[np.arange(NF) * G] // G
+        for a in (scales, zeros):
+            full = a[:, :NF].copy()
+            a[:, src] = full
     if G <= 0:
         g_idx = np.zeros(C, np.int32)
     elif actorder and not static:

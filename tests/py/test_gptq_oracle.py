@@ -62,14 +62,14 @@ def gptq(tool, tmp_path_factory):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 
     def call(W, H, bits=4, groupsize=128, sym=False, actorder=False, static_groups=False,
-             percdamp=0.01, rtn=False, check=True):
+             percdamp=0.01, rtn=False, check=True, group_aware=False):
         R, C = W.shape
         W.astype(F).tofile(d / "W")
         H.astype(F).tofile(d / "H")
         args = [exe, "--W", d / "W", "--H", d / "H", "--R", R, "--C", C, "--out", d / "o",
                 "--bits", bits, "--group", groupsize, "--percdamp", repr(percdamp)]
         args += ["--sym"] * sym + ["--act-order"] * actorder + ["--static-groups"] * static_groups
-        args += ["--rtn"] * rtn
+        args += ["--rtn"] * rtn + ["--group-aware"] * group_aware
         r = run(args, check=False, env=env)
         if not check:
             return r
@@ -129,6 +129,22 @@ CASES += [(b, 128, b == 3, True, False) for b in (2, 3, 8)] + [(4, 32, True, Fal
 def test_random_exact(gptq, bits, group, sym, act, static):
     W, H = gptq_ref.correlated_problem(40, 300, seed=bits * 100 + max(group, 0))  # C = 300: ragged block
     compare(gptq, W, H, bits=bits, groupsize=group, sym=sym, actorder=act, static_groups=static)
+
+
+# GPTQModel's act_group_aware (GAR) order: C = 300 leaves a tail of 300 % G columns after the full groups.
+@pytest.mark.parametrize("bits,group,sym", [(4, 64, False), (3, 128, True), (2, 32, False), (8, 64, True)])
+def test_group_aware_exact(gptq, bits, group, sym):
+    W, H = gptq_ref.correlated_problem(40, 300, seed=bits * 7 + group)
+    compare(gptq, W, H, bits=bits, groupsize=group, sym=sym, group_aware=True)
+    got = gptq(W, H, bits=bits, groupsize=group, sym=sym, group_aware=True)
+    assert np.array_equal(got["g_idx"], np.arange(300) // group)  # plain groups: any format holds them
+
+
+def test_group_aware_refusals(gptq):
+    W, H = gptq_ref.correlated_problem(8, 64, seed=1)
+    for kw in (dict(groupsize=-1), dict(groupsize=32, actorder=True), dict(groupsize=32, static_groups=True)):
+        r = gptq(W, H, group_aware=True, check=False, **kw)
+        assert r.returncode == 2 and "group-aware" in r.stdout + r.stderr, (kw, r.stdout, r.stderr)
 
 
 def test_dead_columns(gptq):
@@ -216,6 +232,12 @@ def test_smollm2_exact(gptq, smol, bits, group, sym, act, static):
     compare(gptq, smol["k"], smol["H"], **kw)     # attn_k (192, 576)
     if group in (64, -1):
         compare(gptq, smol["down"], smol["Hd"], **kw)  # 48 rows of ffn_down (576, 1536)
+
+
+@pytest.mark.parametrize("bits,group", [(4, 64), (3, 64)])
+def test_smollm2_group_aware_exact(gptq, smol, bits, group):
+    compare(gptq, smol["k"], smol["H"], bits=bits, groupsize=group, group_aware=True)
+    compare(gptq, smol["down"], smol["Hd"], bits=bits, groupsize=group, group_aware=True)
 
 
 def test_smollm2_gptq_beats_rtn(gptq, smol):

@@ -115,8 +115,25 @@ def test_usage_errors(llmq_bin, stories_v1, tmp_path):
     r = quantize(llmq_bin, stories_v1, tmp_path / "u", "--method", "nope", check=False)
     assert r.returncode == 2 and "--method" in r.stderr
     r = run([llmq_bin, "quantize", "--help"])
-    for flag in ("--act-order", "--static-groups", "--damp", "--fallback", "--nsamples", "--seqlen", "--seed"):
+    for flag in ("--act-order", "--static-groups", "--act-group-aware", "--damp", "--fallback", "--nsamples",
+                 "--seqlen", "--seed", "--micro-batch", "--max-memory"):
         assert flag in r.stdout
+    # --act-group-aware: GPTQ only, not with --act-order / --static-groups, needs a group size, not gguf
+    for extra, msg in ((["--method", "rtn"], "needs --method gptq"),
+                       (["--method", "gptq", "--act-order"], "excludes --act-order"),
+                       (["--method", "gptq", "--static-groups"], "excludes --act-order and --static-groups"),
+                       (["--method", "gptq", "--group-size", "-1"], "needs a group size"),
+                       (["--method", "gptq", "--format", "gguf", "--gguf-type", "Q4_0"], "directory format")):
+        r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "gar", "--act-group-aware",
+                 *extra], check=False)
+        assert r.returncode == 2 and msg in r.stderr, (extra, r.stderr)
+    # the shared calibration flags are range-checked alike in quantize and calib
+    for cmd in ("quantize", "calib"):
+        for flag, val in (("--nsamples", "0"), ("--seqlen", "1"), ("--micro-batch", "0"), ("--seed", "-1"),
+                          ("--max-memory", "3Q")):
+            r = run([llmq_bin, cmd, "--model", stories_v1, "--out", tmp_path / "x", "--calib", "self", flag, val],
+                    check=False)
+            assert r.returncode == 2 and flag in r.stderr, (cmd, flag, r.stderr)
 
 
 def test_calib_cli(llmq_bin, stories_v1, tmp_path):

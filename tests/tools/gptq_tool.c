@@ -3,7 +3,7 @@
  * pytest oracle tests/py/test_gptq_oracle.py.
  *
  *   gptq_tool --W FILE --H FILE --R R --C C --out PREFIX [--bits 4] [--group 128] [--sym]
- *             [--act-order] [--static-groups] [--percdamp 0.01] [--blocksize 128] [--rtn]
+ *             [--act-order | --group-aware] [--static-groups] [--percdamp 0.01] [--blocksize 128] [--rtn]
  *
  * Inputs: W (R, C) and H (C, C) row-major little-endian f32 (H ignored with --rtn).
  * Outputs: PREFIX.q (R, C) u8 codes, PREFIX.scales / PREFIX.zeros (R, NG) f32, PREFIX.gidx (C) i32,
@@ -50,6 +50,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--sym")) o.q.sym = true;
         else if (!strcmp(a, "--act-order")) o.act_order = true;
         else if (!strcmp(a, "--static-groups")) o.static_groups = true;
+        else if (!strcmp(a, "--group-aware")) o.group_aware = true;
         else if (!strcmp(a, "--rtn")) rtn = 1;
         else if (!v) { fprintf(stderr, "gptq_tool: %s needs a value\n", a); return 1; }
         else if (!strcmp(a, "--W")) wpath = argv[++i];

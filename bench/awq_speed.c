@@ -8,6 +8,9 @@
  * one fp llmq_forward_block on the same tokens. The scale search costs about n_grid (20) x (attention
  * + MLP + down_proj) forwards, i.e. ~20 x 1.3 block forwards: its ratio to the peer shows how close
  * it runs to that floor. It also prints the block output MSE with RTN and with AWQ (AWQ grid).
+ * The search runs twice: with the single-linear groups' loss from their outputs (gram_loss 0, what
+ * AutoAWQ computes) and with llmq's default (the Gram form when it is cheaper); it prints both scale
+ * search times, their ratio, and whether every group chose the same ratio.
  */
 #include "calib/forward.h"
 #include "calib/model.h"
@@ -87,10 +90,19 @@ int main(int argc, char **argv) {
     o.group_size = group;
     o.bits = bits;
     o.n_threads = threads;
+    struct llmq_awq_block *b_out = NULL;
+    struct llmq_awq_opts o_out = o;
+    o_out.gram_loss = 0;
+    o_out.clip = false;
+    if (llmq_awq_block_init(m, layer, threads, &b_out) != LLMQ_OK) return 1;
+    if (llmq_awq_search(b_out, f, x, n_seq, seqlen, &o_out) != LLMQ_OK) return 1;
     if (llmq_awq_block_init(m, layer, threads, &b) != LLMQ_OK) return 1;
     t0 = now();
     if (llmq_awq_search(b, f, x, n_seq, seqlen, &o) != LLMQ_OK) return 1;
     const double t_awq = now() - t0;
+    int same = 1;
+    for (int g = 0; g < b->n_groups; g++)
+        same &= b->groups[g].best == b_out->groups[g].best;
     if (llmq_awq_block_init(m, layer, threads, &rtn) != LLMQ_OK) return 1;
     const double e_rtn = block_mse(m, f, rtn, x, ref, n_seq, seqlen, bits, group);
     const double e_awq = block_mse(m, f, b, x, ref, n_seq, seqlen, bits, group);
@@ -98,12 +110,15 @@ int main(int argc, char **argv) {
     printf("model %s, layer %d, %lld tokens (%lld x %lld), %d-bit g%d, %d threads\n", argv[1], layer, (long long)N,
            (long long)n_seq, (long long)seqlen, bits, group, threads);
     printf("peer: fp block forward       %8.3f s\n", t_block);
-    printf("awq: scale search            %8.3f s  (%.1f x the block forward)\n", b->seconds_scale,
-           b->seconds_scale / t_block);
+    printf("awq: scale search, losses from outputs (gram_loss 0) %8.3f s  (%.1f x the block forward)\n",
+           b_out->seconds_scale, b_out->seconds_scale / t_block);
+    printf("awq: scale search, default (Gram form when cheaper)  %8.3f s  (%.1f x; %.2f x faster; same ratios: %s)\n",
+           b->seconds_scale, b->seconds_scale / t_block, b_out->seconds_scale / b->seconds_scale, same ? "yes" : "NO");
     printf("awq: clip search             %8.3f s\n", b->seconds_clip);
     printf("awq: total                   %8.3f s\n", t_awq);
     printf("block output MSE: RTN %.6g, AWQ %.6g (%.1f%%)\n", e_rtn, e_awq, 100.0 * e_awq / e_rtn);
     llmq_awq_block_free(b);
+    llmq_awq_block_free(b_out);
     llmq_awq_block_free(rtn);
     llmq_forward_free(f);
     llmq_model_free(m);

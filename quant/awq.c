@@ -75,6 +75,7 @@ void llmq_awq_opts_default(struct llmq_awq_opts *o) {
     o->clip_n_grid = 20;
     o->max_shrink = 0.5f;
     o->n_sample_token = 512;
+    o->gram_loss = -1;
     o->n_threads = 1;
 }
 
@@ -339,11 +340,49 @@ struct scale_job {
     float *out;     // (N, D) candidate output
 };
 
+// G (C, C), full symmetric = XᵀX of X (N, C): f32 SYRK per micro-batch of 256 rows, summed in f64.
+static enum llmq_status gram(enum llmq_backend be, const float *X, int64_t N, int64_t C, float *G, float *tmp,
+                             double *acc) {
+    enum llmq_status st = LLMQ_OK;
+    memset(acc, 0, (size_t)(C * C) * sizeof *acc);
+    for (int64_t t0 = 0; t0 < N && !st; t0 += 256) {
+        const int64_t n = N - t0 < 256 ? N - t0 : 256;
+        if ((st = llmq_syrk_f32_acc(be, C, n, 1.0f, X + t0 * C, C, 0.0f, tmp, C))) break;
+        for (int64_t i = 0; i < C; i++)
+            for (int64_t k = i; k < C; k++) acc[i * C + k] += (double)tmp[i * C + k];
+    }
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t k = i; k < C; k++) G[i * C + k] = G[k * C + i] = (float)acc[i * C + k];
+    return st;
+}
+
+// The single-linear loss in Gram form: Σ_r ΔW[r]·G·ΔW[r]ᵀ / (N·R), ΔW = Wc - W; dW and T are (R, C) scratch.
+static enum llmq_status gram_loss(enum llmq_backend be, const float *Wc, const float *W, const float *G, int64_t N,
+                                  int64_t R, int64_t C, float *dW, float *T, double *loss) {
+    for (int64_t i = 0; i < R * C; i++) dW[i] = Wc[i] - W[i];
+    enum llmq_status st = llmq_gemm_f32(be, false, false, R, C, C, 1.0f, dW, C, G, C, 0.0f, T, C);
+    double sum = 0.0;
+    for (int64_t i = 0; i < R * C; i++) sum += (double)T[i] * (double)dW[i];
+    *loss = sum / ((double)N * (double)R);
+    return st;
+}
+
+static bool use_gram(const struct llmq_awq_opts *o, const struct llmq_awq_group *g, int64_t N, int64_t R) {
+    if (g->prev != LLMQ_AWQ_PREV_V && g->prev != LLMQ_AWQ_PREV_UP) return false;
+    if (o->gram_loss >= 0) return o->gram_loss == 1;
+    const double C = (double)g->C, direct = (double)o->n_grid * (double)N * (double)R * C;
+    return C * C * (double)N / 2.0 + (double)o->n_grid * (double)R * C * C < 0.5 * direct;
+}
+
 static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group *g) {
     struct llmq_awq_block *b = j->b;
     const struct llmq_awq_opts *o = j->o;
     const int64_t C = g->C, N = j->N, D = b->D;
     enum llmq_status st = LLMQ_OK;
+    const int64_t R1 = lin_rows(b, g->lin[0]);
+    const bool by_gram = use_gram(o, g, N, R1);
+    float *G = NULL, *Gt = NULL, *dW = NULL, *T = NULL; // Gram form: (C, C) twice, (R1, C) twice
+    double *acc = NULL;                                 // (C, C)
     float *x_mean = alloc_f32(C), *w_mean = alloc_f32(C), *s = alloc_f32(C);
     g->loss = malloc((size_t)o->n_grid * sizeof(double));
     g->scales = alloc_f32(C);
@@ -353,6 +392,15 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
     }
     compute_x_mean(j->in, N, C, x_mean);
     compute_w_mean(b, g, o, w_mean);
+    if (by_gram) {
+        G = alloc_f32(C * C), dW = alloc_f32(R1 * C), T = alloc_f32(R1 * C), Gt = alloc_f32(C * C);
+        acc = malloc((size_t)(C * C) * sizeof *acc);
+        if (!G || !dW || !T || !Gt || !acc) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the Gram matrix (layer %d)", b->layer);
+            goto done;
+        }
+        if ((st = gram(o->backend, j->in, N, C, G, Gt, acc))) goto done;
+    }
 
     double best_err = INFINITY;
     g->best = -1;
@@ -364,7 +412,10 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
             scaled_candidate(b, l, b->w[l], s, o, j->tmp, j->cand[k]);
             b->vw[l].data = j->cand[k];
         }
-        if (g->prev == LLMQ_AWQ_PREV_ATTN_NORM)
+        double loss = 0.0;
+        if (by_gram)
+            st = gram_loss(o->backend, j->cand[0], b->w[g->lin[0]], G, N, R1, C, dW, T, &loss);
+        else if (g->prev == LLMQ_AWQ_PREV_ATTN_NORM)
             st = llmq_forward_attn(j->f, b->layer, j->in, j->n_seq, j->seqlen, j->out);
         else if (g->prev == LLMQ_AWQ_PREV_FFN_NORM)
             st = llmq_forward_mlp(j->f, b->layer, j->in, N, j->out);
@@ -373,7 +424,7 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         for (int k = 0; k < g->n_lin; k++)
             b->vw[g->lin[k]].data = b->w[g->lin[k]];
         if (st) goto done;
-        const double loss = mse(j->fp_out, j->out, N * D);
+        if (!by_gram) loss = mse(j->fp_out, j->out, N * D);
         g->loss[i] = loss;
         if (!isfinite(loss)) {
             st = llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d, scale group of %s: loss %g at ratio %g", b->layer,
@@ -394,6 +445,11 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
                                                   : "up->down",
               (double)g->ratio, g->loss[g->best], g->loss[0]);
 done:
+    free(T);
+    free(dW);
+    free(Gt);
+    free(G);
+    free(acc);
     free(x_mean);
     free(w_mean);
     free(s);

@@ -27,6 +27,11 @@
  *       s = s / sqrt(max(s) * min(s));  inf/nan -> 1
  *       W <- Q(W * s) / s for each linear of the group (columns scaled; Q = pseudo-quantize below)
  *       loss = mean((module_fp(x) - module_W(x))^2)   (sum in double)
+ *   When the inspected module is the group's one linear (v->o, up->down), that loss is the quadratic
+ *   form Σ_r ΔW[r]·(XᵀX)·ΔW[r]ᵀ / (N·R), ΔW = W' - W: llmq evaluates it so (gram_loss) when that is
+ *   cheaper — C·C·N/2 once plus R·C·C per ratio instead of R·C·N per ratio, e.g. 13x fewer flops for
+ *   SmolLM2's down_proj at 128 x 512 tokens. Same value up to float rounding (XᵀX summed in f64 over
+ *   micro-batches, rounded to f32; tests/unit/test_awq.c checks both forms pick the same ratios).
  *   keep the first ratio with the strictly smallest loss.
  * apply_scale: prev op /= s (norm weight, or the LAST C rows of v / up and their bias), every
  *   linear of the group: W[:, c] *= s[c]; the cached inputs x[:, c] /= s[c].
@@ -116,6 +121,9 @@ struct llmq_awq_opts {
     int clip_n_grid;        // 20
     float max_shrink;       // 0.5: candidates 1 - i/clip_n_grid for i < max_shrink * clip_n_grid
     int64_t n_sample_token; // 512 (see the sampling note above)
+    int gram_loss;          // single-linear groups (v->o, up->down): the loss as tr(ΔW·XᵀX·ΔWᵀ) / (N·R)
+                            // instead of from the candidate's output: -1 auto (when it costs fewer
+                            // flops, i.e. N well above C; the default), 0 never, 1 always (tests)
     int n_threads;          // reserved: today the work is all in the forward object's threads and
                             // in BLAS (OpenBLAS's own thread setting)
     enum llmq_backend backend; // the search's own products (o / down candidates, the clip dgemm) go

@@ -10,6 +10,8 @@
  *  3. AWQ beats RTN: block output MSE with AWQ (scale + clip, then the AWQ grid) < with RTN (the same
  *     grid on the original weights), on stories260K (group 4) and, when ~/.cache/llmq/smollm2-f32.gguf
  *     exists, on SmolLM2 block 3 (group 64) with wiki.valid.raw tokens.
+ *  5. The Gram form of the single-linear groups' loss (v -> o, up -> down; llmq_awq_opts.gram_loss)
+ *     picks the same ratio as the output form, with losses within 1e-4 relative, and the same scales.
  *  4. Errors: NaN input, a second search, group size 0, a layer out of range. A group size that
  *     does not tile a linear (stories260K's 172-wide ffn_down) makes it per-channel (clip_groups 1).
  */
@@ -319,6 +321,45 @@ static void test_awq_beats_rtn(struct llmq_model *m, const char *label, const in
     llmq_forward_free(f);
 }
 
+static void test_gram_loss(struct llmq_model *m, const char *label, const int32_t *ids, int layer, int64_t n_seq,
+                           int64_t seqlen, int group) {
+    const int64_t N = n_seq * seqlen;
+    struct llmq_forward *f = NULL;
+    CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
+    float *x = block_input(f, m, ids, layer, n_seq, seqlen);
+    struct llmq_awq_block *b[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        struct llmq_awq_opts o;
+        llmq_awq_opts_default(&o);
+        o.group_size = group;
+        o.clip = false;
+        o.gram_loss = k; // 0: from the outputs, 1: tr(ΔW XᵀX ΔWᵀ)
+        CHECK(llmq_awq_block_init(m, layer, 1, &b[k]) == LLMQ_OK);
+        CHECK(llmq_awq_search(b[k], f, x, n_seq, seqlen, &o) == LLMQ_OK);
+    }
+    CHECK_EQ_INT(b[0]->n_groups, b[1]->n_groups);
+    int single = 0;
+    for (int gi = 0; gi < b[0]->n_groups; gi++) {
+        const struct llmq_awq_group *g0 = &b[0]->groups[gi], *g1 = &b[1]->groups[gi];
+        CHECK_EQ_INT(g0->best, g1->best);
+        double worst = 0;
+        for (int i = 0; i < 20; i++)
+            worst = fmax(worst, fabs(g0->loss[i] - g1->loss[i]) / fmax(g0->loss[i], 1e-30));
+        if (g0->prev == LLMQ_AWQ_PREV_V || g0->prev == LLMQ_AWQ_PREV_UP) {
+            single++;
+            printf("  %s layer %d group %d: ratio %.2f both ways, Gram vs output loss max rel diff %.2e\n", label,
+                   layer, gi, (double)g0->ratio, worst);
+        }
+        CHECK(worst < 1e-4);
+        CHECK(memcmp(g0->scales, g1->scales, (size_t)g0->C * sizeof(float)) == 0);
+    }
+    CHECK(single >= 1);
+    llmq_awq_block_free(b[0]);
+    llmq_awq_block_free(b[1]);
+    free(x);
+    llmq_forward_free(f);
+}
+
 // ---------------------------------------------------------------------------------------------
 // A random qwen2 model with q/k/v biases and no GQA (so the v -> o group exists)
 // ---------------------------------------------------------------------------------------------
@@ -431,6 +472,7 @@ int main(void) {
     test_fold(m, "stories260K", 2, 4, 3);
     test_plugged_quantizer(m, "stories260K", 2, 4);
     test_awq_beats_rtn(m, "stories260K", NULL, 2, 2, 64, 4, 3);
+    test_gram_loss(m, "stories260K", NULL, 2, 2, 64, 4);
     llmq_model_free(m);
 
     char tmp[] = "/tmp/llmq_test_awq.XXXXXX";
@@ -444,6 +486,7 @@ int main(void) {
     test_fold(m, "random qwen2 (bias, no GQA)", 1, 8, 4);
     test_plugged_quantizer(m, "random qwen2 (bias, no GQA)", 1, 8);
     test_awq_beats_rtn(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, 3);
+    test_gram_loss(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8);
     llmq_model_free(m);
     rm_dir(dir);
     rmdir(tmp);
@@ -458,6 +501,7 @@ int main(void) {
         CHECK(llmq_tokenize(m->tok, text, size < 20000 ? size : 20000, false, false, &ids, &n_ids) == LLMQ_OK);
         CHECK(n_ids >= 256);
         test_awq_beats_rtn(m, "SmolLM2-135M", ids, 3, 2, 128, 64, 4);
+        test_gram_loss(m, "SmolLM2-135M", ids, 3, 2, 128, 64);
         free(ids);
         free(text);
         llmq_model_free(m);

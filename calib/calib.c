@@ -22,7 +22,6 @@
 #include <unistd.h>
 
 #define MAX_TEXT_BYTES ((size_t)4 << 30)
-#define MICRO_BATCH 256
 
 // ---- seeded generator (splitmix64 seeding a xorshift64* stream) -------------------------------------
 
@@ -488,17 +487,8 @@ enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer,
         }
     }
     if (in->xtx) {
-        for (int64_t t0 = 0; t0 < n; t0 += MICRO_BATCH) {
-            int64_t mb = n - t0 < MICRO_BATCH ? n - t0 : MICRO_BATCH;
-            // scratch (C, C) upper = x[t0:t0+mb]ᵀ x[t0:t0+mb]; x row-major (mb, C) is A with A = Xᵀ col-wise
-            enum llmq_status st = llmq_syrk_f32_acc(s->backend, C, mb, 1.0f, x + t0 * C, C, 0.0f, s->scratch, C);
-            if (st) return st;
-            for (int64_t i = 0; i < C; i++) {
-                double *dst = in->xtx + i * C;
-                const float *src = s->scratch + i * C;
-                for (int64_t j = i; j < C; j++) dst[j] += (double)src[j];
-            }
-        }
+        enum llmq_status st = llmq_gram_acc_f64(s->backend, x, n, C, s->scratch, in->xtx);
+        if (st) return st;
     }
     in->count += n;
     in->n_seq += n_seq;

@@ -75,6 +75,21 @@ enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, f
     return LLMQ_OK;
 }
 
+enum llmq_status llmq_gram_acc_f64(enum llmq_backend be, const float *X, int64_t N, int64_t C, float *scratch,
+                                   double *acc) {
+    for (int64_t t0 = 0; t0 < N; t0 += LLMQ_GRAM_MICRO_BATCH) {
+        const int64_t n = N - t0 < LLMQ_GRAM_MICRO_BATCH ? N - t0 : LLMQ_GRAM_MICRO_BATCH;
+        enum llmq_status st = llmq_syrk_f32_acc(be, C, n, 1.0f, X + t0 * C, C, 0.0f, scratch, C);
+        if (st) return st;
+        for (int64_t i = 0; i < C; i++) {
+            double *dst = acc + i * C;
+            const float *src = scratch + i * C;
+            for (int64_t k = i; k < C; k++) dst[k] += (double)src[k];
+        }
+    }
+    return LLMQ_OK;
+}
+
 #ifndef LLMQ_HAVE_CUDA
 static enum llmq_status no_cuda(const char *what) {
     return llmq_errorf(LLMQ_ERR_DEVICE, "%s on cuda: this llmq was built without CUDA", what);

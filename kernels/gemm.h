@@ -59,9 +59,18 @@ enum llmq_status llmq_gemm_f64(enum llmq_backend be, bool transA, bool transB, i
 // stride lda >= N, the upper triangle (j >= i) of C (N, N), row stride ldc >= N, becomes
 //     C[i][j] = alpha · Σ_k A[k][i] · A[k][j] + beta · C[i][j].
 // The strict lower triangle is left as it was. beta 1 accumulates over calls (the Hessian sum);
-// calib/calib.c uses beta 0 into an f32 scratch and sums the scratch in f64 itself.
+// llmq_gram_acc_f64 below uses beta 0 into an f32 scratch and sums the scratch in f64.
 enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, float alpha, const float *A,
                                    int64_t lda, float beta, float *C, int64_t ldc);
+
+// The Gram matrix as calibration accumulates it: the upper triangle (j >= i) of acc (C, C), f64,
+// gains XᵀX of X (N, C) row-major, computed as one f32 SYRK per micro-batch of LLMQ_GRAM_MICRO_BATCH
+// rows into scratch (C, C) f32 and summed in f64 (f32 products, f64 sums across batches). The strict
+// lower triangle of acc is left as it was. Used by calib/ for the Hessians and by AWQ's Gram-form loss,
+// so both see the same bits for the same rows.
+#define LLMQ_GRAM_MICRO_BATCH 256
+enum llmq_status llmq_gram_acc_f64(enum llmq_backend be, const float *X, int64_t N, int64_t C, float *scratch,
+                                   double *acc);
 
 // True when a product of M·N·K multiply-adds on backend be runs on the device (be is CUDA and the
 // work is at or above the threshold); false means the CPU path (exactly LLMQ_BACKEND_CPU's bits).

@@ -333,24 +333,19 @@ struct scale_job {
     struct llmq_forward *f;
     const struct llmq_awq_opts *o;
     const float *in;     // (N, C) the group's input
-    const float *fp_out; // (N, D) the inspected module's fp output
+    const float *fp_out; // (N, D) the inspected module's fp output; NULL for a single-linear group
+    float *fp_scratch;   // (N, D) where a single-linear group's fp output goes (output-form loss only)
     int64_t n_seq, seqlen, N;
     float *cand[3]; // candidate weights of the group's linears, each (R_i, C)
     float *tmp;     // (largest R * C) scratch of a plugged-in quantizer
     float *out;     // (N, D) candidate output
 };
 
-// G (C, C), full symmetric = XᵀX of X (N, C): f32 SYRK per micro-batch of 256 rows, summed in f64.
+// G (C, C), full symmetric = XᵀX of X (N, C), accumulated as calibration does (llmq_gram_acc_f64).
 static enum llmq_status gram(enum llmq_backend be, const float *X, int64_t N, int64_t C, float *G, float *tmp,
                              double *acc) {
-    enum llmq_status st = LLMQ_OK;
     memset(acc, 0, (size_t)(C * C) * sizeof *acc);
-    for (int64_t t0 = 0; t0 < N && !st; t0 += 256) {
-        const int64_t n = N - t0 < 256 ? N - t0 : 256;
-        if ((st = llmq_syrk_f32_acc(be, C, n, 1.0f, X + t0 * C, C, 0.0f, tmp, C))) break;
-        for (int64_t i = 0; i < C; i++)
-            for (int64_t k = i; k < C; k++) acc[i * C + k] += (double)tmp[i * C + k];
-    }
+    enum llmq_status st = llmq_gram_acc_f64(be, X, N, C, tmp, acc);
     for (int64_t i = 0; i < C; i++)
         for (int64_t k = i; k < C; k++) G[i * C + k] = G[k * C + i] = (float)acc[i * C + k];
     return st;
@@ -401,6 +396,13 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         }
         if ((st = gram(o->backend, j->in, N, C, G, Gt, acc))) goto done;
     }
+    // The output form of a single-linear group compares with the linear's own fp output, computed
+    // here with our sgemm exactly as its candidates are (the Gram form does not need it).
+    const float *fp_out = j->fp_out;
+    if (!fp_out && !by_gram) {
+        if ((st = gemm_nt(o->backend, j->in, b->w[g->lin[0]], N, D, C, j->fp_scratch))) goto done;
+        fp_out = j->fp_scratch;
+    }
 
     double best_err = INFINITY;
     g->best = -1;
@@ -424,7 +426,7 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         for (int k = 0; k < g->n_lin; k++)
             b->vw[g->lin[k]].data = b->w[g->lin[k]];
         if (st) goto done;
-        if (!by_gram) loss = mse(j->fp_out, j->out, N * D);
+        if (!by_gram) loss = mse(fp_out, j->out, N * D);
         g->loss[i] = loss;
         if (!isfinite(loss)) {
             st = llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d, scale group of %s: loss %g at ratio %g", b->layer,
@@ -650,7 +652,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     const bool has_vo =
         lin_rows(b, LLMQ_LIN_V) == lin_rows(b, LLMQ_LIN_O) && lin_cols(b, LLMQ_LIN_V) == lin_cols(b, LLMQ_LIN_O);
     struct captured cap = {.N = N};
-    float *h = NULL, *attn_fp = NULL, *mlp_fp = NULL, *down_fp = NULL, *cand_out = NULL, *S = NULL;
+    float *h = NULL, *attn_fp = NULL, *mlp_fp = NULL, *cand_out = NULL, *S = NULL;
     struct scale_job job = {.b = b, .f = f, .o = o, .n_seq = n_seq, .seqlen = seqlen, .N = N};
     double t0 = llmq_now_s();
 
@@ -661,7 +663,6 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     h = alloc_f32(N * D);
     attn_fp = alloc_f32(N * D);
     mlp_fp = alloc_f32(N * D);
-    down_fp = alloc_f32(N * D);
     cand_out = alloc_f32(N * D);
     int64_t cand_n = 0; // the largest group's candidate weights
     for (int l = 0; l < LLMQ_LIN_COUNT; l++)
@@ -669,7 +670,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     for (int k = 0; k < 3; k++)
         job.cand[k] = alloc_f32(cand_n);
     job.tmp = o->fake_quant ? alloc_f32(cand_n) : alloc_f32(1);
-    if (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !down_fp || !cand_out ||
+    if (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !cand_out ||
         !job.cand[0] || !job.cand[1] || !job.cand[2] || !job.tmp) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for %lld tokens (layer %d)", (long long)N, b->layer);
         goto done;
@@ -681,11 +682,8 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     if ((st = llmq_forward_block(f, b->layer, h, n_seq, seqlen, capture_hook, &cap))) goto done;
     if ((st = llmq_forward_attn(f, b->layer, cap.n1, n_seq, seqlen, attn_fp))) goto done;
     if ((st = llmq_forward_mlp(f, b->layer, cap.n2, N, mlp_fp))) goto done;
-    // o's and down's own outputs with our sgemm, as their candidates compute them (h is free now)
-    float *o_fp = h;
-    if (has_vo && (st = gemm_nt(o->backend, cap.att, b->w[LLMQ_LIN_O], N, D, Dq, o_fp))) goto done;
-    if ((st = gemm_nt(o->backend, cap.act, b->w[LLMQ_LIN_DOWN], N, D, F, down_fp))) goto done;
     job.out = cand_out;
+    job.fp_scratch = h; // free now: o's and down's fp outputs when their loss takes the output form
 
     // The scale groups (get_layers_for_scaling), searched on the original weights.
     const struct {
@@ -696,9 +694,9 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         int64_t C;
     } defs[4] = {
         {LLMQ_AWQ_PREV_ATTN_NORM, 3, {LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V}, cap.n1, attn_fp, D},
-        {LLMQ_AWQ_PREV_V, 1, {LLMQ_LIN_O}, cap.att, o_fp, Dq},
+        {LLMQ_AWQ_PREV_V, 1, {LLMQ_LIN_O}, cap.att, NULL, Dq},
         {LLMQ_AWQ_PREV_FFN_NORM, 2, {LLMQ_LIN_GATE, LLMQ_LIN_UP}, cap.n2, mlp_fp, D},
-        {LLMQ_AWQ_PREV_UP, 1, {LLMQ_LIN_DOWN}, cap.act, down_fp, F},
+        {LLMQ_AWQ_PREV_UP, 1, {LLMQ_LIN_DOWN}, cap.act, NULL, F},
     };
     for (int d = 0; d < 4 && !st; d++) {
         if (defs[d].prev == LLMQ_AWQ_PREV_V && !has_vo) continue;
@@ -766,7 +764,6 @@ done:
     free(h);
     free(attn_fp);
     free(mlp_fp);
-    free(down_fp);
     free(cand_out);
     free(S);
     for (int k = 0; k < 3; k++)

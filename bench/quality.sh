@@ -13,8 +13,10 @@
 #   WORK (a directory to keep logs in; default a new /tmp/llmq_quality.XXXXXX). Resumable: with a fixed WORK, a
 #   (method, bits) whose eval log already holds a final estimate is not run again (nor is the base), so a long full
 #   run that was interrupted continues where it stopped. Each finished run appends a line to $WORK/results.tsv.
-# Output (stdout): one row per (method, bits): PPL, ΔPPL vs base, share of RTN's increase removed, quantize
-#   seconds and peak RSS (GNU time). Logs of every run go to $WORK (printed).
+# Output (stdout): one row per (method, bits): PPL, ΔPPL vs base, share of RTN's increase removed (RTN's PPL
+#   from this run or from $WORK), quantize seconds and peak RSS (GNU time). Logs of every run go to $WORK (printed).
+#   results.tsv columns: method, bits, PPL, quantize s, peak RSS kB, and the source tree's commit when the row
+#   started (`git describe --always --dirty`; BUILD_DIR must have been built from it — not checked).
 set -euo pipefail
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$SRC/build}"
@@ -39,7 +41,8 @@ fi
 TEST="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
 WORK="${WORK:-$(mktemp -d /tmp/llmq_quality.XXXXXX)}"
 mkdir -p "$WORK"
-echo "base $BASE; calibration wikitext-2-valid ${NSAMPLES}x${SEQLEN} seed 0; eval $TEST llamacpp ctx 512, chunks $CHUNKS; group 64; threads $THREADS; logs in $WORK" >&2
+COMMIT=$(git -C "$SRC" describe --always --dirty 2>/dev/null || echo unknown)
+echo "source $COMMIT; base $BASE; calibration wikitext-2-valid ${NSAMPLES}x${SEQLEN} seed 0; eval $TEST llamacpp ctx 512, chunks $CHUNKS; group 64; threads $THREADS; logs in $WORK" >&2
 
 final() { [[ -f "$1" ]] && sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$1"; }
 ppl() { # model log -> PPL
@@ -75,7 +78,8 @@ for b in $BITS; do
     P[$m$b]=$(ppl "$out" "$WORK/eval_${m}_${b}.txt")
     [[ "${KEEP:-0}" == 1 ]] || rm -rf "$out"
     printf '%s %s-bit: PPL %s (%.0f s)\n' "$m" "$b" "${P[$m$b]}" "${SECS[$m$b]}" >&2
-    printf '%s\t%s\t%s\t%s\t%s\n' "$m" "$b" "${P[$m$b]}" "${SECS[$m$b]}" "${RSS[$m$b]}" >>"$WORK/results.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$m" "$b" "${P[$m$b]}" "${SECS[$m$b]}" "${RSS[$m$b]}" "$COMMIT" \
+      >>"$WORK/results.tsv"
   done
 done
 
@@ -84,6 +88,7 @@ printf '\nSmolLM2-135M (f32 base from Q4_1), wiki.test llamacpp ctx 512 chunks %
 printf '%-10s %4s %10s %10s %14s %9s %10s\n' method bits PPL dPPL "of RTN's d" "quant s" "peak MB"
 printf '%-10s %4s %10s %10s %14s %9s %10s\n' base 32 "$BASE_PPL" - - - -
 for b in $BITS; do
+  [[ -z "${P[rtn$b]:-}" && -n "$(final "$WORK/eval_rtn_${b}.txt")" ]] && P[rtn$b]=$(final "$WORK/eval_rtn_${b}.txt")
   for m in $METHODS; do
     p=${P[$m$b]}
     d=$(echo "$p - $BASE_PPL" | bc -l)

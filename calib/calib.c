@@ -71,6 +71,22 @@ static void exe_dir(char *buf, size_t n) {
     snprintf(buf, n, "%s", exe);
 }
 
+#ifndef LLMQ_SOURCE_MANIFEST
+#define LLMQ_SOURCE_MANIFEST ""
+#endif
+#ifndef LLMQ_SOURCE_DATA
+#define LLMQ_SOURCE_DATA ""
+#endif
+#ifndef LLMQ_SHARE_REL
+#define LLMQ_SHARE_REL "share/llmq"
+#endif
+
+// The manifest: $LLMQ_MANIFEST, else the first that exists of <exe>/../datasets/manifest.tsv (a build
+// directory inside the source tree), <exe>/../LLMQ_SHARE_REL/manifest.tsv (installed), the source tree's
+// manifest this binary was built from, ./datasets/manifest.tsv.
+#define MANIFEST_WHERE                                                                                                 \
+    "$LLMQ_MANIFEST, <llmq's dir>/../datasets/, <llmq's dir>/../" LLMQ_SHARE_REL "/, " LLMQ_SOURCE_MANIFEST            \
+    ", ./datasets/"
 static char *find_manifest(void) {
     const char *env = getenv("LLMQ_MANIFEST");
     if (env && *env) return strdup(env);
@@ -79,7 +95,10 @@ static char *find_manifest(void) {
     if (dir[0]) {
         snprintf(p, sizeof(p), "%s/../datasets/manifest.tsv", dir);
         if (llmq_file_exists(p)) return strdup(p);
+        snprintf(p, sizeof(p), "%s/../%s/manifest.tsv", dir, LLMQ_SHARE_REL);
+        if (llmq_file_exists(p)) return strdup(p);
     }
+    if (LLMQ_SOURCE_MANIFEST[0] && llmq_file_exists(LLMQ_SOURCE_MANIFEST)) return strdup(LLMQ_SOURCE_MANIFEST);
     if (llmq_file_exists("datasets/manifest.tsv")) return strdup("datasets/manifest.tsv");
     return NULL;
 }
@@ -89,7 +108,7 @@ enum llmq_status llmq_calib_resolve_named(const char *name, const char *manifest
     sha256[0] = '\0';
     char *mpath = manifest ? strdup(manifest) : find_manifest(), *text = NULL, *found = NULL;
     enum llmq_status st = LLMQ_OK;
-    if (!mpath) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: no datasets/manifest.tsv found (set LLMQ_MANIFEST)", name);
+    if (!mpath) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: no manifest.tsv found (looked at " MANIFEST_WHERE "; set LLMQ_MANIFEST)", name);
     size_t len;
     if ((st = llmq_read_file(mpath, 1 << 20, &text, &len))) goto done;
     char want_file[1024] = "", want_sha[65] = "";
@@ -110,21 +129,23 @@ enum llmq_status llmq_calib_resolve_named(const char *name, const char *manifest
         st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: not a file and not a name in %s", name, mpath);
         goto done;
     }
-    char dirs[3][PATH_MAX + 32], ed[PATH_MAX];
+    char dirs[4][PATH_MAX + 32], ed[PATH_MAX];
     int n_dirs = 0;
     const char *env = getenv("LLMQ_DATA");
     if (env && *env) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", env);
     snprintf(dirs[n_dirs++], sizeof(dirs[0]), "../shared/datasets");
     exe_dir(ed, sizeof(ed));
     if (ed[0]) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s/../../shared/datasets", ed);
+    if (LLMQ_SOURCE_DATA[0]) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", LLMQ_SOURCE_DATA);
     for (int i = 0; i < n_dirs && !found; i++) {
         char *p = llmq_path_join(dirs[i], want_file);
         if (p && llmq_file_exists(p)) found = p;
         else free(p);
     }
     if (!found) {
-        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: %s not found under $LLMQ_DATA or ../shared/datasets", name,
-                         want_file);
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: %s not found under $LLMQ_DATA, ./../shared/datasets, "
+                         "<llmq's dir>/../../shared/datasets or %s (set LLMQ_DATA)", name, want_file,
+                         LLMQ_SOURCE_DATA[0] ? LLMQ_SOURCE_DATA : "-");
         goto done;
     }
     char got[65];

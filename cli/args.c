@@ -4,6 +4,7 @@
 #include "common/spill.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -76,7 +77,7 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, const char **pos
         }
         case CLI_FLOAT: {
             double v = strtod(val, &end);
-            if (errno || end == val || *end) return usage_error(cmd, "not a number for ", a);
+            if (errno || end == val || *end || !isfinite(v)) return usage_error(cmd, "not a finite number for ", a);
             *(double *)f->dst = v;
             break;
         }

@@ -30,6 +30,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,7 +183,7 @@ int cmd_quantize(int argc, char **argv) {
                *gguf_type = NULL, *imatrix = NULL, *tt_dummy = NULL, *output_type = NULL,
                *embedding_type = NULL, *device = "auto";
     long bits = LONG_MIN, group = LONG_MIN;
-    double damp = 0.01;
+    double damp = NAN; // not given: 0.01 (cli_parse refuses non-finite numbers)
     bool sym = false, asym = false, act_order = false, static_groups = false, group_aware = false, force = false, no_tseq = false,
          pure = false, dry_run = false, no_prov = false;
     struct cli_calib_args ca;
@@ -270,12 +271,20 @@ int cmd_quantize(int argc, char **argv) {
     else if (!gguf && !llmq_export_format_parse(format, &o.out.format)) usage = "--format must be awq, gptq, fake or gguf";
     else if (gguf && (bits != LONG_MIN || group != LONG_MIN))
         usage = "--bits and --group-size do not apply to --format gguf (its block types fix them: choose --gguf-type)";
-    else if (gguf && (sym || asym || static_groups || fallback))
+    else if (o.method != LLMQ_QMETHOD_GPTQ && o.method != LLMQ_QMETHOD_AWQ_GPTQ &&
+             (act_order || static_groups || group_aware || no_tseq || !isnan(damp))) {
+        // GPTQ's flags mean nothing to rtn and awq: refuse them rather than ignore them
+        const char *f = act_order       ? "act-order"
+                        : static_groups ? "static-groups"
+                        : group_aware   ? "act-group-aware"
+                        : no_tseq       ? "no-true-sequential"
+                                        : "damp";
+        snprintf(usage_buf, sizeof(usage_buf), "--%s needs --method gptq or awq+gptq (it is a GPTQ option)", f);
+        usage = usage_buf;
+    } else if (gguf && (sym || asym || static_groups || fallback))
         usage = "--sym, --asym, --static-groups and --fallback do not apply to --format gguf";
-    else if (gguf && act_order && strcmp(method, "gptq") != 0 && strcmp(method, "awq+gptq") != 0)
-        usage = "--act-order needs --method gptq or awq+gptq";
-    else if (group_aware && (gguf || (strcmp(method, "gptq") != 0 && strcmp(method, "awq+gptq") != 0)))
-        usage = "--act-group-aware needs --method gptq or awq+gptq and a directory format (awq, gptq, fake)";
+    else if (group_aware && gguf)
+        usage = "--act-group-aware needs a directory format (awq, gptq, fake), not gguf";
     else if (group_aware && (act_order || static_groups))
         usage = "--act-group-aware excludes --act-order and --static-groups";
     else if (group_aware && group == -1) usage = "--act-group-aware needs a group size (not -1)";
@@ -291,7 +300,7 @@ int cmd_quantize(int argc, char **argv) {
     else if (!gguf && (bits < 2 || bits > 8)) usage = "--bits must be between 2 and 8";
     else if (!gguf && (group == 0 || group < -1 || group > (1 << 20))) usage = "--group-size must be -1 or >= 1";
     else if (sym && asym) usage = "--sym and --asym exclude each other";
-    else if (damp < 0 || damp >= 1) usage = "--damp must be in [0, 1)";
+    else if (!isnan(damp) && (damp < 0 || damp >= 1)) usage = "--damp must be in [0, 1)";
     else if (fallback && strcmp(fallback, "none") && strcmp(fallback, "rtn-per-channel"))
         usage = "--fallback must be none or rtn-per-channel";
     else usage = cli_calib_args_check(&ca);
@@ -325,7 +334,7 @@ int cmd_quantize(int argc, char **argv) {
     o.calib.seed = (uint64_t)ca.seed;
     o.micro_batch = ca.micro;
     o.n_threads = (int)ca.threads;
-    o.percdamp = (float)damp;
+    o.percdamp = isnan(damp) ? 0.01f : (float)damp;
     o.true_sequential = !no_tseq;
     o.act_order = act_order;
 

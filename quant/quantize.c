@@ -770,8 +770,8 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     if (o->to_gguf && o->static_groups)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --static-groups does not apply to --format gguf (with "
                                          "--act-order the block grids are static already)");
-    if (o->to_gguf && o->act_order && o->method != LLMQ_QMETHOD_GPTQ && o->method != LLMQ_QMETHOD_AWQ_GPTQ)
-        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order needs --method gptq or awq+gptq");
+    if ((o->act_order || o->static_groups) && o->method != LLMQ_QMETHOD_GPTQ && o->method != LLMQ_QMETHOD_AWQ_GPTQ)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order and --static-groups need --method gptq or awq+gptq");
     if (o->group_aware && (o->to_gguf || (o->method != LLMQ_QMETHOD_GPTQ && o->method != LLMQ_QMETHOD_AWQ_GPTQ) ||
                            o->act_order || o->static_groups || o->q.group_size <= 0))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-group-aware needs --method gptq or awq+gptq, a group size, "

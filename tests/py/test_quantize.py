@@ -127,6 +127,16 @@ def test_usage_errors(llmq_bin, stories_v1, tmp_path):
         r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "gar", "--act-group-aware",
                  *extra], check=False)
         assert r.returncode == 2 and msg in r.stderr, (extra, r.stderr)
+    # GPTQ's own flags are refused (not ignored) with rtn and awq, into any format
+    for method in ("rtn", "awq"):
+        for fmt in ("fake", "awq", "gptq"):
+            for flag in (["--act-order"], ["--static-groups"], ["--no-true-sequential"], ["--damp", "0.05"]):
+                r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "g", "--method", method,
+                         "--format", fmt, *flag], check=False)
+                assert r.returncode == 2 and f"{flag[0]} needs --method gptq" in r.stderr, (method, fmt, flag, r.stderr)
+    r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "g", "--method", "gptq",
+             "--damp", "nan"], check=False)
+    assert r.returncode == 2 and "not a finite number" in r.stderr, r.stderr
     # the shared calibration flags are range-checked alike in quantize and calib
     for cmd in ("quantize", "calib"):
         for flag, val in (("--nsamples", "0"), ("--seqlen", "1"), ("--micro-batch", "0"), ("--seed", "-1"),
@@ -151,6 +161,27 @@ def test_calib_cli(llmq_bin, stories_v1, tmp_path):
     bad.write_bytes(b"NOTMAGIC" + lcs.read_bytes()[8:])
     r4 = run([llmq_bin, "calib", "--model", stories_v1, "--stats-in", bad], check=False)
     assert r4.returncode == 1 and "magic" in r4.stderr
+
+
+def test_installed_manifest(llmq_bin, build_dir, stories_v1, tmp_path):
+    """`cmake --install` puts the manifest in share/llmq, and the installed binary reads that one."""
+    import shutil
+    if shutil.which("cmake") is None:
+        pytest.skip("no cmake on PATH")
+    prefix = tmp_path / "inst"
+    run(["cmake", "--install", build_dir, "--prefix", prefix])
+    exe, man = prefix / "bin" / "llmq", prefix / "share" / "llmq" / "manifest.tsv"
+    assert exe.exists() and man.exists()
+    env = {k: v for k, v in os.environ.items() if k != "LLMQ_MANIFEST"}
+    args = [exe, "calib", "--model", stories_v1, *CAL, "--out", tmp_path / "s.lcs"]
+    run(args, env=env, cwd=tmp_path)
+    # a wrong sha256 in the installed copy is caught, and the message names that copy
+    lines = man.read_text().splitlines()
+    lines = [re.sub(r"\t[0-9a-f]{64}\t", "\t" + "0" * 64 + "\t", ln) if ln.startswith("wikitext-2-valid\t") else ln
+             for ln in lines]
+    man.write_text("\n".join(lines) + "\n")
+    r = run(args, env=env, cwd=tmp_path, check=False)
+    assert r.returncode == 1 and str(prefix / "bin" / ".." / "share" / "llmq" / "manifest.tsv") in r.stderr, r.stderr
 
 
 def test_smollm2_gptq_beats_rtn_per_layer(llmq_bin, smollm2, data_dir, tmp_path):

@@ -11,7 +11,8 @@
  *     grid on the original weights), on stories260K (group 4) and, when ~/.cache/llmq/smollm2-f32.gguf
  *     exists, on SmolLM2 block 3 (group 64) with wiki.valid.raw tokens.
  *  5. The Gram form of the single-linear groups' loss (v -> o, up -> down; llmq_awq_opts.gram_loss)
- *     picks the same ratio as the output form, with losses within 1e-4 relative, and the same scales.
+ *     picks the same ratio as the output form, with losses within 1e-4 relative, and the same scales;
+ *     also through the pluggable quantizer (the path of AWQ into GGUF).
  *  4. Errors: NaN input, a second search, group size 0, a layer out of range. A group size that
  *     does not tile a linear (stories260K's 172-wide ffn_down) makes it per-channel (clip_groups 1).
  */
@@ -321,8 +322,9 @@ static void test_awq_beats_rtn(struct llmq_model *m, const char *label, const in
     llmq_forward_free(f);
 }
 
+// plugged: through the pluggable quantizer (the path of AWQ into GGUF), the default grid plugged in.
 static void test_gram_loss(struct llmq_model *m, const char *label, const int32_t *ids, int layer, int64_t n_seq,
-                           int64_t seqlen, int group) {
+                           int64_t seqlen, int group, bool plugged) {
     const int64_t N = n_seq * seqlen;
     struct llmq_forward *f = NULL;
     CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
@@ -334,8 +336,15 @@ static void test_gram_loss(struct llmq_model *m, const char *label, const int32_
         o.group_size = group;
         o.clip = false;
         o.gram_loss = k; // 0: from the outputs, 1: tr(ΔW XᵀX ΔWᵀ)
+        struct plug p = {.bits = o.bits, .G = group};
+        if (plugged) {
+            o.fake_quant = plug_grid;
+            o.fake_quant_user = &p;
+            for (int l = 0; l < LLMQ_LIN_COUNT; l++) o.lin_group_size[l] = group;
+        }
         CHECK(llmq_awq_block_init(m, layer, 1, &b[k]) == LLMQ_OK);
         CHECK(llmq_awq_search(b[k], f, x, n_seq, seqlen, &o) == LLMQ_OK);
+        CHECK(!plugged || (p.calls > 0 && p.bad == 0));
     }
     CHECK_EQ_INT(b[0]->n_groups, b[1]->n_groups);
     int single = 0;
@@ -347,8 +356,8 @@ static void test_gram_loss(struct llmq_model *m, const char *label, const int32_
             worst = fmax(worst, fabs(g0->loss[i] - g1->loss[i]) / fmax(g0->loss[i], 1e-30));
         if (g0->prev == LLMQ_AWQ_PREV_V || g0->prev == LLMQ_AWQ_PREV_UP) {
             single++;
-            printf("  %s layer %d group %d: ratio %.2f both ways, Gram vs output loss max rel diff %.2e\n", label,
-                   layer, gi, (double)g0->ratio, worst);
+            printf("  %s layer %d group %d%s: ratio %.2f both ways, Gram vs output loss max rel diff %.2e\n", label,
+                   layer, gi, plugged ? " (plugged quantizer)" : "", (double)g0->ratio, worst);
         }
         CHECK(worst < 1e-4);
         CHECK(memcmp(g0->scales, g1->scales, (size_t)g0->C * sizeof(float)) == 0);
@@ -472,7 +481,8 @@ int main(void) {
     test_fold(m, "stories260K", 2, 4, 3);
     test_plugged_quantizer(m, "stories260K", 2, 4);
     test_awq_beats_rtn(m, "stories260K", NULL, 2, 2, 64, 4, 3);
-    test_gram_loss(m, "stories260K", NULL, 2, 2, 64, 4);
+    test_gram_loss(m, "stories260K", NULL, 2, 2, 64, 4, false);
+    test_gram_loss(m, "stories260K", NULL, 2, 2, 64, 4, true);
     llmq_model_free(m);
 
     char tmp[] = "/tmp/llmq_test_awq.XXXXXX";
@@ -486,7 +496,8 @@ int main(void) {
     test_fold(m, "random qwen2 (bias, no GQA)", 1, 8, 4);
     test_plugged_quantizer(m, "random qwen2 (bias, no GQA)", 1, 8);
     test_awq_beats_rtn(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, 3);
-    test_gram_loss(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8);
+    test_gram_loss(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, false);
+    test_gram_loss(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, true);
     llmq_model_free(m);
     rm_dir(dir);
     rmdir(tmp);
@@ -501,7 +512,7 @@ int main(void) {
         CHECK(llmq_tokenize(m->tok, text, size < 20000 ? size : 20000, false, false, &ids, &n_ids) == LLMQ_OK);
         CHECK(n_ids >= 256);
         test_awq_beats_rtn(m, "SmolLM2-135M", ids, 3, 2, 128, 64, 4);
-        test_gram_loss(m, "SmolLM2-135M", ids, 3, 2, 128, 64);
+        test_gram_loss(m, "SmolLM2-135M", ids, 3, 2, 128, 64, false);
         free(ids);
         free(text);
         llmq_model_free(m);

@@ -271,7 +271,7 @@ int cmd_quantize(int argc, char **argv) {
     else if (!gguf && !llmq_export_format_parse(format, &o.out.format)) usage = "--format must be awq, gptq, fake or gguf";
     else if (gguf && (bits != LONG_MIN || group != LONG_MIN))
         usage = "--bits and --group-size do not apply to --format gguf (its block types fix them: choose --gguf-type)";
-    else if (o.method != LLMQ_QMETHOD_GPTQ && o.method != LLMQ_QMETHOD_AWQ_GPTQ &&
+    else if (!llmq_qmethod_uses_gptq(o.method) &&
              (act_order || static_groups || group_aware || no_tseq || !isnan(damp))) {
         // GPTQ's flags mean nothing to rtn and awq: refuse them rather than ignore them
         const char *f = act_order       ? "act-order"
@@ -368,7 +368,7 @@ int cmd_quantize(int argc, char **argv) {
                             etype == LLMQ_DTYPE_COUNT ? json_null() : json_string(llmq_dtype_name(etype)));
         json_object_set_new(a.settings, "pure", json_boolean(pure));
         json_object_set_new(a.settings, "tensor_types", ttj);
-        if (o.method == LLMQ_QMETHOD_GPTQ || o.method == LLMQ_QMETHOD_AWQ_GPTQ) {
+        if (llmq_qmethod_uses_gptq(o.method)) {
             json_object_set_new(a.settings, "damp", json_real(o.percdamp));
             json_object_set_new(a.settings, "act_order", json_boolean(o.act_order));
         }

@@ -718,7 +718,7 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
             json_object_set_new(s, "output_type", json_string(llmq_dtype_name(mx->output_type)));
         if (mx->embedding_type != LLMQ_DTYPE_COUNT)
             json_object_set_new(s, "embedding_type", json_string(llmq_dtype_name(mx->embedding_type)));
-        if (o->method == LLMQ_QMETHOD_GPTQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) {
+        if (llmq_qmethod_uses_gptq(o->method)) {
             json_object_set_new(s, "damp", json_real(o->percdamp));
             json_object_set_new(s, "act_order", json_boolean(o->act_order));
             json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ));
@@ -728,7 +728,7 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
     json_object_set_new(s, "bits", json_integer(o->q.bits));
     json_object_set_new(s, "group_size", json_integer(o->q.group_size));
     json_object_set_new(s, "sym", json_boolean(o->q.sym));
-    if (o->method == LLMQ_QMETHOD_GPTQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) {
+    if (llmq_qmethod_uses_gptq(o->method)) {
         json_object_set_new(s, "damp", json_real(o->percdamp));
         json_object_set_new(s, "act_order", json_boolean(o->act_order));
         json_object_set_new(s, "static_groups", json_boolean(o->static_groups));
@@ -770,9 +770,9 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     if (o->to_gguf && o->static_groups)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --static-groups does not apply to --format gguf (with "
                                          "--act-order the block grids are static already)");
-    if ((o->act_order || o->static_groups) && o->method != LLMQ_QMETHOD_GPTQ && o->method != LLMQ_QMETHOD_AWQ_GPTQ)
+    if ((o->act_order || o->static_groups) && !llmq_qmethod_uses_gptq(o->method))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order and --static-groups need --method gptq or awq+gptq");
-    if (o->group_aware && (o->to_gguf || (o->method != LLMQ_QMETHOD_GPTQ && o->method != LLMQ_QMETHOD_AWQ_GPTQ) ||
+    if (o->group_aware && (o->to_gguf || !llmq_qmethod_uses_gptq(o->method) ||
                            o->act_order || o->static_groups || o->q.group_size <= 0))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-group-aware needs --method gptq or awq+gptq, a group size, "
                                          "not --format gguf, and excludes --act-order and --static-groups");

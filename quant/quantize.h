@@ -88,6 +88,10 @@ enum llmq_qmethod { LLMQ_QMETHOD_RTN, LLMQ_QMETHOD_GPTQ, LLMQ_QMETHOD_AWQ, LLMQ_
 
 const char *llmq_qmethod_name(enum llmq_qmethod m);            // "rtn", "gptq", "awq", "awq+gptq"
 bool llmq_qmethod_parse(const char *s, enum llmq_qmethod *out); // false when unknown
+// gptq and awq+gptq run the GPTQ solver (and so take its options: order, damping, true-sequential)
+static inline bool llmq_qmethod_uses_gptq(enum llmq_qmethod m) {
+    return m == LLMQ_QMETHOD_GPTQ || m == LLMQ_QMETHOD_AWQ_GPTQ;
+}
 
 struct llmq_quantize_opts {
     enum llmq_qmethod method;

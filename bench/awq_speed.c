@@ -12,9 +12,9 @@
  * AutoAWQ computes) and with llmq's default (the Gram form when it is cheaper); it prints both scale
  * search times, their ratio, and whether every group chose the same ratio.
  */
-#include "calib/forward.h"
-#include "calib/model.h"
-#include "calib/tokenizer.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "quant/awq.h"
 

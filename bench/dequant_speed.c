@@ -1,4 +1,4 @@
-// bench/dequant_speed.c — single-thread f32 decoding throughput of formats/ggml_quants.h.
+// bench/dequant_speed.c — single-thread f32 decoding throughput of formats/ggml/quants.h.
 //
 //   bench_dequant_speed [--mb N] [--reps R] [--types q4_0,q4_k,...] [--dump DIR]
 //
@@ -9,7 +9,7 @@
 // DIR/<type>.bin so that bench/dequant_speed.sh can time gguf-py on the same bytes.
 #include "common/dtype.h"
 #include "common/status.h"
-#include "formats/ggml_quants.h"
+#include "formats/ggml/quants.h"
 
 #include <math.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /*
- * bench/forward_speed.c — prefill throughput of calib/forward.h on a model.
+ * bench/forward_speed.c — prefill throughput of calib/model/forward.h on a model.
  *
  *   bench_forward_speed MODEL [N_TOKENS=512] [THREADS=2] [REPS=3]
  *
@@ -9,8 +9,8 @@
  * of the same model's sizes with the same thread count, measured in the same run.
  * The tokens are a fixed pseudo-random sequence (speed does not depend on the ids).
  */
-#include "calib/forward.h"
-#include "calib/model.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
 
 #include <cblas.h>
 #include <stdio.h>

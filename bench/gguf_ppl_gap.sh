@@ -7,7 +7,7 @@
 # Evaluation: wiki.test.raw, llamacpp protocol ctx 512, CHUNKS chunks (default 20; -1 = all) in both.
 # llama.cpp multiplies quantized weights with 8-bit (Q8_0 / Q8_K) activations; llmq eval decodes weights
 # to f32 and multiplies in f32, so a small gap is expected; the column "gap" is (llama.cpp - llmq) / llmq.
-# EMULATE=1 adds `llmq eval --emulate llamacpp-cpu` (calib/actq.h: activations rounded as llama.cpp's CPU
+# EMULATE=1 adds `llmq eval --emulate llamacpp-cpu` (calib/model/actq.h: activations rounded as llama.cpp's CPU
 # backend does, flash attention on as llama-perplexity's default) and its gap as two more columns.
 # Environment: TYPES (default: every supported mix), CHUNKS, THREADS, EMULATE, BUILD_DIR, LLMQ_CACHE, LLMQ_DATA.
 set -euo pipefail

@@ -4,7 +4,7 @@
 //
 //   bench_tokenize_speed MODEL.gguf|HF_DIR FILE [REPS (7)]
 // stdout: "<n_tokens> <median seconds> <median tokens/s> <load seconds>"
-#include "calib/tokenizer.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "formats/gguf.h"
 #include "common/log.h"

@@ -5,7 +5,7 @@
  */
 #include "calib/calib.h"
 
-#include "calib/tokenizer.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/sha256.h"

@@ -3,9 +3,9 @@
  * input statistics every quantization method needs, gathered block by block in one pass.
  *
  * What it is: (1) sources → a (n_seq, seqlen) token matrix with provenance (path, sha256, token
- * count); (2) a statistics accumulator fed by calib/forward.h's linear hook; (3) the `.lcs` stats
+ * count); (2) a statistics accumulator fed by calib/model/forward.h's linear hook; (3) the `.lcs` stats
  * file and llama.cpp's legacy imatrix `.dat` file. What it is not: no quantization (quant/), no
- * forward pass of its own (calib/forward.h).
+ * forward pass of its own (calib/model/forward.h).
  *
  * Legend: N calibration tokens (n_seq * seqlen), C in-features of a linear input, L n_layer.
  *
@@ -32,7 +32,7 @@
  *   Seed: splitmix64(seed) drives a xorshift64* stream; identical sources + seed -> identical tokens.
  *
  * ---- Statistics (struct llmq_calib_stats) ---------------------------------------------------------
- *   Per block, four inputs (calib/forward.h hook slots): LLMQ_LIN_Q (shared by q/k/v), LLMQ_LIN_O,
+ *   Per block, four inputs (calib/model/forward.h hook slots): LLMQ_LIN_Q (shared by q/k/v), LLMQ_LIN_O,
  *   LLMQ_LIN_GATE (shared by gate/up), LLMQ_LIN_DOWN. For each input x (N, C):
  *     xtx     (C, C)  Σ_tokens xᵀx, accumulated in f64: every micro-batch of <= 256 rows goes through
  *                     an f32 SYRK (kernels/gemm.h: cblas_ssyrk, or cuBLAS on s->backend) into an f32
@@ -73,8 +73,8 @@
 #ifndef LLMQ_CALIB_CALIB_H
 #define LLMQ_CALIB_CALIB_H
 
-#include "calib/forward.h"
-#include "calib/model.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 
@@ -169,7 +169,7 @@ void llmq_calib_stats_reset(struct llmq_calib_stats *s, int64_t layer);
 // Adds x (n, C) — n tokens from n_seq sequences — to the statistics of (layer, slot).
 enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer, int slot, const float *x, int64_t n,
                                       int64_t n_seq);
-// A calib/forward.h hook; user is a struct llmq_calib_stats * whose n_seq_hint is set. Errors are
+// A calib/model/forward.h hook; user is a struct llmq_calib_stats * whose n_seq_hint is set. Errors are
 // kept in s->err (the first one) since hooks return nothing.
 void llmq_calib_stats_hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in);
 // Mirrors the upper triangle of every xtx of a layer into the lower one (after the last add).

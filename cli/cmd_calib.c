@@ -10,7 +10,7 @@
  * stdout: a summary (sequences, tokens, per-block mean x² of each input); stderr: progress.
  */
 #include "calib/calib.h"
-#include "calib/model.h"
+#include "calib/model/model.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/log.h"

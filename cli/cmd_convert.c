@@ -1,9 +1,9 @@
 /*
  * cli/cmd_convert.c — `llmq convert`: GGUF <-> Hugging Face directory, and GGUF -> GGUF at
- * f32 / f16 / bf16 (dequantizing a quantized model). The work is calib/convert.h; this file parses
+ * f32 / f16 / bf16 (dequantizing a quantized model). The work is formats/convert/convert.h; this file parses
  * the flags, prints the summary on stdout and maps statuses to exit codes.
  */
-#include "calib/convert.h"
+#include "formats/convert/convert.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/log.h"

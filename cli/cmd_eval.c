@@ -1,6 +1,6 @@
 /*
  * cli/cmd_eval.c — `llmq eval`: perplexity of a model on a text, or its KL divergence from a base
- * model, under the llama.cpp or the GPTQ-paper protocol (calib/eval.h has the definitions).
+ * model, under the llama.cpp or the GPTQ-paper protocol (calib/eval/eval.h has the definitions).
  *
  *   llmq eval --model M --ppl FILE [--protocol llamacpp|gptq] [--ctx N] [--chunks N] [--threads N]
  *             [--kld-base MODEL | --save-logits FILE | --kld FILE] [--emulate MODE] [--json FILE]
@@ -9,14 +9,14 @@
  * --kld-base MODEL runs the base and the model chunk by chunk in this process; --kld FILE compares
  * with a saved logits file (its chunks, protocol and context are used; --ppl is then optional and
  * only checked against the file's text hash). --emulate llamacpp-cpu rounds activations as llama.cpp's
- * CPU backend does (calib/actq.h), to predict llama-perplexity's figure on a quantized GGUF file.
+ * CPU backend does (calib/model/actq.h), to predict llama-perplexity's figure on a quantized GGUF file.
  * stdout: the figures (llama-perplexity's wording); stderr: logs and one progress line with ETA
  * (rewritten in place on a terminal, a line every ~5% otherwise); --json FILE: every figure plus
  * what produced it (model, text sha256, protocol, tokens, llmq version), written atomically.
  */
-#include "calib/eval.h"
-#include "calib/model.h"
-#include "calib/tokenizer.h"
+#include "calib/eval/eval.h"
+#include "calib/model/model.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/io.h"

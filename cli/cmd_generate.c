@@ -1,7 +1,7 @@
 /*
  * cli/cmd_generate.c — `llmq generate --model M --prompt TEXT -n N`: greedy decoding, a sanity tool
- * for the model loader, the tokenizer and the forward pass (calib/model.h, calib/tokenizer.h,
- * calib/forward.h).
+ * for the model loader, the tokenizer and the forward pass (calib/model/model.h, calib/tokenizer/tokenizer.h,
+ * calib/model/forward.h).
  *
  * The prompt is tokenized with the model's BOS rule (llama.cpp add_special; --no-bos turns it off)
  * and control-token texts such as "<|im_start|>" parsed as tokens; an empty prompt starts from BOS.
@@ -12,9 +12,9 @@
  * the space that SentencePiece puts before the first word is dropped, as llama.cpp's detokenizer
  * does. stderr: the token counts and speed.
  */
-#include "calib/forward.h"
-#include "calib/model.h"
-#include "calib/tokenizer.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/log.h"

@@ -17,7 +17,7 @@
  * alone (importance from --imatrix, or gathered from --calib); other methods go through
  * quant/quantize.h with to_gguf.
  */
-#include "calib/model.h"
+#include "calib/model/model.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/io.h"

@@ -5,7 +5,7 @@
 #include <strings.h>
 
 // Block sizes and byte sizes mirror ggml-common.h (checked against gguf-py's GGML_QUANT_SIZES in
-// tests/py/test_dtype_table.py). `can_dequant` lists the types formats/ggml_quants.c decodes.
+// tests/py/test_dtype_table.py). `can_dequant` lists the types formats/ggml/decode.c decodes.
 static const struct llmq_dtype_traits traits[LLMQ_DTYPE_COUNT] = {
     [LLMQ_DTYPE_F32] = {"f32", "F32", 0, 1, 4, false, true},
     [LLMQ_DTYPE_F16] = {"f16", "F16", 1, 1, 2, false, true},

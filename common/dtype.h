@@ -6,7 +6,7 @@
  * A block type stores `blck` elements in `size` bytes; plain types have blck == 1.
  * `ggml_id` is the on-disk GGUF type number (-1: no GGUF encoding); `st_name` is the safetensors
  * dtype string (NULL: not a safetensors dtype). `can_dequant` tells whether
- * formats/ggml_quants.h can turn it into f32.
+ * formats/ggml/quants.h can turn it into f32.
  *
  * Half-precision helpers: f16 and bf16 <-> f32. f16/bf16 -> f32 is exact; f32 -> f16/bf16
  * rounds to nearest even (NaN stays NaN), like ggml's reference conversions.
@@ -66,7 +66,7 @@ struct llmq_dtype_traits {
     int64_t blck;        // elements per block (1 for plain types)
     size_t size;         // bytes per block
     bool is_quant;       // a ggml block type (blck > 1)
-    bool can_dequant;    // formats/ggml_quants.h can convert it to f32
+    bool can_dequant;    // formats/ggml/quants.h can convert it to f32
 };
 
 const struct llmq_dtype_traits *llmq_dtype_traits(enum llmq_dtype t); // NULL if t is out of range

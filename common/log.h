@@ -1,6 +1,6 @@
 /*
  * common/log.h — leveled logging to stderr. stdout is reserved for what the user asked for
- * (STYLE.md rule 16); everything here goes to stderr.
+ *; everything here goes to stderr.
  */
 #ifndef LLMQ_LOG_H
 #define LLMQ_LOG_H

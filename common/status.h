@@ -1,7 +1,7 @@
 /*
  * common/status.h — status codes and error reporting shared by every llmq module.
  *
- * Three error tiers (STYLE.md rule 6), never mixed:
+ * Three error tiers, never mixed:
  *   1. Bad input or environment: a function logs ONE line naming the file / tensor / offset with
  *      llmq_errorf(), which also records it as the thread's last error, and returns an
  *      enum llmq_status (or NULL).

@@ -7,7 +7,7 @@
  * mapping of the file; it never reads tensor data while opening (opening a 100 GB file costs only
  * the header) and never copies large arrays (the token list of a 49152-entry vocabulary stays in
  * the mapping; only per-element offsets are stored). It does not interpret what the keys mean
- * (that is the model loader's job) and does not convert tensor data (formats/ggml_quants.h does).
+ * (that is the model loader's job) and does not convert tensor data (formats/ggml/quants.h does).
  *
  * ---- Byte layout (all integers little-endian, no padding between fields) ------------------------
  *

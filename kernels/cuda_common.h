@@ -1,6 +1,6 @@
 /*
  * kernels/cuda_common.h — the one error macro for CUDA runtime / cuBLAS / cuSOLVER calls
- * (STYLE.md rule 6, tier 3): prints the failing statement, file:line and device, then aborts.
+ * (the third error tier of common/status.h): prints the failing statement, file:line and device, then aborts.
  * Include only from .cu files.
  */
 #ifndef LLMQ_CUDA_COMMON_H

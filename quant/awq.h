@@ -1,6 +1,6 @@
 /*
  * quant/awq.h — activation-aware weight quantization (AWQ, Lin et al. 2023) exactly as AutoAWQ
- * does it (awq/quantize/quantizer.py, REFERENCE §3): per decoder block, a search of per-channel
+ * does it (awq/quantize/quantizer.py; Lin et al. 2023, "AWQ"): per decoder block, a search of per-channel
  * scales over n_grid ratios with duo scaling, the scales folded into the preceding op, then a
  * search of per-(row, group) clipping thresholds on the scaled weights. It produces the scaled and
  * clipped f32 weights of one block; turning them into integer codes (RTN with the AWQ grid, or
@@ -55,7 +55,7 @@
  * Model weights are const views into a mapped file, so the search works on a struct llmq_awq_block
  * that OWNS f32 copies of the block's 7 linears, 2 norms and (qwen2) q/k/v biases. While a block is
  * bound (llmq_awq_block_bind), the model's layer pointers point at F32 views of those copies, so the
- * forward pass (calib/forward.h), the GPTQ driver and the writers see the scaled weights; unbind
+ * forward pass (calib/model/forward.h), the GPTQ driver and the writers see the scaled weights; unbind
  * restores the original pointers. Bind/unbind also refresh the forward object's cached norm and
  * bias copies of that layer (llmq_forward_reload_layer). The search binds and unbinds internally
  * and leaves the binding state as it found it.
@@ -89,8 +89,8 @@
 #ifndef LLMQ_QUANT_AWQ_H
 #define LLMQ_QUANT_AWQ_H
 
-#include "calib/forward.h"
-#include "calib/model.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/backend.h"

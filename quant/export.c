@@ -1,6 +1,6 @@
 // quant/export.c — AWQ GEMM / GPTQ / fake-quant HF directories, streamed (contracts in quant/export.h).
 // Mirrors AutoAWQ WQLinear_GEMM.from_linear (+ packing_utils) and AutoGPTQ / GPTQModel
-// QuantLinear.pack for the tensor layouts; calib/convert.h supplies the HF side files, the output
+// QuantLinear.pack for the tensor layouts; formats/convert/convert.h supplies the HF side files, the output
 // directory handling and the GGUF q/k row order.
 //
 // Legend: R rows = out_features, C cols = in_features, G group size, ng groups per row, b bits.
@@ -9,7 +9,7 @@
 // every slot before it has been, so the safetensors writer receives bytes in declared order.
 #include "quant/export.h"
 
-#include "calib/convert.h"
+#include "formats/convert/convert.h"
 #include "common/dtype.h"
 #include "common/log.h"
 #include "formats/safetensors.h"
@@ -23,9 +23,6 @@
 
 const int LLMQ_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
-static const char *hf_lin[LLMQ_LIN_COUNT] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                             "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                             "mlp.down_proj"};
 
 struct llmq_export_opts llmq_export_default_opts(void) {
     return (struct llmq_export_opts){.format = LLMQ_EXPORT_AWQ,
@@ -131,12 +128,12 @@ struct llmq_export {
 };
 
 static void lin_name(char *buf, size_t n, int64_t layer, enum llmq_linear w) {
-    snprintf(buf, n, "model.layers.%lld.%s", (long long)layer, hf_lin[w]);
+    llmq_linear_full_name(w, layer, true, buf, n);
 }
 
 // Rows whose GGUF order must be undone: the q/k weights of a GGUF llama model (0: none).
 static int64_t perm_heads(const struct llmq_model *m, enum llmq_linear w) {
-    if (!m->from_gguf || m->hp.rope_type != LLMQ_ROPE_NORM) return 0;
+    if (!m->from_gguf || !llmq_arch_qk_permuted(m->hp.arch)) return 0;
     if (w == LLMQ_LIN_Q) return m->hp.n_head;
     if (w == LLMQ_LIN_K) return m->hp.n_head_kv;
     return 0;
@@ -144,7 +141,7 @@ static int64_t perm_heads(const struct llmq_model *m, enum llmq_linear w) {
 
 // The model-order row of output (HF) row r.
 static int64_t src_row(int64_t r, int64_t R, int64_t heads) {
-    return heads ? llmq_convert_qk_src_row(r, R, heads, false) : r;
+    return heads ? llmq_arch_qk_src_row(r, R, heads, false) : r;
 }
 
 static const struct llmq_tensor_view *lin_bias(const struct llmq_model *m, int64_t layer, enum llmq_linear w) {

@@ -7,13 +7,13 @@
  * quantized linear as soon as it is done (llmq_export_layer), and finishes. Every other tensor
  * (embeddings, norms, q/k/v biases, lm_head) is read from the model's views when the output stream
  * reaches it. What it is not: no quantization (quant/quantizer.h, gptq.h, awq.h), no reading back
- * (calib/model.h loads all three kinds, dequantizing on load).
+ * (calib/model/model.h loads all three kinds, dequantizing on load).
  *
- * Legend: R rows = out_features (N in REFERENCE §4/§5), C cols = in_features (K), G group size,
+ * Legend: R rows = out_features (N in the packers' code), C cols = in_features (K), G group size,
  *   ng = number of groups (C / G; 1 when G = -1), b bits, pk = 32 / b values per int32 word.
  *   HF names: <p> = model.layers.<l>.self_attn.{q,k,v,o}_proj | model.layers.<l>.mlp.{gate,up,down}_proj.
  *
- * ---- --format awq (REFERENCE §4; AutoAWQ awq/modules/linear/gemm.py WQLinear_GEMM,
+ * ---- --format awq (AutoAWQ awq/modules/linear/gemm.py WQLinear_GEMM,
  *      awq/utils/packing_utils.py; transformers AwqConfig version "gemm") -------------------------
  *   <p>.qweight  I32 [C, R/8]   q transposed (W_T[k, n] = W[n, k]) and packed along R: word (k, j)
  *                               holds the 8 codes of columns n = 8j..8j+7 with nibble i (bits 4i..4i+3,
@@ -28,7 +28,7 @@
  *   quantization is written the same way with zeros 2^(b-1) (AutoAWQ's zero_point=false layout has no
  *   loader in transformers' GEMM path), so zero_point is always true.
  *
- * ---- --format gptq (REFERENCE §5; AutoGPTQ / GPTQModel QuantLinear pack(), transformers
+ * ---- --format gptq (AutoGPTQ / GPTQModel QuantLinear pack(), transformers
  *      GPTQConfig) -------------------------------------------------------------------------------
  *   <p>.qweight  I32 [C*b/32, R] packed along C: every 32 consecutive input channels form one
  *                               little-endian bit stream of b words (32*b bits), code of channel
@@ -59,12 +59,12 @@
  *   - Files: config.json, generation_config.json (when the input has / implies one), the tokenizer
  *     files (copied from an HF input: tokenizer.json, tokenizer_config.json, special_tokens_map.json,
  *     tokenizer.model, vocab.json, merges.txt, chat_template.jinja when present; rebuilt from a GGUF
- *     vocabulary by calib/convert.h llmq_convert_hf_side), model.safetensors or shards + index
+ *     vocabulary by formats/convert/convert.h llmq_convert_hf_side), model.safetensors or shards + index
  *     (opts->max_shard_bytes), quantize_config.json (gptq only).
  *   - Non-quantized tensors: F16 for awq / gptq ("torch_dtype":"float16"), the fake dtype for fake.
  *     lm_head.weight is written only when the embeddings are not tied.
- *   - HF tensor names; a GGUF llama model's q/k row permutation is undone (calib/convert.h
- *     llmq_convert_qk_src_row): whole output rows move, so codes, scales and zeros of a row move
+ *   - HF tensor names; a GGUF llama model's q/k row permutation is undone (formats/convert/convert.h
+ *     llmq_arch_qk_src_row): whole output rows move, so codes, scales and zeros of a row move
  *     together; g_idx (per input column) is unaffected.
  *   - Provenance: config.json gets a top-level "llmq" object = {"format": "awq"|"gptq"|"fake",
  *     "bits", "group_size", "sym", ...opts->provenance's keys (llmq version, method, parameters,
@@ -99,7 +99,7 @@
  *   qlinear whose R, C, bits, group_size or sym differ from the export's; C % G != 0; R or C not a
  *   multiple of the packing; act-order g_idx for awq; finish with a linear missing),
  *   LLMQ_ERR_UNSUPPORTED (awq with bits != 4 or G = -1, gptq with bits not in {2,3,4,8}, a model
- *   tensor dtype that cannot be decoded), LLMQ_ERR_IO / _NOMEM, plus what calib/convert.h and
+ *   tensor dtype that cannot be decoded), LLMQ_ERR_IO / _NOMEM, plus what formats/convert/convert.h and
  *   formats/safetensors.h return. Shape checks for every linear run in llmq_export_begin, so a
  *   format that cannot hold the model fails before anything is written. An llmq_export_layer call
  *   refused for its arguments (range, twice, a mismatching qlinear, a non-integer zero point, a
@@ -110,7 +110,7 @@
 #ifndef LLMQ_QUANT_EXPORT_H
 #define LLMQ_QUANT_EXPORT_H
 
-#include "calib/model.h"
+#include "calib/model/model.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "quant/quantizer.h"
@@ -166,7 +166,7 @@ enum llmq_status llmq_export_finish(struct llmq_export *e);
 // Removes the temporary directory and frees e. NULL: no-op.
 void llmq_export_abort(struct llmq_export *e);
 
-// ---- packing primitives (exposed for tests/unit/test_export.c and the loader in calib/model.c) --
+// ---- packing primitives (exposed for tests/unit/test_export.c and the loader in calib/model/model.c) --
 
 // AWQ order: nibble i of a word holds column 8j + LLMQ_AWQ_ORDER[i].
 extern const int LLMQ_AWQ_ORDER[8];

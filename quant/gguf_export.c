@@ -5,12 +5,12 @@
 // tensors in file order as long as the next one is ready (handed over, or readable from the model).
 #include "quant/gguf_export.h"
 
-#include "calib/convert.h"
+#include "formats/convert/convert.h"
 #include "common/io.h"
 #include "common/log.h"
-#include "formats/ggml_quants.h"
+#include "formats/ggml/quants.h"
 #include "formats/gguf.h"
-#include "quant/gguf_enc.h"
+#include "formats/ggml/encode.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -32,8 +32,6 @@ enum kind {
     K_BQ, K_BK, K_BV,
 };
 
-static const char *const lin_names[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                      "ffn_gate", "ffn_up", "ffn_down"};
 
 struct entry {
     char name[96];
@@ -106,32 +104,25 @@ static void set_shape(struct entry *x, const struct llmq_tensor_view *v) {
 
 // Classifies a GGUF tensor name: the kind, block and linear it belongs to (K_VIEW if none).
 static enum kind classify(const char *name, int64_t n_layer, int64_t *layer, int *which) {
-    *layer = -1;
+    int role = llmq_tensor_role_of(name, false, n_layer, layer);
     *which = -1;
-    if (!strcmp(name, "token_embd.weight")) return K_TOK_EMBD;
-    if (!strcmp(name, "output_norm.weight")) return K_OUT_NORM;
-    if (!strcmp(name, "output.weight")) return K_OUTPUT;
-    if (strncmp(name, "blk.", 4) != 0) return K_VIEW;
-    const char *p = name + 4, *end = p;
-    long long l = 0;
-    while (*end >= '0' && *end <= '9' && end - p < 7) l = l * 10 + (*end++ - '0');
-    if (end == p || *end != '.' || (end - p > 1 && *p == '0') || l >= n_layer) return K_VIEW;
-    const char *s = end + 1;
-    *layer = l;
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-        size_t n = strlen(lin_names[k]);
-        if (!strncmp(s, lin_names[k], n) && !strcmp(s + n, ".weight")) {
-            *which = k;
+    switch (role) {
+    case LLMQ_T_TOK_EMBD: return K_TOK_EMBD;
+    case LLMQ_T_OUTPUT_NORM: return K_OUT_NORM;
+    case LLMQ_T_OUTPUT: return K_OUTPUT;
+    case LLMQ_T_ATTN_NORM: return K_ATTN_NORM;
+    case LLMQ_T_FFN_NORM: return K_FFN_NORM;
+    case LLMQ_T_BIAS_Q: return K_BQ;
+    case LLMQ_T_BIAS_K: return K_BK;
+    case LLMQ_T_BIAS_V: return K_BV;
+    default:
+        if (role >= LLMQ_T_LINEAR_0 && role < LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT) {
+            *which = role - LLMQ_T_LINEAR_0;
             return K_LINEAR;
         }
+        *layer = -1;
+        return K_VIEW;
     }
-    if (!strcmp(s, "attn_norm.weight")) return K_ATTN_NORM;
-    if (!strcmp(s, "ffn_norm.weight")) return K_FFN_NORM;
-    if (!strcmp(s, "attn_q.bias")) return K_BQ;
-    if (!strcmp(s, "attn_k.bias")) return K_BK;
-    if (!strcmp(s, "attn_v.bias")) return K_BV;
-    *layer = -1;
-    return K_VIEW;
 }
 
 // The view an entry reads when it is written (the model's CURRENT views: override views count).
@@ -184,32 +175,35 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
         x->which = which_;                                                          \
         set_shape(x, view_);                                                        \
     } while (0)
-    ADD(m->tok_embd, K_TOK_EMBD, -1, -1, "token_embd.weight");
-    ADD(m->output_norm, K_OUT_NORM, -1, -1, "output_norm.weight");
-    if (!hp->tied_embeddings) ADD(m->output, K_OUTPUT, -1, -1, "output.weight");
+    char nb[96];
+#define TN(role_, l_) llmq_tensor_full_name((role_), (l_), false, nb, sizeof nb)
+    ADD(m->tok_embd, K_TOK_EMBD, -1, -1, "%s", TN(LLMQ_T_TOK_EMBD, 0));
+    ADD(m->output_norm, K_OUT_NORM, -1, -1, "%s", TN(LLMQ_T_OUTPUT_NORM, 0));
+    if (!hp->tied_embeddings) ADD(m->output, K_OUTPUT, -1, -1, "%s", TN(LLMQ_T_OUTPUT, 0));
     if (hp->rope_llama3.enabled) { // convert_hf_to_gguf.py writes the factors as a tensor
         int64_t n = hp->head_dim / 2;
         if (!(e->rope_gen = malloc((size_t)n * sizeof(float))))
             return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
         llmq_model_rope_freq_factors(m, e->rope_gen);
-        e->rope_view = (struct llmq_tensor_view){.name = "rope_freqs.weight", .dtype = LLMQ_DTYPE_F32, .n_dims = 1,
+        e->rope_view = (struct llmq_tensor_view){.name = LLMQ_GGUF_ROPE_FREQS, .dtype = LLMQ_DTYPE_F32, .n_dims = 1,
                                                  .shape = {n, 1, 1, 1}, .data = e->rope_gen,
                                                  .nbytes = (size_t)n * sizeof(float)};
-        ADD(&e->rope_view, K_ROPE, -1, -1, "rope_freqs.weight");
+        ADD(&e->rope_view, K_ROPE, -1, -1, "%s", LLMQ_GGUF_ROPE_FREQS);
     }
     for (int64_t l = 0; l < hp->n_layer; l++) {
         const struct llmq_layer *L = &m->layers[l];
-        ADD(L->attn_norm, K_ATTN_NORM, l, -1, "blk.%lld.attn_norm.weight", (long long)l);
-        ADD(L->ffn_norm, K_FFN_NORM, l, -1, "blk.%lld.ffn_norm.weight", (long long)l);
+        ADD(L->attn_norm, K_ATTN_NORM, l, -1, "%s", TN(LLMQ_T_ATTN_NORM, l));
+        ADD(L->ffn_norm, K_FFN_NORM, l, -1, "%s", TN(LLMQ_T_FFN_NORM, l));
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            ADD(L->w[k], K_LINEAR, l, k, "blk.%lld.%s.weight", (long long)l, lin_names[k]);
-            if (hp->arch != LLMQ_ARCH_QWEN2 && (k == LLMQ_LIN_Q || k == LLMQ_LIN_K))
+            ADD(L->w[k], K_LINEAR, l, k, "%s", TN(LLMQ_T_LINEAR_0 + k, l));
+            if (llmq_arch_qk_permuted(hp->arch) && llmq_tensor_name_of(LLMQ_T_LINEAR_0 + k)->qk_rows)
                 x->perm_heads = k == LLMQ_LIN_Q ? hp->n_head : hp->n_head_kv;
         }
-        if (L->bq) ADD(L->bq, K_BQ, l, -1, "blk.%lld.attn_q.bias", (long long)l);
-        if (L->bk) ADD(L->bk, K_BK, l, -1, "blk.%lld.attn_k.bias", (long long)l);
-        if (L->bv) ADD(L->bv, K_BV, l, -1, "blk.%lld.attn_v.bias", (long long)l);
+        if (L->bq) ADD(L->bq, K_BQ, l, -1, "%s", TN(LLMQ_T_BIAS_Q, l));
+        if (L->bk) ADD(L->bk, K_BK, l, -1, "%s", TN(LLMQ_T_BIAS_K, l));
+        if (L->bv) ADD(L->bv, K_BV, l, -1, "%s", TN(LLMQ_T_BIAS_V, l));
     }
+#undef TN
 #undef ADD
     return LLMQ_OK;
 }
@@ -243,7 +237,7 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e) {
             if (in->n_in != C)
                 return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                                    "gguf export: importance of blk.%lld.%s has %lld columns, the weight %lld", (long long)l,
-                                   lin_names[slot_linear[k]], (long long)in->n_in, (long long)C);
+                                   llmq_linear_gguf_name(slot_linear[k]), (long long)in->n_in, (long long)C);
             float *v = malloc((size_t)C * sizeof(float));
             if (!v) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
             for (int64_t c = 0; c < C; c++) v[c] = (float)(in->sum_sq[c] / (double)in->count);
@@ -402,7 +396,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
     for (int64_t i = 0; i < L * LLMQ_LIN_COUNT; i++)
         if (e->lin[i] < 0) {
             st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: blk.%lld.%s.weight missing", m->path,
-                             (long long)(i / LLMQ_LIN_COUNT), lin_names[i % LLMQ_LIN_COUNT]);
+                             (long long)(i / LLMQ_LIN_COUNT), llmq_linear_gguf_name(i % LLMQ_LIN_COUNT));
             goto fail;
         }
     e->f_cap = CHUNK_FLOATS > max_C ? CHUNK_FLOATS : max_C;
@@ -450,7 +444,7 @@ static enum llmq_status work_buffers(struct llmq_gguf_export *e) {
 }
 
 static int64_t src_row(const struct entry *x, int64_t r) {
-    return x->perm_heads ? llmq_convert_qk_src_row(r, x->R, x->perm_heads, true) : r;
+    return x->perm_heads ? llmq_arch_qk_src_row(r, x->R, x->perm_heads, true) : r;
 }
 
 // Writes encoded rows (model order) in file order.

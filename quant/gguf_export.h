@@ -1,12 +1,12 @@
 /*
  * quant/gguf_export.h — write a model as a quantized GGUF file: the types of quant/gguf_mix.h, the
- * bytes of quant/gguf_enc.h, streamed through formats/gguf.h's atomic writer.
+ * bytes of formats/ggml/encode.h, streamed through formats/gguf.h's atomic writer.
  *
  * What it is: the writer behind `llmq quantize --format gguf`. `--method rtn` is begin + finish
  * (every tensor encoded from the model's views, with the importance of its input when given);
  * GPTQ / AWQ drivers (quant/quantize.c) hand over their linears as encoded blocks or as f32 weights
  * between begin and finish. What it is not: no type choice (gguf_mix.h), no block encoding
- * (gguf_enc.h), no calibration (calib/calib.h), no solver.
+ * (formats/ggml/encode.h), no calibration (calib/calib.h), no solver.
  *
  * Legend: R rows = out_features, C cols = in_features (the GGUF row length, ne[0]).
  *
@@ -16,16 +16,16 @@
  *     split.{no,count,tensors.count}; then general.quantization_version = u32 2 and
  *     general.file_type = u32 ftype (gguf_set_val_u32 removes a key and appends it: both move to the
  *     end, as in llama.cpp's output); then, unless no_provenance, the llmq.* keys below.
- *     An HF input gets the KVs `llmq convert` writes for it (calib/convert.h
+ *     An HF input gets the KVs `llmq convert` writes for it (formats/convert/convert.h
  *     llmq_convert_hf_gguf_kvs: general.*, <arch>.*, tokenizer.ggml.*) the same way.
  *   Tensors: every tensor of the input (GGUF: every tensor in the file, also ones llmq's model does
  *     not use; HF: the model's tensors under their GGUF names, rope_freqs.weight generated for
  *     llama3 rope scaling, no output.weight when tied), in llama.cpp's order (llmq_gguf_mix_name_cmp:
  *     globals by name, then block by block, names sorted), with the types of llmq_gguf_mix_plan.
  *     A tensor whose input type equals its output type is copied byte for byte; otherwise its rows
- *     are decoded to f32 (formats/ggml_quants.h, exact) and encoded (llmq_gguf_encode_rows,
+ *     are decoded to f32 (formats/ggml/quants.h, exact) and encoded (llmq_gguf_encode_rows,
  *     n_threads). An HF llama / mistral model's q and k rows are permuted as llmq convert does
- *     (calib/convert.h llmq_convert_qk_src_row): whole encoded rows move.
+ *     (formats/llama/arch.h llmq_arch_qk_src_row): whole encoded rows move.
  *   Alignment 32 (or the input's general.alignment), version 3.
  *
  * ---- Provenance keys (absent with no_provenance) ------------------------------------------------
@@ -66,8 +66,8 @@
  *   One log line naming the output / tensor and a status: LLMQ_ERR_ARG (output exists without force,
  *   out == input, layer / which out of range or given twice, finish with a hand-over refused
  *   earlier), LLMQ_ERR_UNSUPPORTED (a type llmq cannot write, an input dtype that cannot be decoded,
- *   statistics of another model shape), what gguf_mix.h, gguf_enc.h, formats/gguf.h and
- *   calib/convert.h return. A hand-over refused for its arguments changes nothing; a failure while
+ *   statistics of another model shape), what gguf_mix.h, formats/ggml/encode.h, formats/gguf.h and
+ *   formats/convert/convert.h return. A hand-over refused for its arguments changes nothing; a failure while
  *   encoding or writing poisons the export (later calls return the same status). The caller ends
  *   with finish (which aborts when anything failed) or abort.
  */
@@ -75,7 +75,7 @@
 #define LLMQ_QUANT_GGUF_EXPORT_H
 
 #include "calib/calib.h"
-#include "calib/model.h"
+#include "calib/model/model.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "quant/gguf_mix.h"

@@ -7,7 +7,7 @@
  * tensor_get_category, llama_tensor_get_type / _impl with use_more_bits and the attention_wv /
  * ffn_down counters, tensor_type_fallback), so that `llmq quantize --method rtn` chooses exactly the
  * types llama_model_quantize chooses, plus llmq's handling of tensors no type can hold.
- * What it is not: no encoding (quant/gguf_enc.h), no file writing (quant/gguf_export.h).
+ * What it is not: no encoding (formats/ggml/encode.h), no file writing (quant/gguf_export.h).
  *
  * ---- The rules (in llama.cpp's order; only the branches reachable with the ftypes below) --------
  *   1. Which tensors are quantized at all (llama.cpp tensor_allows_quantization): names ending in
@@ -50,7 +50,7 @@
  *
  * ---- Types llmq can write ---------------------------------------------------------------------
  *   F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
- *   (quant/gguf_enc.h). An override naming another type is refused (LLMQ_ERR_UNSUPPORTED).
+ *   (formats/ggml/encode.h). An override naming another type is refused (LLMQ_ERR_UNSUPPORTED).
  *
  * ---- --tensor-type REGEX=TYPE -----------------------------------------------------------------
  *   As llama-quantize parses it: split at the first '=', the REGEX lower-cased, TYPE a ggml type
@@ -61,7 +61,7 @@
 #ifndef LLMQ_QUANT_GGUF_MIX_H
 #define LLMQ_QUANT_GGUF_MIX_H
 
-#include "calib/model.h"
+#include "calib/model/model.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/tensor.h"

@@ -1,6 +1,6 @@
 /*
  * quant/gptq.h — GPTQ (Frantar et al. 2022) for one linear layer, faithful to the reference
- * `GPTQ.fasterquant` of IST-DASLab/gptq (gptq.py + quant.py), REFERENCE §2, with the act-order,
+ * `GPTQ.fasterquant` of IST-DASLab/gptq (gptq.py + quant.py) (Frantar et al. 2022, "GPTQ", Algorithm 1), with the act-order,
  * static-groups and g_idx conventions of AutoGPTQ / GPTQModel and GPTQModel's damping retry.
  *
  * It is NOT the calibration pass: the caller (quant/quantize.h) gathers H = 2/N · XᵀX from the

@@ -17,7 +17,7 @@
 #include <time.h>
 
 #include "common/log.h"
-#include "quant/gguf_enc.h"
+#include "formats/ggml/encode.h"
 #include "quant/gptq.h"
 
 #define MAX_THREADS 64

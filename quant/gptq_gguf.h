@@ -1,9 +1,9 @@
 /*
  * quant/gptq_gguf.h — GPTQ onto a ggml block type: the error compensation of quant/gptq.h
- * (fasterquant, REFERENCE §2) with the target GGUF type's own grid instead of the integer
+ * (fasterquant of IST-DASLab/gptq) with the target GGUF type's own grid instead of the integer
  * (scale, zero) grid, so the bytes written decode to exactly the weights GPTQ compensated for.
  *
- * What it is: the solver for one linear layer whose output is rows of ggml blocks (quant/gguf_enc.h
+ * What it is: the solver for one linear layer whose output is rows of ggml blocks (formats/ggml/encode.h
  * encoders and grids). What it is not: no type choice (quant/gguf_mix.h), no file writing
  * (quant/gguf_export.h), no calibration (the caller hands over H, as for quant/gptq.h).
  *

@@ -4,14 +4,14 @@
  */
 #include "quant/quantize.h"
 
-#include "calib/forward.h"
+#include "calib/model/forward.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/spill.h"
-#include "formats/ggml_quants.h"
+#include "formats/ggml/quants.h"
 #include "kernels/gemm.h"
 #include "quant/awq.h"
-#include "quant/gguf_enc.h"
+#include "formats/ggml/encode.h"
 #include "quant/gptq.h"
 #include "quant/gptq_gguf.h"
 
@@ -26,8 +26,6 @@
 
 void openblas_set_num_threads(int n);
 
-static const char *gguf_names[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                 "ffn_gate", "ffn_up", "ffn_down"};
 
 const char *llmq_qmethod_name(enum llmq_qmethod m) {
     switch (m) {
@@ -124,7 +122,7 @@ static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_sl
 }
 
 // The statistics of a normed block input without running the whole block (same micro-batches as
-// block_pass, same numbers: calib/forward.h's sub-block functions reproduce llmq_forward_block bit for bit):
+// block_pass, same numbers: calib/model/forward.h's sub-block functions reproduce llmq_forward_block bit for bit):
 //   ffn == false: RMSNorm(x) * attn_norm, the q/k/v input;
 //   ffn == true:  RMSNorm(h) * ffn_norm with h = x + attn(RMSNorm(x) * attn_norm), the gate/up input
 //                 (the attention runs with this block's quantized q/k/v/o already in place).
@@ -250,7 +248,7 @@ static void report_linear(struct run *r, int l, int k, int64_t R, int64_t C, dou
     double el = llmq_now_s() - r->t0;
     char eta[32], name[64], extra[96] = "", type[24] = "";
     fmt_time(eta, sizeof(eta), el / (double)r->params_done * (double)(r->params_total - r->params_done));
-    snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+    llmq_linear_full_name(k, l, false, name, sizeof(name));
     if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
     if (gtype != LLMQ_DTYPE_INVALID) snprintf(type, sizeof(type), "%-6s ", llmq_dtype_name(gtype));
     llmq_info("quantize: %-18s %5lld x %-5lld %-9s %s%s %.4e%s  %.2f s  ETA %s", name, (long long)R, (long long)C, how,
@@ -322,7 +320,7 @@ static enum llmq_status block_rtn(struct run *r, int l) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[k];
         int64_t R = v->shape[0], C = v->shape[1];
         char name[64];
-        snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+        llmq_linear_full_name(k, l, false, name, sizeof(name));
         if ((st = load_weight(r, l, k))) break;
         const float *Hx = NULL;
         if (r->have_calib) {
@@ -353,7 +351,7 @@ static enum llmq_status gptq_linear(struct run *r, int l, int k, float *W, const
     const struct llmq_tensor_view *v = r->m->layers[l].w[k];
     int64_t R = v->shape[0], C = v->shape[1];
     char name[64];
-    snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+    llmq_linear_full_name(k, l, false, name, sizeof(name));
     enum llmq_status st;
     memcpy(r->Hx, Hsrc, (size_t)(C * C) * sizeof(float));
     if (!tiles(&r->o->q, C)) return quantize_fallback(r, l, k, name, r->Hx, R, C, ql);
@@ -409,7 +407,7 @@ static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const
     const int64_t R = v->shape[0], C = v->shape[1];
     const enum llmq_dtype t = llmq_gguf_export_linear_type(r->ge, l, (enum llmq_linear)k);
     char name[64];
-    snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+    llmq_linear_full_name(k, l, false, name, sizeof(name));
     size_t rb = 0;
     if (!llmq_dtype_nbytes(t, C, &rb))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: %s: %lld columns do not tile %s blocks", name, (long long)C,
@@ -560,7 +558,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[k];
         int64_t R = v->shape[0], C = v->shape[1];
         char name[64];
-        snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
+        llmq_linear_full_name(k, l, false, name, sizeof(name));
         memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
         if ((st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->H))) break;
         llmq_awq_scale_hessian(b, (enum llmq_linear)k, r->H);
@@ -800,7 +798,7 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
                                    "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "
                                    "columns; use a --group-size that divides %lld, --group-size -1 (per channel), or "
                                    "--fallback rtn-per-channel",
-                                   (long long)l, gguf_names[k], (long long)R, (long long)C, o->q.group_size, (long long)C,
+                                   (long long)l, llmq_linear_gguf_name(k), (long long)R, (long long)C, o->q.group_size, (long long)C,
                                    (long long)C);
         }
     openblas_set_num_threads(o->n_threads);

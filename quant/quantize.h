@@ -74,7 +74,7 @@
 #define LLMQ_QUANT_QUANTIZE_H
 
 #include "calib/calib.h"
-#include "calib/model.h"
+#include "calib/model/model.h"
 #include "common/status.h"
 #include "quant/export.h"
 #include "quant/gguf_export.h"

@@ -3,12 +3,12 @@
  * result of quantizing one linear layer (struct llmq_qlinear), which the writers (quant/export.h)
  * pack into AWQ / GPTQ / fake-quant outputs.
  *
- * It is NOT a block format (ggml blocks live in formats/ggml_quants.h) and does no packing.
+ * It is NOT a block format (ggml blocks live in formats/ggml/quants.h) and does no packing.
  *
  * Legend: R rows = out_features, C cols = in_features, G group size (columns per group along C),
  *         NG number of groups per row.
  *
- * The grid (REFERENCE §2, IST-DASLab/gptq quant.py; AutoAWQ quantizer.py for the AWQ variant):
+ * The grid (IST-DASLab/gptq quant.py; AutoAWQ quantizer.py for the AWQ variant):
  *   maxq = 2^bits - 1; a group of weights w is mapped to integer codes
  *       q = clamp(round(w / scale) + zero, 0, maxq)            round = half to even (torch.round)
  *   and back to

@@ -57,7 +57,7 @@ class Block:
             self.w[k] = np.array(x.data, dtype=F32).reshape(shape if len(shape) > 1 else [shape[0]])
 
     def rmsnorm(self, x, w):
-        """As calib/forward.h: f32 values, sum of squares in double, y = (x * scale) * w in f32."""
+        """As calib/model/forward.h: f32 values, sum of squares in double, y = (x * scale) * w in f32."""
         x = x.astype(F32)
         ss = (x.astype(np.float64) ** 2).sum(axis=1)  # x*x is exact in double
         mean = (ss / x.shape[1]).astype(F32)

@@ -1,4 +1,4 @@
-"""Oracle for `llmq convert` (calib/convert.h) against independent implementations.
+"""Oracle for `llmq convert` (formats/convert/convert.h) against independent implementations.
 
   gguf-py (PyPI gguf)       reads every GGUF llmq writes; gguf.quants.dequantize is the reference for
                             SmolLM2 Q4_1 -> f32 (bit for bit), gguf.quants.quantize(BF16) and numpy's

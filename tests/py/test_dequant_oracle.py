@@ -1,4 +1,4 @@
-"""Oracle: llmq's f32 decoders (formats/ggml_quants.h) against gguf-py's gguf.quants.dequantize.
+"""Oracle: llmq's f32 decoders (formats/ggml/quants.h) against gguf-py's gguf.quants.dequantize.
 
 Every comparison is bit for bit (outputs viewed as uint32). Three kinds of input:
   (a) legacy types Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: f32 data (random and adversarial) quantized by
@@ -11,7 +11,7 @@ F64 decoder: numpy's astype(float32), round-to-nearest like the C cast).
 
 Why the bits agree, type by type. gguf-py evaluates in numpy float32, one rounding per ufunc, and
 never fuses; ggml's reference C (ggml-quants.c, dequantize_row_*) does the same operations in the
-same order when built without FMA contraction (llmq builds ggml_quants.c with -ffp-contract=off):
+same order when built without FMA contraction (llmq builds formats/ggml/decode.c with -ffp-contract=off):
   Q4_0/Q5_0/Q8_0/IQ4_NL  y = d * q                    both: one product of two exact f32s
   Q4_1/Q5_1              y = (d * q) + m              both: product rounded, then sum
   Q2_K                   y = (d*sc) * q - (dmin*m)    numpy: dl = d*sc, ml = dmin*m, dl*q - ml

@@ -57,7 +57,7 @@ def test_tsv_matches_json(tool):
 
 
 def test_dequantizable_set(tool):
-    """The types llmq decodes: the plain floats plus the 12 block formats of formats/ggml_quants.h."""
+    """The types llmq decodes: the plain floats plus the 12 block formats of formats/ggml/quants.h."""
     can = {r["name"] for r in load_table(tool) if r["can_dequant"]}
     assert can == {"f32", "f16", "bf16", "f64", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k",
                    "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"}

@@ -1,4 +1,4 @@
-"""Oracle: `--emulate llamacpp-cpu` (calib/actq.h) predicts llama.cpp's perplexity on a quantized GGUF.
+"""Oracle: `--emulate llamacpp-cpu` (calib/model/actq.h) predicts llama.cpp's perplexity on a quantized GGUF.
 
 Model: SmolLM2-135M-Instruct Q4_1 (Q4_1 weights: llama.cpp rounds their inputs to Q8_1, the Q8_0
 output head's to Q8_0). Text: wiki.test.raw tokenized by llama.cpp, 4 chunks of 512 tokens, BOS

@@ -220,7 +220,7 @@ def test_save_logits_then_kld_equals_kld_base(llmq_eval, stories, stories_q4rt, 
     lf = tmp_path / "base.logits"
     common = ["--ppl", wiki, "--ctx", "128", "--chunks", "6"]
     plain, r = llmq_eval("--model", stories, *common, "--save-logits", lf, "--logits-dtype", "f32")
-    data_off = (128 + 4 * 6 * 128 + 63) // 64 * 64  # header + tokens, aligned (calib/eval.h)
+    data_off = (128 + 4 * 6 * 128 + 63) // 64 * 64  # header + tokens, aligned (calib/eval/eval.h)
     assert lf.stat().st_size == data_off + 6 * 63 * 512 * 4
     assert "logits:" in r.stdout
     via_file, _ = llmq_eval("--model", stories_q4rt, "--kld", lf)

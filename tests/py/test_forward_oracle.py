@@ -1,4 +1,4 @@
-"""Oracle: llmq's forward pass (calib/forward.h, via tests/tools/forward_logits) against llama.cpp.
+"""Oracle: llmq's forward pass (calib/model/forward.h, via tests/tools/forward_logits) against llama.cpp.
 
 Model: SmolLM2-135M-Instruct, both the Q4_1 GGUF and its f32 dequantization written by gguf-py
 (gen_golden_forward.make_f32_gguf). Tokens: BOS + the first 63 tokens of wiki.test.raw.

@@ -1,7 +1,7 @@
-"""The k-quant encoders (Q2_K .. Q6_K of quant/gguf_enc.h) against ggml, byte for byte, on many blocks.
+"""The k-quant encoders (Q2_K .. Q6_K of formats/ggml/encode.h) against ggml, byte for byte, on many blocks.
 
 tests/py/test_gguf_enc_oracle.py checks every type on a dozen rows per distribution; this file
-stresses the k-quant scale searches (quant/gguf_enc_k.c, gguf_enc_util.c) with more blocks:
+stresses the k-quant scale searches (formats/ggml/encode_k.c, formats/ggml/search.c) with more blocks:
   - synthetic rows whose sub-blocks vary in scale, offset and sparsity inside one super-block (the
     6-bit / 4-bit scale and min quantization), near-constant and one-hot sub-blocks, rounding ties;
   - real SmolLM2 rows: blk.N.ffn_down.weight (1536 wide) of every layer, and a slice of every tensor

@@ -1,4 +1,4 @@
-"""quant/gguf_enc.h against ggml's quantizers and gguf-py, byte for byte.
+"""formats/ggml/encode.h against ggml's quantizers and gguf-py, byte for byte.
 
 tests/tools/gguf_enc_tool encodes raw f32 rows into raw blocks. Its bytes must equal:
   - ggml_quantize_chunk of llama-cpp-python's libggml-base.so (what llama-quantize writes), called

@@ -1,4 +1,4 @@
-"""Oracle: llmq's tokenizer (calib/tokenizer.h, driven through tests/tools/tokenize_tool) against
+"""Oracle: llmq's tokenizer (calib/tokenizer/tokenizer.h, driven through tests/tools/tokenize_tool) against
 llama.cpp's (llama-cpp-python, Llama(vocab_only=True).tokenize / llama_token_to_piece).
 
 Always (no llama_cpp needed): the goldens tests/golden/tokenizer_{smollm2,stories260k}.json written

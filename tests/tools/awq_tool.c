@@ -17,9 +17,9 @@
  *                           "clip_err": {lin: sum}, "seconds_scale", "seconds_clip"}
  * Exit 1 on error.
  */
-#include "calib/forward.h"
-#include "calib/model.h"
-#include "calib/tokenizer.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "quant/awq.h"
 

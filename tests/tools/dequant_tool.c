@@ -1,4 +1,4 @@
-// tests/tools/dequant_tool.c — formats/ggml_quants.h on the command line, for the pytest oracles.
+// tests/tools/dequant_tool.c — formats/ggml/quants.h on the command line, for the pytest oracles.
 //
 //   dequant_tool [--ref] [--misalign] TYPE IN.bin OUT.f32   raw blocks -> raw little-endian f32
 //   dequant_tool --encode TYPE IN.f32 OUT.bin               raw f32 -> TYPE (types with from_float)
@@ -9,7 +9,7 @@
 // Exit status: 0 ok, 1 library error (message on stderr), 2 usage / file error.
 #include "common/dtype.h"
 #include "common/status.h"
-#include "formats/ggml_quants.h"
+#include "formats/ggml/quants.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,8 +13,8 @@
 //       Loads DIR with llmq_model_load and writes OUTDIR/model.safetensors with every linear as llmq sees it (f32, HF
 //       names).
 // Exit 0 on success, 1 on any error (logged on stderr), 2 on bad usage.
-#include "calib/convert.h"
-#include "calib/model.h"
+#include "formats/convert/convert.h"
+#include "calib/model/model.h"
 #include "common/dtype.h"
 #include "common/io.h"
 #include "common/status.h"
@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
                 if (m->from_gguf && m->hp.rope_type == LLMQ_ROPE_NORM)
                     heads = k == LLMQ_LIN_Q ? m->hp.n_head : k == LLMQ_LIN_K ? m->hp.n_head_kv : 0;
                 for (int64_t n = 0; n < R; n++) {
-                    int64_t r = heads ? llmq_convert_qk_src_row(n, R, heads, false) : n;
+                    int64_t r = heads ? llmq_arch_qk_src_row(n, R, heads, false) : n;
                     for (int64_t c = 0; c < C; c++) {
                         int64_t g = ql.g_idx[c];
                         float s = ql.scales[r * ql.n_groups + g];

@@ -1,4 +1,4 @@
-// tests/tools/gguf_enc_tool.c — quant/gguf_enc.h on the command line, for the pytest oracles.
+// tests/tools/gguf_enc_tool.c — formats/ggml/encode.h on the command line, for the pytest oracles.
 //
 //   gguf_enc_tool TYPE IN.f32 NROWS N_PER_ROW OUT.bin [--imatrix IMP.f32] [--threads N] [--ref]
 //
@@ -9,7 +9,7 @@
 // ("q4_k", case-insensitive). Exit status: 0 ok, 1 any error (message on stderr).
 #include "common/dtype.h"
 #include "common/status.h"
-#include "quant/gguf_enc.h"
+#include "formats/ggml/encode.h"
 
 #include <errno.h>
 #include <stdio.h>

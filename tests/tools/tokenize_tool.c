@@ -1,4 +1,4 @@
-// tests/tools/tokenize_tool.c — exposes calib/tokenizer.h on the command line for the pytest oracles
+// tests/tools/tokenize_tool.c — exposes calib/tokenizer/tokenizer.h on the command line for the pytest oracles
 // (tests/py/test_tokenizer_oracle.py) and for timing.
 //
 //   tokenize_tool MODEL.gguf|HF_DIR FILE [--no-special] [--parse-special] [--decode] [--render-special]
@@ -13,7 +13,7 @@
 // print each id's piece in hex on its own line.
 // stderr: one line "tokenize_tool: N tokens from B bytes in S s (T tokens/s)" (tokenize time only).
 // Errors: the library's message and exit status 1.
-#include "calib/tokenizer.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "common/status.h"
 #include "formats/gguf.h"

@@ -1,13 +1,13 @@
 /*
- * tests/unit/test_actq.c — calib/actq.h: the activation round trips of llama.cpp's CPU backend on
- * hand-computed cases (the expected values follow from the ggml formulas quoted in calib/actq.h, worked
+ * tests/unit/test_actq.c — calib/model/actq.h: the activation round trips of llama.cpp's CPU backend on
+ * hand-computed cases (the expected values follow from the ggml formulas quoted in calib/model/actq.h, worked
  * out by hand: ties to even, f16 scale, the sign of the Q8_K scale), the vec_dot_type table, the mode
  * names, and the forward pass: LLMQ_EMULATE_NONE is bit-identical to a forward that never heard of
  * emulation, and the emulated stories260K (f32 weights: only the f16 K/V cache applies) stays close.
  */
-#include "calib/actq.h"
-#include "calib/forward.h"
-#include "calib/model.h"
+#include "calib/model/actq.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
 #include "common/io.h"
 #include "harness.h"
 

@@ -1,5 +1,5 @@
 /*
- * tests/unit/test_awq.c — quant/awq.h and the sub-block API of calib/forward.h.
+ * tests/unit/test_awq.c — quant/awq.h and the sub-block API of calib/model/forward.h.
  *
  *  1. llmq_forward_attn / llmq_forward_mlp / llmq_forward_rmsnorm rebuild llmq_forward_block bit for
  *     bit (x + attn(norm(x)), then + mlp(norm(.))) on every block of stories260K and of a random
@@ -18,9 +18,9 @@
  */
 #include "harness.h"
 
-#include "calib/forward.h"
-#include "calib/model.h"
-#include "calib/tokenizer.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "formats/safetensors.h"

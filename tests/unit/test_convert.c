@@ -7,12 +7,12 @@
 // independent oracles (gguf-py, safetensors, tokenizers) are in tests/py/test_convert_oracle.py.
 #include "harness.h"
 
-#include "calib/convert.h"
-#include "calib/model.h"
+#include "formats/convert/convert.h"
+#include "calib/model/model.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "formats/ggml_quants.h"
+#include "formats/ggml/quants.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
 
@@ -57,11 +57,11 @@ static void test_permutation(void) {
                 for (int64_t j = 0; j < 2; j++)
                     memcpy(gg + ((h * half + i) * 2 + j) * C, hf + ((h * 2 + j) * half + i) * C, sizeof(float) * (size_t)C);
         for (int64_t r = 0; r < R; r++) {
-            int64_t s = llmq_convert_qk_src_row(r, R, H, true); // to GGUF
+            int64_t s = llmq_arch_qk_src_row(r, R, H, true); // to GGUF
             CHECK(memcmp(gg + r * C, hf + s * C, sizeof(float) * (size_t)C) == 0);
-            int64_t b = llmq_convert_qk_src_row(r, R, H, false); // back to HF
+            int64_t b = llmq_arch_qk_src_row(r, R, H, false); // back to HF
             memcpy(back + r * C, gg + b * C, sizeof(float) * (size_t)C);
-            CHECK_EQ_INT(llmq_convert_qk_src_row(b, R, H, true), r); // inverse of each other
+            CHECK_EQ_INT(llmq_arch_qk_src_row(b, R, H, true), r); // inverse of each other
         }
         CHECK(memcmp(back, hf, sizeof(float) * (size_t)(R * C)) == 0);
         free(hf);

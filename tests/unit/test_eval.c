@@ -1,9 +1,9 @@
-// tests/unit/test_eval.c — calib/eval.h on synthetic data: row joining, chunking, the per-position
+// tests/unit/test_eval.c — calib/eval/eval.h on synthetic data: row joining, chunking, the per-position
 // math against a long-double reference, the statistics against two-pass formulas, the logits file
 // (round trip and every header check tripped by a corrupt file), and common/sha256.h.
 #include "harness.h"
 
-#include "calib/eval.h"
+#include "calib/eval/eval.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "common/log.h"

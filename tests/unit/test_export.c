@@ -1,14 +1,14 @@
 // tests/unit/test_export.c — quant/export.h: the bit packers against hand-computed words and as
 // round trips (2..8 bits, 3-bit words straddled), then stories260K (llama GGUF, 5 blocks, 64 x 172
-// ffn) through RTN -> --format gptq 8-bit (one file, and sharded) -> calib/model.c loader: every linear comes back bit
+// ffn) through RTN -> --format gptq 8-bit (one file, and sharded) -> calib/model/model.c loader: every linear comes back bit
 // for bit as W = f32(q - z) * f32(fp16(s)) in HF row order (q/k permutation undone); layers handed over out of order
 // give the same bytes; an existing output is refused (kept) and replaced with force; abort and failed finishes leave
 // nothing; bad bits / shapes / qlinears are refused naming the layer. The independent Python unpacker and SmolLM2 cases
 // are in tests/py/test_export_oracle.py.
 #include "harness.h"
 
-#include "calib/convert.h"
-#include "calib/model.h"
+#include "formats/convert/convert.h"
+#include "calib/model/model.h"
 #include "common/dtype.h"
 #include "common/io.h"
 #include "common/log.h"
@@ -151,7 +151,7 @@ static void test_stories_gptq(const char *stories) {
             CHECK(b->dtype == LLMQ_DTYPE_F32 && b->shape[0] == R && b->shape[1] == C);
             const float *D = b->data;
             for (int64_t n = 0; n < R; n++) {
-                int64_t r = heads ? llmq_convert_qk_src_row(n, R, heads, false) : n;
+                int64_t r = heads ? llmq_arch_qk_src_row(n, R, heads, false) : n;
                 for (int64_t c = 0; c < C; c++) {
                     int64_t g = ql.g_idx[c];
                     float s = llmq_f16_to_f32(llmq_f32_to_f16(ql.scales[r * ql.n_groups + g]));

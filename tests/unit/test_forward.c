@@ -1,5 +1,5 @@
 /*
- * tests/unit/test_forward.c — calib/model.h + calib/forward.h.
+ * tests/unit/test_forward.c — calib/model/model.h + calib/model/forward.h.
  *
  *  1. stories260K (GGUF v1, Meta's interleaved RoPE layout = LLMQ_ROPE_NORM): logits at positions
  *     0-3 of [1, 403, 407, 261] within 1e-4 of reference_logits_pos0-3.txt (computed in float64);
@@ -18,9 +18,9 @@
  */
 #include "harness.h"
 
-#include "calib/forward.h"
-#include "calib/model.h"
-#include "calib/tokenizer.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "formats/gguf.h"
@@ -62,7 +62,7 @@ static int64_t argmax(const float *x, int64_t n) {
 
 // ---------------------------------------------------------------------------------------------
 // A naive reference forward: one token at a time, double accumulation, straight from the
-// definitions in calib/forward.h. Independent of forward.c's buffers, threading and sgemm.
+// definitions in calib/model/forward.h. Independent of forward.c's buffers, threading and sgemm.
 // ---------------------------------------------------------------------------------------------
 
 static void ref_forward(const struct llmq_model *m, const int32_t *tok, int64_t n, float *logits /* (n, V) */) {

@@ -5,7 +5,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "formats/ggml_quants.h"
+#include "formats/ggml/quants.h"
 
 #include <math.h>
 #include <stdalign.h>

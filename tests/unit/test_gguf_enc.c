@@ -1,4 +1,4 @@
-// tests/unit/test_gguf_enc.c — quant/gguf_enc.h: the grid contract of every block type, the exact
+// tests/unit/test_gguf_enc.c — formats/ggml/encode.h: the grid contract of every block type, the exact
 // nearest grid point, threaded rows == the reference, argument errors.
 // (Byte equality with ggml and gguf-py: tests/py/test_gguf_enc_oracle.py.)
 #include "harness.h"
@@ -8,8 +8,8 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "formats/ggml_quants.h"
-#include "quant/gguf_enc.h"
+#include "formats/ggml/quants.h"
+#include "formats/ggml/encode.h"
 
 static const enum llmq_dtype block_types[] = {
     LLMQ_DTYPE_Q4_0, LLMQ_DTYPE_Q4_1, LLMQ_DTYPE_Q5_0, LLMQ_DTYPE_Q5_1, LLMQ_DTYPE_Q8_0,  LLMQ_DTYPE_Q2_K,
@@ -237,7 +237,7 @@ static void check_errors(void) {
     CHECK(llmq_gguf_encode_rows(LLMQ_DTYPE_Q6_K, NULL, NULL, 0, 256, NULL, 4) == LLMQ_OK);
 }
 
-// The SSE2 fast paths of the legacy types (quant/gguf_enc_fast.c, taken by llmq_gguf_encode_rows without
+// The SSE2 fast paths of the legacy types (formats/ggml/encode_sse2.c, taken by llmq_gguf_encode_rows without
 // importance) against the reference encoder, on blocks built to hit their corner cases: signed zeros,
 // equal magnitudes of both signs, values that land exactly on .5 after scaling, non-finite values,
 // all-equal blocks, subnormals, and plain gaussian / heavy-tailed data.

@@ -1,7 +1,7 @@
-// tests/unit/test_gguf_enc_k.c — the k-quant encoders and grids of quant/gguf_enc.h (Q2_K .. Q6_K).
+// tests/unit/test_gguf_enc_k.c — the k-quant encoders and grids of formats/ggml/encode.h (Q2_K .. Q6_K).
 // Grid: for encoded blocks of several distributions, every element decodes (llmq_dequantize_row and
 // _ref) to exactly A*L[code]+B with the code read back here from the documented bit layout
-// (formats/ggml_quants.h), independently of quant/gguf_enc_k.c; set_code round trips and touches
+// (formats/ggml/quants.h), independently of formats/ggml/encode_k.c; set_code round trips and touches
 // only its element. Encoders: edge cases (all-zero, constant, tiny, subnormal, huge, spikes, with
 // and without importance) do not crash and decode sensibly; the threaded path equals the reference.
 // Byte equality with ggml is tests/py/test_gguf_enc_k_oracle.py.
@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "common/dtype.h"
-#include "formats/ggml_quants.h"
+#include "formats/ggml/quants.h"
 #include "harness.h"
-#include "quant/gguf_enc.h"
+#include "formats/ggml/encode.h"
 
 #define QK 256
 #define NB 8 // blocks per test row
@@ -42,7 +42,7 @@ static size_t block_bytes(enum llmq_dtype t) {
     }
 }
 
-// The code stored for element e of a block, read from the layout of formats/ggml_quants.h.
+// The code stored for element e of a block, read from the layout of formats/ggml/quants.h.
 static int read_code(enum llmq_dtype t, const uint8_t *b, int e) {
     const int h = e / 128, jj = (e % 128) / 32, l = e % 32; // 2-bit-plane layouts
     const int k = e / 64, hi = (e % 64) / 32;               // nibble layouts

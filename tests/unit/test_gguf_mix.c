@@ -7,11 +7,11 @@
 // tests/py/test_gguf_mix.py.
 #include "harness.h"
 
-#include "calib/convert.h"
-#include "calib/model.h"
+#include "formats/convert/convert.h"
+#include "calib/model/model.h"
 #include "common/io.h"
 #include "common/log.h"
-#include "quant/gguf_enc.h"
+#include "formats/ggml/encode.h"
 #include "quant/gguf_export.h"
 #include "quant/gguf_mix.h"
 

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "formats/ggml_quants.h"
+#include "formats/ggml/quants.h"
 #include "harness.h"
-#include "quant/gguf_enc.h"
+#include "formats/ggml/encode.h"
 #include "quant/gptq_gguf.h"
 
 static uint64_t rng_state = 88172645463325252ull;

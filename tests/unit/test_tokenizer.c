@@ -1,10 +1,10 @@
-// tests/unit/test_tokenizer.c — calib/tokenizer.h on stories260K (SentencePiece BPE, v1 and v3 GGUF):
+// tests/unit/test_tokenizer.c — calib/tokenizer/tokenizer.h on stories260K (SentencePiece BPE, v1 and v3 GGUF):
 // encodes checked against llama.cpp's ids (taken from llama-cpp-python once), decode of the greedy
 // reference output, the API contracts (buffers too small, NULL / out-of-range arguments), and corrupt
 // tokenizer inputs: GGUF metadata written with llmq's writer and tokenizer.json files, each of which
 // must fail with the right status and a message naming the file and the problem.
 // The live comparisons with llama.cpp are in tests/py/test_tokenizer_oracle.py.
-#include "calib/tokenizer.h"
+#include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/status.h"

@@ -1,0 +1,722 @@
+/*
+ * calib/model/forward.c — CPU prefill forward pass (see calib/model/forward.h for the maths and the contract).
+ *
+ * Mirrors llama.cpp's llm_build_llama / llm_build_qwen2 graph as the ggml CPU backend evaluates it
+ * with an f32 KV cache: ggml_rms_norm (sum of squares in double, eps inside the sqrt), then the
+ * norm weight; ggml_rope_ext (theta_scale = base^(-2/n_dims), theta multiplied pair by pair in f32,
+ * divided by the freq factor); kq scaled inside ggml_soft_max_ext (exp in f32, sum in double,
+ * rows multiplied by 1/sum); ggml_swiglu = silu(gate) * up with silu(x) = x / (1 + exp(-x)).
+ *
+ * Parallelism: one fork-join helper (parallel()) runs a function on n threads, the caller being
+ * thread 0. Linear layers split the weight's rows over the threads; each thread converts its rows
+ * into the shared f32 scratch and runs one single-threaded cblas_sgemm over all tokens on them.
+ * OpenBLAS is held at one thread while our threads call it (restored around the hooks and on
+ * return), so the two thread pools never oversubscribe the cores.
+ *
+ * Legend: T tokens of the call (n_seq * seqlen), D n_embd, F n_ff, V n_vocab, H / Hkv heads,
+ * Dh head_dim, Dq = H*Dh, Dkv = Hkv*Dh, RB query rows per attention task.
+ */
+#include "calib/model/forward.h"
+
+#include "common/log.h"
+#include "common/spill.h"
+#include "kernels/gemm.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_THREADS 256
+#define RB 64                       // query rows per attention task
+#define HEAD_MIN_ROWS 4096          // the output head is converted in chunks of at least this many rows
+#define SERIAL_WORK (1LL << 18)     // multiply-adds below which an op runs on the calling thread
+
+struct llmq_forward {
+    const struct llmq_model *m;
+    int n_threads;
+    int64_t max_tokens;
+    int blas_saved; // OpenBLAS thread count to restore (0: not changed)
+    enum llmq_backend backend; // of the linear / head products (llmq_forward_set_backend); CPU by default
+    enum llmq_emulate emulate; // calib/model/actq.h; NONE: plain f32
+    float *xq;       // (max_tokens, max(D, Dq, F)) a linear input rounded as llama.cpp would (emulate only)
+
+    float *wbuf;     // (wbuf_n) f32 copy of the weight rows in use
+    int64_t wbuf_n;
+    float *norms;    // (2 * n_layer + 1, D): attn_norm, ffn_norm per layer, then output_norm
+    float *bias;     // (n_layer, Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
+    float *ff;       // (Dh/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors)
+    int64_t n_pos;   // positions in the RoPE tables and keys in the score buffers (grown on demand)
+    float *rope_cos; // (n_pos, Dh/2) cos(pos * theta_i / ff_i)
+    float *rope_sin; // (n_pos, Dh/2)
+
+    float *x;        // (max_tokens, D) hidden state of llmq_forward_logits (allocated by its first call)
+    float *xn;       // (max_tokens, D) normalized input of a linear layer
+    float *q;        // (max_tokens, Dq)
+    float *k;        // (max_tokens, Dkv)
+    float *v;        // (max_tokens, Dkv)
+    float *att;      // (max_tokens, Dq) attention output (input of o_proj)
+    float *gate;     // (max_tokens, F) gate, then silu(gate) * up (input of down_proj)
+    float *up;       // (max_tokens, F)
+    float *out;      // (max_tokens, D) output of the attention / MLP of a block, added to x
+    float *scores;   // (n_threads, RB, n_pos) attention scores per worker
+};
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+// ---------------------------------------------------------------------------------------------
+
+typedef void (*par_fn)(void *ctx, int ith, int nth);
+
+struct par_arg {
+    par_fn fn;
+    void *ctx;
+    int ith, nth;
+};
+
+static void *par_main(void *p) {
+    struct par_arg *a = p;
+    a->fn(a->ctx, a->ith, a->nth);
+    return NULL;
+}
+
+// Runs fn(ctx, i, nth) for i in [0, nth), thread 0 being the caller. A thread that cannot be
+// created has its share run by the caller afterwards (shares are independent).
+static void parallel(int nth, par_fn fn, void *ctx) {
+    if (nth <= 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    if (nth > MAX_THREADS) nth = MAX_THREADS;
+    pthread_t tid[MAX_THREADS];
+    struct par_arg args[MAX_THREADS];
+    bool started[MAX_THREADS];
+    for (int i = 0; i < nth; i++) args[i] = (struct par_arg){fn, ctx, i, nth};
+    for (int i = 1; i < nth; i++) started[i] = pthread_create(&tid[i], NULL, par_main, &args[i]) == 0;
+    fn(ctx, 0, nth);
+    for (int i = 1; i < nth; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else fn(ctx, i, nth);
+    }
+}
+
+// Threads worth using for `work` multiply-adds.
+static int threads_for(const struct llmq_forward *f, int64_t work) {
+    if (work < SERIAL_WORK) return 1;
+    int64_t t = work / SERIAL_WORK;
+    return t < f->n_threads ? (int)t : f->n_threads;
+}
+
+static void range_of(int64_t n, int ith, int nth, int64_t align, int64_t *a, int64_t *b) {
+    int64_t per = (n + nth - 1) / nth;
+    per = (per + align - 1) / align * align;
+    *a = per * ith < n ? per * ith : n;
+    *b = *a + per < n ? *a + per : n;
+}
+
+static void blas_serial(struct llmq_forward *f) {
+    int cur = openblas_get_num_threads();
+    if (cur != 1) {
+        f->blas_saved = cur;
+        openblas_set_num_threads(1);
+    }
+}
+
+static void blas_restore(struct llmq_forward *f) {
+    if (f->blas_saved > 0) openblas_set_num_threads(f->blas_saved);
+    f->blas_saved = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------------------------
+
+// A weight usable by sgemm in place: f32 and 4-byte aligned.
+static bool direct_f32(const struct llmq_tensor_view *w) {
+    return w->dtype == LLMQ_DTYPE_F32 && ((uintptr_t)w->data % sizeof(float)) == 0;
+}
+
+struct linear_ctx {
+    struct llmq_forward *f;
+    const struct llmq_tensor_view *w; // (R, C)
+    int64_t r0, nr;                   // rows [r0, r0 + nr) of w
+    const float *X;                   // (n, C)
+    int64_t n, C;
+    float *Y;                         // (n, ldy): columns [0, nr) written
+    int64_t ldy;
+    float beta;                       // 0: Y = X W^T; 1: Y += X W^T
+    bool convert_only;                // device GEMM: the workers only convert their rows into wbuf
+    enum llmq_status st[MAX_THREADS];
+};
+
+static void linear_worker(void *p, int ith, int nth) {
+    struct linear_ctx *c = p;
+    int64_t a, b;
+    range_of(c->nr, ith, nth, 16, &a, &b);
+    c->st[ith] = LLMQ_OK;
+    if (a >= b) return;
+    const float *W; // (b - a, C)
+    if (direct_f32(c->w)) {
+        W = (const float *)c->w->data + (c->r0 + a) * c->C;
+    } else {
+        float *dst = c->f->wbuf + a * c->C;
+        c->st[ith] = llmq_model_rows_f32(c->w, c->r0 + a, b - a, dst);
+        if (c->st[ith]) return;
+        W = dst;
+    }
+    if (c->convert_only) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->n, (int)(b - a), (int)c->C, 1.0f, c->X, (int)c->C,
+                W, (int)c->C, c->beta, c->Y + a, (int)c->ldy);
+}
+
+struct actq_ctx {
+    enum llmq_dtype vt;
+    const float *X; // (n, C)
+    float *Xq;      // (n, C)
+    int64_t n, C;
+};
+
+static void actq_worker(void *p, int ith, int nth) {
+    struct actq_ctx *c = p;
+    int64_t a, b;
+    range_of(c->n, ith, nth, 1, &a, &b);
+    for (int64_t t = a; t < b; t++) llmq_actq_round_row(c->vt, c->X + t * c->C, c->C, c->Xq + t * c->C);
+}
+
+// The input X (n, C) of a product with w as llama.cpp's CPU backend sees it (calib/model/actq.h): rounded
+// through w's vec_dot_type into f->xq, or X itself when it stays f32.
+static const float *emulate_input(struct llmq_forward *f, const struct llmq_tensor_view *w, const float *X, int64_t n) {
+    struct actq_ctx c = {llmq_actq_vec_dot_type(w->dtype), X, f->xq, n, w->shape[1]};
+    if (c.vt == LLMQ_DTYPE_F32) return X;
+    parallel(threads_for(f, n * c.C * 16), actq_worker, &c);
+    return f->xq;
+}
+
+// Y[:, 0:nr] (n, ldy) = X (n, C) · W[r0 : r0+nr]^T + beta · Y. nr * C fits in wbuf.
+// On the device (kernels/gemm.h decides by size): the threads convert W's rows into wbuf (rows
+// [r0, r0+nr) at wbuf[0..nr*C)), then ONE GEMM over all rows instead of a GEMM per thread slice.
+static enum llmq_status linear_rows(struct llmq_forward *f, const struct llmq_tensor_view *w, int64_t r0, int64_t nr,
+                                    const float *X, int64_t n, float *Y, int64_t ldy, float beta) {
+    if (f->emulate) X = emulate_input(f, w, X, n);
+    const bool dev = llmq_gemm_on_device(f->backend, n, nr, w->shape[1]);
+    struct linear_ctx c = {.f = f, .w = w, .r0 = r0, .nr = nr, .X = X, .n = n, .C = w->shape[1],
+                           .Y = Y, .ldy = ldy, .beta = beta, .convert_only = dev};
+    int nth = threads_for(f, n * nr * c.C);
+    if (nth > (nr + 15) / 16) nth = (int)((nr + 15) / 16);
+    if (nth < 1) nth = 1;
+    if (dev && direct_f32(w)) nth = 0; // nothing to convert
+    if (nth > 0) parallel(nth, linear_worker, &c);
+    for (int i = 0; i < nth; i++)
+        if (c.st[i]) return c.st[i];
+    if (!dev) return LLMQ_OK;
+    const float *W = direct_f32(w) ? (const float *)w->data + r0 * c.C : f->wbuf; // (nr, C)
+    return llmq_gemm_f32(f->backend, false, true, n, nr, c.C, 1.0f, X, c.C, W, c.C, beta, Y, ldy);
+}
+
+static enum llmq_status linear(struct llmq_forward *f, const struct llmq_tensor_view *w, const float *X, int64_t n,
+                               float *Y, float beta) {
+    return linear_rows(f, w, 0, w->shape[0], X, n, Y, w->shape[0], beta);
+}
+
+struct rms_ctx {
+    const float *x; // (n, D)
+    const float *w; // (D)
+    float *y;       // (n, D)
+    int64_t n, D;
+    float eps;
+};
+
+static void rms_worker(void *p, int ith, int nth) {
+    struct rms_ctx *c = p;
+    int64_t a, b;
+    range_of(c->n, ith, nth, 1, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        const float *x = c->x + t * c->D;
+        float *y = c->y + t * c->D;
+        double sum = 0.0;
+        for (int64_t i = 0; i < c->D; i++) sum += (double)(x[i] * x[i]);
+        const float mean = (float)(sum / (double)c->D);
+        const float scale = 1.0f / sqrtf(mean + c->eps);
+        for (int64_t i = 0; i < c->D; i++) y[i] = (x[i] * scale) * c->w[i];
+    }
+}
+
+static void rms_norm(struct llmq_forward *f, const float *x, const float *w, float *y, int64_t n) {
+    struct rms_ctx c = {x, w, y, n, f->m->hp.n_embd, f->m->hp.rms_eps};
+    parallel(threads_for(f, n * c.D * 4), rms_worker, &c);
+}
+
+struct rope_ctx {
+    struct llmq_forward *f;
+    float *q, *k;    // (n, Dq), (n, Dkv)
+    int64_t n, seqlen;
+};
+
+static void rope_rows(const struct llmq_forward *f, float *x, int64_t n_heads, int64_t pos) {
+    const int64_t Dh = f->m->hp.head_dim, half = Dh / 2;
+    const float *cs = f->rope_cos + pos * half, *sn = f->rope_sin + pos * half;
+    const bool neox = f->m->hp.rope_type == LLMQ_ROPE_NEOX;
+    for (int64_t h = 0; h < n_heads; h++) {
+        float *xh = x + h * Dh;
+        for (int64_t i = 0; i < half; i++) {
+            float *a = neox ? &xh[i] : &xh[2 * i];
+            float *b = neox ? &xh[i + half] : &xh[2 * i + 1];
+            const float x0 = *a, x1 = *b;
+            *a = x0 * cs[i] - x1 * sn[i];
+            *b = x0 * sn[i] + x1 * cs[i];
+        }
+    }
+}
+
+static void rope_worker(void *p, int ith, int nth) {
+    struct rope_ctx *c = p;
+    const struct llmq_hparams *hp = &c->f->m->hp;
+    int64_t a, b;
+    range_of(c->n, ith, nth, 1, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        int64_t pos = t % c->seqlen;
+        rope_rows(c->f, c->q + t * hp->n_head * hp->head_dim, hp->n_head, pos);
+        rope_rows(c->f, c->k + t * hp->n_head_kv * hp->head_dim, hp->n_head_kv, pos);
+    }
+}
+
+struct attn_ctx {
+    struct llmq_forward *f;
+    int64_t n_seq, seqlen, n_rb;
+    atomic_long next; // next task index
+};
+
+// One task: rows [t0, t1) of head h of sequence s. Tasks are handed out largest first (the last
+// row blocks attend to the most keys).
+static void attn_worker(void *p, int ith, int nth) {
+    (void)nth;
+    struct attn_ctx *c = p;
+    struct llmq_forward *f = c->f;
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t H = hp->n_head, Dh = hp->head_dim, Dq = H * Dh, Dkv = hp->n_head_kv * Dh;
+    const int64_t group = H / hp->n_head_kv, n_tasks = c->n_seq * H * c->n_rb;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    float *S = f->scores + (int64_t)ith * RB * f->n_pos; // (RB, nk)
+    for (;;) {
+        long task = atomic_fetch_add(&c->next, 1);
+        if (task >= n_tasks) break;
+        int64_t rb = c->n_rb - 1 - task / (c->n_seq * H), rest = task % (c->n_seq * H);
+        int64_t s = rest / H, h = rest % H, hk = h / group;
+        int64_t t0 = rb * RB, t1 = t0 + RB < c->seqlen ? t0 + RB : c->seqlen, nk = t1, m = t1 - t0;
+        const float *Q = f->q + (s * c->seqlen + t0) * Dq + h * Dh; // (m, Dh), ld Dq
+        const float *K = f->k + s * c->seqlen * Dkv + hk * Dh;     // (nk, Dh), ld Dkv
+        const float *Vv = f->v + s * c->seqlen * Dkv + hk * Dh;    // (nk, Dh), ld Dkv
+        float *O = f->att + (s * c->seqlen + t0) * Dq + h * Dh;    // (m, Dh), ld Dq
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk, (int)Dh, 1.0f, Q, (int)Dq, K, (int)Dkv,
+                    0.0f, S, (int)nk);
+        for (int64_t i = 0; i < m; i++) {
+            float *row = S + i * nk;
+            int64_t nv = t0 + i + 1; // keys 0..t0+i are visible
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < nv; j++) {
+                row[j] *= scale;
+                if (row[j] > mx) mx = row[j];
+            }
+            double sum = 0.0;
+            for (int64_t j = 0; j < nv; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += (double)row[j];
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int64_t j = 0; j < nv; j++) row[j] *= inv;
+            if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row, nv);
+            for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)nk, 1.0f, S, (int)nk, Vv, (int)Dkv,
+                    0.0f, O, (int)Dq);
+    }
+}
+
+struct swiglu_ctx {
+    float *g;       // (n, F) gate in, silu(gate) * up out
+    const float *u; // (n, F)
+    int64_t count;
+};
+
+static void swiglu_worker(void *p, int ith, int nth) {
+    struct swiglu_ctx *c = p;
+    int64_t a, b;
+    range_of(c->count, ith, nth, 64, &a, &b);
+    for (int64_t i = a; i < b; i++) {
+        const float x = c->g[i];
+        c->g[i] = (x / (1.0f + expf(-x))) * c->u[i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Init / free
+// ---------------------------------------------------------------------------------------------
+
+static float *alloc_f32(int64_t n, bool *ok) {
+    if (!*ok) return NULL;
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!p) *ok = false;
+    return p;
+}
+
+// The per-token intermediates (they grow with max_tokens): under the --max-memory budget (common/spill.h).
+static float *alloc_act(int64_t n, bool *ok) {
+    if (!*ok) return NULL;
+    float *p = llmq_big_alloc((size_t)(n > 0 ? n : 1) * sizeof(float), "forward activations");
+    if (!p) *ok = false;
+    return p;
+}
+
+enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_tokens, int n_threads,
+                                   struct llmq_forward **out) {
+    *out = NULL;
+    if (!m || max_tokens < 1 || max_tokens > (1LL << 30))
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: max_tokens %lld out of range", (long long)max_tokens);
+    const struct llmq_hparams *hp = &m->hp;
+    const int64_t D = hp->n_embd, F = hp->n_ff, V = hp->n_vocab, L = hp->n_layer, Dh = hp->head_dim;
+    const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, T = max_tokens;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
+    struct llmq_forward *f = calloc(1, sizeof *f);
+    if (!f) return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory");
+    f->m = m;
+    f->n_threads = n_threads;
+    f->max_tokens = T;
+
+    // The weight scratch: the largest block weight that is not usable in place, and a chunk of
+    // the output head.
+    int64_t wn = 0;
+    for (int64_t il = 0; il < L; il++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *w = m->layers[il].w[k];
+            if (!direct_f32(w) && w->shape[0] * w->shape[1] > wn) wn = w->shape[0] * w->shape[1];
+        }
+    if (!direct_f32(m->output)) {
+        int64_t rows = wn / D > HEAD_MIN_ROWS ? wn / D : HEAD_MIN_ROWS;
+        if (rows > V) rows = V;
+        if (rows * D > wn) wn = rows * D;
+    }
+    f->wbuf_n = wn;
+
+    bool ok = true;
+    f->wbuf = wn ? alloc_f32(wn, &ok) : NULL;
+    f->norms = alloc_f32((2 * L + 1) * D, &ok);
+    f->bias = hp->qkv_bias ? alloc_f32(L * (Dq + 2 * Dkv), &ok) : NULL;
+    f->ff = alloc_f32(Dh / 2, &ok);
+    f->xn = alloc_act(T * D, &ok);
+    f->q = alloc_act(T * Dq, &ok);
+    f->k = alloc_act(T * Dkv, &ok);
+    f->v = alloc_act(T * Dkv, &ok);
+    f->att = alloc_act(T * Dq, &ok);
+    f->gate = alloc_act(T * F, &ok);
+    f->up = alloc_act(T * F, &ok);
+    f->out = alloc_act(T * D, &ok);
+    enum llmq_status st = LLMQ_OK;
+    if (!ok) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld tokens of %s", (long long)T, m->path);
+        goto fail;
+    }
+
+    for (int64_t il = 0; il < L && !st; il++) {
+        const struct llmq_layer *ly = &m->layers[il];
+        st = llmq_model_weight_f32(ly->attn_norm, f->norms + (2 * il) * D, 1);
+        if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + (2 * il + 1) * D, 1);
+        if (!st && f->bias) {
+            float *b = f->bias + il * (Dq + 2 * Dkv);
+            st = llmq_model_weight_f32(ly->bq, b, 1);
+            if (!st) st = llmq_model_weight_f32(ly->bk, b + Dq, 1);
+            if (!st) st = llmq_model_weight_f32(ly->bv, b + Dq + Dkv, 1);
+        }
+    }
+    if (!st) st = llmq_model_weight_f32(m->output_norm, f->norms + 2 * L * D, 1);
+    if (st) goto fail;
+    llmq_model_rope_freq_factors(m, f->ff);
+    *out = f;
+    return LLMQ_OK;
+fail:
+    llmq_forward_free(f);
+    return st;
+}
+
+void llmq_forward_set_backend(struct llmq_forward *f, enum llmq_backend be) { f->backend = be; }
+
+void llmq_forward_free(struct llmq_forward *f) {
+    if (!f) return;
+    free(f->wbuf);
+    llmq_big_free(f->xq);
+    free(f->norms);
+    free(f->bias);
+    free(f->ff);
+    free(f->rope_cos);
+    free(f->rope_sin);
+    llmq_big_free(f->x);
+    llmq_big_free(f->xn);
+    llmq_big_free(f->q);
+    llmq_big_free(f->k);
+    llmq_big_free(f->v);
+    llmq_big_free(f->att);
+    llmq_big_free(f->gate);
+    llmq_big_free(f->up);
+    llmq_big_free(f->out);
+    free(f->scores);
+    free(f);
+}
+
+enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emulate e) {
+    if ((unsigned)e >= LLMQ_EMULATE_COUNT) return llmq_errorf(LLMQ_ERR_ARG, "forward: emulation mode %d unknown", (int)e);
+    const struct llmq_hparams *hp = &f->m->hp;
+    int64_t c = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
+    if (hp->n_head * hp->head_dim > c) c = hp->n_head * hp->head_dim;
+    if (e && !f->xq && !(f->xq = llmq_big_alloc((size_t)(f->max_tokens * c) * sizeof(float), "emulated activations")))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld emulated activations of %s",
+                           (long long)(f->max_tokens * c), f->m->path);
+    f->emulate = e;
+    return LLMQ_OK;
+}
+
+// Grows the RoPE tables and the score buffers to sequences of seqlen tokens. The table follows
+// ggml_rope_cache_init: theta_i = pos * theta_scale^i (a running f32 product) / ff_i.
+static enum llmq_status ensure_positions(struct llmq_forward *f, int64_t seqlen) {
+    if (seqlen <= f->n_pos) return LLMQ_OK;
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t half = hp->head_dim / 2;
+    float *c = realloc(f->rope_cos, (size_t)(seqlen * half) * sizeof(float));
+    if (c) f->rope_cos = c;
+    float *s = c ? realloc(f->rope_sin, (size_t)(seqlen * half) * sizeof(float)) : NULL;
+    if (s) f->rope_sin = s;
+    float *sc = s ? realloc(f->scores, (size_t)((int64_t)f->n_threads * RB * seqlen) * sizeof(float)) : NULL;
+    if (!sc) return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for sequences of %lld tokens", (long long)seqlen);
+    f->scores = sc;
+    const float theta_scale = powf(hp->rope_theta, -2.0f / (float)hp->head_dim);
+    for (int64_t p = 0; p < seqlen; p++) {
+        float theta = (float)p;
+        for (int64_t i = 0; i < half; i++) {
+            const float th = theta / f->ff[i];
+            f->rope_cos[p * half + i] = cosf(th);
+            f->rope_sin[p * half + i] = sinf(th);
+            theta *= theta_scale;
+        }
+    }
+    f->n_pos = seqlen;
+    return LLMQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public passes
+// ---------------------------------------------------------------------------------------------
+
+enum llmq_status llmq_forward_embed(struct llmq_forward *f, const int32_t *tokens, int64_t n, float *x) {
+    const struct llmq_model *m = f->m;
+    const int64_t D = m->hp.n_embd;
+    for (int64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= m->hp.n_vocab)
+            return llmq_errorf(LLMQ_ERR_ARG, "forward: token id %d at position %lld is outside the vocabulary [0, %lld)",
+                               (int)tokens[i], (long long)i, (long long)m->hp.n_vocab);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        enum llmq_status st = llmq_model_rows_f32(m->tok_embd, tokens[i], 1, x + i * D);
+        if (st) return st;
+    }
+    return LLMQ_OK;
+}
+
+static void call_hook(struct llmq_forward *f, llmq_linear_hook hook, void *user, int layer, enum llmq_linear which,
+                      const float *in, int64_t n, int64_t n_in) {
+    if (!hook) return;
+    blas_restore(f);
+    hook(user, layer, which, in, n, n_in);
+    blas_serial(f);
+}
+
+// out (n, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) for xn (n_seq * seqlen, D).
+// xn may be f->xn; out must not alias f's buffers other than f->out.
+static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
+                             float *out, llmq_linear_hook hook, void *user) {
+    const struct llmq_model *m = f->m;
+    const struct llmq_hparams *hp = &m->hp;
+    const struct llmq_layer *ly = &m->layers[layer];
+    const int64_t Dh = hp->head_dim;
+    const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
+    enum llmq_status st;
+
+    float beta = 0.0f;
+    if (f->bias) { // y = W x + b, as ggml_add after the matmul: start from b and accumulate
+        const float *b = f->bias + layer * (Dq + 2 * Dkv);
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(f->q + t * Dq, b, (size_t)Dq * sizeof(float));
+            memcpy(f->k + t * Dkv, b + Dq, (size_t)Dkv * sizeof(float));
+            memcpy(f->v + t * Dkv, b + Dq + Dkv, (size_t)Dkv * sizeof(float));
+        }
+        beta = 1.0f;
+    }
+    if ((st = linear(f, ly->w[LLMQ_LIN_Q], xn, n, f->q, beta))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_K], xn, n, f->k, beta))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_V], xn, n, f->v, beta))) return st;
+    struct rope_ctx rc = {f, f->q, f->k, n, seqlen};
+    parallel(threads_for(f, n * (Dq + Dkv) * 4), rope_worker, &rc);
+    if (f->emulate) { // the F16 KV cache; Q to f16 as mul_mat(K f16, Q) does without flash attention
+        llmq_actq_round_f16(f->k, n * Dkv);
+        llmq_actq_round_f16(f->v, n * Dkv);
+        if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(f->q, n * Dq);
+    }
+    struct attn_ctx ac = {.f = f, .n_seq = n_seq, .seqlen = seqlen, .n_rb = (seqlen + RB - 1) / RB};
+    atomic_init(&ac.next, 0);
+    int64_t attn_work = n_seq * hp->n_head * seqlen * seqlen * Dh;
+    int nth = threads_for(f, attn_work);
+    if (nth > n_seq * hp->n_head * ac.n_rb) nth = (int)(n_seq * hp->n_head * ac.n_rb);
+    parallel(nth, attn_worker, &ac);
+    call_hook(f, hook, user, layer, LLMQ_LIN_O, f->att, n, Dq);
+    return linear(f, ly->w[LLMQ_LIN_O], f->att, n, out, 0.0f);
+}
+
+// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) for xn (n, D).
+static enum llmq_status mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out,
+                            llmq_linear_hook hook, void *user) {
+    const struct llmq_layer *ly = &f->m->layers[layer];
+    const int64_t F = f->m->hp.n_ff;
+    enum llmq_status st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_GATE], xn, n, f->gate, 0.0f))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_UP], xn, n, f->up, 0.0f))) return st;
+    struct swiglu_ctx sc = {f->gate, f->up, n * F};
+    parallel(threads_for(f, n * F * 8), swiglu_worker, &sc);
+    call_hook(f, hook, user, layer, LLMQ_LIN_DOWN, f->gate, n, F);
+    return linear(f, ly->w[LLMQ_LIN_DOWN], f->gate, n, out, 0.0f);
+}
+
+// x += y, both (n) floats.
+static void add_inplace(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static enum llmq_status block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
+                              llmq_linear_hook hook, void *user) {
+    const int64_t D = f->m->hp.n_embd, n = n_seq * seqlen;
+    enum llmq_status st;
+
+    // ---- attention: x += attn(RMSNorm(x) * attn_norm)
+    rms_norm(f, x, f->norms + 2 * layer * D, f->xn, n);
+    call_hook(f, hook, user, layer, LLMQ_LIN_Q, f->xn, n, D);
+    if ((st = attn(f, layer, f->xn, n_seq, seqlen, f->out, hook, user))) return st;
+    add_inplace(x, f->out, n * D);
+
+    // ---- MLP: x += mlp(RMSNorm(x) * ffn_norm)
+    rms_norm(f, x, f->norms + (2 * layer + 1) * D, f->xn, n);
+    call_hook(f, hook, user, layer, LLMQ_LIN_GATE, f->xn, n, D);
+    if ((st = mlp(f, layer, f->xn, n, f->out, hook, user))) return st;
+    add_inplace(x, f->out, n * D);
+    return LLMQ_OK;
+}
+
+static enum llmq_status check_block_args(const struct llmq_forward *f, int layer, int64_t n_seq, int64_t seqlen) {
+    if (layer < 0 || layer >= f->m->hp.n_layer)
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: layer %d out of range [0, %lld)", layer,
+                           (long long)f->m->hp.n_layer);
+    if (n_seq < 1 || seqlen < 1 || n_seq > f->max_tokens / seqlen)
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: %lld sequences of %lld tokens exceed max_tokens %lld",
+                           (long long)n_seq, (long long)seqlen, (long long)f->max_tokens);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq,
+                                   int64_t seqlen, float *out) {
+    enum llmq_status st = check_block_args(f, layer, n_seq, seqlen);
+    if (!st) st = ensure_positions(f, seqlen);
+    if (st) return st;
+    blas_serial(f);
+    st = attn(f, layer, xn, n_seq, seqlen, out, NULL, NULL);
+    blas_restore(f);
+    return st;
+}
+
+enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out) {
+    enum llmq_status st = check_block_args(f, layer, n < 1 ? 0 : 1, n);
+    if (st) return st;
+    blas_serial(f);
+    st = mlp(f, layer, xn, n, out, NULL, NULL);
+    blas_restore(f);
+    return st;
+}
+
+enum llmq_status llmq_forward_rmsnorm(struct llmq_forward *f, const float *x, int64_t n, const float *w, float *y) {
+    if (n < 1) return llmq_errorf(LLMQ_ERR_ARG, "forward: rmsnorm on %lld tokens", (long long)n);
+    blas_serial(f);
+    rms_norm(f, x, w, y, n);
+    blas_restore(f);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_forward_reload_layer(struct llmq_forward *f, int layer) {
+    const struct llmq_model *m = f->m;
+    const struct llmq_hparams *hp = &m->hp;
+    if (layer < 0 || layer >= hp->n_layer)
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: layer %d out of range [0, %lld)", layer, (long long)hp->n_layer);
+    const int64_t D = hp->n_embd, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
+    const struct llmq_layer *ly = &m->layers[layer];
+    enum llmq_status st = llmq_model_weight_f32(ly->attn_norm, f->norms + (2 * layer) * D, 1);
+    if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + (2 * layer + 1) * D, 1);
+    if (!st && f->bias) {
+        float *b = f->bias + layer * (Dq + 2 * Dkv);
+        st = llmq_model_weight_f32(ly->bq, b, 1);
+        if (!st) st = llmq_model_weight_f32(ly->bk, b + Dq, 1);
+        if (!st) st = llmq_model_weight_f32(ly->bv, b + Dq + Dkv, 1);
+    }
+    return st;
+}
+
+enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
+                                    llmq_linear_hook hook, void *user) {
+    enum llmq_status st = check_block_args(f, layer, n_seq, seqlen);
+    if (!st) st = ensure_positions(f, seqlen);
+    if (st) return st;
+    blas_serial(f);
+    st = block(f, layer, x, n_seq, seqlen, hook, user);
+    blas_restore(f);
+    return st;
+}
+
+static enum llmq_status head(struct llmq_forward *f, const float *x, int64_t n, float *logits) {
+    const struct llmq_model *m = f->m;
+    const int64_t D = m->hp.n_embd, V = m->hp.n_vocab;
+    const int64_t chunk = direct_f32(m->output) ? V : f->wbuf_n / D;
+    for (int64_t t0 = 0; t0 < n; t0 += f->max_tokens) {
+        int64_t nt = n - t0 < f->max_tokens ? n - t0 : f->max_tokens;
+        rms_norm(f, x + t0 * D, f->norms + 2 * m->hp.n_layer * D, f->xn, nt);
+        for (int64_t r0 = 0; r0 < V; r0 += chunk) {
+            int64_t nr = V - r0 < chunk ? V - r0 : chunk;
+            enum llmq_status st = linear_rows(f, m->output, r0, nr, f->xn, nt, logits + t0 * V + r0, V, 0.0f);
+            if (st) return st;
+        }
+    }
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_forward_head(struct llmq_forward *f, const float *x, int64_t n, float *logits) {
+    if (n < 1) return llmq_errorf(LLMQ_ERR_ARG, "forward: head on %lld tokens", (long long)n);
+    blas_serial(f);
+    enum llmq_status st = head(f, x, n, logits);
+    blas_restore(f);
+    return st;
+}
+
+enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *tokens, int64_t n, int64_t first_logit,
+                                     float *logits) {
+    if (n < 1 || n > f->max_tokens)
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: %lld tokens (max_tokens is %lld)", (long long)n,
+                           (long long)f->max_tokens);
+    if (first_logit < 0 || first_logit >= n)
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: first_logit %lld outside [0, %lld)", (long long)first_logit,
+                           (long long)n);
+    if (!f->x && !(f->x = llmq_big_alloc((size_t)(f->max_tokens * f->m->hp.n_embd) * sizeof(float), "forward input")))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld tokens", (long long)f->max_tokens);
+    enum llmq_status st = ensure_positions(f, n);
+    if (!st) st = llmq_forward_embed(f, tokens, n, f->x);
+    if (st) return st;
+    blas_serial(f);
+    for (int il = 0; il < f->m->hp.n_layer && !st; il++) st = block(f, il, f->x, 1, n, NULL, NULL);
+    if (!st) st = head(f, f->x + first_logit * f->m->hp.n_embd, n - first_logit, logits);
+    blas_restore(f);
+    return st;
+}

@@ -1,0 +1,125 @@
+/*
+ * calib/model/forward.h — the CPU forward pass of a LLaMA-family decoder (calib/model/model.h), whole
+ * sequences at once (prefill), in f32.
+ *
+ * What it computes, per block (as llama.cpp's llm_build_llama / llm_build_qwen2 with an f32 KV cache):
+ *   h   = x + Wo · Attn(RoPE(Wq·n1 + bq), RoPE(Wk·n1 + bk), Wv·n1 + bv),   n1 = RMSNorm(x) * attn_norm
+ *   out = h + Wdown · (SiLU(Wgate·n2) * (Wup·n2)),                        n2 = RMSNorm(h) * ffn_norm
+ *   RMSNorm(x) = x / sqrt(mean(x²) + eps) (eps inside the sqrt, the sum of squares in double as ggml);
+ *   RoPE: pair i of a head (i < Dh/2) rotates by pos · theta^(-2i/Dh) (llama3 scaling applied to the
+ *   frequency when enabled), pairs (2i, 2i+1) for LLMQ_ROPE_NORM, (i, i+Dh/2) for LLMQ_ROPE_NEOX;
+ *   Attn: causal, grouped-query (query head h reads kv head h / (H/Hkv)), scores · 1/sqrt(Dh),
+ *   softmax in f32 (max subtracted, sum in double). Then logits = output · (RMSNorm(x) * output_norm).
+ *   RoPE angles follow ggml_rope_cache_init (theta_scale = base^(-2/Dh) multiplied pair by pair in
+ *   f32). Measured: stories260K within 6.2e-6 of float64 reference logits; SmolLM2 f32 GGUF within
+ *   8.3e-5 of llama.cpp's logits over 512 positions (tests/py/test_forward_oracle.py).
+ *
+ * How: a linear layer Y (n, R) = X (n, C) · Wᵀ splits W's R rows over the n_threads pthreads; each
+ * thread converts its rows to f32 into a shared scratch (sized to the largest weight, never the
+ * whole model) and runs ONE single-threaded cblas_sgemm over all n tokens on them. Attention runs
+ * as tasks of (sequence, head, 64 query rows), each an sgemm for QKᵀ, the causal softmax, and an
+ * sgemm for PV. Norms, RoPE and SwiGLU are split over the threads too. No per-token loops.
+ * Side effect: while a call runs, OpenBLAS is set to one thread (openblas_set_num_threads) so that
+ * our threads do not oversubscribe the cores; the previous count is restored before every hook
+ * call and on return, so hooks may use multi-threaded BLAS.
+ *
+ * Memory (f32): the weight scratch (the largest block weight that is not f32 already — f32 weights
+ * are used in place from the mapping — or a chunk of >= 4096 rows of the output head); activations
+ * for max_tokens tokens (normed input, q, k, v, attention output, gate, up, sub-block output; plus the hidden state of
+ * llmq_forward_logits, allocated by its first call); RoPE tables and one (64, seqlen) score block
+ * per thread, grown to the longest sequence seen. Logits go to the caller's buffer.
+ * Measured (SmolLM2-135M Q4_1, 94 MB file, 512 tokens, last logits only): 130 MB peak RSS.
+ *
+ * Legend: n tokens in a call, D n_embd, V n_vocab, F n_ff, H / Hkv / Dh as in calib/model/model.h.
+ *
+ * Errors: LLMQ_ERR_ARG for n < 1, n > max_tokens, a token id outside [0, V), a layer out of range,
+ * first_logit outside [0, n); LLMQ_ERR_NOMEM; a weight that cannot be converted
+ * (LLMQ_ERR_UNSUPPORTED). Each is logged once. A forward object is not thread-safe (one caller at
+ * a time), and the model must outlive it.
+ */
+#ifndef LLMQ_CALIB_FORWARD_H
+#define LLMQ_CALIB_FORWARD_H
+
+#include "calib/model/actq.h"
+#include "calib/model/model.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+
+#include <stdint.h>
+
+struct llmq_forward;
+
+// Prepares buffers for calls of at most max_tokens tokens (summed over the sequences of a block
+// call), using n_threads threads (< 1: 1). *out must be released with llmq_forward_free.
+enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_tokens, int n_threads,
+                                   struct llmq_forward **out);
+void llmq_forward_free(struct llmq_forward *f); // NULL is a no-op
+
+// Backend of the linear layers and the output head (kernels/gemm.h); LLMQ_BACKEND_CPU after init.
+// With LLMQ_BACKEND_CUDA a product at or above the device threshold converts the weight's rows to
+// f32 on the threads (as on the CPU), then runs as ONE device GEMM over all tokens and rows; smaller
+// ones stay on the CPU path. Attention, norms, RoPE and SwiGLU always run on the CPU. Results differ
+// from the CPU backend by float rounding only; a failed device call is returned by the pass.
+void llmq_forward_set_backend(struct llmq_forward *f, enum llmq_backend be);
+
+// Emulates llama.cpp's CPU-backend arithmetic from the next call on (calib/model/actq.h): the input of every
+// product with a weight rounded once through the weight's vec_dot_type (Q8_0 / Q8_1 / Q8_K / F16 /
+// BF16), K and V rounded to f16 after RoPE, and for LLMQ_EMULATE_LLAMACPP_CPU_NOFA also Q and the
+// softmax probabilities. Applies to every pass (blocks, head, logits). The default, LLMQ_EMULATE_NONE,
+// leaves the f32 arithmetic above unchanged bit for bit. Allocates (max_tokens, max(D, H*Dh, F))
+// floats on the first mode other than NONE. LLMQ_ERR_ARG for an unknown mode, LLMQ_ERR_NOMEM.
+enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emulate e);
+
+// One sequence of n tokens (tokens (n)) from position 0 (prefill, causal). Writes the logits of
+// positions [first_logit, n) into logits: ((n - first_logit), V) floats, row-major.
+enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *tokens, int64_t n,
+                                     int64_t first_logit, float *logits);
+
+// ---- Block-by-block API (the calibration runner drives the model this way) ---------------------
+// x is (n_seq * seqlen, D): n_seq independent causal sequences of seqlen tokens each, back to back,
+// every sequence starting at position 0.
+
+// x (n, D) = rows of the embedding for tokens (n).
+enum llmq_status llmq_forward_embed(struct llmq_forward *f, const int32_t *tokens, int64_t n, float *x);
+
+// Sees the input of the linear layers of a block: called with LLMQ_LIN_Q (the input shared by
+// q/k/v), LLMQ_LIN_O, LLMQ_LIN_GATE (shared by gate/up) and LLMQ_LIN_DOWN, in that order, from the
+// calling thread; in is (n, n_in) with n = n_seq * seqlen (n_in = D, H*Dh, D, F). in is valid only
+// during the call.
+typedef void (*llmq_linear_hook)(void *user, int layer, enum llmq_linear which, const float *in, int64_t n,
+                                 int64_t n_in);
+
+// Runs decoder block `layer` in place on x (n_seq * seqlen, D). hook may be NULL.
+enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
+                                    llmq_linear_hook hook, void *user);
+
+// ---- Sub-block API (AWQ's scale search runs the attention and the MLP on their own) ------------
+// The same code paths as llmq_forward_block, which computes
+//     x += llmq_forward_attn(RMSNorm(x) * attn_norm);   x += llmq_forward_mlp(RMSNorm(x) * ffn_norm)
+// with exactly these functions (the sums in f32, one add per element), so the pieces reproduce
+// llmq_forward_block bit for bit (tests/unit/test_awq.c).
+
+// out (n_seq * seqlen, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) of block
+// `layer` for the normed input xn (n_seq * seqlen, D) (not modified), n_seq * seqlen <= max_tokens.
+// out must not alias xn. Errors as llmq_forward_block.
+enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq,
+                                   int64_t seqlen, float *out);
+
+// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) of block `layer` for xn (n, D) (not modified),
+// 1 <= n <= max_tokens. out must not alias xn.
+enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out);
+
+// y (n, D) = RMSNorm(x) * w for x (n, D), w (D) (the formula above). y may equal x. Any n >= 1
+// (not limited by max_tokens).
+enum llmq_status llmq_forward_rmsnorm(struct llmq_forward *f, const float *x, int64_t n, const float *w, float *y);
+
+// The forward object keeps f32 copies of every norm weight (and qwen2 q/k/v biases) made at init.
+// After pointing block `layer`'s attn_norm / ffn_norm / bq / bk / bv views at other data (quant/awq.h
+// does), call this to re-read them. Linear weights are read through the views at every call.
+enum llmq_status llmq_forward_reload_layer(struct llmq_forward *f, int layer);
+
+// logits (n, V) = output · (RMSNorm(x) * output_norm) for x (n, D). Any n >= 1 (processed in
+// chunks of max_tokens).
+enum llmq_status llmq_forward_head(struct llmq_forward *f, const float *x, int64_t n, float *logits);
+
+#endif // LLMQ_CALIB_FORWARD_H

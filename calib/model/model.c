@@ -1,0 +1,855 @@
+/*
+ * calib/model/model.c — loading a LLaMA-family model from GGUF or an HF directory (see calib/model/model.h).
+ *
+ * Mirrors llama.cpp's llama_model_loader / llm_load_hparams for the GGUF keys it reads, and
+ * transformers' LlamaConfig / MistralConfig / Qwen2Config defaults for config.json.
+ */
+#include "calib/model/model.h"
+
+#include "calib/tokenizer/tokenizer.h"
+#include "common/io.h"
+#include "common/log.h"
+#include "formats/ggml/quants.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_LAYERS 4096
+#define MAX_DIM (1LL << 24)          // any single hyper-parameter
+#define MAX_CONFIG_BYTES (16u << 20) // config.json
+
+// ---------------------------------------------------------------------------------------------
+// Weight conversion
+// ---------------------------------------------------------------------------------------------
+
+enum llmq_status llmq_model_rows_f32(const struct llmq_tensor_view *w, int64_t r0, int64_t n, float *dst) {
+    int64_t C = w->shape[w->n_dims > 0 ? w->n_dims - 1 : 0];
+    int64_t R = w->n_dims > 0 ? llmq_tensor_nelements(w) / (C > 0 ? C : 1) : 1;
+    size_t row_bytes = 0;
+    if (r0 < 0 || n < 0 || r0 + n > R)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: rows [%lld, %lld) out of range (%lld rows)", w->name, (long long)r0,
+                           (long long)(r0 + n), (long long)R);
+    if (n == 0) return LLMQ_OK;
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(w->dtype);
+    if (!tr || !tr->can_dequant)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: dtype %s cannot be converted to f32", w->name,
+                           llmq_dtype_name(w->dtype));
+    if (!llmq_dtype_nbytes(w->dtype, C, &row_bytes))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: row of %lld elements does not fit dtype %s", w->name, (long long)C,
+                           llmq_dtype_name(w->dtype));
+    return llmq_dequantize_row(w->dtype, (const uint8_t *)w->data + (size_t)r0 * row_bytes, dst, n * C);
+}
+
+struct conv_job {
+    const struct llmq_tensor_view *w;
+    float *dst;
+    int64_t R, C;
+    int nth, ith;
+    enum llmq_status st;
+};
+
+static void *conv_worker(void *arg) {
+    struct conv_job *j = arg;
+    int64_t per = (j->R + j->nth - 1) / j->nth;
+    int64_t r0 = per * j->ith, r1 = r0 + per < j->R ? r0 + per : j->R;
+    j->st = r0 < r1 ? llmq_model_rows_f32(j->w, r0, r1 - r0, j->dst + r0 * j->C) : LLMQ_OK;
+    return NULL;
+}
+
+enum llmq_status llmq_model_weight_f32(const struct llmq_tensor_view *w, float *dst, int n_threads) {
+    enum { MAX_THREADS = 256 };
+    int64_t C = w->n_dims > 0 ? w->shape[w->n_dims - 1] : 1;
+    int64_t R = C > 0 ? llmq_tensor_nelements(w) / C : 0;
+    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
+    if (n_threads < 1 || R * C < (1 << 16)) n_threads = 1;
+    if (n_threads > R) n_threads = R > 0 ? (int)R : 1;
+    struct conv_job jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    bool started[MAX_THREADS] = {false};
+    for (int i = 0; i < n_threads; i++)
+        jobs[i] = (struct conv_job){.w = w, .dst = dst, .R = R, .C = C, .nth = n_threads, .ith = i, .st = LLMQ_OK};
+    for (int i = 1; i < n_threads; i++) started[i] = pthread_create(&tid[i], NULL, conv_worker, &jobs[i]) == 0;
+    conv_worker(&jobs[0]);
+    for (int i = 1; i < n_threads; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else conv_worker(&jobs[i]); // could not start a thread: do its share here
+    }
+    for (int i = 0; i < n_threads; i++)
+        if (jobs[i].st != LLMQ_OK) return jobs[i].st;
+    return LLMQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE frequency factors
+// ---------------------------------------------------------------------------------------------
+
+void llmq_model_rope_freq_factors(const struct llmq_model *m, float *ff) {
+    if (m->rope_freqs && llmq_model_rows_f32(m->rope_freqs, 0, 1, ff) == LLMQ_OK) return;
+    llmq_rope_llama3_factors(&m->hp, ff);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor lookup and shape checks
+// ---------------------------------------------------------------------------------------------
+
+// Where the model came from, for messages: the GGUF file or the HF directory.
+static const char *src_name(const struct llmq_model *m) { return m->path; }
+
+static const struct llmq_tensor_view *find_tensor(const struct llmq_model *m, const char *name) {
+    if (m->gguf) {
+        const struct llmq_gguf_tensor *t = llmq_gguf_find_tensor(m->gguf, name);
+        return t ? &t->view : NULL;
+    }
+    return llmq_st_get(m->st, name);
+}
+
+// Finds tensor `name` and checks it has n_dims dims equal to (d0[, d1]) and a dtype that converts.
+// `what` names where the expectation comes from, for the message.
+static enum llmq_status get_tensor(const struct llmq_model *m, const char *name, bool required, int n_dims,
+                                   int64_t d0, int64_t d1, const char *what, const struct llmq_tensor_view **out) {
+    const struct llmq_tensor_view *t = find_tensor(m, name);
+    *out = NULL;
+    if (!t) {
+        if (!required) return LLMQ_OK;
+        return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", src_name(m), name);
+    }
+    bool ok = t->n_dims == n_dims && t->shape[0] == d0 && (n_dims < 2 || t->shape[1] == d1);
+    if (!ok) {
+        char got[96];
+        llmq_tensor_shape_str(t, got, sizeof got);
+        if (n_dims == 1)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld] (%s)", src_name(m), name,
+                               got, (long long)d0, what);
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld, %lld] (%s)", src_name(m),
+                           name, got, (long long)d0, (long long)d1, what);
+    }
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->dtype);
+    if (!tr || !tr->can_dequant)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s, which llmq cannot convert to f32",
+                           src_name(m), name, llmq_dtype_name(t->dtype));
+    *out = t;
+    return LLMQ_OK;
+}
+
+// Hyper-parameter sanity: the forward pass and every shape check rely on these.
+static enum llmq_status check_hparams(const struct llmq_model *m, const char *where) {
+    const struct llmq_hparams *hp = &m->hp;
+    struct {
+        const char *name;
+        int64_t v;
+    } dims[] = {{"n_embd", hp->n_embd},   {"n_ff", hp->n_ff},         {"n_layer", hp->n_layer},
+                {"n_head", hp->n_head},   {"n_head_kv", hp->n_head_kv}, {"head_dim", hp->head_dim},
+                {"n_vocab", hp->n_vocab}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v < 1 || dims[i].v > MAX_DIM)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s = %lld is out of range [1, %lld] (%s)", src_name(m),
+                               dims[i].name, (long long)dims[i].v, (long long)MAX_DIM, where);
+    if (hp->n_layer > MAX_LAYERS)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld layers is more than %d (%s)", src_name(m),
+                           (long long)hp->n_layer, MAX_LAYERS, where);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: n_head %lld is not a multiple of n_head_kv %lld (%s)", src_name(m),
+                           (long long)hp->n_head, (long long)hp->n_head_kv, where);
+    if (hp->head_dim % 2 != 0)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: head_dim %lld is odd (RoPE needs pairs) (%s)", src_name(m),
+                           (long long)hp->head_dim, where);
+    if (hp->n_head * hp->head_dim > MAX_DIM)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: n_head x head_dim is too large (%s)", src_name(m), where);
+    if (!(hp->rms_eps > 0.0f) || !isfinite(hp->rms_eps))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rms norm epsilon %g must be positive (%s)", src_name(m),
+                           (double)hp->rms_eps, where);
+    if (!(hp->rope_theta > 0.0f) || !isfinite(hp->rope_theta))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope theta %g must be positive (%s)", src_name(m),
+                           (double)hp->rope_theta, where);
+    if (hp->rope_llama3.enabled) {
+        float factor = hp->rope_llama3.factor, lo = hp->rope_llama3.low_freq_factor;
+        float hi = hp->rope_llama3.high_freq_factor;
+        if (!(factor > 0) || !(lo > 0) || !(hi > lo) || hp->rope_llama3.original_max_pos < 1)
+            return llmq_errorf(LLMQ_ERR_CORRUPT,
+                               "%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor "
+                               "and original_max_position_embeddings >= 1 (%s)",
+                               src_name(m), where);
+    }
+    return LLMQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// AWQ / GPTQ directories: dequantized on load (calib/model/model.h "Quantized HF directories")
+// ---------------------------------------------------------------------------------------------
+
+static const int awq_order[8] = {0, 2, 4, 6, 1, 3, 5, 7}; // nibble i holds column 8j + awq_order[i]
+
+// Element i of an int32 tensor in the mapping (safetensors data need not be 4-byte aligned).
+static uint32_t rd32(const struct llmq_tensor_view *t, int64_t i) {
+    uint32_t x;
+    memcpy(&x, (const uint8_t *)t->data + (size_t)i * 4, 4);
+    return x;
+}
+
+// <prefix>.<suffix> with n_dims dims (d0[, d1]); dtype I32 when want_i32, else any dtype that
+// converts to f32. Absent and !required: *out = NULL.
+static enum llmq_status qtensor(const struct llmq_model *m, const char *prefix, const char *suffix, bool want_i32,
+                                bool required, int n_dims, int64_t d0, int64_t d1,
+                                const struct llmq_tensor_view **out) {
+    char name[160];
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
+    const struct llmq_tensor_view *t = find_tensor(m, name);
+    *out = NULL;
+    if (!t) {
+        if (!required) return LLMQ_OK;
+        return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s (nor %s.weight) for %s quantization",
+                           src_name(m), name, prefix, m->quant->method);
+    }
+    if (t->n_dims != n_dims || t->shape[0] != d0 || (n_dims == 2 && t->shape[1] != d1)) {
+        char got[96];
+        llmq_tensor_shape_str(t, got, sizeof got);
+        if (n_dims == 1)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld] (%s, %d bits, group %d)",
+                               src_name(m), name, got, (long long)d0, m->quant->method, m->quant->bits,
+                               m->quant->group_size);
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld, %lld] (%s, %d bits, group %d)",
+                           src_name(m), name, got, (long long)d0, (long long)d1, m->quant->method, m->quant->bits,
+                           m->quant->group_size);
+    }
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->dtype);
+    if (want_i32 ? t->dtype != LLMQ_DTYPE_I32 : (!tr || !tr->can_dequant))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (expected %s)", src_name(m), name,
+                           llmq_dtype_name(t->dtype), want_i32 ? "I32" : "F16, BF16 or F32");
+    *out = t;
+    return LLMQ_OK;
+}
+
+// Reads n values of b bits from the little-endian bit stream in words w(0), w(1), ... where
+// w(i) = rd32(t, first + i * stride); value i sits at stream bits [b*i, b*i + b).
+static void unpack_stream(const struct llmq_tensor_view *t, int64_t first, int64_t stride, int64_t n, int b,
+                          int32_t *v) {
+    uint32_t mask = (1u << b) - 1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t bit = i * b, word = bit / 32, off = bit % 32;
+        uint64_t x = rd32(t, first + word * stride) >> off;
+        if (off + b > 32) x |= (uint64_t)rd32(t, first + (word + 1) * stride) << (32 - off);
+        v[i] = (int32_t)(x & mask);
+    }
+}
+
+// Output rows [n0, n1) of one linear: W[n, c] = f32(q - z) * s (AWQ: n0, n1 multiples of 8).
+struct deq_job {
+    bool awq, nomem;
+    const struct llmq_tensor_view *qw;
+    int bits;
+    int64_t R, C, n0, n1;
+    const float *s;      // (ng, R) scales
+    const int32_t *z;    // (ng, R) zero points
+    const int32_t *gidx; // (C) group of each column
+    float *W;            // (R, C) output
+};
+
+static void *deq_worker(void *arg) {
+    struct deq_job *j = arg;
+    int64_t R = j->R, C = j->C;
+    if (j->awq) {
+        for (int64_t c = 0; c < C; c++) {
+            int64_t g = j->gidx[c];
+            for (int64_t jj = j->n0 / 8; jj < j->n1 / 8; jj++) {
+                uint32_t w = rd32(j->qw, c * (R / 8) + jj);
+                for (int i = 0; i < 8; i++) {
+                    int64_t n = 8 * jj + awq_order[i];
+                    int32_t v = (int32_t)((w >> (4 * i)) & 15u);
+                    j->W[n * C + c] = (float)(v - j->z[g * R + n]) * j->s[g * R + n];
+                }
+            }
+        }
+        return NULL;
+    }
+    int32_t *codes = malloc((size_t)C * sizeof *codes);
+    if (!codes) {
+        j->nomem = true;
+        return NULL;
+    }
+    for (int64_t n = j->n0; n < j->n1; n++) {
+        unpack_stream(j->qw, n, R, C, j->bits, codes); // column n of qweight, words R apart
+        for (int64_t c = 0; c < C; c++) {
+            int64_t g = j->gidx[c];
+            j->W[n * C + c] = (float)(codes[c] - j->z[g * R + n]) * j->s[g * R + n];
+        }
+    }
+    free(codes);
+    return NULL;
+}
+
+// Dequantizes linear k of layer il (R, C) into an owned F32 view.
+static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int64_t R, int64_t C,
+                                       const struct llmq_tensor_view **out) {
+    struct llmq_model_quant *q = (struct llmq_model_quant *)m->quant;
+    const struct llmq_tensor_view *qw, *qz, *sc, *gi = NULL;
+    int b = q->bits, G = q->group_size;
+    int64_t ng = G > 0 ? (C + G - 1) / G : 1;
+    float *W = NULL, *s = NULL;
+    int32_t *z = NULL, *gidx = NULL;
+    char prefix[160], name[160];
+    enum llmq_status st;
+
+    llmq_linear_full_name(k, il, true, prefix, sizeof prefix);
+    if (strcmp(q->method, "awq") == 0) {
+        if (R % 8 != 0 || C % G != 0)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s (%lld x %lld) cannot be AWQ-packed with group %d", src_name(m),
+                               prefix, (long long)R, (long long)C, G);
+        if ((st = qtensor(m, prefix, "qweight", true, true, 2, C, R / 8, &qw)) ||
+            (st = qtensor(m, prefix, "qzeros", true, true, 2, ng, R / 8, &qz)) ||
+            (st = qtensor(m, prefix, "scales", false, true, 2, ng, R, &sc)))
+            return st;
+    } else {
+        if ((C * b) % 32 != 0 || (R * b) % 32 != 0)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s (%lld x %lld) cannot be GPTQ-packed at %d bits", src_name(m),
+                               prefix, (long long)R, (long long)C, b);
+        if ((st = qtensor(m, prefix, "qweight", true, true, 2, C * b / 32, R, &qw)) ||
+            (st = qtensor(m, prefix, "qzeros", true, true, 2, ng, R * b / 32, &qz)) ||
+            (st = qtensor(m, prefix, "scales", false, true, 2, ng, R, &sc)) ||
+            (st = qtensor(m, prefix, "g_idx", true, false, 1, C, 0, &gi)))
+            return st;
+    }
+    W = malloc((size_t)R * (size_t)C * sizeof *W);
+    s = malloc((size_t)ng * (size_t)R * sizeof *s);
+    z = malloc((size_t)ng * (size_t)R * sizeof *z);
+    gidx = malloc((size_t)C * sizeof *gidx);
+    if (!W || !s || !z || !gidx) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory dequantizing %s (%lld x %lld)", src_name(m), prefix,
+                         (long long)R, (long long)C);
+        goto fail;
+    }
+    if ((st = llmq_model_weight_f32(sc, s, 1))) goto fail;
+    for (int64_t c = 0; c < C; c++) {
+        gidx[c] = gi ? (int32_t)rd32(gi, c) : (int32_t)(G > 0 ? c / G : 0);
+        if (gidx[c] < 0 || gidx[c] >= ng) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s.g_idx[%lld] = %d is not a group (0..%lld)", src_name(m), prefix,
+                             (long long)c, gidx[c], (long long)ng - 1);
+            goto fail;
+        }
+    }
+    bool awq = strcmp(q->method, "awq") == 0;
+    if (awq) {
+        for (int64_t g = 0; g < ng; g++)
+            for (int64_t j = 0; j < R / 8; j++) {
+                uint32_t w = rd32(qz, g * (R / 8) + j);
+                for (int i = 0; i < 8; i++) z[g * R + 8 * j + awq_order[i]] = (int32_t)((w >> (4 * i)) & 15u);
+            }
+    } else {
+        bool v1 = strcmp(q->checkpoint_format, "gptq") == 0;
+        int64_t nw = R * b / 32;
+        for (int64_t g = 0; g < ng; g++) {
+            unpack_stream(qz, g * nw, 1, R, b, z + g * R);
+            if (v1)
+                for (int64_t n = 0; n < R; n++) z[g * R + n] += 1;
+        }
+    }
+    // the codes, rows split over threads (each output element is computed once: any split gives the same bits)
+    enum { MAX_THREADS = 16 };
+    struct deq_job jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    bool started[MAX_THREADS] = {false};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nth = R * C < (1 << 18) || ncpu < 2 ? 1 : ncpu > MAX_THREADS ? MAX_THREADS : (int)ncpu;
+    int64_t blocks = awq ? R / 8 : R, per = (blocks + nth - 1) / nth;
+    for (int i = 0; i < nth; i++) {
+        int64_t b0 = per * i < blocks ? per * i : blocks, b1 = b0 + per < blocks ? b0 + per : blocks;
+        int64_t unit = awq ? 8 : 1;
+        jobs[i] = (struct deq_job){.awq = awq, .qw = qw, .bits = b, .R = R, .C = C, .n0 = b0 * unit,
+                                   .n1 = b1 * unit, .s = s, .z = z, .gidx = gidx, .W = W};
+    }
+    for (int i = 1; i < nth; i++) started[i] = pthread_create(&tid[i], NULL, deq_worker, &jobs[i]) == 0;
+    deq_worker(&jobs[0]);
+    for (int i = 1; i < nth; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else deq_worker(&jobs[i]);
+    }
+    for (int i = 0; i < nth; i++)
+        if (jobs[i].nomem) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory dequantizing %s", src_name(m), prefix);
+            goto fail;
+        }
+    struct llmq_tensor_view *v = &q->views[(size_t)il * LLMQ_LIN_COUNT + (size_t)k];
+    char *vname = strdup(name);
+    if (!vname) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
+        goto fail;
+    }
+    *v = (struct llmq_tensor_view){.name = vname, .dtype = LLMQ_DTYPE_F32, .n_dims = 2, .shape = {R, C, 1, 1},
+                                   .data = W, .nbytes = (size_t)R * (size_t)C * sizeof *W, .file_offset = 0};
+    q->n_dequantized++;
+    q->bytes += v->nbytes;
+    *out = v;
+    W = NULL;
+fail:
+    free(W);
+    free(s);
+    free(z);
+    free(gidx);
+    return st;
+}
+
+// Reads config.json "quantization_config" (absent / null: m->quant stays NULL).
+static enum llmq_status parse_quant(struct llmq_model *m, json_t *root, const char *file) {
+    json_t *qc = json_object_get(root, "quantization_config");
+    if (!qc || json_is_null(qc)) return LLMQ_OK;
+    if (!json_is_object(qc)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"quantization_config\" is not an object", file);
+    json_t *meth = json_object_get(qc, "quant_method"), *bits = json_object_get(qc, "bits");
+    json_t *gs = json_object_get(qc, "group_size"), *fmt = json_object_get(qc, "checkpoint_format");
+    json_t *ver = json_object_get(qc, "version"), *sym = json_object_get(qc, "sym");
+    json_t *da = json_object_get(qc, "desc_act");
+    if (!meth || !json_is_string(meth))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: quantization_config has no string \"quant_method\"", file);
+    const char *mt = json_string_value(meth);
+    bool awq = strcmp(mt, "awq") == 0;
+    if (!awq && strcmp(mt, "gptq") != 0)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: quant_method \"%s\" is not supported (llmq reads awq and gptq)",
+                           file, mt);
+    if (!bits || !json_is_integer(bits) || !gs || !json_is_integer(gs))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: quantization_config needs integer \"bits\" and \"group_size\"", file);
+    int64_t b = json_integer_value(bits), g = json_integer_value(gs);
+    const char *cf = awq ? "gemm" : "gptq";
+    if (awq && ver && !json_is_null(ver) &&
+        (!json_is_string(ver) || strcasecmp(json_string_value(ver), "gemm") != 0))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: AWQ version %s is not supported (only \"gemm\")", file,
+                           json_is_string(ver) ? json_string_value(ver) : "(not a string)");
+    if (!awq && fmt && !json_is_null(fmt)) {
+        if (!json_is_string(fmt))
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"checkpoint_format\" is not a string", file);
+        if (strcmp(json_string_value(fmt), "gptq") == 0) cf = "gptq";
+        else if (strcmp(json_string_value(fmt), "gptq_v2") == 0) cf = "gptq_v2";
+        else
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: checkpoint_format \"%s\" is not supported (gptq, gptq_v2)",
+                               file, json_string_value(fmt));
+    }
+    if (awq ? b != 4 : (b != 2 && b != 3 && b != 4 && b != 8))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s with %lld bits is not supported", file, mt, (long long)b);
+    if (g == 0 || g < -1 || g > MAX_DIM || (awq && g < 1))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: group_size %lld is out of range", file, (long long)g);
+    struct llmq_model_quant *q = calloc(1, sizeof *q);
+    if (!q || !(q->views = calloc((size_t)m->hp.n_layer * LLMQ_LIN_COUNT, sizeof *q->views))) {
+        free(q);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", file);
+    }
+    q->n_views = m->hp.n_layer * LLMQ_LIN_COUNT;
+    q->method = awq ? "awq" : "gptq";
+    q->checkpoint_format = cf;
+    q->bits = (int)b;
+    q->group_size = (int)g;
+    q->sym = sym && json_is_true(sym);
+    q->desc_act = da && json_is_true(da);
+    m->quant = q;
+    return LLMQ_OK;
+}
+
+static void quant_free(const struct llmq_model_quant *cq) {
+    struct llmq_model_quant *q = (struct llmq_model_quant *)cq;
+    if (!q) return;
+    for (int64_t i = 0; q->views && i < q->n_views; i++) {
+        free((void *)q->views[i].data);
+        free((char *)q->views[i].name);
+    }
+    free(q->views);
+    free(q);
+}
+
+// Finds and checks every weight under its name in the source format (hf: HF spelling, else GGUF).
+static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
+    const struct llmq_hparams *hp = &m->hp;
+    int64_t D = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
+    int64_t Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
+    enum llmq_status st;
+    char name[128];
+
+#define NAME(role, l) llmq_tensor_full_name((role), (l), hf, name, sizeof name)
+    if ((st = get_tensor(m, NAME(LLMQ_T_TOK_EMBD, 0), true, 2, V, D, "n_vocab, n_embd", &m->tok_embd))) return st;
+    if ((st = get_tensor(m, NAME(LLMQ_T_OUTPUT_NORM, 0), true, 1, D, 0, "n_embd", &m->output_norm))) return st;
+    if (hp->tied_embeddings) m->output = m->tok_embd;
+    else if ((st = get_tensor(m, NAME(LLMQ_T_OUTPUT, 0), true, 2, V, D, "n_vocab, n_embd", &m->output))) return st;
+
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for %lld layers", src_name(m),
+                                       (long long)hp->n_layer);
+    const int64_t wshape[LLMQ_LIN_COUNT][2] = {{Dq, D}, {Dkv, D}, {Dkv, D}, {D, Dq}, {F, D}, {F, D}, {D, F}};
+    const char *wwhat[LLMQ_LIN_COUNT] = {"n_head*head_dim, n_embd", "n_head_kv*head_dim, n_embd",
+                                         "n_head_kv*head_dim, n_embd", "n_embd, n_head*head_dim",
+                                         "n_ff, n_embd", "n_ff, n_embd", "n_embd, n_ff"};
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct llmq_layer *L = &m->layers[il];
+        if ((st = get_tensor(m, NAME(LLMQ_T_ATTN_NORM, il), true, 1, D, 0, "n_embd", &L->attn_norm))) return st;
+        if ((st = get_tensor(m, NAME(LLMQ_T_FFN_NORM, il), true, 1, D, 0, "n_embd", &L->ffn_norm))) return st;
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            NAME(LLMQ_T_LINEAR_0 + k, il);
+            if (m->quant && !find_tensor(m, name)) { // an AWQ / GPTQ linear: dequantize it now
+                if ((st = dequant_linear(m, il, k, wshape[k][0], wshape[k][1], &L->w[k]))) return st;
+                continue;
+            }
+            if ((st = get_tensor(m, name, true, 2, wshape[k][0], wshape[k][1], wwhat[k], &L->w[k]))) return st;
+        }
+        if (hp->qkv_bias) {
+            const struct llmq_tensor_view **b[3] = {&L->bq, &L->bk, &L->bv};
+            for (int k = 0; k < 3; k++) {
+                if ((st = get_tensor(m, NAME(LLMQ_T_BIAS_Q + k, il), true, 1, wshape[k][0], 0, k ? "n_head_kv*head_dim" : "n_head*head_dim",
+                                     b[k])))
+                    return st;
+            }
+        }
+    }
+#undef NAME
+    return LLMQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GGUF
+// ---------------------------------------------------------------------------------------------
+
+static enum llmq_status gguf_i64(const struct llmq_gguf *g, const char *arch, const char *suffix, bool required,
+                                 int64_t def, int64_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (!required && !llmq_gguf_find_kv(g, key)) {
+        *out = def;
+        return LLMQ_OK;
+    }
+    return llmq_gguf_get_i64(g, key, out);
+}
+
+static enum llmq_status gguf_f32(const struct llmq_gguf *g, const char *arch, const char *suffix, bool required,
+                                 float def, float *out) {
+    char key[128];
+    double v;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (!required && !llmq_gguf_find_kv(g, key)) {
+        *out = def;
+        return LLMQ_OK;
+    }
+    enum llmq_status st = llmq_gguf_get_f64(g, key, &v);
+    if (st == LLMQ_OK) *out = (float)v;
+    return st;
+}
+
+static enum llmq_status load_gguf(struct llmq_model *m) {
+    struct llmq_gguf *g = NULL;
+    struct llmq_hparams *hp = &m->hp;
+    const char *arch = NULL;
+    enum llmq_status st = llmq_gguf_open(m->path, &g);
+    if (st) return st;
+    m->gguf = g;
+    m->from_gguf = true;
+    if ((st = llmq_gguf_get_str(g, "general.architecture", &arch))) return st;
+    if (strcmp(arch, "llama") == 0) {
+        hp->arch = LLMQ_ARCH_LLAMA;
+        hp->rope_type = LLMQ_ROPE_NORM;
+    } else if (strcmp(arch, "mistral") == 0) {
+        hp->arch = LLMQ_ARCH_MISTRAL;
+        hp->rope_type = LLMQ_ROPE_NORM;
+    } else if (strcmp(arch, "qwen2") == 0) {
+        hp->arch = LLMQ_ARCH_QWEN2;
+        hp->rope_type = LLMQ_ROPE_NEOX;
+        hp->qkv_bias = true;
+    } else {
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: general.architecture \"%s\" is not supported (llmq runs llama, mistral, qwen2)",
+                           m->path, arch);
+    }
+    m->arch_name = llmq_arch_name(hp->arch);
+    int64_t rope_dims = 0, value_len = 0;
+    if ((st = gguf_i64(g, arch, "embedding_length", true, 0, &hp->n_embd))) return st;
+    if ((st = gguf_i64(g, arch, "feed_forward_length", true, 0, &hp->n_ff))) return st;
+    if ((st = gguf_i64(g, arch, "block_count", true, 0, &hp->n_layer))) return st;
+    if ((st = gguf_i64(g, arch, "attention.head_count", true, 0, &hp->n_head))) return st;
+    if ((st = gguf_i64(g, arch, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv))) return st;
+    if ((st = gguf_i64(g, arch, "context_length", false, 0, &hp->n_ctx_train))) return st;
+    if (hp->n_head < 1)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s.attention.head_count = %lld must be >= 1", m->path, arch,
+                           (long long)hp->n_head);
+    if ((st = gguf_i64(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head, &hp->head_dim))) return st;
+    if ((st = gguf_i64(g, arch, "attention.value_length", false, hp->head_dim, &value_len))) return st;
+    if ((st = gguf_i64(g, arch, "rope.dimension_count", false, hp->head_dim, &rope_dims))) return st;
+    if ((st = gguf_f32(g, arch, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_eps))) return st;
+    if ((st = gguf_f32(g, arch, "rope.freq_base", false, 10000.0f, &hp->rope_theta))) return st;
+    if (value_len != hp->head_dim)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s.attention.value_length %lld != key_length %lld", m->path,
+                           arch, (long long)value_len, (long long)hp->head_dim);
+    if (rope_dims != hp->head_dim)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: %s.rope.dimension_count %lld != head_dim %lld (partial RoPE is not supported)", m->path,
+                           arch, (long long)rope_dims, (long long)hp->head_dim);
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (llmq_gguf_find_kv(g, key)) {
+        const char *type = NULL;
+        if ((st = llmq_gguf_get_str(g, key, &type))) return st;
+        if (strcmp(type, "none") != 0)
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s = \"%s\" is not supported (only none, or llama3 factors "
+                               "in rope_freqs.weight)", m->path, key, type);
+    }
+    // n_vocab: the embedding's first dim (the tokenizer may be smaller; llama.cpp uses the tokens array).
+    const struct llmq_gguf_tensor *te = llmq_gguf_find_tensor(g, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->gguf);
+    if (!te) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor token_embd.weight", m->path);
+    hp->n_vocab = te->view.n_dims == 2 ? te->view.shape[0] : 0;
+    int64_t kv_vocab;
+    snprintf(key, sizeof key, "%s.vocab_size", arch);
+    if (llmq_gguf_find_kv(g, key) && llmq_gguf_get_i64(g, key, &kv_vocab) == LLMQ_OK && kv_vocab != hp->n_vocab)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s = %lld but token_embd.weight has %lld rows", m->path, key,
+                           (long long)kv_vocab, (long long)hp->n_vocab);
+    hp->tied_embeddings = llmq_gguf_find_tensor(g, llmq_tensor_name_of(LLMQ_T_OUTPUT)->gguf) == NULL;
+    if ((st = check_hparams(m, "GGUF metadata"))) return st;
+    const struct llmq_gguf_tensor *rf = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_FREQS);
+    if (rf) {
+        const struct llmq_tensor_view *v = NULL;
+        if ((st = get_tensor(m, LLMQ_GGUF_ROPE_FREQS, true, 1, hp->head_dim / 2, 0, "head_dim/2", &v))) return st;
+        m->rope_freqs = v;
+    }
+    if ((st = bind_tensors(m, false))) return st;
+    if (llmq_gguf_find_kv(g, "tokenizer.ggml.model")) {
+        if ((st = llmq_tokenizer_load_gguf(g, &m->tok))) return st;
+    } else {
+        llmq_warn("%s: no tokenizer.ggml.model key: the model has no tokenizer", m->path);
+    }
+    return LLMQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// HF directory
+// ---------------------------------------------------------------------------------------------
+
+struct cfg {
+    json_t *root;
+    const char *file; // path of config.json
+};
+
+// A key that is absent or null counts as absent.
+static json_t *cfg_get(const struct cfg *c, const char *key) {
+    json_t *v = json_object_get(c->root, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static enum llmq_status cfg_int(const struct cfg *c, const char *key, bool required, int64_t def, int64_t *out) {
+    json_t *v = cfg_get(c, key);
+    if (!v) {
+        if (required) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, key);
+        *out = def;
+        return LLMQ_OK;
+    }
+    if (!json_is_integer(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not an integer", c->file, key);
+    *out = (int64_t)json_integer_value(v);
+    return LLMQ_OK;
+}
+
+static enum llmq_status cfg_num(const json_t *v, const char *file, const char *key, double *out) {
+    if (!json_is_number(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not a number", file, key);
+    *out = json_number_value(v);
+    return LLMQ_OK;
+}
+
+static enum llmq_status cfg_float(const struct cfg *c, const char *key, bool required, double def, float *out) {
+    json_t *v = cfg_get(c, key);
+    double d = 0.0;
+    if (!v) {
+        if (required) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, key);
+        *out = (float)def;
+        return LLMQ_OK;
+    }
+    enum llmq_status st = cfg_num(v, c->file, key, &d);
+    if (st == LLMQ_OK) *out = (float)d;
+    return st;
+}
+
+static enum llmq_status cfg_bool(const struct cfg *c, const char *key, bool def, bool *out) {
+    json_t *v = cfg_get(c, key);
+    if (!v) {
+        *out = def;
+        return LLMQ_OK;
+    }
+    if (!json_is_boolean(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not a boolean", c->file, key);
+    *out = json_is_true(v);
+    return LLMQ_OK;
+}
+
+static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparams *hp) {
+    json_t *rs = cfg_get(c, "rope_scaling");
+    if (!rs) return LLMQ_OK;
+    if (!json_is_object(rs)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"rope_scaling\" is not an object", c->file);
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t) t = json_object_get(rs, "type");
+    if (!t || !json_is_string(t))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling has no string \"rope_type\"", c->file);
+    const char *type = json_string_value(t);
+    if (strcmp(type, "default") == 0) return LLMQ_OK;
+    if (strcmp(type, "llama3") != 0)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (only llama3)", c->file,
+                           type);
+    const char *keys[4] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    double v[4];
+    char full[96];
+    for (int i = 0; i < 4; i++) {
+        json_t *x = json_object_get(rs, keys[i]);
+        snprintf(full, sizeof full, "rope_scaling.%s", keys[i]);
+        if (!x) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, full);
+        enum llmq_status st = cfg_num(x, c->file, full, &v[i]);
+        if (st) return st;
+    }
+    hp->rope_llama3.enabled = true;
+    hp->rope_llama3.factor = (float)v[0];
+    hp->rope_llama3.low_freq_factor = (float)v[1];
+    hp->rope_llama3.high_freq_factor = (float)v[2];
+    hp->rope_llama3.original_max_pos = (int64_t)v[3];
+    return LLMQ_OK;
+}
+
+static enum llmq_status load_hf(struct llmq_model *m) {
+    struct llmq_hparams *hp = &m->hp;
+    struct cfg c = {0};
+    char *text = NULL, *cfg_path = NULL, *tok_path = NULL;
+    size_t size = 0;
+    json_error_t jerr;
+    enum llmq_status st = LLMQ_OK;
+    struct llmq_st_model *stm = NULL;
+
+    cfg_path = llmq_path_join(m->path, "config.json");
+    tok_path = llmq_path_join(m->path, "tokenizer.json");
+    if (!cfg_path || !tok_path) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", m->path);
+        goto done;
+    }
+    c.file = cfg_path;
+    if (!llmq_file_exists(cfg_path)) {
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no config.json (not a Hugging Face model directory)", m->path);
+        goto done;
+    }
+    if ((st = llmq_read_file(cfg_path, MAX_CONFIG_BYTES, &text, &size))) goto done;
+    c.root = json_loadb(text, size, JSON_REJECT_DUPLICATES, &jerr);
+    if (!c.root) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: bad JSON at line %d: %s", cfg_path, jerr.line, jerr.text);
+        goto done;
+    }
+    if (!json_is_object(c.root)) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: not a JSON object", cfg_path);
+        goto done;
+    }
+    json_t *mt = cfg_get(&c, "model_type");
+    if (!mt) {
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"model_type\"", cfg_path);
+        goto done;
+    }
+    if (!json_is_string(mt)) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"model_type\" is not a string", cfg_path);
+        goto done;
+    }
+    const char *type = json_string_value(mt);
+    if (strcmp(type, "llama") == 0) hp->arch = LLMQ_ARCH_LLAMA;
+    else if (strcmp(type, "mistral") == 0) hp->arch = LLMQ_ARCH_MISTRAL;
+    else if (strcmp(type, "qwen2") == 0) hp->arch = LLMQ_ARCH_QWEN2;
+    else {
+        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (llmq runs llama, mistral, qwen2)",
+                         cfg_path, type);
+        goto done;
+    }
+    m->arch_name = llmq_arch_name(hp->arch);
+    hp->rope_type = LLMQ_ROPE_NEOX;
+    hp->qkv_bias = hp->arch == LLMQ_ARCH_QWEN2;
+    json_t *act = cfg_get(&c, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", cfg_path);
+        goto done;
+    }
+    bool attn_bias = false, mlp_bias = false;
+    int64_t vocab_cfg = 0;
+    if ((st = cfg_int(&c, "hidden_size", true, 0, &hp->n_embd))) goto done;
+    if ((st = cfg_int(&c, "intermediate_size", true, 0, &hp->n_ff))) goto done;
+    if ((st = cfg_int(&c, "num_hidden_layers", true, 0, &hp->n_layer))) goto done;
+    if ((st = cfg_int(&c, "num_attention_heads", true, 0, &hp->n_head))) goto done;
+    if ((st = cfg_int(&c, "num_key_value_heads", false, hp->n_head, &hp->n_head_kv))) goto done;
+    if (hp->n_head < 1) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: num_attention_heads = %lld must be >= 1", cfg_path,
+                         (long long)hp->n_head);
+        goto done;
+    }
+    if ((st = cfg_int(&c, "head_dim", false, hp->n_embd / hp->n_head, &hp->head_dim))) goto done;
+    if ((st = cfg_int(&c, "vocab_size", false, 0, &vocab_cfg))) goto done;
+    if ((st = cfg_int(&c, "max_position_embeddings", false, 0, &hp->n_ctx_train))) goto done;
+    if ((st = cfg_float(&c, "rms_norm_eps", false, 1e-6, &hp->rms_eps))) goto done;
+    if ((st = cfg_float(&c, "rope_theta", false, 10000.0, &hp->rope_theta))) goto done;
+    if ((st = cfg_bool(&c, "tie_word_embeddings", false, &hp->tied_embeddings))) goto done;
+    if ((st = cfg_bool(&c, "attention_bias", false, &attn_bias))) goto done;
+    if ((st = cfg_bool(&c, "mlp_bias", false, &mlp_bias))) goto done;
+    if ((st = cfg_rope_scaling(&c, hp))) goto done;
+    if ((attn_bias && hp->arch != LLMQ_ARCH_QWEN2) || mlp_bias) {
+        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s is not supported", cfg_path,
+                         mlp_bias ? "mlp_bias = true" : "attention_bias = true");
+        goto done;
+    }
+
+    if ((st = llmq_st_open(m->path, &stm))) goto done;
+    m->st = stm;
+    const struct llmq_tensor_view *emb = llmq_st_get(stm, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf);
+    if (!emb) {
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", m->path, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf);
+        goto done;
+    }
+    hp->n_vocab = emb->n_dims == 2 ? emb->shape[0] : vocab_cfg;
+    if (vocab_cfg && vocab_cfg != hp->n_vocab) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: vocab_size = %lld but %s has %lld rows", cfg_path, (long long)vocab_cfg,
+                         llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf, (long long)hp->n_vocab);
+        goto done;
+    }
+    if ((st = check_hparams(m, "config.json"))) goto done;
+    if ((st = parse_quant(m, c.root, cfg_path))) goto done;
+    if ((st = bind_tensors(m, true))) goto done;
+    if (llmq_file_exists(tok_path)) {
+        if ((st = llmq_tokenizer_load_hf(m->path, &m->tok))) goto done;
+    } else {
+        llmq_warn("%s: no tokenizer.json: the model has no tokenizer", m->path);
+    }
+done:
+    json_decref(c.root);
+    free(text);
+    free(cfg_path);
+    free(tok_path);
+    return st;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+enum llmq_status llmq_model_load(const char *path, struct llmq_model **out) {
+    enum llmq_status st;
+    struct llmq_model *m = NULL;
+    *out = NULL;
+    if (!path || !*path) return llmq_errorf(LLMQ_ERR_ARG, "model path is empty");
+    m = calloc(1, sizeof *m);
+    char *p = m ? strdup(path) : NULL;
+    if (!p) {
+        free(m);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+    }
+    m->path = p;
+    if (llmq_is_dir(path)) st = load_hf(m);
+    else if (llmq_file_exists(path)) st = load_gguf(m);
+    else st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no such file or directory", path);
+    if (st == LLMQ_OK && m->tok && llmq_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: the tokenizer has %d tokens but the embedding only %lld rows", path,
+                         (int)llmq_tokenizer_n_vocab(m->tok), (long long)m->hp.n_vocab);
+    }
+    if (st != LLMQ_OK) {
+        llmq_model_free(m);
+        return st;
+    }
+    *out = m;
+    return LLMQ_OK;
+}
+
+void llmq_model_free(struct llmq_model *m) {
+    if (!m) return;
+    llmq_tokenizer_free(m->tok);
+    quant_free(m->quant);
+    free(m->layers);
+    llmq_gguf_free((struct llmq_gguf *)m->gguf);
+    llmq_st_free((struct llmq_st_model *)m->st);
+    free((char *)m->path);
+    free(m);
+}

@@ -1,0 +1,144 @@
+/*
+ * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2) opened from a GGUF file or a
+ * Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
+ *
+ * What it is: the loader that reads the architecture description (GGUF `<arch>.*` metadata, or
+ * config.json), finds every tensor under its name in that source, checks every shape against the
+ * hyper-parameters, and loads the tokenizer (calib/tokenizer/tokenizer.h) from the same source. Weights stay
+ * inside the read-only mappings of formats/gguf.h / formats/safetensors.h: nothing is converted
+ * while loading, and memory stays at the size of the file mapping — except for AWQ / GPTQ
+ * directories, whose packed linears are dequantized to f32 on load (see "Quantized HF
+ * directories"). llmq_model_weight_f32 converts ONE weight to f32 when a consumer
+ * (calib/model/forward.h, quant/) needs it.
+ * What it is not: no compute (calib/model/forward.h), no writing (formats/convert/convert.h, quant/export.h).
+ *
+ * Legend: V n_vocab, D n_embd, F n_ff, L n_layer, H n_head, Hkv n_head_kv, Dh head_dim.
+ *
+ * ---- Tensors ----------------------------------------------------------------------------------
+ *   Names and shapes: the table of formats/llama/arch.h (GGUF and HF spelling of every tensor).
+ *
+ * ---- Hyper-parameters ---------------------------------------------------------------------------
+ *   GGUF: general.architecture "llama" (mistral files from llama.cpp say "llama" too) or "qwen2";
+ *     <arch>.embedding_length, .feed_forward_length, .block_count, .attention.head_count,
+ *     .attention.head_count_kv (default head_count), .attention.key_length (default D/H),
+ *     .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000), .context_length,
+ *     .rope.dimension_count (must equal Dh when present); .rope.scaling.type absent or "none"
+ *     (others refused); llama3 scaling comes as the tensor rope_freqs.weight (Dh/2 f32 divisors
+ *     written by convert_hf_to_gguf.py), which becomes model->rope_freqs;
+ *     n_vocab is the first dim of token_embd.weight (checked against tokenizer.ggml.tokens).
+ *     rope_type: NORM for llama (llama.cpp permutes q/k rows so adjacent pairs rotate), NEOX for qwen2.
+ *   HF config.json: model_type "llama" | "mistral" | "qwen2"; hidden_size, intermediate_size,
+ *     num_hidden_layers, num_attention_heads, num_key_value_heads (default num_attention_heads),
+ *     head_dim (default hidden_size / num_attention_heads), rms_norm_eps, rope_theta (default
+ *     10000), vocab_size, max_position_embeddings, tie_word_embeddings (default false), rope_scaling
+ *     (null, or {"rope_type" | "type": "llama3", factor, low_freq_factor, high_freq_factor,
+ *     original_max_position_embeddings}; other rope types are refused), hidden_act (must be
+ *     "silu"), attention_bias / mlp_bias (must be false, except qwen2's q/k/v biases).
+ *     sliding_window (mistral, qwen2) is ignored: attention is fully causal, which is exact for
+ *     sequences no longer than the window. rope_type: always NEOX.
+ *     Weights: model.safetensors, model.safetensors.index.json, or the only *.safetensors file.
+ *
+ * ---- Quantized HF directories (the outputs of `llmq quantize`, AutoAWQ, AutoGPTQ, GPTQModel) ---
+ *   config.json "quantization_config" decides (absent or null: a plain model, which includes
+ *   llmq's --format fake outputs; any other quant_method: LLMQ_ERR_UNSUPPORTED naming it):
+ *     quant_method "awq" (version "gemm" or absent; bits 4; group_size > 0): per linear <p>.qweight
+ *       I32 [C, R/8], <p>.qzeros I32 [C/G, R/8], <p>.scales [C/G, R] (quant/export.h "--format awq").
+ *     quant_method "gptq" (bits 2, 3, 4, 8; group_size > 0 or -1; checkpoint_format "gptq" (default)
+ *       or "gptq_v2"): <p>.qweight I32 [C*b/32, R], <p>.qzeros I32 [ng, R*b/32], <p>.scales [ng, R],
+ *       <p>.g_idx I32 [C] (absent: c / G) (quant/export.h "--format gptq"); v1 zeros are stored + 1
+ *       as the GPTQ kernels do (no masking, so a v1 asym zero of 0 comes back as 2^b, like theirs).
+ *   A linear with a plain <p>.weight is used as is (modules_to_not_convert). The others are
+ *   dequantized WHILE LOADING, with the same rule in both formats, in f32:
+ *       W[r, c] = (float)(q - z) * (float)s        q, z integers; s the stored scale widened to f32
+ *   (one rounding: the product), into owned F32 views that m->layers[l].w[k] point at.
+ *   Memory: unlike every other model, 4 bytes per linear weight are allocated (about 8x the packed
+ *   4-bit size; SmolLM2-135M: 425 MB), held until llmq_model_free; m->quant says so. Loading costs
+ *   one pass over the packed tensors, output rows split over up to 16 threads (one per online
+ *   CPU; the result does not depend on the split). Errors: a missing / mis-shaped quantized
+ *   tensor is LLMQ_ERR_NOT_FOUND / LLMQ_ERR_CORRUPT naming it; a g_idx entry outside [0, ng) is
+ *   LLMQ_ERR_CORRUPT.
+ *
+ * ---- Errors --------------------------------------------------------------------------------------
+ *   Every failure logs one line naming the file and what is wrong, and returns:
+ *     path neither a file nor a directory / no config.json         LLMQ_ERR_NOT_FOUND
+ *     config.json not JSON / a key of the wrong type               LLMQ_ERR_CORRUPT
+ *     unknown architecture / model_type / rope scaling type        LLMQ_ERR_UNSUPPORTED
+ *     a required key or tensor missing                              LLMQ_ERR_NOT_FOUND ("... missing key X")
+ *     a tensor whose shape differs from the hyper-parameters        LLMQ_ERR_CORRUPT (expected vs actual)
+ *     a weight dtype that cannot be converted to f32                LLMQ_ERR_UNSUPPORTED
+ *     hyper-parameters out of range (n_head not dividing, ...)      LLMQ_ERR_CORRUPT
+ *   plus what formats/gguf.h, formats/safetensors.h and calib/tokenizer/tokenizer.h return (truncated files:
+ *   LLMQ_ERR_TRUNCATED from the file readers).
+ */
+#ifndef LLMQ_CALIB_MODEL_H
+#define LLMQ_CALIB_MODEL_H
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "formats/llama/arch.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct llmq_gguf;
+struct llmq_st_model;
+struct llmq_tokenizer;
+
+// One decoder block. Every pointer is a view owned by the model's file object.
+struct llmq_layer {
+    const struct llmq_tensor_view *attn_norm, *ffn_norm; // (D) RMSNorm weights
+    const struct llmq_tensor_view *w[LLMQ_LIN_COUNT];   // W[out, in], shapes in the table above
+    const struct llmq_tensor_view *bq, *bk, *bv;        // (H*Dh), (Hkv*Dh); NULL unless qwen2
+};
+
+struct llmq_model {
+    struct llmq_hparams hp;
+    const struct llmq_tensor_view *tok_embd;    // (V, D)
+    const struct llmq_tensor_view *output_norm; // (D)
+    const struct llmq_tensor_view *output;      // (V, D); == tok_embd when tied
+    struct llmq_layer *layers;                  // (n_layer)
+    struct llmq_tokenizer *tok;                 // owned; NULL only if the tokenizer module is absent
+    const char *path;                           // owned copy of the path given to llmq_model_load
+    bool from_gguf;
+    const struct llmq_gguf *gguf;               // owned; NULL for HF
+    const struct llmq_st_model *st;             // owned; NULL for GGUF
+    const char *arch_name;                      // "llama", "mistral", "qwen2" (static string)
+    const struct llmq_tensor_view *rope_freqs;  // (Dh/2) GGUF rope_freqs.weight (llama3 factors); else NULL
+    const struct llmq_model_quant *quant;       // owned; non-NULL only for an AWQ / GPTQ directory
+};
+
+// What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.
+struct llmq_model_quant {
+    const char *method;            // "awq" | "gptq" (static string)
+    const char *checkpoint_format; // "gemm" (awq), "gptq" | "gptq_v2" (static string)
+    int bits, group_size;          // group_size -1: one group per row
+    bool sym, desc_act;            // as config.json states them (false when absent)
+    int64_t n_dequantized;         // linears dequantized on load
+    uint64_t bytes;                // f32 bytes held for them
+    int64_t n_views;               // n_layer * LLMQ_LIN_COUNT
+    struct llmq_tensor_view *views; // (n_views) owned views (F32 data owned; unused: data NULL)
+};
+
+// Opens a GGUF file or an HF directory (decided by what path is), validates it (see "Errors")
+// and returns a model that owns the mapping and the tokenizer. On failure *out is NULL and one
+// error line was logged. Nothing is converted: loading costs the header parse only.
+enum llmq_status llmq_model_load(const char *path, struct llmq_model **out);
+void llmq_model_free(struct llmq_model *m); // NULL is a no-op
+
+// Converts weight w (R, C) (outermost-first W[out, in]; a 1-D tensor is (1, C)) of any dtype
+// formats/ggml/quants.h decodes to f32 into dst (R*C floats), rows split over n_threads pthreads
+// (n_threads <= 1: the calling thread). LLMQ_ERR_UNSUPPORTED for a dtype that cannot be decoded.
+enum llmq_status llmq_model_weight_f32(const struct llmq_tensor_view *w, float *dst, int n_threads);
+
+// Converts rows [r0, r0 + n) of a 2-D weight (R, C) to f32 into dst (n*C floats), one thread.
+// Used for embedding lookups (only the rows of the tokens seen). LLMQ_ERR_ARG if out of range.
+enum llmq_status llmq_model_rows_f32(const struct llmq_tensor_view *w, int64_t r0, int64_t n, float *dst);
+
+// The per-pair RoPE frequency divisors ff (Dh/2): pair i rotates by pos * theta^(-2i/Dh) / ff[i].
+// From the GGUF rope_freqs.weight tensor when there is one, else computed from hp.rope_llama3 as
+// llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters do, else all 1.
+void llmq_model_rope_freq_factors(const struct llmq_model *m, float *ff);
+// (The same computation from hyper-parameters alone: llmq_rope_llama3_factors, formats/llama/arch.h.)
+
+
+#endif // LLMQ_CALIB_MODEL_H

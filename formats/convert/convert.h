@@ -1,0 +1,169 @@
+/*
+ * formats/convert/convert.h — convert a LLaMA-family model between GGUF and a Hugging Face directory, and
+ * between GGUF tensor types (f32 / f16 / bf16).
+ *
+ * What it is: the library behind `llmq convert`. Three directions, chosen from the input kind and
+ * opts->to:
+ *
+ *   GGUF -> GGUF   every KV copied in order (general.file_type set: f32 0, f16 1, bf16 32;
+ *                  general.quantization_version dropped: no tensor stays quantized), every tensor
+ *                  in order: 1-D tensors (norms, biases) become f32 as llama.cpp keeps them, the
+ *                  others opts->dtype. Quantized tensors are dequantized bit-exactly as ggml does
+ *                  (formats/ggml/quants.h), f32 -> f16 / bf16 rounds to nearest even.
+ *   GGUF -> HF     a directory with config.json, generation_config.json, tokenizer.json,
+ *                  tokenizer_config.json and model.safetensors (or model-0000i-of-0000n.safetensors
+ *                  + model.safetensors.index.json above opts->max_shard_bytes), every tensor in
+ *                  opts->dtype under its HF name (table in calib/model/model.h), llama.cpp's q/k row
+ *                  permutation undone for arch "llama".
+ *   HF -> GGUF     llama-family metadata (general.*, <arch>.*, tokenizer.ggml.*), q/k rows permuted
+ *                  for arch "llama" as llama.cpp's convert_hf_to_gguf.py does, GGUF tensor names,
+ *                  types as GGUF -> GGUF.
+ *
+ * Architectures: GGUF "llama" (llama, mistral, stories260K, SmolLM2) and "qwen2" (q/k/v biases, no
+ * permutation: NEOX RoPE in both formats); HF model_type "llama", "mistral" (written as GGUF
+ * "llama", as llama.cpp does) and "qwen2". Anything else: LLMQ_ERR_UNSUPPORTED naming it.
+ *
+ * ---- The q/k permutation ----------------------------------------------------------------------
+ * HF applies RoPE to the two halves of a head (rotate_half); llama.cpp's "llama" rotates adjacent
+ * pairs, so convert_hf_to_gguf.py reorders the rows of q_proj / k_proj per head:
+ *   permute(W) = W.reshape(n_head, 2, Dh/2, C).swapaxes(1, 2).reshape(R, C)
+ * i.e. GGUF row h*Dh + 2*i + j holds HF row h*Dh + j*Dh/2 + i (i < Dh/2, j in {0, 1}); k uses
+ * n_head_kv. llmq_arch_qk_src_row() (formats/llama/arch.h) gives the source row of an output row in either direction.
+ *
+ * ---- Tokenizer ---------------------------------------------------------------------------------
+ * GGUF -> HF rebuilds tokenizer.json from tokenizer.ggml.*:
+ *   "gpt2"  byte-level BPE: model BPE (vocab = every token by id, merges = tokenizer.ggml.merges in
+ *           order), pre_tokenizer for tokenizer.ggml.pre: gpt2-like pres ("gpt-2", "mpt", "olmo",
+ *           ...) ByteLevel(use_regex); smollm-like ("smollm", "starcoder", "refact", ...) Digits
+ *           (individual) + ByteLevel; llama3-like ("llama-bpe", "llama3", "dbrx", ...) Split(llama3
+ *           regex, Isolated) + ByteLevel(no regex) with ignore_merges; qwen2-like ("qwen2",
+ *           "stablelm2", ...) Split(qwen2 regex) + ByteLevel. Other pres: LLMQ_ERR_UNSUPPORTED.
+ *   "llama" SentencePiece-style BPE: byte_fallback, normalizer Prepend("▁") (when
+ *           add_space_prefix, llama.cpp's default) + Replace(" " -> "▁"), no pre-tokenizer, merges
+ *           generated from the vocabulary: every split of a token into two tokens, ordered by the
+ *           merged token's score (highest first), then by the merged, left and right ids — the
+ *           order transformers' SentencePieceExtractor produces — so BPE by rank merges what
+ *           llama.cpp's SPM merges by score.
+ * Token types map to tokenizer.json as: CONTROL (3) -> added token, special; USER_DEFINED (4) ->
+ * added token, not special; UNKNOWN (2) -> added token, special, and model.unk_token; UNUSED (5)
+ * named "[PAD<id>]" -> left out (HF -> GGUF recreates them); NORMAL (1), BYTE (6) -> vocab only.
+ * tokenizer_config.json carries add_bos_token / add_eos_token, bos/eos/unk/pad/sep/mask tokens and
+ * the chat template; config.json and generation_config.json carry bos/eos ids.
+ * HF -> GGUF reads them back: tokens by id from model.vocab and added_tokens (ids missing from
+ * both up to config vocab_size become "[PAD<id>]" UNUSED, as llama.cpp does); types as above, plus
+ * BYTE for "<0xXX>" in an SPM vocabulary; "gpt2" merges in order; "llama" scores are not stored by
+ * tokenizer.json: they are recreated the way SentencePiece assigns them to a BPE model, piece i of
+ * the NORMAL pieces in id order gets score -i (from -0.0), every other token 0 — exactly the scores
+ * of stories260K / llama tokenizers; a GGUF whose scores are not of that form gets a warning on
+ * GGUF -> HF (its merge order is kept, the score values are not).
+ *   Round trip: GGUF -> HF -> GGUF at f32 reproduces every tensor byte and tokenizer.ggml.tokens,
+ *   token_type, merges and scores exactly for such vocabularies (tests/py/test_convert_oracle.py).
+ *   Not carried through HF: general.* descriptions, eot/eom/fim token ids, tokenizer.ggml.pre names
+ *   that share a pattern (they come back as the canonical name: "gpt-2", "smollm", "llama-bpe",
+ *   "qwen2"), UNUSED tokens not named "[PAD<id>]" (come back NORMAL).
+ *
+ * ---- Rope scaling ------------------------------------------------------------------------------
+ * HF rope_scaling {"rope_type": "llama3", ...} -> GGUF tensor rope_freqs.weight (Dh/2 f32 factors,
+ * computed by formats/llama/arch.h llmq_rope_llama3_factors); "linear" -> <arch>.rope.scaling.type/.factor.
+ * GGUF -> HF: rope.scaling.type "linear" back to rope_scaling; rope_freqs.weight is fitted to llama3
+ * parameters (low_freq_factor 1) and accepted only when regenerating the factors reproduces the
+ * tensor (relative error <= 1e-6); otherwise LLMQ_ERR_UNSUPPORTED. Other scaling types: UNSUPPORTED.
+ *
+ * ---- Output, atomicity, memory ------------------------------------------------------------------
+ * An existing output is refused (LLMQ_ERR_ARG) unless opts->force; with force, a GGUF output must be
+ * a regular file and an HF output a directory holding config.json (or empty): anything else is
+ * refused rather than deleted. The output is never visible half-written: a GGUF goes to
+ * "<out>.tmp.<pid>" and is renamed at the end (formats/gguf.h writer); an HF directory is built as
+ * "<out>.tmp.<pid>/" and renamed onto <out> at the end (the replaced directory is removed after
+ * the rename). Every input check (architecture, names, shapes, dtypes, vocabulary) runs before
+ * anything is created, so a bad input leaves nothing behind. The input is never written, and the
+ * output may not be the input. Tensors stream one at a time through a work buffer of a few MiB
+ * (rows are converted in chunks): memory stays far below one f32 copy of the model.
+ * Progress: one line per tensor on stderr (llmq_info) when opts->progress.
+ *
+ * ---- Errors -------------------------------------------------------------------------------------
+ * Every failure logs one line naming the file and tensor / key and returns: LLMQ_ERR_ARG (bad
+ * options, output exists, output == input), LLMQ_ERR_UNSUPPORTED (architecture, tensor name, dtype
+ * that cannot be decoded, tokenizer kind, rope scaling), LLMQ_ERR_CORRUPT (shapes that contradict the
+ * hyper-parameters, malformed tokenizer arrays or JSON), LLMQ_ERR_NOT_FOUND (missing key / file /
+ * tensor), plus what formats/gguf.h and formats/safetensors.h return for damaged files.
+ */
+#ifndef LLMQ_CALIB_CONVERT_H
+#define LLMQ_CALIB_CONVERT_H
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum llmq_convert_to {
+    LLMQ_CONVERT_TO_AUTO, // GGUF when the output path ends in ".gguf", else the other format (GGUF -> HF)
+    LLMQ_CONVERT_TO_GGUF,
+    LLMQ_CONVERT_TO_HF,
+};
+
+struct llmq_convert_opts {
+    enum llmq_convert_to to;
+    enum llmq_dtype dtype;    // LLMQ_DTYPE_F32, _F16 or _BF16 (anything else: LLMQ_ERR_ARG)
+    uint64_t max_shard_bytes; // HF output: tensor bytes per safetensors file; 0 = a single file
+    bool force;               // replace an existing output (see "Output")
+    bool progress;            // one line per tensor on stderr
+};
+
+// What a conversion did (for the CLI summary and tests).
+struct llmq_convert_stats {
+    int64_t n_tensors;
+    int64_t n_params;    // elements over all written tensors
+    uint64_t bytes_out;  // tensor bytes written
+    int n_shards;        // HF output: safetensors files; 1 for GGUF
+    double seconds;      // wall time of the whole conversion
+};
+
+// Defaults: AUTO, F32, 5 GB shards (5e9 bytes, Hugging Face's default), no force, no progress.
+struct llmq_convert_opts llmq_convert_default_opts(void);
+
+// Converts the model at `in` (a GGUF file or an HF directory) to `out` (see the header comment).
+// stats may be NULL. On failure nothing exists at `out` that was not there before, and the
+// temporary output is removed.
+enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq_convert_opts *opts,
+                              struct llmq_convert_stats *stats);
+
+// The KVs `llmq convert` writes for the HF directory `in` (general.*, <arch>.*, tokenizer.ggml.*, in
+// its order) into w, without general.file_type (quant/gguf_export.c sets it). Errors as llmq_convert.
+struct llmq_gguf_writer;
+enum llmq_status llmq_convert_hf_gguf_kvs(const char *in, struct llmq_gguf_writer *w);
+
+// ---- Pieces shared with other writers of HF directories (quant/export.c) ------------------------
+
+// Prepares an HF output directory as "Output" describes: refuses out == in and an existing out
+// unless force (then only a directory holding config.json, or an empty one), then creates the
+// empty directory "<out>.tmp.<pid>" (a leftover of a crashed run with the same pid is removed).
+// *tmp (owned: free()) names it; *replace tells llmq_convert_hf_publish to replace an existing out.
+enum llmq_status llmq_convert_hf_prepare(const char *in, const char *out, bool force, char **tmp, bool *replace);
+
+// Renames the finished tmp onto out (an existing out is moved aside first and removed after the
+// rename succeeded), then fsyncs the parent directory. On failure tmp is left to the caller.
+enum llmq_status llmq_convert_hf_publish(const char *tmp, const char *out, bool replace);
+
+// Removes a file or directory tree, best effort (symbolic links are removed, not followed).
+void llmq_convert_remove_tree(const char *path);
+
+// Writes j as dir/name (2-space indent, key order kept, floats with 9 digits), atomically.
+enum llmq_status llmq_convert_write_json(const char *dir, const char *name, const json_t *j);
+
+/*
+ * Writes the non-tensor files of an HF directory for the model at `in` into dir:
+ *   GGUF input: config.json, generation_config.json, tokenizer.json and tokenizer_config.json built
+ *     exactly as GGUF -> HF builds them (see "Tokenizer");
+ *   HF input: config.json read back, and generation_config.json, tokenizer.json,
+ *     tokenizer_config.json, special_tokens_map.json, added_tokens.json, tokenizer.model,
+ *     vocab.json, merges.txt, chat_template.jinja / .json copied byte for byte when present.
+ * config.json gets "torch_dtype" for dtype, loses any "quantization_config" of the input, and then
+ * every key of config_extra (an object, or NULL) set over it. Errors as llmq_convert.
+ */
+enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq_dtype dtype,
+                                      const json_t *config_extra);
+
+#endif // LLMQ_CALIB_CONVERT_H

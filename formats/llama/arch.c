@@ -1,0 +1,120 @@
+// formats/llama/arch.c — the LLaMA-family description (formats/llama/arch.h).
+#include "formats/llama/arch.h"
+
+#include "common/status.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
+    [LLMQ_T_TOK_EMBD] = {"token_embd.weight", "model.embed_tokens.weight", false, -1, false},
+    [LLMQ_T_OUTPUT_NORM] = {"output_norm.weight", "model.norm.weight", false, -1, false},
+    [LLMQ_T_OUTPUT] = {"output.weight", "lm_head.weight", false, -1, false},
+    [LLMQ_T_ATTN_NORM] = {"attn_norm.weight", "input_layernorm.weight", true, -1, false},
+    [LLMQ_T_FFN_NORM] = {"ffn_norm.weight", "post_attention_layernorm.weight", true, -1, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_Q] = {"attn_q.weight", "self_attn.q_proj.weight", true, LLMQ_LIN_Q, true},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_K] = {"attn_k.weight", "self_attn.k_proj.weight", true, LLMQ_LIN_K, true},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_V] = {"attn_v.weight", "self_attn.v_proj.weight", true, LLMQ_LIN_V, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_O] = {"attn_output.weight", "self_attn.o_proj.weight", true, LLMQ_LIN_O, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE] = {"ffn_gate.weight", "mlp.gate_proj.weight", true, LLMQ_LIN_GATE, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_UP] = {"ffn_up.weight", "mlp.up_proj.weight", true, LLMQ_LIN_UP, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN] = {"ffn_down.weight", "mlp.down_proj.weight", true, LLMQ_LIN_DOWN, false},
+    [LLMQ_T_BIAS_Q] = {"attn_q.bias", "self_attn.q_proj.bias", true, LLMQ_LIN_Q, true},
+    [LLMQ_T_BIAS_K] = {"attn_k.bias", "self_attn.k_proj.bias", true, LLMQ_LIN_K, true},
+    [LLMQ_T_BIAS_V] = {"attn_v.bias", "self_attn.v_proj.bias", true, LLMQ_LIN_V, false},
+    [LLMQ_T_BIAS_O] = {"attn_output.bias", "self_attn.o_proj.bias", true, LLMQ_LIN_O, false},
+};
+
+// The linears' stems: the table's weight names without ".weight", and the short names.
+static const char *const lin_gguf[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                     "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const lin_hf[LLMQ_LIN_COUNT] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                   "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                   "mlp.down_proj"};
+static const char *const lin_short[LLMQ_LIN_COUNT] = {"q", "k", "v", "o", "gate", "up", "down"};
+
+#define GGUF_BLOCK "blk."
+#define HF_BLOCK "model.layers."
+
+const struct llmq_tensor_name *llmq_tensor_name_of(enum llmq_tensor_role role) {
+    LLMQ_ASSERT((unsigned)role < LLMQ_T_COUNT);
+    return &table[role];
+}
+
+char *llmq_tensor_full_name(enum llmq_tensor_role role, int64_t layer, bool hf, char *buf, size_t size) {
+    const struct llmq_tensor_name *t = llmq_tensor_name_of(role);
+    const char *n = hf ? t->hf : t->gguf;
+    if (t->per_block) snprintf(buf, size, "%s%lld.%s", hf ? HF_BLOCK : GGUF_BLOCK, (long long)layer, n);
+    else snprintf(buf, size, "%s", n);
+    return buf;
+}
+
+int llmq_tensor_role_of(const char *name, bool hf, int64_t n_layer, int64_t *layer) {
+    const char *prefix = hf ? HF_BLOCK : GGUF_BLOCK;
+    size_t plen = strlen(prefix);
+    *layer = -1;
+    if (strncmp(name, prefix, plen) == 0) {
+        const char *p = name + plen, *end;
+        long long l = 0;
+        for (end = p; *end >= '0' && *end <= '9' && end - p < 6; end++) l = l * 10 + (*end - '0');
+        if (end == p || *end != '.' || (end - p > 1 && *p == '0') || l >= n_layer) return -1;
+        for (int i = 0; i < LLMQ_T_COUNT; i++) {
+            if (!table[i].per_block || strcmp(end + 1, hf ? table[i].hf : table[i].gguf) != 0) continue;
+            *layer = l;
+            return i;
+        }
+        return -1;
+    }
+    for (int i = 0; i < LLMQ_T_COUNT; i++)
+        if (!table[i].per_block && strcmp(name, hf ? table[i].hf : table[i].gguf) == 0) return i;
+    return -1;
+}
+
+const char *llmq_linear_gguf_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_gguf[l] : "?"; }
+const char *llmq_linear_hf_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_hf[l] : "?"; }
+char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *buf, size_t size) {
+    snprintf(buf, size, "%s%lld.%s", hf ? HF_BLOCK : GGUF_BLOCK, (long long)layer,
+             hf ? llmq_linear_hf_name(l) : llmq_linear_gguf_name(l));
+    return buf;
+}
+const char *llmq_linear_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_short[l] : "?"; }
+
+const char *llmq_arch_name(enum llmq_arch a) {
+    switch (a) {
+    case LLMQ_ARCH_LLAMA: return "llama";
+    case LLMQ_ARCH_MISTRAL: return "mistral";
+    case LLMQ_ARCH_QWEN2: return "qwen2";
+    }
+    return "?";
+}
+
+bool llmq_arch_qk_permuted(enum llmq_arch a) { return a == LLMQ_ARCH_LLAMA || a == LLMQ_ARCH_MISTRAL; }
+
+int64_t llmq_arch_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_gguf) {
+    LLMQ_ASSERT(n_head > 0 && n_rows % (2 * n_head) == 0 && r >= 0 && r < n_rows);
+    int64_t hd = n_rows / n_head, half = hd / 2, h = r / hd, k = r % hd;
+    if (to_gguf) return h * hd + (k % 2) * half + k / 2; // GGUF row (i, j) = (k / 2, k % 2) <- HF row (j, i)
+    return h * hd + 2 * (k % half) + k / half;           // HF row (j, i) = (k / half, k % half) <- GGUF row (i, j)
+}
+
+void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff) {
+    int64_t half = hp->head_dim / 2;
+    for (int64_t i = 0; i < half; i++) ff[i] = 1.0f;
+    if (!hp->rope_llama3.enabled) return;
+    // convert_hf_to_gguf.py LlamaModel (rope_type "llama3"): wavelengths beyond the original
+    // context are slowed down by `factor`, short ones kept, the band between interpolated.
+    double factor = hp->rope_llama3.factor, lo = hp->rope_llama3.low_freq_factor;
+    double hi = hp->rope_llama3.high_freq_factor, old_ctx = (double)hp->rope_llama3.original_max_pos;
+    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    for (int64_t i = 0; i < half; i++) {
+        float freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->head_dim);
+        double wavelen = 2.0 * M_PI / freq;
+        if (wavelen < hi_wavelen) ff[i] = 1.0f;
+        else if (wavelen > lo_wavelen) ff[i] = (float)factor;
+        else {
+            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            ff[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+        }
+    }
+}

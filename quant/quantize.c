@@ -763,8 +763,7 @@ static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_
     return c;
 }
 
-enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
-    if (report) *report = NULL;
+enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
     if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN) // no solver: the writer does it all (quant/gguf_export.h)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method rtn into --format gguf goes through llmq_gguf_export_rtn");
     if (o->to_gguf && o->static_groups)
@@ -776,17 +775,38 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
                            o->act_order || o->static_groups || o->q.group_size <= 0))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-group-aware needs --method gptq or awq+gptq, a group size, "
                                          "not --format gguf, and excludes --act-order and --static-groups");
-    struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
-    const struct llmq_hparams *hp = &m->hp;
     enum llmq_status st = llmq_qconfig_check(&o->q, "--bits/--group-size");
-    json_t *prov = NULL, *rep = NULL, *gguf_rep = NULL;
     if (st) return st;
-    bool need_calib = o->method != LLMQ_QMETHOD_RTN;
-    if (need_calib && o->calib.n_sources == 0)
+    if (o->method != LLMQ_QMETHOD_RTN && o->calib.n_sources == 0)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method %s needs calibration data (--calib PATH|NAME|self)",
                            llmq_qmethod_name(o->method));
     if (o->micro_batch < 1) return llmq_errorf(LLMQ_ERR_ARG, "quantize: micro_batch must be >= 1");
+    if (o->to_gguf) return LLMQ_OK;
     // refuse non-tiled shapes before any work
+    for (int64_t l = 0; l < m->hp.n_layer; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            int64_t R = v->shape[0], C = v->shape[1];
+            if (!tiles(&o->q, C) && !o->fallback_rtn_per_channel)
+                return llmq_errorf(LLMQ_ERR_ARG,
+                                   "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "
+                                   "columns; --group-size %d tiles every linear of the model (or use --group-size -1 "
+                                   "for per channel, or --fallback rtn-per-channel)",
+                                   (long long)l, gguf_names[k], (long long)R, (long long)C, o->q.group_size, (long long)C,
+                                   llmq_export_fit_group(m, o->q.group_size));
+        }
+    struct llmq_export_opts eo = o->out;
+    eo.q = o->q;
+    return llmq_export_check(m, &eo);
+}
+
+enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
+    if (report) *report = NULL;
+    struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
+    const struct llmq_hparams *hp = &m->hp;
+    enum llmq_status st = llmq_quantize_check(m, o);
+    json_t *prov = NULL, *rep = NULL, *gguf_rep = NULL;
+    if (st) return st;
     int64_t Rmax = 0, Cmax = 0;
     for (int64_t l = 0; l < hp->n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
@@ -795,13 +815,6 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
             Rmax = R > Rmax ? R : Rmax;
             Cmax = C > Cmax ? C : Cmax;
             r.params_total += R * C;
-            if (!o->to_gguf && !tiles(&o->q, C) && !o->fallback_rtn_per_channel)
-                return llmq_errorf(LLMQ_ERR_ARG,
-                                   "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "
-                                   "columns; use a --group-size that divides %lld, --group-size -1 (per channel), or "
-                                   "--fallback rtn-per-channel",
-                                   (long long)l, gguf_names[k], (long long)R, (long long)C, o->q.group_size, (long long)C,
-                                   (long long)C);
         }
     openblas_set_num_threads(o->n_threads);
     r.layers = json_array();

@@ -57,3 +57,77 @@ def test_devices(llmq_bin):
         assert rep["reason"]
     out = run([llmq_bin, "devices"]).stdout
     assert "cpu: available" in out
+
+
+# Every usage error exits 2 (README, "Exit status"), including those found only against the model's shapes
+# (group size, format capacity) or between flags (a method without its calibration): (argv after
+# `llmq`, a word the message must hold). M = stories260K (dim 64, ffn 172), T = a text file that exists.
+USAGE_ERRORS = [
+    (["inspect"], "missing argument"),
+    (["inspect", "M", "--max-array", "-5"], "--max-array"),
+    (["inspect", "M", "N"], "unexpected argument"),
+    (["convert", "--model", "M"], "--out"),
+    (["convert", "--model", "M", "--out", "O.gguf", "--to", "foo"], "--to"),
+    (["convert", "--model", "M", "--out", "O.gguf", "--dtype", "q4_0"], "--dtype"),
+    (["convert", "--model", "M", "--out", "O.gguf", "--max-shard-size", "lots"], "--max-shard-size"),
+    (["calib", "--model", "M"], "exactly one of"),
+    (["calib", "--calib", "T", "--out", "O.lcs"], "--model"),
+    (["calib", "--model", "M", "--calib", "T", "--out", "O.lcs", "--device", "gpu"], "unknown device"),
+    (["calib", "--model", "M", "--calib", "T", "--out", "O.lcs", "--nsamples", "0"], "--nsamples"),
+    (["calib", "--model", "M", "--calib"], "--calib needs a value"),
+    (["quantize", "--model", "M", "--out", "O", "--method", "foo"], "--method"),
+    (["quantize", "--model", "M", "--out", "O", "--format", "foo"], "--format"),
+    (["quantize", "--model", "M", "--out", "O", "--bits", "9"], "--bits"),
+    (["quantize", "--model", "M", "--out", "O", "--device", "xyz"], "unknown device"),
+    (["quantize", "--model", "M"], "--out"),
+    (["quantize", "--out", "O"], "--model"),
+    (["quantize", "--model", "M", "--out", "O", "--sym", "--asym"], "exclude each other"),
+    (["quantize", "--model", "M", "--out", "O", "--group-size", "128", "--format", "fake"],
+     "--group-size 4 tiles every linear"),
+    (["quantize", "--model", "M", "--out", "O", "--group-size", "48", "--format", "gptq"],
+     "--group-size 4 tiles every linear"),
+    (["quantize", "--model", "M", "--out", "O", "--method", "gptq", "--group-size", "4", "--format", "fake"],
+     "needs calibration data"),
+    (["quantize", "--model", "M", "--out", "O", "--group-size", "4", "--format", "awq", "--bits", "3"],
+     "4-bit weights only"),
+    (["quantize", "--model", "M", "--out", "O", "--group-size", "4", "--format", "gptq", "--bits", "5"],
+     "2, 3, 4 or 8 bits"),
+    (["quantize", "--model", "M", "--out", "O", "--group-size", "8", "--format", "gptq", "--fallback",
+      "rtn-per-channel"], "must be multiples of 8"),
+    (["quantize", "--model", "M", "--out", "O.gguf", "--method", "gptq", "--gguf-type", "Q4_0"],
+     "needs calibration data"),
+    (["quantize", "--model", "M", "--out", "O.gguf", "--gguf-type", "Q9_9"], "--gguf-type"),
+    (["quantize", "--model", "M", "--out", "O.gguf", "--gguf-type", "Q4_0", "--tensor-type", "x=foo"], "unknown type"),
+    (["eval", "--model", "M"], "--ppl"),
+    (["eval", "--model", "M", "--ppl", "T", "--protocol", "foo"], "--protocol"),
+    (["eval", "--model", "M", "--ppl", "T", "--ctx", "1"], "--ctx"),
+    (["eval", "--model", "M", "--ppl", "T", "--device", "xyz"], "unknown device"),
+    (["eval", "--model", "M", "--ppl", "T", "--logits-dtype", "q8"], "--logits-dtype"),
+    (["generate"], "--model"),
+    (["generate", "--model", "M", "-n", "x"], "--n-predict"),
+    (["generate", "--model", "M", "-n", "-3"], "--n-predict"),
+    (["devices", "--json=1"], "--json"),
+    (["devices", "extra"], "unexpected argument"),
+]
+
+
+@pytest.mark.parametrize("argv,msg", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_usage_errors_exit_2(llmq_bin, stories_v1, tmp_path, argv, msg):
+    text = tmp_path / "t.txt"
+    text.write_text("Once upon a time there was a cat. " * 20)
+    subst = {"M": str(stories_v1), "N": str(stories_v1), "T": str(text)}
+    args = [subst.get(a, str(tmp_path / a) if a in ("O", "O.gguf", "O.lcs") else a) for a in argv]
+    r = run([llmq_bin, *args], check=False)
+    assert r.returncode == 2 and msg in r.stderr, (r.returncode, r.stderr)
+    assert not any(p.name.startswith("O") for p in tmp_path.iterdir()), list(tmp_path.iterdir())
+
+
+def test_failures_exit_1(llmq_bin, stories_v1, tmp_path):
+    """Input that is missing or unreadable is a failure (1), not a usage error."""
+    r = run([llmq_bin, "inspect", tmp_path / "nope.gguf"], check=False)
+    assert r.returncode == 1 and "nope.gguf" in r.stderr
+    r = run([llmq_bin, "eval", "--model", stories_v1, "--ppl", tmp_path / "nope.txt"], check=False)
+    assert r.returncode == 1 and "nope.txt" in r.stderr
+    if not json.loads(run([llmq_bin, "devices", "--json"]).stdout)["cuda_devices"]:
+        r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "q", "--device", "cuda"], check=False)
+        assert r.returncode == 1 and "no CUDA device" in r.stderr, r.stderr

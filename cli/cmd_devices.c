@@ -2,6 +2,7 @@
 // of the other commands (cli_device).
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/log.h"
 #include "kernels/backend.h"
 
 #include <jansson.h>
@@ -21,7 +22,7 @@ int cli_device(const char *name, enum llmq_backend *be, char *desc, size_t desc_
     } else {
         snprintf(desc, desc_n, "cpu");
     }
-    fprintf(stderr, "device: %s\n", desc);
+    llmq_info("device: %s", desc);
     return 0;
 }
 

@@ -5,6 +5,7 @@
 #include "quant/quantize.h"
 
 #include "calib/forward.h"
+#include "common/eta.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/spill.h"
@@ -98,7 +99,9 @@ struct run {
     float *fq_qw;                // (Cmax) AWQ search: importance of the scaled input
     json_t *layers;
     double t0;
-    int64_t params_total, params_done;
+    int64_t params_total;
+    struct llmq_eta eta;         // over the block loop; work units: cost_data + cost_solve per linear
+    bool eta_data_early;         // the method credits cost_data after its block passes, not per report
     double bits_total;           // Σ bits of codes + scales (f16) + zeros
 };
 
@@ -234,22 +237,32 @@ static enum llmq_status widen_per_channel(const struct llmq_qlinear *pc, const s
     return LLMQ_OK;
 }
 
-static void fmt_time(char *buf, size_t n, double s) {
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, n, "%lds", t);
+// The ETA's work model (common/eta.h) of linear (R, C) with N calibration tokens: cost_data for the products
+// over the tokens (its share of the block passes, XᵀX, AWQ's search), cost_solve for the C-sized products
+// (GPTQ's solve and the layer error ‖(W-Q)X‖² from XᵀX; RTN without calibration: the rounding itself).
+static double cost_data(const struct run *r, int64_t R, int64_t C) {
+    return (double)R * (double)C * (double)(r->d.n_seq * r->d.seqlen);
+}
+static double cost_solve(const struct run *r, int64_t R, int64_t C) {
+    return (double)R * (double)C * (r->have_calib ? (double)C : 1.0);
+}
+
+// Credits cost_data of linear k of block l (k < 0: of all its linears): their block passes (or search) are done.
+static void credit_data(struct run *r, int l, int k) {
+    for (int j = k < 0 ? 0 : k; j < (k < 0 ? LLMQ_LIN_COUNT : k + 1); j++) {
+        const struct llmq_tensor_view *v = r->m->layers[l].w[j];
+        llmq_eta_credit(&r->eta, cost_data(r, v->shape[0], v->shape[1]));
+    }
 }
 
 // The stderr line and the JSON row of one finished linear; bits: what its storage costs.
 // gtype: the GGUF type it was written in (LLMQ_DTYPE_INVALID for the HF formats).
 static void report_linear(struct run *r, int l, int k, int64_t R, int64_t C, double bits, const char *how,
                           enum llmq_dtype gtype, double err, bool werr, double loss, double rtn_err, double secs) {
-    r->params_done += R * C;
     r->bits_total += bits;
-    double el = llmq_now_s() - r->t0;
+    llmq_eta_credit(&r->eta, cost_solve(r, R, C) + (r->eta_data_early ? 0 : cost_data(r, R, C)));
     char eta[32], name[64], extra[96] = "", type[24] = "";
-    fmt_time(eta, sizeof(eta), el / (double)r->params_done * (double)(r->params_total - r->params_done));
+    llmq_eta_format(llmq_eta_remaining(&r->eta, llmq_now_s()), eta, sizeof(eta));
     snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
     if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
     if (gtype != LLMQ_DTYPE_INVALID) snprintf(type, sizeof(type), "%-6s ", llmq_dtype_name(gtype));
@@ -475,6 +488,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     if (!r->o->true_sequential) {
         memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
         if ((st = block_pass(r, l, r->xt, -1))) return st;
+        credit_data(r, l, -1);
     }
     for (int g = 0; g < 4 && !st; g++) {
         int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
@@ -485,6 +499,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
                 st = block_pass(r, l, r->xt, slot);
             }
             if (st) break;
+            for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
         }
         for (int j = 0; j < 3 && !st && seq_groups[g][j] >= 0; j++) {
             int k = seq_groups[g][j];
@@ -551,6 +566,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
     ao.n_threads = r->o->n_threads;
     ao.backend = r->o->backend;
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
+    if (!st) credit_data(r, l, -1);
     // The writer reads a block's norms (folded by AWQ) when its stream reaches them, which for
     // input_layernorm is right after the previous block's down: so the block is bound (the model's views
     // on the folded copies) before the held down of block l-1 goes out, and stays bound for its linears.
@@ -664,6 +680,7 @@ static enum llmq_status block_awq_gguf(struct run *r, int l) {
         ao.lin_group_size[k] = blck > 1 ? (int)blck : 32; // F16 / BF16 / F32: any group, nearly lossless
     }
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
+    if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
     if (!st) st = llmq_awq_block_bind(b, NULL);
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
@@ -893,6 +910,14 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     eo.provenance = prov;
     if (!o->to_gguf && (st = llmq_export_begin(m, o->out_dir, &eo, &r.e))) goto done;
 
+    double work = 0;
+    for (int64_t l = 0; l < hp->n_layer; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            work += cost_data(&r, v->shape[0], v->shape[1]) + cost_solve(&r, v->shape[0], v->shape[1]);
+        }
+    r.eta_data_early = o->method != LLMQ_QMETHOD_RTN;
+    llmq_eta_init(&r.eta, work, llmq_now_s()); // the setup above (calibration text, embeddings) is not in the rate
     for (int l = 0; l < hp->n_layer && !st; l++) {
         if (r.have_calib) {
             llmq_calib_stats_free(&r.s);

@@ -131,3 +131,54 @@ def test_failures_exit_1(llmq_bin, stories_v1, tmp_path):
     if not json.loads(run([llmq_bin, "devices", "--json"]).stdout)["cuda_devices"]:
         r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "q", "--device", "cuda"], check=False)
         assert r.returncode == 1 and "no CUDA device" in r.stderr, r.stderr
+
+
+def test_gguf_fallbacks_logged_once(llmq_bin, stories_v3, tmp_path):
+    """A Q4_K_M of stories260K (64-wide rows, no 256-block tiles them): one summary warning, each tensor's
+    fallback named once (in its progress line); --verbose adds the planning detail, --quiet prints nothing."""
+    out = tmp_path / "q.gguf"
+    r = run([llmq_bin, "quantize", "--model", stories_v3, "--gguf-type", "Q4_K_M", "--out", out])
+    summary = [l for l in r.stderr.splitlines() if "fell back" in l]
+    assert len(summary) == 1 and "36 of 48 tensors" in summary[0], r.stderr
+    notes = [l for l in r.stderr.splitlines() if "not divisible by" in l]
+    assert len(notes) == 36 and len({n.split()[1] for n in notes}) == 36, notes  # one line per tensor
+    r = run([llmq_bin, "quantize", "--model", stories_v3, "--gguf-type", "Q4_K_M", "--out", out, "--force",
+             "--verbose"])
+    assert sum(l.startswith("debug: gguf mix:") for l in r.stderr.splitlines()) == 36, r.stderr
+    r = run([llmq_bin, "quantize", "--model", stories_v3, "--gguf-type", "Q4_K_M", "--out", out, "--force", "--quiet"])
+    assert r.stderr == "" and "output:" in r.stdout, r.stderr
+
+
+def test_quiet_everywhere(llmq_bin, stories_v1, stories_v3, tmp_path):
+    """--quiet: errors only on stderr (no device, progress, per-layer or info lines); stdout unchanged."""
+    text = tmp_path / "t.txt"
+    text.write_text("Once upon a time there was a little cat. It liked to play in the sun. " * 40)
+    cmds = [
+        ["quantize", "--model", stories_v1, "--out", tmp_path / "q", "--group-size", "4", "--format", "fake"],
+        ["quantize", "--model", stories_v1, "--out", tmp_path / "g", "--method", "gptq", "--group-size", "4",
+         "--format", "fake", "--calib", text, "--nsamples", "2", "--seqlen", "16"],
+        ["calib", "--model", stories_v1, "--calib", text, "--nsamples", "2", "--seqlen", "16", "--out", tmp_path / "s.lcs"],
+        ["eval", "--model", stories_v1, "--ppl", text, "--ctx", "64"],
+        ["convert", "--model", stories_v3, "--out", tmp_path / "c.gguf", "--dtype", "f16"],
+        ["generate", "--model", stories_v1, "--prompt", "Once", "-n", "4"],
+        ["inspect", stories_v3],
+        ["devices"],
+    ]
+    for c in cmds:
+        loud = run([llmq_bin, *c, *(["--force"] if c[0] in ("quantize", "convert") else [])])
+        quiet = run([llmq_bin, *c, "--quiet", *(["--force"] if c[0] in ("quantize", "convert") else [])])
+        assert quiet.stderr == "", (c, quiet.stderr)
+        untimed = [re.sub(r"\d+\.\d+ (s|tokens/s)\b", "T", l) for l in (quiet.stdout, loud.stdout)]
+        assert untimed[0] == untimed[1], (c, quiet.stdout, loud.stdout)
+        if c[0] in ("quantize", "calib", "eval", "convert"):
+            assert loud.stderr, c  # they do log progress without it
+    r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "q", "--quiet", "--format", "fake",
+             "--group-size", "4"], check=False)  # exists: the error still shows
+    assert r.returncode == 1 and r.stderr.startswith("error:"), r.stderr
+
+
+def test_quantize_help_explains_the_columns(llmq_bin):
+    out = run([llmq_bin, "quantize", "--help"]).stdout
+    block = out[out.index("What the columns"):]
+    for col in ("err", "werr", "loss", "rtn_err", "ETA", "METHOD", "R x C"):
+        assert re.search(rf"^\s+{re.escape(col.strip())}\s", block, re.M), col

@@ -128,9 +128,14 @@ def test_failures_exit_1(llmq_bin, stories_v1, tmp_path):
     assert r.returncode == 1 and "nope.gguf" in r.stderr
     r = run([llmq_bin, "eval", "--model", stories_v1, "--ppl", tmp_path / "nope.txt"], check=False)
     assert r.returncode == 1 and "nope.txt" in r.stderr
-    if not json.loads(run([llmq_bin, "devices", "--json"]).stdout)["cuda_devices"]:
+    dev = json.loads(run([llmq_bin, "devices", "--json"]).stdout)
+    if not dev["cuda_devices"]:
         r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "q", "--device", "cuda"], check=False)
-        assert r.returncode == 1 and "no CUDA device" in r.stderr, r.stderr
+        assert r.returncode == 1 and f"--device cuda: no CUDA device found: {dev['reason']}" in r.stderr, r.stderr
+        # --device auto: one info line, then the CPU
+        r = run([llmq_bin, "quantize", "--model", stories_v1, "--out", tmp_path / "a", "--format", "fake",
+                 "--group-size", "4"])
+        assert r.stderr.splitlines()[0] == f"device: cpu (no CUDA device found: {dev['reason']})", r.stderr
 
 
 def test_gguf_fallbacks_logged_once(llmq_bin, stories_v3, tmp_path):

@@ -102,6 +102,9 @@ struct run {
     int64_t params_total;
     struct llmq_eta eta;         // over the block loop; work units: cost_data + cost_solve per linear
     bool eta_data_early;         // the method credits cost_data after its block passes, not per report
+    double eta_data_weight;      // block passes per linear's data work: 1, AWQ 1 + n_grid (its scale search)
+    double eta_other;            // work of the other tensors (embeddings, output head: their elements), which
+                                 // the writer streams out before block 0's linears; credited at the first report
     double bits_total;           // Σ bits of codes + scales (f16) + zeros
 };
 
@@ -238,10 +241,11 @@ static enum llmq_status widen_per_channel(const struct llmq_qlinear *pc, const s
 }
 
 // The ETA's work model (common/eta.h) of linear (R, C) with N calibration tokens: cost_data for the products
-// over the tokens (its share of the block passes, XᵀX, AWQ's search), cost_solve for the C-sized products
-// (GPTQ's solve and the layer error ‖(W-Q)X‖² from XᵀX; RTN without calibration: the rounding itself).
+// over the tokens (its share of the block passes and XᵀX; AWQ's scale search is n_grid more forwards, quant/awq.h
+// "Cost"), cost_solve for the C-sized products (GPTQ's solve and the layer error ‖(W-Q)X‖² from XᵀX; RTN
+// without calibration: the rounding itself).
 static double cost_data(const struct run *r, int64_t R, int64_t C) {
-    return (double)R * (double)C * (double)(r->d.n_seq * r->d.seqlen);
+    return r->eta_data_weight * (double)R * (double)C * (double)(r->d.n_seq * r->d.seqlen);
 }
 static double cost_solve(const struct run *r, int64_t R, int64_t C) {
     return (double)R * (double)C * (r->have_calib ? (double)C : 1.0);
@@ -260,7 +264,8 @@ static void credit_data(struct run *r, int l, int k) {
 static void report_linear(struct run *r, int l, int k, int64_t R, int64_t C, double bits, const char *how,
                           enum llmq_dtype gtype, double err, bool werr, double loss, double rtn_err, double secs) {
     r->bits_total += bits;
-    llmq_eta_credit(&r->eta, cost_solve(r, R, C) + (r->eta_data_early ? 0 : cost_data(r, R, C)));
+    llmq_eta_credit(&r->eta, cost_solve(r, R, C) + (r->eta_data_early ? 0 : cost_data(r, R, C)) + r->eta_other);
+    r->eta_other = 0;
     char eta[32], name[64], extra[96] = "", type[24] = "";
     llmq_eta_format(llmq_eta_remaining(&r->eta, llmq_now_s()), eta, sizeof(eta));
     snprintf(name, sizeof(name), "blk.%d.%s", l, gguf_names[k]);
@@ -910,7 +915,12 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     eo.provenance = prov;
     if (!o->to_gguf && (st = llmq_export_begin(m, o->out_dir, &eo, &r.e))) goto done;
 
-    double work = 0;
+    struct llmq_awq_opts awq_default;
+    llmq_awq_opts_default(&awq_default);
+    r.eta_data_weight = o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ ? 1.0 + awq_default.n_grid : 1.0;
+    r.eta_other = (double)llmq_tensor_nelements(m->tok_embd) +
+                  (m->output && m->output != m->tok_embd ? (double)llmq_tensor_nelements(m->output) : 0);
+    double work = r.eta_other;
     for (int64_t l = 0; l < hp->n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
             const struct llmq_tensor_view *v = m->layers[l].w[k];

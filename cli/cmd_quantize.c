@@ -282,7 +282,7 @@ int cmd_quantize(int argc, char **argv) {
         "  rtn_err  err of plain RTN on the same grid and layer: err below rtn_err is what GPTQ gained\n"
         "  S s      seconds this linear took (AWQ: its search ran before, in the block's awq: lines)\n"
         "  ETA      time left: a work model (rows x cols x (tokens + cols) per linear, AWQ's tokens counted\n"
-        "           1 + 20 times for its scale search) at the rate measured on the work done; ? until 1%\n"
+        "           1 + 20 times for its scale search) at the rate measured so far; ? until 1% is done\n"
         "gguf output: one line per tensor, [i/n] NAME SHAPE SRC -> TYPE MiB ms ETA and why the type differs\n"
         "from the mix's (a fallback when the row length does not tile the block, an override).\n"
         "\n"

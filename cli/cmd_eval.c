@@ -327,6 +327,7 @@ int cmd_eval(int argc, char **argv) {
     struct llmq_eval_report rep;
     struct progress pr = {.tty = isatty(STDERR_FILENO) != 0};
     char hex[65];
+    bool usage_late = false;
 
     if (kld_file) {
         if ((st = llmq_logits_open(kld_file, &lf))) goto done;
@@ -335,6 +336,7 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "llmq eval: --ctx %ld differs from the context %lld of %s\n", ctx,
                     (long long)llmq_logits_header(lf)->n_ctx, kld_file);
             st = LLMQ_ERR_ARG;
+            usage_late = true; // conflicting flags, found once the file is open: a usage error
             goto done;
         }
     }
@@ -407,5 +409,5 @@ done:
     llmq_logits_close(lf);
     llmq_model_free(base);
     llmq_model_free(m);
-    return st ? 1 : 0;
+    return usage_late ? 2 : st ? 1 : 0;
 }

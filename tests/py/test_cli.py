@@ -187,3 +187,12 @@ def test_quantize_help_explains_the_columns(llmq_bin):
     block = out[out.index("What the columns"):]
     for col in ("err", "werr", "loss", "rtn_err", "ETA", "METHOD", "R x C"):
         assert re.search(rf"^\s+{re.escape(col.strip())}\s", block, re.M), col
+
+
+def test_eval_ctx_conflicting_with_logits_exits_2(llmq_bin, stories_v1, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("Once upon a time there was a little cat. It liked to play in the sun. " * 40)
+    logits = tmp_path / "base.logits"
+    run([llmq_bin, "eval", "--model", stories_v1, "--ppl", text, "--ctx", "64", "--save-logits", logits, "--quiet"])
+    r = run([llmq_bin, "eval", "--model", stories_v1, "--ppl", text, "--ctx", "128", "--kld", logits], check=False)
+    assert r.returncode == 2 and "differs from the context 64" in r.stderr, r.stderr

@@ -1,6 +1,7 @@
 // cli/args.c — the flag parser behind every llmq subcommand.
 #include "cli/args.h"
 
+#include "common/log.h"
 #include "common/spill.h"
 
 #include <errno.h>
@@ -19,6 +20,8 @@ void cli_print_help(const struct cli_cmd *cmd, FILE *out) {
         snprintf(left, sizeof(left), "--%s%s", f->name, arg);
         fprintf(out, "  %-24s %s (default: %s)\n", left, f->help, f->def ? f->def : "none");
     }
+    fprintf(out, "  %-24s %s (default: off)\n", "--quiet", "errors only on stderr: no progress, per-layer or info lines");
+    fprintf(out, "  %-24s %s (default: off)\n", "--verbose", "also debug lines (e.g. each GGUF type fallback as it is planned)");
     fprintf(out, "  %-24s %s\n", "--help", "print this help and exit");
     if (cmd->details) fprintf(out, "\n%s\n", cmd->details);
 }
@@ -53,6 +56,10 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, const char **pos
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             cli_print_help(cmd, stdout);
             return 1;
+        }
+        if (strcmp(a, "--quiet") == 0 || strcmp(a, "--verbose") == 0) { // every command's (common/log.h level)
+            llmq_log_set_level(a[2] == 'q' ? LLMQ_LOG_ERROR : LLMQ_LOG_DEBUG);
+            continue;
         }
         if (strncmp(a, "--", 2) != 0) return usage_error(cmd, "unknown flag: ", a);
         const char *name = a + 2, *eq = strchr(name, '=');

@@ -34,7 +34,8 @@ struct cli_cmd {
 
 // Parses argv[0..argc) (argv[0] is the first argument after the command name). Positional
 // arguments are stored in pos[] (at most max_pos). Returns 0 on success, 1 if --help was printed
-// (the caller exits 0), 2 on a usage error (already printed; the caller exits 2).
+// (the caller exits 0), 2 on a usage error (already printed; the caller exits 2). Every command also
+// takes --quiet (log level LLMQ_LOG_ERROR: errors only) and --verbose (LLMQ_LOG_DEBUG); the last wins.
 int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, const char **pos, int *n_pos);
 void cli_print_help(const struct cli_cmd *cmd, FILE *out);
 

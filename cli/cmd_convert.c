@@ -37,7 +37,7 @@ static bool parse_size(const char *s, uint64_t *out) {
 
 int cmd_convert(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *to = "auto", *dtype = "f32", *shard = "5GB";
-    bool force = false, quiet = false;
+    bool force = false;
     const struct cli_flag flags[] = {
         {"model", CLI_STR, &model, NULL, "input: a GGUF file or a Hugging Face model directory (required)"},
         {"out", CLI_STR, &out, NULL, "output: a GGUF file or a directory to create (required)"},
@@ -45,7 +45,6 @@ int cmd_convert(int argc, char **argv) {
         {"dtype", CLI_STR, &dtype, "f32", "tensor type of the output: f32, f16 or bf16 (GGUF keeps 1-D tensors f32)"},
         {"max-shard-size", CLI_STR, &shard, "5GB", "HF output: bytes per safetensors file (GB = 1e9, GiB = 2^30; 0: one file)"},
         {"force", CLI_BOOL, &force, "off", "replace an existing output (a GGUF file, or a directory with config.json)"},
-        {"quiet", CLI_BOOL, &quiet, "off", "no per-tensor progress lines on stderr"},
     };
     const struct cli_cmd cmd = {
         "convert", "--model IN --out OUT [flags]",
@@ -85,7 +84,7 @@ int cmd_convert(int argc, char **argv) {
         return 2;
     }
     o.force = force;
-    o.progress = !quiet;
+    o.progress = llmq_log_get_level() <= LLMQ_LOG_INFO; // --quiet: no per-tensor lines
 
     struct llmq_convert_stats s;
     if (llmq_convert(model, out, &o, &s) != LLMQ_OK) return 1;

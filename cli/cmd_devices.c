@@ -2,6 +2,7 @@
 // of the other commands (cli_device).
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/log.h"
 #include "kernels/backend.h"
 
 #include <jansson.h>
@@ -17,11 +18,11 @@ int cli_device(const char *name, enum llmq_backend *be, char *desc, size_t desc_
         if ((st = llmq_cuda_device_info(0, &d))) return 1;
         snprintf(desc, desc_n, "cuda:0 %s (%d SMs)", d.name, d.sm_count);
     } else if (strcmp(name, "auto") == 0 && llmq_cuda_device_count(&why) == 0) {
-        snprintf(desc, desc_n, "cpu (no CUDA device: %s)", why ? why : "unknown reason");
+        snprintf(desc, desc_n, "cpu (no CUDA device found: %s)", why ? why : "unknown reason");
     } else {
         snprintf(desc, desc_n, "cpu");
     }
-    fprintf(stderr, "device: %s\n", desc);
+    llmq_info("device: %s", desc);
     return 0;
 }
 

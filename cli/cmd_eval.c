@@ -19,6 +19,7 @@
 #include "calib/tokenizer/tokenizer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/eta.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/sha256.h"
@@ -82,21 +83,17 @@ struct progress {
     double last_s;  // TTY: elapsed time of the last update (at most 5 per second)
 };
 
-static void fmt_time(char *buf, size_t n, double s) {
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, n, "%lds", t);
-}
-
 static void on_progress(void *user, const struct llmq_eval_progress *p) {
     struct progress *pr = user;
     bool last = p->chunk == p->n_chunks;
+    if (llmq_log_get_level() > LLMQ_LOG_INFO) return; // --quiet
     if (!last && (pr->tty ? pr->printed && p->elapsed_s - pr->last_s < 0.2 : p->chunk % pr->every != 0)) return;
     pr->last_s = p->elapsed_s;
     char el[32], eta[32], kld[48] = "";
-    fmt_time(el, sizeof(el), p->elapsed_s);
-    fmt_time(eta, sizeof(eta), p->elapsed_s / (double)p->chunk * (double)(p->n_chunks - p->chunk));
+    llmq_eta_format(p->elapsed_s, el, sizeof(el));
+    // chunks cost the same: the work model is the chunk count (common/eta.h)
+    struct llmq_eta w = {.total = (double)p->n_chunks, .done = (double)p->chunk, .t0 = 0};
+    llmq_eta_format(llmq_eta_remaining(&w, p->elapsed_s), eta, sizeof(eta));
     if (p->kld_mean > 0) snprintf(kld, sizeof(kld), "  KLD %.6f", p->kld_mean);
     fprintf(stderr, "%seval: chunk %lld/%lld  PPL %.4f%s  %.2f s/chunk  elapsed %s  ETA %s%s",
             pr->tty ? "\r" : "", (long long)p->chunk, (long long)p->n_chunks, p->ppl, kld,
@@ -330,6 +327,7 @@ int cmd_eval(int argc, char **argv) {
     struct llmq_eval_report rep;
     struct progress pr = {.tty = isatty(STDERR_FILENO) != 0};
     char hex[65];
+    bool usage_late = false;
 
     if (kld_file) {
         if ((st = llmq_logits_open(kld_file, &lf))) goto done;
@@ -338,6 +336,7 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "llmq eval: --ctx %ld differs from the context %lld of %s\n", ctx,
                     (long long)llmq_logits_header(lf)->n_ctx, kld_file);
             st = LLMQ_ERR_ARG;
+            usage_late = true; // conflicting flags, found once the file is open: a usage error
             goto done;
         }
     }
@@ -410,5 +409,5 @@ done:
     llmq_logits_close(lf);
     llmq_model_free(base);
     llmq_model_free(m);
-    return st ? 1 : 0;
+    return usage_late ? 2 : st ? 1 : 0;
 }

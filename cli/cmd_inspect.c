@@ -260,16 +260,45 @@ done:
 
 // ---- totals and the text renderer --------------------------------------------------------------
 
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+// Bits per packed code of a GPTQ / AWQ directory (config.json quantization_config: "bits", AutoAWQ's
+// older "w_bit"), 0 when the model is not one.
+static int packed_bits(const json_t *rep) {
+    const json_t *qc = json_object_get(json_object_get(rep, "config"), "quantization_config");
+    const char *qm = json_string_value(json_object_get(qc, "quant_method"));
+    if (!qm || (strcmp(qm, "gptq") && strcmp(qm, "awq"))) return 0;
+    json_int_t b = json_integer_value(json_object_get(qc, "bits"));
+    if (!b) b = json_integer_value(json_object_get(qc, "w_bit"));
+    return b >= 1 && b <= 32 ? (int)b : 0;
+}
+
+// Parameters: the logical weights a tensor holds. A GPTQ / AWQ qweight (int32) packs 32 / bits codes per
+// element whichever dimension it packs (GPTQ the input, AWQ the output dimension), so it holds
+// elements * 32 / bits weights; its qzeros, scales and g_idx are metadata of those weights (0 parameters,
+// their bytes still count). Every other tensor: its elements.
 static void add_totals(json_t *rep) {
-    json_int_t n_params = 0, n_bytes = 0;
+    json_int_t n_params = 0, n_bytes = 0, n_elems = 0;
     size_t i;
     json_t *t;
+    int bits = packed_bits(rep);
     json_array_foreach(json_object_get(rep, "tensors"), i, t) {
-        n_params += json_integer_value(json_object_get(t, "elements"));
+        const char *name = json_string_value(json_object_get(t, "name")), *dt = json_string_value(json_object_get(t, "dtype"));
+        json_int_t el = json_integer_value(json_object_get(t, "elements")), p = el;
+        if (bits && ends_with(name, ".qweight") && strcmp(dt, "I32") == 0) p = el * 32 / bits;
+        else if (bits && (ends_with(name, ".qzeros") || ends_with(name, ".scales") || ends_with(name, ".g_idx"))) p = 0;
+        if (bits) json_object_set_new(t, "params", json_integer(p));
+        n_params += p;
+        n_elems += el;
         n_bytes += json_integer_value(json_object_get(t, "bytes"));
     }
     json_object_set_new(rep, "n_tensors", json_integer((json_int_t)json_array_size(json_object_get(rep, "tensors"))));
     json_object_set_new(rep, "n_params", json_integer(n_params));
+    json_object_set_new(rep, "n_elements", json_integer(n_elems));
+    if (bits) json_object_set_new(rep, "packed_bits", json_integer(bits));
     json_object_set_new(rep, "n_bytes", json_integer(n_bytes));
     json_object_set_new(rep, "bits_per_weight", n_params ? json_real(8.0 * (double)n_bytes / (double)n_params) : json_null());
 }
@@ -345,8 +374,13 @@ static void print_text(const json_t *rep) {
                json_string_value(json_object_get(v, "dtype")), shape, pad > 0 ? pad : 0, "",
                (long long)json_integer_value(json_object_get(v, "bytes")));
     }
-    printf("\ntotal:         %lld tensors, %lld parameters, ", (long long)json_integer_value(json_object_get(rep, "n_tensors")),
+    printf("\ntotal:         %lld tensors, %lld parameters", (long long)json_integer_value(json_object_get(rep, "n_tensors")),
            (long long)json_integer_value(json_object_get(rep, "n_params")));
+    if (json_object_get(rep, "packed_bits"))
+        printf(" (%lld stored elements: %lld-bit codes packed in int32)",
+               (long long)json_integer_value(json_object_get(rep, "n_elements")),
+               (long long)json_integer_value(json_object_get(rep, "packed_bits")));
+    printf(", ");
     print_size((double)json_integer_value(json_object_get(rep, "n_bytes")));
     v = json_object_get(rep, "bits_per_weight");
     if (json_is_real(v)) printf(", %.4f bits per weight", json_real_value(v));
@@ -354,11 +388,6 @@ static void print_text(const json_t *rep) {
 }
 
 // ---- command -------------------------------------------------------------------------------------
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
 
 static bool starts_with_gguf_magic(const char *path) {
     char magic[4] = {0};
@@ -382,6 +411,9 @@ int cmd_inspect(int argc, char **argv) {
         "bytes) of a GGUF file, a safetensors file or index, or a Hugging Face model directory.\n"
         "Only headers are read: tensor data is never touched.",
         "Shapes are outermost-first (PyTorch order); GGUF's own fastest-first order is in the JSON as \"ne\".\n"
+        "Parameters are logical weights: a GPTQ / AWQ directory's int32 qweight holds 32/bits codes per element\n"
+        "(counted as such), its qzeros, scales and g_idx are metadata (0 parameters); a GGUF block type holds\n"
+        "its elements. Bits per weight = 8 x all tensor bytes (metadata included) / parameters.\n"
         "Exit status: 0 ok, 1 unreadable or invalid input (the message names the file and the problem), 2 usage.",
         flags, 2, 1, 1};
     const char *pos[1];

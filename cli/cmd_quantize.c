@@ -101,6 +101,12 @@ struct gguf_args {
     bool dry_run;
 };
 
+// After a usage error found against the model (its line is out): the hint, and exit status 2.
+static int usage_exit(void) {
+    fprintf(stderr, "run 'llmq quantize --help' for the flags and their defaults\n");
+    return 2;
+}
+
 static int run_gguf(struct gguf_args *a) {
     struct llmq_model *m = NULL;
     struct llmq_calib_stats s = {0};
@@ -109,6 +115,11 @@ static int run_gguf(struct gguf_args *a) {
     bool rtn = a->qo.method == LLMQ_QMETHOD_RTN;
     enum llmq_status st = llmq_model_load(a->model, &m);
     if (st) goto done;
+    a->qo.to_gguf = true;
+    if (!rtn && llmq_quantize_check(m, &a->qo)) { // the options do not fit this model: a usage error
+        llmq_model_free(m);
+        return usage_exit();
+    }
     if (a->imatrix) {
         if ((st = load_imatrix(a->imatrix, m, &s, a->settings))) goto done;
         a->eo.imatrix = &s;
@@ -143,7 +154,6 @@ static int run_gguf(struct gguf_args *a) {
     } else if (rtn) {
         if ((st = llmq_gguf_export_rtn(m, a->out, &a->eo))) goto done;
     } else {
-        a->qo.to_gguf = true;
         a->qo.gguf = a->eo;
         a->qo.out_dir = a->out;
         if ((st = llmq_quantize_run(m, &a->qo, &rep))) goto done;
@@ -178,6 +188,17 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+// --format when not given: gguf for a GGUF output, else the method's packed format where it holds the
+// bits and groups (awq: 4 bits with a group size; gptq: 2, 3, 4, 8 bits; rtn's integer codes pack as
+// gptq), else fake; fake also for --fallback rtn-per-channel, which only fake can hold.
+static const char *default_format(const char *method, bool gguf_out, long bits, long group, const char *fallback) {
+    if (gguf_out) return "gguf";
+    if (bits == LONG_MIN) bits = 4;
+    if (fallback && strcmp(fallback, "rtn-per-channel") == 0) return "fake";
+    if (strcmp(method, "awq") == 0 && bits == 4 && group != -1) return "awq";
+    return bits == 2 || bits == 3 || bits == 4 || bits == 8 ? "gptq" : "fake";
+}
+
 int cmd_quantize(int argc, char **argv) {
     const char *model_path = NULL, *method = "rtn", *format = NULL, *out = NULL, *json_path = NULL, *fallback = NULL,
                *gguf_type = NULL, *imatrix = NULL, *tt_dummy = NULL, *output_type = NULL,
@@ -210,8 +231,11 @@ int cmd_quantize(int argc, char **argv) {
         {"no-true-sequential", CLI_BOOL, &no_tseq, "off",
          "GPTQ: collect all Hessians of a block in one pass instead of [qkv] -> [o] -> [gate,up] -> [down]"},
         {"damp", CLI_FLOAT, &damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
-        {"format", CLI_STR, &format, "fake (gguf when --gguf-type is given or --out ends in .gguf)",
-         "awq | gptq | fake (dequantized weights) | gguf"},
+        {"format", CLI_STR, &format,
+         "the method's packed format: awq for --method awq (4 bits with a group size), else gptq (2, 3, 4, 8 "
+         "bits), else fake; fake with --fallback rtn-per-channel; gguf when --gguf-type is given or --out ends "
+         "in .gguf",
+         "awq | gptq (packed integer codes) | fake (dequantized weights in the model's dtype) | gguf"},
         {"out", CLI_STR, &out, NULL,
          "output directory, or the .gguf file (required, except with --dry-run; refused if it exists unless --force)"},
         {"calib", CLI_STR, &ca.calib_help_dummy, "none",
@@ -244,7 +268,24 @@ int cmd_quantize(int argc, char **argv) {
         "GPTQ takes each block's inputs from the already quantized model (true-sequential); AWQ from the\n"
         "full-precision model. Calibration windows: seeded random --seqlen windows of the concatenated\n"
         "tokenized sources. Identical inputs, --seed, --threads and --device give byte-identical outputs.\n"
-        "stderr: one line per linear (name, shape, method, ‖WX-QX‖²/‖WX‖², seconds) and ETA.\n"
+        "\n"
+        "What the columns of the per-linear lines on stderr mean:\n"
+        "  quantize: blk.L.NAME  R x C  METHOD [TYPE]  err|werr E  [loss L  rtn_err E0]  S s  ETA T\n"
+        "  R x C    rows (out_features) x columns (in_features) of the linear\n"
+        "  METHOD   rtn | gptq | awq | awq+gptq; rtn-pc: the --fallback rtn-per-channel layer; gguf: convert\n"
+        "           (f16/f32 type, no quantizer) and METHOD:rtn (GPTQ lost to the plain encoder, which was kept)\n"
+        "  TYPE     gguf only: the block type the linear was written in\n"
+        "  err      relative output error on the calibration tokens, ||(W-Q)X||^2 / ||WX||^2 (0 = exact)\n"
+        "  werr     relative weight error ||W-Q||^2 / ||W||^2, instead of err when there is no calibration\n"
+        "  loss     GPTQ's own objective, 1/2 sum (w-q)^2 / [H^-1]_ii^2 over the columns (the reference's\n"
+        "           Losses); its scale follows the Hessian (the inputs' size): compare it on one linear only\n"
+        "  rtn_err  err of plain RTN on the same grid and layer: err below rtn_err is what GPTQ gained\n"
+        "  S s      seconds this linear took (AWQ: its search ran before, in the block's awq: lines)\n"
+        "  ETA      time left: a work model (rows x cols x (tokens + cols) per linear, AWQ's tokens counted\n"
+        "           1 + 20 times for its scale search) at the rate measured so far; ? until 1% is done\n"
+        "gguf output: one line per tensor, [i/n] NAME SHAPE SRC -> TYPE MiB ms ETA and why the type differs\n"
+        "from the mix's (a fallback when the row length does not tile the block, an override).\n"
+        "\n"
         "GGUF output gets llama-quantize's per-tensor types (quant/gguf_mix.h); with --method rtn\n"
         "and --no-provenance the file equals llama.cpp's for the same input and importance.\n"
         "Exit status: 0 ok, 1 error, 2 usage.",
@@ -253,7 +294,7 @@ int cmd_quantize(int argc, char **argv) {
     int n_pos;
     rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
-    if (!format) format = gguf_type || (out && ends_with(out, ".gguf")) ? "gguf" : "fake";
+    if (!format) format = default_format(method, gguf_type || (out && ends_with(out, ".gguf")), bits, group, fallback);
     bool gguf = strcmp(format, "gguf") == 0;
 
     struct llmq_quantize_opts o = llmq_quantize_default_opts();
@@ -388,6 +429,10 @@ int cmd_quantize(int argc, char **argv) {
     struct llmq_model *m = NULL;
     json_t *rep = NULL;
     enum llmq_status st = llmq_model_load(model_path, &m);
+    if (!st && llmq_quantize_check(m, &o)) { // the options do not fit this model: a usage error
+        llmq_model_free(m);
+        return usage_exit();
+    }
     if (!st) st = llmq_quantize_run(m, &o, &rep);
     if (!st) {
         json_t *t = json_object_get(rep, "totals");

@@ -29,7 +29,7 @@ enum llmq_status llmq_backend_select(const char *name, enum llmq_backend *out) {
     }
     if (strcmp(name, "cuda") == 0) {
         if (llmq_cuda_device_count(&why) == 0)
-            return llmq_errorf(LLMQ_ERR_DEVICE, "--device cuda: no CUDA device: %s", why);
+            return llmq_errorf(LLMQ_ERR_DEVICE, "--device cuda: no CUDA device found: %s", why);
         *out = LLMQ_BACKEND_CUDA;
         return LLMQ_OK;
     }

@@ -31,7 +31,9 @@ struct llmq_device_info {
 bool llmq_backend_cuda_compiled(void);
 
 // Number of usable CUDA devices (0 when CUDA is not compiled in, no driver, or no device).
-// *why (optional) receives a static string explaining a zero count.
+// *why (optional) receives a static string explaining a zero count in the machine's terms ("this llmq was
+// built without CUDA ...", "no NVIDIA driver is loaded on this machine (cudaGetDeviceCount: ...)", "the
+// NVIDIA driver sees no GPU ...", an older driver with both versions); valid until the next call.
 int llmq_cuda_device_count(const char **why);
 enum llmq_status llmq_cuda_device_info(int index, struct llmq_device_info *out);
 

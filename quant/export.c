@@ -149,15 +149,27 @@ static const struct llmq_tensor_view *lin_bias(const struct llmq_model *m, int64
     return w == LLMQ_LIN_Q ? L->bq : w == LLMQ_LIN_K ? L->bk : w == LLMQ_LIN_V ? L->bv : NULL;
 }
 
-// Checks that the format can hold linear (R, C); `what` names it.
-static enum llmq_status check_shape(const struct llmq_export_opts *o, const char *what, int64_t R, int64_t C) {
+int llmq_export_fit_group(const struct llmq_model *m, int group_size) {
+    int g = 1;
+    while (g <= group_size / 2) g *= 2;
+    for (; g > 1; g /= 2) {
+        bool all = true;
+        for (int64_t l = 0; all && l < m->hp.n_layer; l++)
+            for (int k = 0; all && k < LLMQ_LIN_COUNT; k++) all = m->layers[l].w[k]->shape[1] % g == 0;
+        if (all) break;
+    }
+    return g;
+}
+
+// Checks that the format can hold linear (R, C); `what` names it, fit is llmq_export_fit_group's answer.
+static enum llmq_status check_shape(const struct llmq_export_opts *o, const char *what, int64_t R, int64_t C, int fit) {
     int b = o->q.bits, G = o->q.group_size;
     if (o->format == LLMQ_EXPORT_FAKE) return LLMQ_OK;
     if (G > 0 && C % G != 0)
         return llmq_errorf(LLMQ_ERR_ARG,
-                           "%s (%lld x %lld): in_features %lld is not a multiple of group size %d (choose a group "
-                           "size dividing it, -1 for per-channel%s, or --format fake)",
-                           what, (long long)R, (long long)C, (long long)C, G,
+                           "%s (%lld x %lld): in_features %lld is not a multiple of group size %d; --group-size %d "
+                           "tiles every linear of the model (or -1 for per-channel%s, or --format fake)",
+                           what, (long long)R, (long long)C, (long long)C, G, fit,
                            o->format == LLMQ_EXPORT_AWQ ? " with --format gptq" : "");
     if (o->format == LLMQ_EXPORT_AWQ) {
         if (R % 8 != 0)
@@ -533,6 +545,19 @@ void llmq_export_abort(struct llmq_export *e) {
     export_free(e);
 }
 
+enum llmq_status llmq_export_check(const struct llmq_model *m, const struct llmq_export_opts *o) {
+    char what[160];
+    enum llmq_status st = check_opts(o);
+    int fit = o->q.group_size > 0 ? llmq_export_fit_group(m, o->q.group_size) : 0;
+    for (int64_t l = 0; !st && l < m->hp.n_layer; l++)
+        for (int w = 0; !st && w < LLMQ_LIN_COUNT; w++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[w];
+            lin_name(what, sizeof what, l, (enum llmq_linear)w);
+            st = check_shape(o, what, v->shape[0], v->shape[1], fit);
+        }
+    return st;
+}
+
 enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_dir, const struct llmq_export_opts *o,
                                    struct llmq_export **out) {
     struct llmq_export *e = NULL;
@@ -541,15 +566,9 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
     enum llmq_status st;
     *out = NULL;
     if (!m || !out_dir || !*out_dir || !o) return llmq_errorf(LLMQ_ERR_ARG, "export: no model or output path");
-    if ((st = check_opts(o))) return st;
+    if ((st = llmq_export_check(m, o))) return st;
     if (o->provenance && !json_is_object(o->provenance))
         return llmq_errorf(LLMQ_ERR_ARG, "%s: provenance is not a JSON object", out_dir);
-    for (int64_t l = 0; l < m->hp.n_layer; l++)
-        for (int w = 0; w < LLMQ_LIN_COUNT; w++) {
-            const struct llmq_tensor_view *v = m->layers[l].w[w];
-            lin_name(what, sizeof what, l, (enum llmq_linear)w);
-            if ((st = check_shape(o, what, v->shape[0], v->shape[1]))) return st;
-        }
 
     if (!(e = calloc(1, sizeof *e))) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out_dir);
     e->m = m;

@@ -143,6 +143,14 @@ bool llmq_export_format_parse(const char *name, enum llmq_export_format *out);
 
 struct llmq_export; // opaque
 
+// The checks llmq_export_begin starts with (options, and every linear's shape against the format), without
+// writing anything: LLMQ_ERR_ARG / LLMQ_ERR_UNSUPPORTED and one line naming the linear, or LLMQ_OK.
+enum llmq_status llmq_export_check(const struct llmq_model *m, const struct llmq_export_opts *o);
+
+// The largest power of two <= group_size (>= 1) that divides the in_features of every linear of m: the
+// group size to suggest when group_size does not tile some linear.
+int llmq_export_fit_group(const struct llmq_model *m, int group_size);
+
 /*
  * Checks that the format can hold every linear of m (see the per-format requirements), refuses an
  * existing output, creates "<out_dir>.tmp.<pid>/", writes config.json / tokenizer files /

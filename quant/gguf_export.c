@@ -5,6 +5,7 @@
 // tensors in file order as long as the next one is ready (handed over, or readable from the model).
 #include "quant/gguf_export.h"
 
+#include "common/eta.h"
 #include "formats/convert/convert.h"
 #include "common/io.h"
 #include "common/log.h"
@@ -495,10 +496,12 @@ static void progress(struct llmq_gguf_export *e, int64_t i, double secs) {
     memcpy(v.shape, x->shape, sizeof(v.shape));
     llmq_tensor_shape_str(&v, shape, sizeof(shape));
     e->done_elems += x->R * x->C;
-    double el = llmq_now_s() - e->t0;
-    double eta = e->done_elems > 0 ? el * (double)(e->total_elems - e->done_elems) / (double)e->done_elems : 0;
+    // work model: elements (common/eta.h; "?" until 1% of them are written)
+    struct llmq_eta w = {.total = (double)e->total_elems, .done = (double)e->done_elems, .t0 = e->t0};
+    char eta[16];
+    llmq_eta_format(llmq_eta_remaining(&w, llmq_now_s()), eta, sizeof(eta));
     int width = snprintf(NULL, 0, "%lld", (long long)e->n);
-    llmq_info("[%*lld/%lld] %-28s %-14s %5s -> %-6s %8.3f MiB %5.0f ms  ETA %.0f s%s%s", width, (long long)i + 1,
+    llmq_info("[%*lld/%lld] %-28s %-14s %5s -> %-6s %8.3f MiB %5.0f ms  ETA %s%s%s", width, (long long)i + 1,
               (long long)e->n, x->name, shape, llmq_dtype_name(x->src_type), llmq_dtype_name(x->ch.type),
               (double)x->nbytes / 1048576.0, 1e3 * secs, eta, x->ch.note[0] ? "  " : "", x->ch.note);
 }

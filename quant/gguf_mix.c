@@ -287,7 +287,7 @@ static enum llmq_dtype fallback(const struct llmq_gguf_mix_tensor *x, enum llmq_
     c->fallback = true;
     snprintf(c->note, sizeof(c->note), "ncols %lld not divisible by %lld (%s) -> %s%s", (long long)nc, (long long)bs,
              llmq_dtype_name(t), llmq_dtype_name(r), f16 ? " (no block type tiles the row)" : "");
-    llmq_warn("gguf mix: %-32s %s", x->name, c->note);
+    llmq_debug("gguf mix: %-32s %s", x->name, c->note); // summed up in one warning by fallback_summary
     return r;
 }
 
@@ -295,6 +295,33 @@ static enum llmq_status check_type(enum llmq_dtype t, const char *what) {
     if (t == LLMQ_DTYPE_COUNT || llmq_gguf_mix_type_ok(t)) return LLMQ_OK;
     return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf mix: %s %s cannot be written by llmq (%s)", what, llmq_dtype_name(t),
                        "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k..q6_k, iq4_nl, iq4_xs");
+}
+
+// One warning for all fallbacks of a plan: how many, and each (wanted -> written) pair with its count.
+static void fallback_summary(int64_t n, const struct llmq_gguf_mix_choice *c) {
+    enum llmq_dtype from[16], to[16];
+    int64_t cnt[16] = {0}, total = 0;
+    int np = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!c[i].fallback) continue;
+        total++;
+        int j = 0;
+        while (j < np && !(from[j] == c[i].wanted && to[j] == c[i].type)) j++;
+        if (j == np && np < 16) {
+            from[np] = c[i].wanted;
+            to[np++] = c[i].type;
+        }
+        if (j < np) cnt[j]++;
+    }
+    if (!total) return;
+    char list[512];
+    size_t off = 0;
+    for (int j = 0; j < np && off < sizeof(list); j++)
+        off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%lld %s -> %s", j ? ", " : "", (long long)cnt[j],
+                                llmq_dtype_name(from[j]), llmq_dtype_name(to[j]));
+    llmq_warn("gguf mix: %lld of %lld tensors fell back to another type (their row length is not a multiple of the "
+              "block): %s; each is named in its progress line, by --dry-run and by --verbose",
+              (long long)total, (long long)n, list);
 }
 
 enum llmq_status llmq_gguf_mix_plan(const struct llmq_gguf_mix_model *mm, const struct llmq_gguf_mix_opts *o, int64_t n,
@@ -369,6 +396,7 @@ enum llmq_status llmq_gguf_mix_plan(const struct llmq_gguf_mix_model *mm, const 
             ty = fallback(x, ty, c);
         c->type = ty;
     }
+    fallback_summary(n, out);
 done:
     for (int k = 0; k < n_rx; k++) regfree(&s.rx[k]);
     free(s.rx);

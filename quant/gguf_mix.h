@@ -154,7 +154,8 @@ struct llmq_gguf_mix_choice {
 
 // The type of each of the n tensors t (file order) into out (n). Errors (logged): LLMQ_ERR_ARG for a
 // regex that does not compile, an unknown ftype; LLMQ_ERR_UNSUPPORTED for an output / embedding /
-// override type llmq cannot write. Also logs one warning per fallback (as llama.cpp does).
+// override type llmq cannot write. Logs one warning summing up the fallbacks (llama.cpp logs one per
+// tensor; llmq names each in its progress line, and logs it as a debug line at planning).
 enum llmq_status llmq_gguf_mix_plan(const struct llmq_gguf_mix_model *mm, const struct llmq_gguf_mix_opts *o, int64_t n,
                                     const struct llmq_gguf_mix_tensor *t, struct llmq_gguf_mix_choice *out);
 

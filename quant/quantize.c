@@ -5,6 +5,7 @@
 #include "quant/quantize.h"
 
 #include "calib/model/forward.h"
+#include "common/eta.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/spill.h"
@@ -96,7 +97,12 @@ struct run {
     float *fq_qw;                // (Cmax) AWQ search: importance of the scaled input
     json_t *layers;
     double t0;
-    int64_t params_total, params_done;
+    int64_t params_total;
+    struct llmq_eta eta;         // over the block loop; work units: cost_data + cost_solve per linear
+    bool eta_data_early;         // the method credits cost_data after its block passes, not per report
+    double eta_data_weight;      // block passes per linear's data work: 1, AWQ 1 + n_grid (its scale search)
+    double eta_other;            // work of the other tensors (embeddings, output head: their elements), which
+                                 // the writer streams out before block 0's linears; credited at the first report
     double bits_total;           // Σ bits of codes + scales (f16) + zeros
 };
 
@@ -232,22 +238,34 @@ static enum llmq_status widen_per_channel(const struct llmq_qlinear *pc, const s
     return LLMQ_OK;
 }
 
-static void fmt_time(char *buf, size_t n, double s) {
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, n, "%lds", t);
+// The ETA's work model (common/eta.h) of linear (R, C) with N calibration tokens: cost_data for the products
+// over the tokens (its share of the block passes and XᵀX; AWQ's scale search is n_grid more forwards, quant/awq.h
+// "Cost"), cost_solve for the C-sized products (GPTQ's solve and the layer error ‖(W-Q)X‖² from XᵀX; RTN
+// without calibration: the rounding itself).
+static double cost_data(const struct run *r, int64_t R, int64_t C) {
+    return r->eta_data_weight * (double)R * (double)C * (double)(r->d.n_seq * r->d.seqlen);
+}
+static double cost_solve(const struct run *r, int64_t R, int64_t C) {
+    return (double)R * (double)C * (r->have_calib ? (double)C : 1.0);
+}
+
+// Credits cost_data of linear k of block l (k < 0: of all its linears): their block passes (or search) are done.
+static void credit_data(struct run *r, int l, int k) {
+    for (int j = k < 0 ? 0 : k; j < (k < 0 ? LLMQ_LIN_COUNT : k + 1); j++) {
+        const struct llmq_tensor_view *v = r->m->layers[l].w[j];
+        llmq_eta_credit(&r->eta, cost_data(r, v->shape[0], v->shape[1]));
+    }
 }
 
 // The stderr line and the JSON row of one finished linear; bits: what its storage costs.
 // gtype: the GGUF type it was written in (LLMQ_DTYPE_INVALID for the HF formats).
 static void report_linear(struct run *r, int l, int k, int64_t R, int64_t C, double bits, const char *how,
                           enum llmq_dtype gtype, double err, bool werr, double loss, double rtn_err, double secs) {
-    r->params_done += R * C;
     r->bits_total += bits;
-    double el = llmq_now_s() - r->t0;
+    llmq_eta_credit(&r->eta, cost_solve(r, R, C) + (r->eta_data_early ? 0 : cost_data(r, R, C)) + r->eta_other);
+    r->eta_other = 0;
     char eta[32], name[64], extra[96] = "", type[24] = "";
-    fmt_time(eta, sizeof(eta), el / (double)r->params_done * (double)(r->params_total - r->params_done));
+    llmq_eta_format(llmq_eta_remaining(&r->eta, llmq_now_s()), eta, sizeof(eta));
     llmq_linear_full_name(k, l, false, name, sizeof(name));
     if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
     if (gtype != LLMQ_DTYPE_INVALID) snprintf(type, sizeof(type), "%-6s ", llmq_dtype_name(gtype));
@@ -473,6 +491,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     if (!r->o->true_sequential) {
         memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
         if ((st = block_pass(r, l, r->xt, -1))) return st;
+        credit_data(r, l, -1);
     }
     for (int g = 0; g < 4 && !st; g++) {
         int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
@@ -483,6 +502,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
                 st = block_pass(r, l, r->xt, slot);
             }
             if (st) break;
+            for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
         }
         for (int j = 0; j < 3 && !st && seq_groups[g][j] >= 0; j++) {
             int k = seq_groups[g][j];
@@ -549,6 +569,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
     ao.n_threads = r->o->n_threads;
     ao.backend = r->o->backend;
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
+    if (!st) credit_data(r, l, -1);
     // The writer reads a block's norms (folded by AWQ) when its stream reaches them, which for
     // input_layernorm is right after the previous block's down: so the block is bound (the model's views
     // on the folded copies) before the held down of block l-1 goes out, and stays bound for its linears.
@@ -662,6 +683,7 @@ static enum llmq_status block_awq_gguf(struct run *r, int l) {
         ao.lin_group_size[k] = blck > 1 ? (int)blck : 32; // F16 / BF16 / F32: any group, nearly lossless
     }
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
+    if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
     if (!st) st = llmq_awq_block_bind(b, NULL);
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
@@ -761,8 +783,7 @@ static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_
     return c;
 }
 
-enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
-    if (report) *report = NULL;
+enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
     if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN) // no solver: the writer does it all (quant/gguf_export.h)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method rtn into --format gguf goes through llmq_gguf_export_rtn");
     if (o->to_gguf && o->static_groups)
@@ -774,17 +795,38 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
                            o->act_order || o->static_groups || o->q.group_size <= 0))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-group-aware needs --method gptq or awq+gptq, a group size, "
                                          "not --format gguf, and excludes --act-order and --static-groups");
-    struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
-    const struct llmq_hparams *hp = &m->hp;
     enum llmq_status st = llmq_qconfig_check(&o->q, "--bits/--group-size");
-    json_t *prov = NULL, *rep = NULL, *gguf_rep = NULL;
     if (st) return st;
-    bool need_calib = o->method != LLMQ_QMETHOD_RTN;
-    if (need_calib && o->calib.n_sources == 0)
+    if (o->method != LLMQ_QMETHOD_RTN && o->calib.n_sources == 0)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method %s needs calibration data (--calib PATH|NAME|self)",
                            llmq_qmethod_name(o->method));
     if (o->micro_batch < 1) return llmq_errorf(LLMQ_ERR_ARG, "quantize: micro_batch must be >= 1");
+    if (o->to_gguf) return LLMQ_OK;
     // refuse non-tiled shapes before any work
+    for (int64_t l = 0; l < m->hp.n_layer; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            int64_t R = v->shape[0], C = v->shape[1];
+            if (!tiles(&o->q, C) && !o->fallback_rtn_per_channel)
+                return llmq_errorf(LLMQ_ERR_ARG,
+                                   "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "
+                                   "columns; --group-size %d tiles every linear of the model (or use --group-size -1 "
+                                   "for per channel, or --fallback rtn-per-channel)",
+                                   (long long)l, llmq_linear_gguf_name(k), (long long)R, (long long)C, o->q.group_size, (long long)C,
+                                   llmq_export_fit_group(m, o->q.group_size));
+        }
+    struct llmq_export_opts eo = o->out;
+    eo.q = o->q;
+    return llmq_export_check(m, &eo);
+}
+
+enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
+    if (report) *report = NULL;
+    struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
+    const struct llmq_hparams *hp = &m->hp;
+    enum llmq_status st = llmq_quantize_check(m, o);
+    json_t *prov = NULL, *rep = NULL, *gguf_rep = NULL;
+    if (st) return st;
     int64_t Rmax = 0, Cmax = 0;
     for (int64_t l = 0; l < hp->n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
@@ -793,13 +835,6 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
             Rmax = R > Rmax ? R : Rmax;
             Cmax = C > Cmax ? C : Cmax;
             r.params_total += R * C;
-            if (!o->to_gguf && !tiles(&o->q, C) && !o->fallback_rtn_per_channel)
-                return llmq_errorf(LLMQ_ERR_ARG,
-                                   "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "
-                                   "columns; use a --group-size that divides %lld, --group-size -1 (per channel), or "
-                                   "--fallback rtn-per-channel",
-                                   (long long)l, llmq_linear_gguf_name(k), (long long)R, (long long)C, o->q.group_size, (long long)C,
-                                   (long long)C);
         }
     openblas_set_num_threads(o->n_threads);
     r.layers = json_array();
@@ -878,6 +913,19 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
     eo.provenance = prov;
     if (!o->to_gguf && (st = llmq_export_begin(m, o->out_dir, &eo, &r.e))) goto done;
 
+    struct llmq_awq_opts awq_default;
+    llmq_awq_opts_default(&awq_default);
+    r.eta_data_weight = o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ ? 1.0 + awq_default.n_grid : 1.0;
+    r.eta_other = (double)llmq_tensor_nelements(m->tok_embd) +
+                  (m->output && m->output != m->tok_embd ? (double)llmq_tensor_nelements(m->output) : 0);
+    double work = r.eta_other;
+    for (int64_t l = 0; l < hp->n_layer; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            work += cost_data(&r, v->shape[0], v->shape[1]) + cost_solve(&r, v->shape[0], v->shape[1]);
+        }
+    r.eta_data_early = o->method != LLMQ_QMETHOD_RTN;
+    llmq_eta_init(&r.eta, work, llmq_now_s()); // the setup above (calibration text, embeddings) is not in the rate
     for (int l = 0; l < hp->n_layer && !st; l++) {
         if (r.have_calib) {
             llmq_calib_stats_free(&r.s);

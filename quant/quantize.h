@@ -116,6 +116,13 @@ struct llmq_quantize_opts {
 // Defaults: rtn, 4 bits, G 128, asym, percdamp 0.01, true_sequential, micro_batch 8, 1 thread.
 struct llmq_quantize_opts llmq_quantize_default_opts(void);
 
+// The option checks llmq_quantize_run starts with, against m's shapes, before any work: method / flag
+// conflicts, calibration present where the method needs it, the group size tiling every linear (the message
+// names the first that it does not and the largest power of two <= the group size that tiles them all), and
+// the output format holding every linear (llmq_export_check). LLMQ_OK, or the status after one error line;
+// every failure is the caller's choice of options (the CLI exits 2 on it).
+enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o);
+
 // Runs the whole pipeline on m (weights are only read; override views are restored before return)
 // and writes opts->out_dir. *report (may be NULL) receives a new JSON object: {"settings": ...,
 // "calibration": {...sources, sha256, tokens}, "layers": [{name, shape, method, err, loss, rtn_err,

@@ -253,9 +253,9 @@ def test_kld_file_errors(llmq_eval, llmq_bin, smol_f32, stories, wiki, tmp_path)
     other.write_bytes(wiki.read_bytes()[:100000])
     r = run([llmq_bin, "eval", "--model", stories, "--kld", lf, "--ppl", other], check=False)
     assert r.returncode == 1 and "is not the one" in r.stderr
-    # a context that contradicts the file
+    # a context that contradicts the file: a flag in conflict, a usage error
     r = run([llmq_bin, "eval", "--model", stories, "--kld", lf, "--ctx", "128"], check=False)
-    assert r.returncode == 1 and "--ctx 128" in r.stderr
+    assert r.returncode == 2 and "--ctx 128" in r.stderr
     # truncated, bad magic, wrong version
     data = lf.read_bytes()
     bad = tmp_path / "bad.logits"

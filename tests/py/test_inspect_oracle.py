@@ -196,3 +196,27 @@ def test_inspect_truncated_real_gguf(llmq_bin, tmp_path, smollm2):
     r = run([llmq_bin, "inspect", p], check=False)
     assert r.returncode == 1 and str(p) in r.stderr
     assert "past the end" in r.stderr.replace(str(p), ""), r.stderr
+
+
+@pytest.mark.parametrize("fmt,bits", [("gptq", 4), ("gptq", 3), ("awq", 4)])
+def test_inspect_packed_dirs_count_logical_params(llmq_bin, smollm2, tmp_path, fmt, bits):
+    """A GPTQ / AWQ directory's parameters are the source model's: qweight int32 holds 32/bits codes per
+    element (GPTQ packs the input, AWQ the output dimension), qzeros / scales / g_idx are metadata; bits per
+    weight = 8 x every byte / parameters."""
+    out = tmp_path / "q"
+    run([llmq_bin, "quantize", "--model", smollm2, "--method", "rtn", "--bits", bits, "--group-size", "64",
+         "--format", fmt, "--out", out, "--threads", "2", "--quiet"])
+    src = inspect_json(llmq_bin, smollm2)
+    rep = inspect_json(llmq_bin, out)
+    assert rep["packed_bits"] == bits
+    assert rep["n_params"] == src["n_params"] == 134515008
+    assert rep["n_elements"] == sum(t["elements"] for t in rep["tensors"]) < rep["n_params"]
+    assert rep["bits_per_weight"] == pytest.approx(8 * rep["n_bytes"] / rep["n_params"])
+    assert rep["bits_per_weight"] < 8  # 21 when the packed int32s counted as parameters
+    per = {t["name"]: t for t in rep["tensors"]}
+    q = per["model.layers.0.mlp.down_proj.qweight"]
+    assert q["params"] == 576 * 1536 and q["elements"] * 32 // bits == 576 * 1536
+    for meta in ("qzeros", "scales"):
+        assert per[f"model.layers.0.mlp.down_proj.{meta}"]["params"] == 0
+    text = run([llmq_bin, "inspect", out]).stdout
+    assert f"134515008 parameters ({rep['n_elements']} stored elements: {bits}-bit codes packed in int32)" in text

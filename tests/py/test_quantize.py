@@ -82,9 +82,28 @@ def test_deterministic_and_spill_identical(llmq_bin, stories_v1, tmp_path, metho
 def test_tile_refusal(llmq_bin, stories_v1, tmp_path):
     out = tmp_path / "t"
     r = quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "32", "--format", "fake", check=False)
-    assert r.returncode == 1
+    assert r.returncode == 2  # a usage error: the group size does not fit this model
     assert "blk.0.ffn_down" in r.stderr and "172" in r.stderr and "--fallback rtn-per-channel" in r.stderr
+    assert "--group-size 4 tiles every linear" in r.stderr  # the largest power of two <= 32 dividing 64 and 172
     assert not out.exists()
+
+
+def test_default_format_is_the_methods(llmq_bin, stories_v1, tmp_path):
+    """No --format: awq for awq (4 bits, a group size), gptq for rtn / gptq / awq+gptq (2, 3, 4, 8 bits), else
+    fake. stories260K's 172 rows fit neither packed layout, so the refusal names the format that was chosen."""
+    for method, extra, msg in (("awq", [], "AWQ GEMM packs 8 output channels"),
+                               ("awq", ["--bits", "3"], "GPTQ packs 3-bit codes"),
+                               ("gptq", [], "GPTQ packs 4-bit codes"),
+                               ("awq+gptq", [], "GPTQ packs 4-bit codes"),
+                               ("rtn", [], "GPTQ packs 4-bit codes")):
+        r = quantize(llmq_bin, stories_v1, tmp_path / "d", "--method", method, "--group-size", "4", *extra,
+                     *([] if method == "rtn" else CAL), check=False)
+        assert r.returncode == 2 and msg in r.stderr, (method, extra, r.stderr)
+    for extra in (["--bits", "5"], ["--fallback", "rtn-per-channel"]):
+        out = tmp_path / f"f{extra[0]}"
+        r = quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", *extra)
+        assert f"({'fake'}, rtn" in r.stdout, r.stdout
+        assert json.loads((out / "config.json").read_text()).get("quantization_config") is None
 
 
 def test_tile_fallback(llmq_bin, stories_v1, data_dir, tmp_path, base_ppl):
@@ -102,16 +121,17 @@ def test_existing_output_refused(llmq_bin, stories_v1, tmp_path):
     out = tmp_path / "e"
     out.mkdir()
     (out / "config.json").write_text("{}")
-    r = quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", check=False)
+    r = quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", "--format", "fake", check=False)
     assert r.returncode == 1 and str(out) in r.stderr
     assert (out / "config.json").read_text() == "{}"
-    quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", "--force")
+    quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", "--format", "fake", "--force")
     assert (out / "model.safetensors").exists()
 
 
 def test_usage_errors(llmq_bin, stories_v1, tmp_path):
-    r = quantize(llmq_bin, stories_v1, tmp_path / "u", "--method", "gptq", "--group-size", "4", check=False)
-    assert r.returncode == 1 and "needs calibration data" in r.stderr
+    r = quantize(llmq_bin, stories_v1, tmp_path / "u", "--method", "gptq", "--group-size", "4", "--format", "fake",
+                 check=False)
+    assert r.returncode == 2 and "needs calibration data" in r.stderr
     r = quantize(llmq_bin, stories_v1, tmp_path / "u", "--method", "nope", check=False)
     assert r.returncode == 2 and "--method" in r.stderr
     r = run([llmq_bin, "quantize", "--help"])
@@ -214,7 +234,7 @@ def test_calib_sources_self_and_jsonl_gz(llmq_bin, stories_v1, tmp_path):
     reps = []
     for k, cal in enumerate([["--calib", src], ["--calib", "self"], ["--calib", "self"]]):
         js = tmp_path / f"s{k}.json"
-        quantize(llmq_bin, stories_v1, tmp_path / f"s{k}", "--method", "gptq", "--group-size", "4", *cal,
+        quantize(llmq_bin, stories_v1, tmp_path / f"s{k}", "--method", "gptq", "--group-size", "4", "--format", "fake", *cal,
                  "--nsamples", "2", "--seqlen", "24", "--json", js)
         reps.append(json.loads(js.read_text())["settings"]["calibration"])
     assert reps[0]["sources"][0]["kind"] == "file" and reps[0]["sources"][0]["texts"] == 20
@@ -222,7 +242,8 @@ def test_calib_sources_self_and_jsonl_gz(llmq_bin, stories_v1, tmp_path):
     assert reps[1]["tokens_sha256"] == reps[2]["tokens_sha256"]  # seeded
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\n{"nope": 1}\n')
-    r = quantize(llmq_bin, stories_v1, tmp_path / "sb", "--method", "gptq", "--group-size", "4", "--calib", bad, check=False)
+    r = quantize(llmq_bin, stories_v1, tmp_path / "sb", "--method", "gptq", "--group-size", "4", "--format", "fake",
+                 "--calib", bad, check=False)
     assert r.returncode == 1 and "line 2" in r.stderr
 
 
@@ -239,7 +260,7 @@ def test_nonfinite_named(llmq_bin, stories_v3, tmp_path):
         bad[off[name] + 8:off[name] + 12] = struct.pack("<f", val)
         p = tmp_path / f"bad_{method}.gguf"
         p.write_bytes(bad)
-        r = quantize(llmq_bin, p, tmp_path / f"o_{method}", "--method", method, "--group-size", "4",
+        r = quantize(llmq_bin, p, tmp_path / f"o_{method}", "--method", method, "--group-size", "4", "--format", "fake",
                      *([] if method == "rtn" else CAL), check=False)
         assert r.returncode == 1 and expect in r.stderr, r.stderr
         assert not (tmp_path / f"o_{method}").exists()

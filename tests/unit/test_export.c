@@ -261,6 +261,14 @@ static void test_stories_gptq(const char *stories) {
         CHECK_CONTAINS(llmq_last_error(), bad[i].msg);
         CHECK_EQ_INT(n_entries(tmpdir), before);
     }
+    // the group size suggested instead: the largest power of two <= the asked one dividing 64 and 172
+    CHECK_EQ_INT(llmq_export_fit_group(m, 128), 4);
+    CHECK_EQ_INT(llmq_export_fit_group(m, 4), 4);
+    CHECK_EQ_INT(llmq_export_fit_group(m, 3), 2);
+    CHECK_EQ_INT(llmq_export_fit_group(m, 1), 1);
+    CHECK(llmq_export_check(m, &(struct llmq_export_opts){.format = LLMQ_EXPORT_GPTQ, .q = {.bits = 8, .group_size = 64}})
+          == LLMQ_ERR_ARG);
+    CHECK_CONTAINS(llmq_last_error(), "--group-size 4 tiles every linear");
 
     // fake: any width and group (64 does not tile the 172-wide ffn_down: a partial last group), f32
     // from an f32 input, loads as a plain model

@@ -8,8 +8,9 @@
  *                 [--force] [--fallback rtn-per-channel]
  *
  *   llmq quantize --model M --format gguf --gguf-type Q4_K_M --out OUT.gguf [--method rtn|gptq|awq|awq+gptq]
- *                 [--imatrix FILE.lcs|FILE.dat] [--calib SRC]... [--tensor-type REGEX=TYPE]...
+ *                 [--imatrix FILE.lcs|FILE.gguf|FILE.dat] [--calib SRC]... [--tensor-type REGEX=TYPE]...
  *                 [--output-type T] [--embedding-type T] [--pure] [--dry-run] [--no-provenance]
+ *                 [--allow-requantize]   (--output-tensor-type / --token-embedding-type: llama-quantize's names)
  *
  * stderr: one line per linear (per tensor for gguf) and an ETA, totals at the end; stdout: the output
  * path and totals (--dry-run: the plan table); --json FILE: settings, calibration provenance and the
@@ -185,7 +186,7 @@ int cmd_quantize(int argc, char **argv) {
     long bits = LONG_MIN, group = LONG_MIN;
     double damp = NAN; // not given: 0.01 (cli_parse refuses non-finite numbers)
     bool sym = false, asym = false, act_order = false, static_groups = false, group_aware = false, force = false, no_tseq = false,
-         pure = false, dry_run = false, no_prov = false;
+         pure = false, dry_run = false, no_prov = false, allow_requant = false;
     struct cli_calib_args ca;
     cli_calib_args_init(&ca);
     const char *tts[MAX_TENSOR_TYPES];
@@ -233,6 +234,11 @@ int cmd_quantize(int argc, char **argv) {
          "gguf, repeatable: REGEX=TYPE, tensors whose name matches REGEX (POSIX extended, lower-cased) get TYPE"},
         {"output-type", CLI_STR, &output_type, "from the mix", "gguf: type of output.weight (token_embd when tied)"},
         {"embedding-type", CLI_STR, &embedding_type, "from the mix", "gguf: type of token_embd.weight"},
+        {"output-tensor-type", CLI_ALIAS, NULL, "output-type", "llama-quantize's name for it"},
+        {"token-embedding-type", CLI_ALIAS, NULL, "embedding-type", "llama-quantize's name for it"},
+        {"allow-requantize", CLI_BOOL, &allow_requant, "off",
+         "quantize tensors that are already quantized (e.g. a Q4_1 GGUF input) instead of refusing them, as "
+         "llama-quantize --allow-requantize does: the result is worse than quantizing the f32 / f16 original"},
         {"pure", CLI_BOOL, &pure, "off", "gguf: no mix rules, the file type's default type for every tensor"},
         {"dry-run", CLI_BOOL, &dry_run, "off", "gguf: print every tensor's type, size and bits per weight, write nothing"},
         {"no-provenance", CLI_BOOL, &no_prov, "off",
@@ -352,6 +358,7 @@ int cmd_quantize(int argc, char **argv) {
         a.eo.force = force;
         a.eo.dry_run = dry_run;
         a.eo.no_provenance = no_prov;
+        a.eo.allow_requantize = allow_requant;
         a.settings = json_object();
         json_t *ttj = json_array();
         for (int i = 0; i < n_tt; i++) {
@@ -384,6 +391,7 @@ int cmd_quantize(int argc, char **argv) {
     o.fallback_rtn_per_channel = fallback && strcmp(fallback, "rtn-per-channel") == 0;
     o.out.force = force;
     o.out_dir = out;
+    o.allow_requantize = allow_requant;
 
     struct llmq_model *m = NULL;
     json_t *rep = NULL;

@@ -795,6 +795,12 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
             Rmax = R > Rmax ? R : Rmax;
             Cmax = C > Cmax ? C : Cmax;
             r.params_total += R * C;
+            const struct llmq_dtype_traits *tr = llmq_dtype_traits(v->dtype);
+            if (!o->to_gguf && !o->allow_requantize && tr && tr->is_quant)
+                return llmq_errorf(LLMQ_ERR_ARG,
+                                   "quantize: %s: blk.%lld.%s.weight is already quantized (%s); quantizing it again "
+                                   "loses more than quantizing the f32 / f16 original: pass --allow-requantize to do "
+                                   "it anyway", m->path, (long long)l, gguf_names[k], llmq_dtype_name(v->dtype));
             if (!o->to_gguf && !tiles(&o->q, C) && !o->fallback_rtn_per_channel)
                 return llmq_errorf(LLMQ_ERR_ARG,
                                    "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "

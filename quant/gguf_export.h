@@ -50,7 +50,9 @@
  *   planned type differs from it would be decoded and encoded again, which loses more than encoding
  *   the original. Unless allow_requantize, begin refuses the first such tensor in file order
  *   (LLMQ_ERR_ARG naming the input, the tensor and both types), also with dry_run. Tensors whose type
- *   stays are copied byte for byte and never refused. With allow_requantize the output is unchanged.
+ *   stays are copied byte for byte and never refused (but a GPTQ / AWQ driver re-encodes every linear,
+ *   and quant/quantize.h refuses a block-type linear for them before begin). With allow_requantize the
+ *   output is unchanged.
  *
  * ---- Streaming, holding, order of reads -----------------------------------------------------------
  *   The output is written in file order. A tensor is written as soon as every tensor before it is:

@@ -22,9 +22,9 @@ def stories_q8(llmq_bin, stories_v3, tmp_path_factory):
     return p
 
 
-def gguf_q(llmq_bin, model, out, gtype, *flags, check=True):
+def gguf_q(llmq_bin, model, out, gtype, *flags, check=True, **kw):
     return run([llmq_bin, "quantize", "--model", model, "--format", "gguf", "--gguf-type", gtype, "--threads", "2",
-                "--no-provenance", "--out", out, *flags], check=check)
+                "--no-provenance", "--out", out, *flags], check=check, **kw)
 
 
 def test_gguf_refuses_requantizing_and_names_the_tensor(llmq_bin, stories_q8, tmp_path):
@@ -85,3 +85,17 @@ def test_smollm2_q4_1_is_refused(llmq_bin, smollm2, tmp_path):
     assert r.returncode == 1 and "q4_1" in r.stderr and "--allow-requantize" in r.stderr, r.stderr
     r = gguf_q(llmq_bin, smollm2, tmp_path / "q.gguf", "Q4_K_M", "--dry-run", "--allow-requantize")
     assert "blk.0.attn_q.weight" in r.stdout
+
+
+def test_gptq_into_gguf_refuses_even_where_the_type_stays(llmq_bin, stories_q8, data_dir, tmp_path):
+    """gptq / awq re-encode every linear (their own codes), so Q8_0 -> Q8_0 is requantization for them,
+    unlike rtn's byte copy; refused before any calibration work."""
+    out = tmp_path / "g.gguf"
+    for m in ("gptq", "awq"):
+        r = gguf_q(llmq_bin, stories_q8, out, "Q8_0", "--pure", "--method", m, "--calib", "wikitext-2-valid",
+                   "--nsamples", "2", "--seqlen", "32", check=False, env={**os.environ, "LLMQ_DATA": str(data_dir)})
+        assert r.returncode == 1 and "blk.0.attn_q.weight" in r.stderr and "--allow-requantize" in r.stderr, r.stderr
+        assert "calib: block" not in r.stderr and not out.exists()
+    gguf_q(llmq_bin, stories_q8, out, "Q8_0", "--pure", "--method", "gptq", "--calib", "wikitext-2-valid",
+           "--nsamples", "2", "--seqlen", "32", "--allow-requantize", env={**os.environ, "LLMQ_DATA": str(data_dir)})
+    assert out.exists()

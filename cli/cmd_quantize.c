@@ -56,7 +56,8 @@ static bool file_sha256(const char *path, char out[65]) {
     return ok;
 }
 
-// --imatrix: llmq statistics (.lcs, magic "LLMQCALS") or llama.cpp's legacy imatrix .dat.
+// --imatrix: llmq statistics (.lcs, magic "LLMQCALS") or a llama.cpp imatrix (GGUF or legacy .dat, told
+// apart by llmq_calib_imatrix_load).
 static enum llmq_status load_imatrix(const char *path, const struct llmq_model *m, struct llmq_calib_stats *s,
                                      json_t *prov) {
     char magic[8] = {0}, sha[65];
@@ -69,7 +70,8 @@ static enum llmq_status load_imatrix(const char *path, const struct llmq_model *
     if (st) return st;
     json_t *j = json_object();
     json_object_set_new(j, "path", json_string(path));
-    json_object_set_new(j, "format", json_string(lcs ? "llmq-stats" : "llama.cpp-imatrix-dat"));
+    bool gguf = n >= 4 && memcmp(magic, "GGUF", 4) == 0;
+    json_object_set_new(j, "format", json_string(lcs ? "llmq-stats" : gguf ? "llama.cpp-imatrix-gguf" : "llama.cpp-imatrix-dat"));
     if (file_sha256(path, sha)) json_object_set_new(j, "sha256", json_string(sha));
     json_object_set_new(prov, "imatrix", j);
     return LLMQ_OK;
@@ -229,7 +231,8 @@ int cmd_quantize(int argc, char **argv) {
          "gguf: llama.cpp file type (the per-tensor mix of llama-quantize): Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_0, "
          "Q5_1, Q4_K_M, Q4_K_S, Q4_0, Q4_1, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, F16, BF16, F32 (required)"},
         {"imatrix", CLI_STR, &imatrix, NULL,
-         "gguf: importance matrix: llmq statistics (.lcs from llmq calib) or a llama.cpp imatrix .dat"},
+         "gguf: importance matrix: llmq statistics (.lcs from llmq calib) or a llama-imatrix file (GGUF, or the "
+         "legacy .dat; told apart by content)"},
         {"tensor-type", CLI_STR, &tt_dummy, "none",
          "gguf, repeatable: REGEX=TYPE, tensors whose name matches REGEX (POSIX extended, lower-cased) get TYPE"},
         {"output-type", CLI_STR, &output_type, "from the mix", "gguf: type of output.weight (token_embd when tied)"},

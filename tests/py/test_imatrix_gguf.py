@@ -221,6 +221,9 @@ BAD = {
     "no_chunk_size": (dict(kv_drop=("imatrix.chunk_size",)), "imatrix.chunk_size"),
     "no_datasets": (dict(kv_drop=("imatrix.datasets",)), "imatrix.datasets"),
     "not_imatrix": (dict(kv_set={"general.type": ("model", S)}), "general.type"),
+    "chunk_count_type": (dict(kv_set={"imatrix.chunk_count": ("4", S)}), "imatrix.chunk_count"),
+    "chunk_size_range": (dict(kv_set={"imatrix.chunk_size": (-1, gguf.GGUFValueType.INT64)}), "chunk_size"),
+    "datasets_type": (dict(kv_set={"imatrix.datasets": (5, gguf.GGUFValueType.UINT32)}), "imatrix.datasets"),
     "other_model": (dict(drop=tuple(f"blk.{l}.{w}.weight.{s}" for l in range(N_LAYER) for w in LINEARS
                                     for s in ("in_sum2", "counts")),
                          replace={"blk.0.ffn_gate_exps.weight.in_sum2": np.ones((2, 64), np.float32),

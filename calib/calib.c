@@ -10,8 +10,10 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/spill.h"
+#include "formats/gguf.h"
 #include "kernels/gemm.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -475,6 +477,7 @@ void llmq_calib_stats_free(struct llmq_calib_stats *s) {
     for (int64_t i = 0; s->in && i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) input_release(&s->in[i]);
     free(s->in);
     free(s->scratch);
+    free(s->dataset);
     memset(s, 0, sizeof(*s));
 }
 
@@ -698,23 +701,48 @@ fail:
     return st;
 }
 
-// ---- llama.cpp imatrix legacy .dat -----------------------------------------------------------------------------
+// ---- llama.cpp imatrix files ---------------------------------------------------------------------------------
 
 static const char *gguf_lin_name[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
                                                     "ffn_gate", "ffn_up", "ffn_down"};
 
-enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const char *path, const char *dataset) {
-    struct llmq_afile f;
-    int64_t Cmax = 0;
+// Every slot of s has Σx² and a count (what both writers need); *cmax gets the widest input.
+static enum llmq_status imatrix_check_full(const struct llmq_calib_stats *s, const char *path, int64_t *cmax) {
+    *cmax = 0;
     for (int64_t i = 0; i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) {
         if (!s->in[i].sum_sq || s->in[i].count < 1)
             return llmq_errorf(LLMQ_ERR_ARG, "%s: layer %lld has no Σx² statistics", path, (long long)(i / LLMQ_CALIB_N_SLOTS));
-        Cmax = s->in[i].n_in > Cmax ? s->in[i].n_in : Cmax;
+        *cmax = s->in[i].n_in > *cmax ? s->in[i].n_in : *cmax;
     }
+    return LLMQ_OK;
+}
+
+// The statistics slot of weight `name` ("blk.N.<linear>.weight", n bytes) of m, or NULL when it
+// names no linear of m.
+static struct llmq_calib_input *imatrix_slot(struct llmq_calib_stats *s, const struct llmq_model *m,
+                                             const char *name, size_t n) {
+    char buf[128], lin[64];
+    long long l;
+    int used = 0;
+    if (n >= sizeof(buf)) return NULL;
+    memcpy(buf, name, n);
+    buf[n] = '\0';
+    if (sscanf(buf, "blk.%lld.%63[^.].weight%n", &l, lin, &used) != 2 || buf[used] != '\0' || l < 0 || l >= m->hp.n_layer)
+        return NULL;
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++)
+        if (strcmp(lin, gguf_lin_name[k]) == 0)
+            return &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)k)];
+    return NULL;
+}
+
+enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const char *path, const char *dataset) {
+    struct llmq_afile f;
+    int64_t Cmax;
+    enum llmq_status st = imatrix_check_full(s, path, &Cmax);
+    if (st) return st;
     float *tmp = malloc((size_t)Cmax * sizeof(float));
     if (!tmp) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
-    enum llmq_status st = llmq_afile_open(&f, path);
-    if (st) {
+    if ((st = llmq_afile_open(&f, path))) {
         free(tmp);
         return st;
     }
@@ -741,28 +769,92 @@ enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const
     return llmq_afile_commit(&f);
 }
 
-enum llmq_status llmq_calib_imatrix_load(const char *path, const struct llmq_model *m, struct llmq_calib_stats *out) {
-    struct llmq_mmap mm = {0};
-    enum llmq_status st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, out);
+struct imatrix_name {
+    char name[96]; // "blk.N.<linear>.weight"
+    const struct llmq_calib_input *in;
+};
+
+static int imatrix_name_cmp(const void *a, const void *b) {
+    return strcmp(((const struct imatrix_name *)a)->name, ((const struct imatrix_name *)b)->name);
+}
+
+enum llmq_status llmq_calib_imatrix_save_gguf(const struct llmq_calib_stats *s, const char *path, const char *dataset) {
+    int64_t Cmax, n = s->n_layer * LLMQ_LIN_COUNT;
+    enum llmq_status st = imatrix_check_full(s, path, &Cmax);
     if (st) return st;
-    if ((st = llmq_mmap_open(&mm, path))) goto fail;
+    if (s->n_seq < 0 || s->n_seq > UINT32_MAX || s->seqlen < 0 || s->seqlen > UINT32_MAX)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: %lld chunks of %lld tokens do not fit the u32 keys", path,
+                           (long long)s->n_seq, (long long)s->seqlen);
+    struct imatrix_name *names = calloc((size_t)n, sizeof(*names));
+    float *tmp = malloc((size_t)Cmax * sizeof(float));
+    struct llmq_gguf_writer *w = llmq_gguf_writer_init();
+    if (!names || !tmp || !w) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    for (int64_t l = 0; l < s->n_layer; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            struct imatrix_name *e = &names[l * LLMQ_LIN_COUNT + k];
+            snprintf(e->name, sizeof(e->name), "blk.%lld.%s.weight", (long long)l, gguf_lin_name[k]);
+            e->in = &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)k)];
+        }
+    qsort(names, (size_t)n, sizeof(*names), imatrix_name_cmp); // llama-imatrix: std::sort of the names
+    const char *ds[1] = {dataset};
+    if ((st = llmq_gguf_writer_set_str(w, "general.type", "imatrix")) ||
+        (st = llmq_gguf_writer_set_arr_str(w, "imatrix.datasets", ds, NULL, dataset && *dataset ? 1 : 0)) ||
+        (st = llmq_gguf_writer_set_u32(w, "imatrix.chunk_count", (uint32_t)s->n_seq)) ||
+        (st = llmq_gguf_writer_set_u32(w, "imatrix.chunk_size", (uint32_t)s->seqlen)))
+        goto done;
+    for (int64_t i = 0; i < n && !st; i++) {
+        char tn[128];
+        int64_t C = names[i].in->n_in, one = 1;
+        snprintf(tn, sizeof(tn), "%s.in_sum2", names[i].name);
+        st = llmq_gguf_writer_add_tensor(w, tn, LLMQ_DTYPE_F32, 1, &C);
+        snprintf(tn, sizeof(tn), "%s.counts", names[i].name);
+        if (!st) st = llmq_gguf_writer_add_tensor(w, tn, LLMQ_DTYPE_F32, 1, &one);
+    }
+    if (!st) st = llmq_gguf_writer_begin(w, path);
+    for (int64_t i = 0; i < n && !st; i++) {
+        const struct llmq_calib_input *in = names[i].in;
+        float cnt = (float)in->count;
+        for (int64_t c = 0; c < in->n_in; c++) tmp[c] = (float)in->sum_sq[c];
+        st = llmq_gguf_writer_write_tensor(w, tmp, (size_t)in->n_in * sizeof(float));
+        if (!st) st = llmq_gguf_writer_write_tensor(w, &cnt, sizeof(cnt));
+    }
+    if (!st) st = llmq_gguf_writer_commit(w);
+done:
+    llmq_gguf_writer_free(w);
+    free(tmp);
+    free(names);
+    return st;
+}
+
+// The legacy .dat (layout in calib/calib.h) into out (initialised for m by the caller).
+static enum llmq_status imatrix_load_dat(const char *path, const struct llmq_model *m, struct llmq_calib_stats *out,
+                                         int64_t *n_used) {
+    struct llmq_mmap mm = {0};
+    enum llmq_status st = llmq_mmap_open(&mm, path);
+    if (st) return st;
     const uint8_t *p = mm.data;
     size_t size = mm.size, off = 0;
     int32_t n_entries;
+    bool *seen = calloc((size_t)(out->n_layer * LLMQ_CALIB_N_SLOTS), sizeof(bool));
+    if (!seen) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
 #define NEED(n, what)                                                                                              \
     if ((size_t)(n) > size - off) {                                                                                \
         st = llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: %s truncated at offset %zu", path, what, off);                  \
-        goto fail;                                                                                                 \
+        goto done;                                                                                                 \
     }
     NEED(4, "entry count");
     memcpy(&n_entries, p, 4);
     off = 4;
     if (n_entries < 1 || n_entries > (1 << 20)) {
         st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %d entries (not an imatrix .dat file?)", path, n_entries);
-        goto fail;
+        goto done;
     }
-    bool seen[LLMQ_CALIB_N_SLOTS * 4096] = {0};
-    int64_t n_used = 0;
     for (int32_t e = 0; e < n_entries; e++) {
         int32_t len, ncall, nval;
         NEED(4, "name length");
@@ -770,7 +862,7 @@ enum llmq_status llmq_calib_imatrix_load(const char *path, const struct llmq_mod
         off += 4;
         if (len < 1 || len > 1024) {
             st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: entry %d: name length %d", path, e, len);
-            goto fail;
+            goto done;
         }
         NEED(len + 8, "entry");
         char name[1025];
@@ -782,52 +874,211 @@ enum llmq_status llmq_calib_imatrix_load(const char *path, const struct llmq_mod
         off += 8;
         if (nval < 0 || nval > (1 << 24) || ncall < 0) {
             st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s: nval %d, ncall %d", path, name, nval, ncall);
-            goto fail;
+            goto done;
         }
         NEED((size_t)nval * 4, "values");
         const uint8_t *vals = p + off;
         off += (size_t)nval * 4;
-        long long l;
-        char lin[64];
-        int w = -1, used = 0;
-        if (sscanf(name, "blk.%lld.%63[^.].weight%n", &l, lin, &used) == 2 && name[used] == '\0')
-            for (int k = 0; k < LLMQ_LIN_COUNT; k++)
-                if (strcmp(lin, gguf_lin_name[k]) == 0) w = k;
-        if (w < 0 || l < 0 || l >= m->hp.n_layer) {
+        struct llmq_calib_input *in = imatrix_slot(out, m, name, (size_t)len);
+        if (!in) {
             llmq_warn("%s: entry %s is not a linear weight of %s; ignored", path, name, m->path);
             continue;
         }
-        int slot = llmq_calib_slot_of((enum llmq_linear)w);
-        struct llmq_calib_input *in = &out->in[l * LLMQ_CALIB_N_SLOTS + slot];
         if (nval != in->n_in) {
             st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has %d values, the model's input has %lld", path, name, nval,
                              (long long)in->n_in);
-            goto fail;
+            goto done;
         }
-        if (l < 4096 && seen[l * LLMQ_CALIB_N_SLOTS + slot]) continue; // q/k/v (gate/up) share one input
-        if (l < 4096) seen[l * LLMQ_CALIB_N_SLOTS + slot] = true;
+        if (seen[in - out->in]) continue; // q/k/v (gate/up) share one input
+        seen[in - out->in] = true;
         for (int32_t c = 0; c < nval; c++) {
             float v;
             memcpy(&v, vals + 4 * c, 4);
             if (!isfinite(v) || v < 0) {
                 st = llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s value %d is %g", path, name, c, (double)v);
-                goto fail;
+                goto done;
             }
             in->sum_sq[c] = (double)v;
         }
-        in->count = in->n_seq = ncall > 0 ? ncall : 1;
-        if (ncall == 0) memset(in->sum_sq, 0, (size_t)nval * sizeof(double));
-        n_used++;
+        in->count = in->n_seq = ncall > 0 ? ncall : 1; // ncall 0: the values as they are (llama-quantize)
+        (*n_used)++;
     }
-    (void)n_used;
-    // last_call and dataset name follow; optional (older files end here)
+    // last_call and the dataset name follow; optional (older files end here)
+    int32_t dlen;
+    if (size - off >= 8 && (memcpy(&dlen, p + off + 4, 4), dlen > 0) && (size_t)dlen <= size - off - 8 &&
+        !(out->dataset = strndup((const char *)p + off + 8, (size_t)dlen))) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
     out->n_seq = 1;
     out->seqlen = 1;
 #undef NEED
+done:
+    free(seen);
     llmq_mmap_close(&mm);
-    return LLMQ_OK;
-fail:
-    llmq_mmap_close(&mm);
-    llmq_calib_stats_free(out);
+    return st;
+}
+
+// Tensor `name` of g, or NULL; name_len bytes of base followed by suffix.
+static const struct llmq_gguf_tensor *imatrix_sibling(const struct llmq_gguf *g, const char *base, size_t base_len,
+                                                      const char *suffix) {
+    char buf[512];
+    if (base_len + strlen(suffix) >= sizeof(buf)) return NULL;
+    memcpy(buf, base, base_len);
+    strcpy(buf + base_len, suffix);
+    return llmq_gguf_find_tensor(g, buf);
+}
+
+static bool strip_suffix(const char *name, const char *suffix, size_t *base_len) {
+    size_t n = strlen(name), k = strlen(suffix);
+    if (n <= k || strcmp(name + n - k, suffix) != 0) return false;
+    *base_len = n - k;
+    return true;
+}
+
+static int64_t tensor_nelements(const struct llmq_gguf_tensor *t) {
+    int64_t n = 1;
+    for (int d = 0; d < LLMQ_MAX_DIMS; d++) n *= t->ne[d];
+    return n;
+}
+
+// The GGUF form (layout in calib/calib.h) into out (initialised for m by the caller).
+static enum llmq_status imatrix_load_gguf(const char *path, const struct llmq_model *m, struct llmq_calib_stats *out,
+                                          int64_t *n_used) {
+    struct llmq_gguf *g = NULL;
+    bool *seen = NULL;
+    int64_t n_ignored = 0, chunk_count = 0, chunk_size = 0;
+    enum llmq_status st = llmq_gguf_open(path, &g);
+    if (st) return st;
+    const struct llmq_gguf_kv *kv = llmq_gguf_find_kv(g, "general.type");
+    const char *type = kv ? llmq_gguf_kv_as_str(kv, NULL) : "imatrix";
+    if (!type || strcmp(type, "imatrix") != 0) {
+        st = llmq_errorf(LLMQ_ERR_MAGIC, "%s: general.type is %s%s%s, not \"imatrix\" (a model, not an importance matrix?)",
+                         path, type ? "\"" : "", type ? type : "not a string", type ? "\"" : "");
+        goto done;
+    }
+    static const char *const keys[] = {"imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"};
+    for (int k = 0; k < 3; k++)
+        if (!llmq_gguf_find_kv(g, keys[k])) {
+            st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no %s key: not a llama-imatrix GGUF file (llama-quantize refuses it too)",
+                             path, keys[k]);
+            goto done;
+        }
+    const struct llmq_gguf_kv *ds;
+    if ((st = llmq_gguf_get_arr(g, "imatrix.datasets", LLMQ_GGUF_TYPE_STRING, &ds)) ||
+        (st = llmq_gguf_get_i64(g, "imatrix.chunk_count", &chunk_count)) ||
+        (st = llmq_gguf_get_i64(g, "imatrix.chunk_size", &chunk_size)))
+        goto done;
+    if (chunk_count < 0 || chunk_count > UINT32_MAX || chunk_size < 0 || chunk_size > UINT32_MAX) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: imatrix.chunk_count %lld / chunk_size %lld out of range", path,
+                         (long long)chunk_count, (long long)chunk_size);
+        goto done;
+    }
+    if (ds->n > 0) {
+        size_t len;
+        const char *d = llmq_gguf_kv_arr_str(ds, ds->n - 1, &len);
+        if (!(out->dataset = strndup(d, len))) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
+        }
+    }
+    if (!(seen = calloc((size_t)(out->n_layer * LLMQ_CALIB_N_SLOTS), sizeof(bool)))) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    for (int64_t i = 0; i < llmq_gguf_n_tensors(g); i++) {
+        const struct llmq_gguf_tensor *t = llmq_gguf_tensor_at(g, i), *sums = NULL, *counts = NULL, *in_sum = NULL;
+        const char *name = t->view.name;
+        size_t bl;
+        if (strip_suffix(name, ".in_sum2", &bl)) sums = t;
+        else if (strip_suffix(name, ".counts", &bl)) counts = t;
+        else if (strip_suffix(name, ".in_sum", &bl)) in_sum = t;
+        else continue; // not an imatrix tensor (llama.cpp ignores these too)
+        if (!sums && !(sums = imatrix_sibling(g, name, bl, ".in_sum2"))) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has no %.*s.in_sum2 beside it", path, name, (int)bl, name);
+            goto done;
+        }
+        if (sums != t) continue; // checked with its in_sum2
+        if (!(counts = imatrix_sibling(g, name, bl, ".counts"))) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has no %.*s.counts beside it", path, name, (int)bl, name);
+            goto done;
+        }
+        in_sum = imatrix_sibling(g, name, bl, ".in_sum");
+        const struct llmq_gguf_tensor *all[3] = {sums, counts, in_sum};
+        for (int k = 0; k < 3; k++)
+            if (all[k] && all[k]->view.dtype != LLMQ_DTYPE_F32) {
+                st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s is %s, llama-imatrix writes F32", path, all[k]->view.name,
+                                 llmq_dtype_name(all[k]->view.dtype));
+                goto done;
+            }
+        int64_t n_sums = tensor_nelements(sums), n_mat = tensor_nelements(counts);
+        if (n_mat < 1 || n_sums < 1 || n_sums % n_mat != 0 || (in_sum && tensor_nelements(in_sum) != n_sums)) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s: %lld sums, %lld counts and %lld in_sum values do not match",
+                             path, name, (long long)n_sums, (long long)n_mat, (long long)(in_sum ? tensor_nelements(in_sum) : n_sums));
+            goto done;
+        }
+        struct llmq_calib_input *in = imatrix_slot(out, m, name, bl);
+        if (!in) {
+            if (n_ignored++ == 0)
+                llmq_warn("%s: entry %.*s is not a linear weight of %s; ignored (and any more such)", path, (int)bl, name,
+                          m->path);
+            continue;
+        }
+        if (n_mat != 1) {
+            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s holds %lld expert matrices; %.*s of %s is one dense matrix", path,
+                             name, (long long)n_mat, (int)bl, name, m->path);
+            goto done;
+        }
+        if (n_sums != in->n_in) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has %lld values, the model's input has %lld", path, name,
+                             (long long)n_sums, (long long)in->n_in);
+            goto done;
+        }
+        if (seen[in - out->in]) continue; // q/k/v (gate/up) share one input: the first entry fills it
+        seen[in - out->in] = true;
+        float cnt;
+        memcpy(&cnt, counts->view.data, sizeof(cnt));
+        if (!isfinite(cnt) || cnt < 0.5f) {
+            st = llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s is %g: no tokens were seen for %.*s", path, counts->view.name,
+                             (double)cnt, (int)bl, name);
+            goto done;
+        }
+        const uint8_t *v = sums->view.data;
+        for (int64_t c = 0; c < n_sums; c++) {
+            float x;
+            memcpy(&x, v + 4 * c, sizeof(x));
+            if (!isfinite(x) || x < 0) {
+                st = llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s value %lld is %g", path, name, (long long)c, (double)x);
+                goto done;
+            }
+            in->sum_sq[c] = (double)x;
+        }
+        in->count = lroundf(cnt);
+        in->n_seq = chunk_size > 0 ? (in->count + chunk_size - 1) / chunk_size : 1;
+        (*n_used)++;
+    }
+    out->n_seq = chunk_count;
+    out->seqlen = chunk_size;
+done:
+    free(seen);
+    llmq_gguf_free(g);
+    return st;
+}
+
+enum llmq_status llmq_calib_imatrix_load(const char *path, const struct llmq_model *m, struct llmq_calib_stats *out) {
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: cannot open the imatrix: %s", path, strerror(errno));
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    enum llmq_status st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, out);
+    if (st) return st;
+    int64_t n_used = 0;
+    bool gguf = got == 4 && memcmp(magic, LLMQ_GGUF_MAGIC, 4) == 0;
+    st = gguf ? imatrix_load_gguf(path, m, out, &n_used) : imatrix_load_dat(path, m, out, &n_used);
+    if (!st && n_used == 0)
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no entry names a linear weight of %s (an imatrix of another model?)", path,
+                         m->path);
+    if (st) llmq_calib_stats_free(out);
     return st;
 }

@@ -4,7 +4,7 @@
  *
  * What it is: (1) sources → a (n_seq, seqlen) token matrix with provenance (path, sha256, token
  * count); (2) a statistics accumulator fed by calib/model/forward.h's linear hook; (3) the `.lcs` stats
- * file and llama.cpp's legacy imatrix `.dat` file. What it is not: no quantization (quant/), no
+ * file and llama.cpp's imatrix files (GGUF and the legacy `.dat`). What it is not: no quantization (quant/), no
  * forward pass of its own (calib/model/forward.h).
  *
  * Legend: N calibration tokens (n_seq * seqlen), C in-features of a linear input, L n_layer.
@@ -62,13 +62,67 @@
  *   version (LLMQ_ERR_VERSION), every count (LLMQ_ERR_CORRUPT / LLMQ_ERR_OVERFLOW) and the size
  *   (LLMQ_ERR_TRUNCATED) before allocating. Written atomically (common/io.h llmq_afile).
  *
- * ---- llama.cpp imatrix legacy .dat (imatrix.cpp save_imatrix_legacy / load_imatrix_legacy) ----------
- *   i32 n_entries; n_entries × { i32 len; char name[len]; i32 ncall; i32 nval; f32 values[nval] };
- *   then i32 last_call; i32 len; char dataset[len]. values[i] = Σx²[i] / count[i] · ncall, so a
- *   reader's values / ncall is the mean of x² per input channel. llmq writes one entry per weight
- *   (GGUF names, "blk.N.attn_q.weight" ... "blk.N.ffn_down.weight"; q/k/v share the same values),
- *   ncall = n_seq. Reading back folds entries into sum_sq (count = ncall, sum_sq = values) for the
- *   slot of the named weight; xtx and sum_abs are absent after an imatrix read.
+ * ---- llama.cpp imatrix files (llama.cpp tools/imatrix/imatrix.cpp, read by tools/quantize) ----------
+ *   llama-imatrix writes GGUF by default (`--output-format gguf`; so does the llama.cpp vendored in
+ *   llama-cpp-python 0.3.36, which bench/llama_tools.sh builds) and the legacy .dat
+ *   with `--output-format dat`. llmq_calib_imatrix_load tells them apart by the first four bytes
+ *   ("GGUF", else a .dat's i32 entry count), never by the file name. Entries are named by the GGUF
+ *   weight ("blk.N.attn_q.weight" ... "blk.N.ffn_down.weight"); entries of other tensors (output.weight
+ *   with --process-output, an MoE's experts of another model) are ignored with a warning, and a file
+ *   none of whose entries is a linear of the model is refused (LLMQ_ERR_NOT_FOUND). q/k/v (gate/up)
+ *   read one input, so the first of their entries in file order fills the shared slot. After a read,
+ *   per slot: sum_sq[c] and count are what the file holds (below), xtx and sum_abs are zero.
+ *
+ *   GGUF (imatrix.cpp save_imatrix / common/imatrix-loader.cpp common_imatrix_load), formats/gguf.h:
+ *     KV general.type          string     "imatrix" (when present it must be that: a model is refused)
+ *     KV imatrix.datasets      [string]   the text files it was computed on      } all three required,
+ *     KV imatrix.chunk_count   u32        chunks of chunk_size tokens processed  } as llama-quantize
+ *     KV imatrix.chunk_size    u32        tokens per chunk (n_ctx / n_parallel)  } requires them
+ *     per weight W, names sorted (std::sort of the weight names), in this order:
+ *       W.in_sum2   F32, ne = [C, n_mat]   Σ over tokens of x² per input column (f32 sums), one row
+ *                                          per expert matrix (n_mat 1 for a dense weight; ggml drops
+ *                                          the trailing 1: stored 1-D [C])
+ *       W.counts    F32, ne = [1, n_mat]   tokens seen per matrix (an integer stored as f32)
+ *       W.in_sum    F32, same shape as in_sum2, optional (newer llama.cpp: Σx; checked, not used)
+ *     Tensors with other suffixes are ignored (as llama.cpp does). Read: sum_sq = in_sum2, count =
+ *     lround(counts), stats n_seq = chunk_count, seqlen = chunk_size. Refused, naming file and tensor:
+ *     in_sum2 without counts or the reverse [CORRUPT], a type other than F32 [CORRUPT], counts not
+ *     dividing in_sum2's elements or in_sum of another size [CORRUPT], n_mat > 1 on a dense linear
+ *     [UNSUPPORTED], C != the model's in-features [CORRUPT], a count that is not finite or rounds to
+ *     0 [NUMERIC] (llama-quantize would use importance 1 there: it means no data), a NaN / Inf /
+ *     negative Σx² [NUMERIC], a missing KV [NOT_FOUND], general.type not "imatrix" [MAGIC].
+ *     The importance llama-quantize derives is in_sum2 / counts in f32 (quantize.cpp load_imatrix);
+ *     quant/gguf_export.h computes (float)(sum_sq / count) in f64, the same value (a quotient of two
+ *     floats rounded through f64 to f32 is the correctly rounded f32 quotient).
+ *   Write (llmq_calib_imatrix_save_gguf): that layout for the seven linears of every block, the
+ *     names sorted as llama-imatrix sorts them, n_mat 1 (1-D tensors), in_sum2 = (float)sum_sq,
+ *     counts = (float)count, chunk_count = n_seq, chunk_size = seqlen, datasets = [dataset] (or []
+ *     for ""); no in_sum (llmq keeps Σ|x|, not Σx). For statistics read from a llama-imatrix GGUF
+ *     file this reproduces the file byte for byte (when it has no other entries).
+ *
+ *   Legacy .dat (imatrix.cpp save_imatrix_legacy / imatrix-loader.cpp common_imatrix_load_legacy):
+ *     i32 n_entries; n_entries × { i32 len; char name[len]; i32 ncall; i32 nval; f32 values[nval] };
+ *     then i32 last_call; i32 len; char dataset[len] (this tail is optional). llama-imatrix derives
+ *     it from the GGUF form per entry as ncall = ceil(max(counts) / chunk_size) and values[i] =
+ *     (in_sum2[i] / counts) · ncall in f32; llama-quantize's importance is values / ncall. Read:
+ *     sum_sq = values, count = ncall (ncall 0: count 1, so the importance is the values, as
+ *     llama-quantize takes them), stats n_seq = 1, seqlen = 1.
+ *     Write (llmq_calib_imatrix_save): one entry per weight in block order (q, k, v, o, gate, up,
+ *     down), ncall = n_seq, values = (float)(sum_sq / count · ncall) in f64, last_call = n_seq.
+ *   Converting with llmq (read one form, write the other) keeps the importance up to f32 rounding but
+ *   is not llama-imatrix's conversion byte for byte: a GGUF written as .dat has its entries in block
+ *   order and values rounded once in f64 (llama-imatrix: sorted, rounded twice in f32, so a value may
+ *   differ by one ulp); a .dat written as GGUF has counts = ncall and chunk_size 1 (a .dat does not
+ *   store the chunk size; llama-imatrix assumes its own -c).
+ *
+ *   Each form gives the importance llama-quantize derives from it, so llmq's output equals
+ *   llama-quantize's for either. The two forms of one llama-imatrix run give the same importance when
+ *   fl(fl(q · ncall) / ncall) == q for every q = fl(in_sum2 / counts) (counts = ncall · chunk_size):
+ *   exactly so when ncall is a power of two; measured so for every value when chunk_size is a power
+ *   of two (-c 128, 512, ...: then q = fl(y / ncall) with y = in_sum2 / chunk_size a float, and in
+ *   10^6 random y per ncall, ncall 2 ... 4999, the round trip never failed). With -c 500 (stories260K,
+ *   3 chunks) 413 of 2780 values differ by an ulp and 5 tensors of a Q4_K_M file differ between the
+ *   two forms, in llama-quantize's output exactly as in llmq's (tests/py/test_imatrix_gguf.py).
  */
 #ifndef LLMQ_CALIB_CALIB_H
 #define LLMQ_CALIB_CALIB_H
@@ -155,6 +209,7 @@ struct llmq_calib_stats {
     enum llmq_status err;        // first error seen by the hook
     int64_t n_seq, seqlen;       // of the calibration data (for the file header)
     uint8_t tokens_sha256[32];
+    char *dataset;               // owned: the dataset an imatrix file names (llmq_calib_imatrix_load), else NULL
 };
 
 // Allocates statistics for every block of m (xtx only when with_xtx: (C, C) f64 per slot per layer).
@@ -189,10 +244,14 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
 enum llmq_status llmq_calib_stats_save(const struct llmq_calib_stats *s, const char *path);
 // Reads a stats file (validated, see the layout) into *out (all layers allocated).
 enum llmq_status llmq_calib_stats_load(const char *path, struct llmq_calib_stats *out);
-// llama.cpp imatrix legacy .dat: write (every layer of s needs sum_sq), read (GGUF weight names
-// "blk.N.<attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down>.weight"; others are ignored
-// with a warning). dataset: the string stored at the end ("" allowed).
+// llama.cpp imatrix files (layouts above). Writers need sum_sq and count >= 1 in every slot of s
+// (LLMQ_ERR_ARG otherwise) and write atomically; dataset: the text the statistics came from ("" allowed).
+//   _save: the legacy .dat            _save_gguf: the GGUF form
+// _load reads either (told apart by magic) into *out (all layers of m allocated; on failure *out is
+// freed and zeroed). out->dataset (owned, NULL when the file names none) is the last dataset the file
+// names, which `llmq calib --imatrix-in F --imatrix-out G` carries over.
 enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const char *path, const char *dataset);
+enum llmq_status llmq_calib_imatrix_save_gguf(const struct llmq_calib_stats *s, const char *path, const char *dataset);
 enum llmq_status llmq_calib_imatrix_load(const char *path, const struct llmq_model *m, struct llmq_calib_stats *out);
 
 #endif // LLMQ_CALIB_CALIB_H

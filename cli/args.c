@@ -3,6 +3,7 @@
 
 #include "common/log.h"
 #include "common/spill.h"
+#include "common/status.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,27 +11,37 @@
 #include <string.h>
 #include <unistd.h>
 
+static const struct cli_flag *find_flag(const struct cli_cmd *cmd, const char *name, size_t len) {
+    for (int i = 0; i < cmd->n_flags; i++)
+        if (strlen(cmd->flags[i].name) == len && strncmp(cmd->flags[i].name, name, len) == 0) {
+            const struct cli_flag *f = &cmd->flags[i];
+            if (f->kind != CLI_ALIAS) return f;
+            // an alias resolves to its target (one level: an alias of an alias is a table error)
+            for (int j = 0; j < cmd->n_flags; j++)
+                if (cmd->flags[j].kind != CLI_ALIAS && strcmp(cmd->flags[j].name, f->def) == 0) return &cmd->flags[j];
+            LLMQ_ASSERT(!"CLI_ALIAS names no flag of its table");
+        }
+    return NULL;
+}
+
 void cli_print_help(const struct cli_cmd *cmd, FILE *out) {
     fprintf(out, "usage: llmq %s %s\n\n%s\n", cmd->name, cmd->usage, cmd->summary);
     if (cmd->n_flags > 0) fprintf(out, "\nflags:\n");
-    for (int i = 0; i < cmd->n_flags; i++) {
-        const struct cli_flag *f = &cmd->flags[i];
-        char left[64];
-        const char *arg = f->kind == CLI_BOOL ? "" : f->kind == CLI_INT ? " N" : f->kind == CLI_FLOAT ? " X" : " S";
-        snprintf(left, sizeof(left), "--%s%s", f->name, arg);
-        fprintf(out, "  %-24s %s (default: %s)\n", left, f->help, f->def ? f->def : "none");
-    }
+    for (int pass = 0; pass < 2; pass++) // the flags, then their aliases
+        for (int i = 0; i < cmd->n_flags; i++) {
+            const struct cli_flag *a = &cmd->flags[i];
+            if ((a->kind == CLI_ALIAS) != (pass == 1)) continue;
+            const struct cli_flag *f = pass ? find_flag(cmd, a->name, strlen(a->name)) : a;
+            char left[64];
+            const char *arg = f->kind == CLI_BOOL ? "" : f->kind == CLI_INT ? " N" : f->kind == CLI_FLOAT ? " X" : " S";
+            snprintf(left, sizeof(left), "--%s%s", a->name, arg);
+            if (pass) fprintf(out, "  %-24s same as --%s: %s (default: that of --%s)\n", left, f->name, a->help, f->name);
+            else fprintf(out, "  %-24s %s (default: %s)\n", left, f->help, f->def ? f->def : "none");
+        }
     fprintf(out, "  %-24s %s (default: off)\n", "--quiet", "errors only on stderr: no progress, per-layer or info lines");
     fprintf(out, "  %-24s %s (default: off)\n", "--verbose", "also debug lines (e.g. each GGUF type fallback as it is planned)");
     fprintf(out, "  %-24s %s\n", "--help", "print this help and exit");
     if (cmd->details) fprintf(out, "\n%s\n", cmd->details);
-}
-
-static const struct cli_flag *find_flag(const struct cli_cmd *cmd, const char *name, size_t len) {
-    for (int i = 0; i < cmd->n_flags; i++)
-        if (strlen(cmd->flags[i].name) == len && strncmp(cmd->flags[i].name, name, len) == 0)
-            return &cmd->flags[i];
-    return NULL;
 }
 
 static int usage_error(const struct cli_cmd *cmd, const char *msg, const char *what) {
@@ -89,7 +100,7 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, const char **pos
             break;
         }
         case CLI_STR: *(const char **)f->dst = val; break;
-        case CLI_BOOL: break;
+        case CLI_BOOL: case CLI_ALIAS: break; // find_flag never returns an alias
         }
     }
     if (*n_pos < cmd->min_pos) return usage_error(cmd, "missing argument: ", cmd->usage);

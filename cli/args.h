@@ -12,13 +12,18 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum cli_flag_kind { CLI_BOOL, CLI_INT, CLI_FLOAT, CLI_STR };
+// CLI_ALIAS: another name for a flag of the same table (e.g. llama-quantize's name for one of ours):
+// {"output-tensor-type", CLI_ALIAS, NULL, "output-type", "llama-quantize's name"} — def holds the
+// target's name, dst is unused; the alias parses exactly as its target and --help lists it after
+// the flags as "--ALIAS ... same as --TARGET". A later flag overrides an earlier one, alias or not.
+enum cli_flag_kind { CLI_BOOL, CLI_INT, CLI_FLOAT, CLI_STR, CLI_ALIAS };
 
 struct cli_flag {
     const char *name;   // without the leading "--"
     enum cli_flag_kind kind;
-    void *dst;          // bool*, long*, double*, const char**
-    const char *def;    // default shown in --help (and already stored in *dst by the caller)
+    void *dst;          // bool*, long*, double*, const char**; NULL for CLI_ALIAS
+    const char *def;    // default shown in --help (and already stored in *dst by the caller); CLI_ALIAS:
+                        // the target flag's name
     const char *help;
 };
 

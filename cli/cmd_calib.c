@@ -1,6 +1,7 @@
 /*
  * cli/cmd_calib.c — `llmq calib`: run the calibration pass of calib/calib.h over a model and save the
- * statistics (.lcs, layout in calib/calib.h) and/or llama.cpp's legacy imatrix .dat.
+ * statistics (.lcs, layout in calib/calib.h) and/or a llama.cpp imatrix (GGUF when the name ends in .gguf,
+ * else the legacy .dat).
  *
  *   llmq calib --model M --calib SRC [--calib SRC]... [--nsamples N] [--seqlen L] [--seed S]
  *              [--out FILE] [--no-xtx] [--imatrix-out FILE] [--threads N]
@@ -56,8 +57,11 @@ int cmd_calib(int argc, char **argv) {
         {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP},
         {"out", CLI_STR, &out, NULL, "write the statistics file (.lcs) here"},
         {"no-xtx", CLI_BOOL, &no_xtx, "off", "do not gather/save XᵀX (only mean |x|, Σx², counts)"},
-        {"imatrix-out", CLI_STR, &imat_out, NULL, "also write llama.cpp's legacy imatrix .dat here"},
-        {"imatrix-in", CLI_STR, &imat_in, NULL, "read a llama.cpp imatrix .dat instead of running calibration"},
+        {"imatrix-out", CLI_STR, &imat_out, NULL,
+         "also write a llama.cpp imatrix here: GGUF (llama-imatrix's default) if the name ends in .gguf, else the "
+         "legacy .dat"},
+        {"imatrix-in", CLI_STR, &imat_in, NULL,
+         "read a llama.cpp imatrix (GGUF or .dat, told apart by content) instead of running calibration"},
         {"stats-in", CLI_STR, &stats_in, NULL, "read a statistics file instead of running calibration"},
     };
     const struct cli_cmd cmd = {
@@ -116,7 +120,14 @@ int cmd_calib(int argc, char **argv) {
     print_summary(&s);
     if (out && (st = llmq_calib_stats_save(&s, out))) goto done;
     if (out) printf("stats:       %s\n", out);
-    if (imat_out && (st = llmq_calib_imatrix_save(&s, imat_out, n_sources ? sources[0] : ""))) goto done;
+    if (imat_out) {
+        // the dataset: the first --calib source, or the one the imatrix read names
+        const char *ds = n_sources ? sources[0] : s.dataset ? s.dataset : "";
+        size_t n = strlen(imat_out);
+        bool gguf = n >= 5 && strcmp(imat_out + n - 5, ".gguf") == 0;
+        if ((st = gguf ? llmq_calib_imatrix_save_gguf(&s, imat_out, ds) : llmq_calib_imatrix_save(&s, imat_out, ds)))
+            goto done;
+    }
     if (imat_out) printf("imatrix:     %s\n", imat_out);
 done:
     llmq_calib_stats_free(&s);

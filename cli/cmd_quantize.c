@@ -8,8 +8,9 @@
  *                 [--force] [--fallback rtn-per-channel]
  *
  *   llmq quantize --model M --format gguf --gguf-type Q4_K_M --out OUT.gguf [--method rtn|gptq|awq|awq+gptq]
- *                 [--imatrix FILE.lcs|FILE.dat] [--calib SRC]... [--tensor-type REGEX=TYPE]...
+ *                 [--imatrix FILE.lcs|FILE.gguf|FILE.dat] [--calib SRC]... [--tensor-type REGEX=TYPE]...
  *                 [--output-type T] [--embedding-type T] [--pure] [--dry-run] [--no-provenance]
+ *                 [--allow-requantize]   (--output-tensor-type / --token-embedding-type: llama-quantize's names)
  *
  * stderr: one line per linear (per tensor for gguf) and an ETA, totals at the end; stdout: the output
  * path and totals (--dry-run: the plan table); --json FILE: settings, calibration provenance and the
@@ -55,7 +56,8 @@ static bool file_sha256(const char *path, char out[65]) {
     return ok;
 }
 
-// --imatrix: llmq statistics (.lcs, magic "LLMQCALS") or llama.cpp's legacy imatrix .dat.
+// --imatrix: llmq statistics (.lcs, magic "LLMQCALS") or a llama.cpp imatrix (GGUF or legacy .dat, told
+// apart by llmq_calib_imatrix_load).
 static enum llmq_status load_imatrix(const char *path, const struct llmq_model *m, struct llmq_calib_stats *s,
                                      json_t *prov) {
     char magic[8] = {0}, sha[65];
@@ -68,7 +70,8 @@ static enum llmq_status load_imatrix(const char *path, const struct llmq_model *
     if (st) return st;
     json_t *j = json_object();
     json_object_set_new(j, "path", json_string(path));
-    json_object_set_new(j, "format", json_string(lcs ? "llmq-stats" : "llama.cpp-imatrix-dat"));
+    bool gguf = n >= 4 && memcmp(magic, "GGUF", 4) == 0;
+    json_object_set_new(j, "format", json_string(lcs ? "llmq-stats" : gguf ? "llama.cpp-imatrix-gguf" : "llama.cpp-imatrix-dat"));
     if (file_sha256(path, sha)) json_object_set_new(j, "sha256", json_string(sha));
     json_object_set_new(prov, "imatrix", j);
     return LLMQ_OK;
@@ -206,7 +209,7 @@ int cmd_quantize(int argc, char **argv) {
     long bits = LONG_MIN, group = LONG_MIN;
     double damp = NAN; // not given: 0.01 (cli_parse refuses non-finite numbers)
     bool sym = false, asym = false, act_order = false, static_groups = false, group_aware = false, force = false, no_tseq = false,
-         pure = false, dry_run = false, no_prov = false;
+         pure = false, dry_run = false, no_prov = false, allow_requant = false;
     struct cli_calib_args ca;
     cli_calib_args_init(&ca);
     const char *tts[MAX_TENSOR_TYPES];
@@ -252,11 +255,17 @@ int cmd_quantize(int argc, char **argv) {
          "gguf: llama.cpp file type (the per-tensor mix of llama-quantize): Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_0, "
          "Q5_1, Q4_K_M, Q4_K_S, Q4_0, Q4_1, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, F16, BF16, F32 (required)"},
         {"imatrix", CLI_STR, &imatrix, NULL,
-         "gguf: importance matrix: llmq statistics (.lcs from llmq calib) or a llama.cpp imatrix .dat"},
+         "gguf: importance matrix: llmq statistics (.lcs from llmq calib) or a llama-imatrix file (GGUF, or the "
+         "legacy .dat; told apart by content)"},
         {"tensor-type", CLI_STR, &tt_dummy, "none",
          "gguf, repeatable: REGEX=TYPE, tensors whose name matches REGEX (POSIX extended, lower-cased) get TYPE"},
         {"output-type", CLI_STR, &output_type, "from the mix", "gguf: type of output.weight (token_embd when tied)"},
         {"embedding-type", CLI_STR, &embedding_type, "from the mix", "gguf: type of token_embd.weight"},
+        {"output-tensor-type", CLI_ALIAS, NULL, "output-type", "llama-quantize's name for it"},
+        {"token-embedding-type", CLI_ALIAS, NULL, "embedding-type", "llama-quantize's name for it"},
+        {"allow-requantize", CLI_BOOL, &allow_requant, "off",
+         "quantize tensors that are already quantized (e.g. a Q4_1 GGUF input) instead of refusing them, as "
+         "llama-quantize --allow-requantize does: the result is worse than quantizing the f32 / f16 original"},
         {"pure", CLI_BOOL, &pure, "off", "gguf: no mix rules, the file type's default type for every tensor"},
         {"dry-run", CLI_BOOL, &dry_run, "off", "gguf: print every tensor's type, size and bits per weight, write nothing"},
         {"no-provenance", CLI_BOOL, &no_prov, "off",
@@ -393,6 +402,7 @@ int cmd_quantize(int argc, char **argv) {
         a.eo.force = force;
         a.eo.dry_run = dry_run;
         a.eo.no_provenance = no_prov;
+        a.eo.allow_requantize = allow_requant;
         a.settings = json_object();
         json_t *ttj = json_array();
         for (int i = 0; i < n_tt; i++) {
@@ -425,6 +435,7 @@ int cmd_quantize(int argc, char **argv) {
     o.fallback_rtn_per_channel = fallback && strcmp(fallback, "rtn-per-channel") == 0;
     o.out.force = force;
     o.out_dir = out;
+    o.allow_requantize = allow_requant;
 
     struct llmq_model *m = NULL;
     json_t *rep = NULL;

@@ -394,6 +394,17 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         e->total_bytes += x->nbytes;
         e->n_fallback += x->ch.fallback;
     }
+    for (int64_t i = 0; i < e->n && !o->allow_requantize; i++) { // llama-quant.cpp: "requantizing ... is disabled"
+        const struct entry *x = &e->ent[i];
+        const struct llmq_dtype_traits *tr = llmq_dtype_traits(x->src_type);
+        if (x->src_type != x->ch.type && tr && tr->is_quant) {
+            st = llmq_errorf(LLMQ_ERR_ARG,
+                             "%s: tensor %s is already quantized (%s); requantizing it to %s loses more than quantizing "
+                             "the f32 / f16 original: pass --allow-requantize to do it anyway", m->path, x->name,
+                             llmq_dtype_name(x->src_type), llmq_dtype_name(x->ch.type));
+            goto fail;
+        }
+    }
     for (int64_t i = 0; i < L * LLMQ_LIN_COUNT; i++)
         if (e->lin[i] < 0) {
             st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: blk.%lld.%s.weight missing", m->path,

@@ -45,6 +45,15 @@
  *   f32 division). Slots without data (count 0) and tensors outside the blocks (token_embd, output)
  *   get none. With an imatrix, mix.have_imatrix is set (it changes some Q4_0 / Q5_0 / IQ4 choices).
  *
+ * ---- Requantization (llama-quantize's --allow-requantize, llama-quant.cpp) ----------------------------
+ *   A tensor whose input type is a block type (Q4_0 ... IQ4_XS; not F32 / F16 / BF16) and whose
+ *   planned type differs from it would be decoded and encoded again, which loses more than encoding
+ *   the original. Unless allow_requantize, begin refuses the first such tensor in file order
+ *   (LLMQ_ERR_ARG naming the input, the tensor and both types), also with dry_run. Tensors whose type
+ *   stays are copied byte for byte and never refused (but a GPTQ / AWQ driver re-encodes every linear,
+ *   and quant/quantize.h refuses a block-type linear for them before begin). With allow_requantize the
+ *   output is unchanged.
+ *
  * ---- Streaming, holding, order of reads -----------------------------------------------------------
  *   The output is written in file order. A tensor is written as soon as every tensor before it is:
  *     - a linear when it was handed over (llmq_gguf_export_linear_bytes / _f32);
@@ -64,10 +73,11 @@
  *
  * ---- Errors ----------------------------------------------------------------------------------------
  *   One log line naming the output / tensor and a status: LLMQ_ERR_ARG (output exists without force,
- *   out == input, layer / which out of range or given twice, finish with a hand-over refused
- *   earlier), LLMQ_ERR_UNSUPPORTED (a type llmq cannot write, an input dtype that cannot be decoded,
- *   statistics of another model shape), what gguf_mix.h, formats/ggml/encode.h, formats/gguf.h and
- *   formats/convert/convert.h return. A hand-over refused for its arguments changes nothing; a failure while
+ *   out == input, an already quantized tensor without allow_requantize, layer / which out of range or
+ *   given twice, finish with a hand-over refused earlier), LLMQ_ERR_UNSUPPORTED (a type llmq cannot write, an
+ *   input dtype that cannot be decoded, statistics of another model shape), what gguf_mix.h,
+ *   formats/ggml/encode.h, formats/gguf.h and formats/convert/convert.h return. A hand-over refused for its
+ *   arguments changes nothing; a failure while
  *   encoding or writing poisons the export (later calls return the same status). The caller ends
  *   with finish (which aborts when anything failed) or abort.
  */
@@ -93,11 +103,12 @@ struct llmq_gguf_export_opts {
     bool progress;                          // one stderr line per tensor with an ETA
     const json_t *provenance;               // an object (or NULL): "method", "calibration", "imatrix", ...
     bool no_provenance;                     // no llmq.* keys (then rtn output == llama.cpp's bytes)
+    bool allow_requantize;                  // see "Requantization"
     json_t **report;                        // if not NULL: finish stores a new object here (see below)
 };
 
 // Defaults: mix defaults (Q8_0), no imatrix, 1 thread, no force, no dry run, progress on,
-// no provenance object (llmq.version and llmq.gguf_type are still written), no report.
+// no provenance object (llmq.version and llmq.gguf_type are still written), no report, requantizing refused.
 struct llmq_gguf_export_opts llmq_gguf_export_default_opts(void);
 
 struct llmq_gguf_export; // opaque

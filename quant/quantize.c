@@ -835,6 +835,14 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
             Rmax = R > Rmax ? R : Rmax;
             Cmax = C > Cmax ? C : Cmax;
             r.params_total += R * C;
+            const struct llmq_dtype_traits *tr = llmq_dtype_traits(v->dtype);
+            // every linear is re-encoded here, into GGUF too (gptq / awq hand their codes over even
+            // where the type stays): refuse a block-type source unless allowed
+            if (!(o->to_gguf ? o->gguf.allow_requantize : o->allow_requantize) && tr && tr->is_quant)
+                return llmq_errorf(LLMQ_ERR_ARG,
+                                   "quantize: %s: blk.%lld.%s.weight is already quantized (%s); quantizing it again "
+                                   "loses more than quantizing the f32 / f16 original: pass --allow-requantize to do "
+                                   "it anyway", m->path, (long long)l, llmq_linear_gguf_name(k), llmq_dtype_name(v->dtype));
         }
     openblas_set_num_threads(o->n_threads);
     r.layers = json_array();

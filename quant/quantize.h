@@ -101,6 +101,10 @@ struct llmq_quantize_opts {
     bool group_aware;               // GPTQ: GPTQModel's act_group_aware order (quant/gptq.h step 4); not gguf
     bool true_sequential;           // GPTQ (default true)
     bool fallback_rtn_per_channel;  // non-tiled C -> RTN per channel instead of an error
+    bool allow_requantize;          // quantize linears stored in a block type (a Q4_1 GGUF input) instead
+                                    // of refusing the first (LLMQ_ERR_ARG), as quant/gguf_export.h
+                                    // "Requantization"; every linear counts, since every one is re-encoded
+                                    // (to_gguf: gguf.allow_requantize is the switch)
     struct llmq_calib_opts calib;   // sources etc.; calib.n_sources == 0: no calibration (rtn only)
     int64_t micro_batch;            // sequences per forward call (8)
     int n_threads;

@@ -196,3 +196,21 @@ def test_eval_ctx_conflicting_with_logits_exits_2(llmq_bin, stories_v1, tmp_path
     run([llmq_bin, "eval", "--model", stories_v1, "--ppl", text, "--ctx", "64", "--save-logits", logits, "--quiet"])
     r = run([llmq_bin, "eval", "--model", stories_v1, "--ppl", text, "--ctx", "128", "--kld", logits], check=False)
     assert r.returncode == 2 and "differs from the context 64" in r.stderr, r.stderr
+def test_llama_quantize_flag_names_are_aliases(llmq_bin, stories_v3, tmp_path):
+    """--output-tensor-type / --token-embedding-type (llama-quantize's names) are --output-type /
+    --embedding-type: listed in --help, parsed the same, same bytes."""
+    out = run([llmq_bin, "quantize", "--help"]).stdout
+    assert re.search(r"^\s+--output-tensor-type S\s+same as --output-type", out, re.M), out
+    assert re.search(r"^\s+--token-embedding-type S\s+same as --embedding-type", out, re.M), out
+    base = [llmq_bin, "quantize", "--model", stories_v3, "--format", "gguf", "--gguf-type", "Q4_0", "--threads", "2",
+            "--no-provenance"]
+    a, b, c = tmp_path / "a.gguf", tmp_path / "b.gguf", tmp_path / "c.gguf"
+    run(base + ["--out", a, "--output-type", "q8_0", "--embedding-type", "q5_0"])
+    run(base + ["--out", b, "--output-tensor-type", "q8_0", "--token-embedding-type=q5_0"])
+    run(base + ["--out", c])
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+    # a bad value is named by the flag the user typed
+    r = run(base + ["--out", tmp_path / "d.gguf", "--token-embedding-type", "q9_9"], check=False)
+    assert r.returncode == 2 and "q9_9" in r.stderr, r.stderr
+    r = run(base + ["--out", tmp_path / "d.gguf", "--output-tensor-type"], check=False)
+    assert r.returncode == 2 and "--output-tensor-type" in r.stderr, r.stderr

@@ -209,7 +209,7 @@ def test_smollm2_gptq_beats_rtn_per_layer(llmq_bin, smollm2, data_dir, tmp_path)
     the same W on the same X (the pipeline reports both), and the gptq-format output loads in eval."""
     out, js = tmp_path / "g", tmp_path / "g.json"
     quantize(llmq_bin, smollm2, out, "--method", "gptq", "--bits", "4", "--group-size", "64", "--format", "gptq",
-             "--calib", "wikitext-2-valid", "--nsamples", "4", "--seqlen", "64", "--json", js)
+             "--calib", "wikitext-2-valid", "--nsamples", "4", "--seqlen", "64", "--json", js, "--allow-requantize")
     rep = json.loads(js.read_text())
     assert len(rep["layers"]) == 30 * 7
     worse = [(r["name"], r["err"], r["rtn_err"]) for r in rep["layers"] if not r["err"] < r["rtn_err"]]
@@ -219,7 +219,8 @@ def test_smollm2_gptq_beats_rtn_per_layer(llmq_bin, smollm2, data_dir, tmp_path)
 
 def test_smollm2_awq_format_rtn(llmq_bin, smollm2, data_dir, tmp_path):
     out = tmp_path / "a"
-    quantize(llmq_bin, smollm2, out, "--method", "rtn", "--bits", "4", "--group-size", "64", "--format", "awq")
+    quantize(llmq_bin, smollm2, out, "--method", "rtn", "--bits", "4", "--group-size", "64", "--format", "awq",
+             "--allow-requantize")  # the input is Q4_1
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "awq"
     assert math.isfinite(ppl(llmq_bin, out, data_dir))

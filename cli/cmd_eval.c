@@ -219,8 +219,9 @@ static enum llmq_status load_text(const char *arg, enum llmq_eval_protocol proto
     } else {
         struct llmq_dataset ds;
         if ((st = llmq_dataset_load(arg, NULL, (size_t)4 << 30, &ds))) return st;
-        t->path = realpath(ds.path, NULL); // the path printed and recorded in --json
+        t->path = ds.path; // canonical: the path printed and recorded in --json
         t->dataset = strdup(ds.name);
+        ds.path = NULL;
         raw = ds.data;
         n = ds.len;
         ds.data = NULL;

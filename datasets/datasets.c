@@ -212,7 +212,8 @@ enum llmq_status llmq_dataset_load(const char *arg, const char *manifest, size_t
     }
     d.name = strdup(name);
     d.licence = strdup(r.licence);
-    d.path = paths[0];
+    if ((d.path = realpath(paths[0], NULL))) free(paths[0]); // the path logged and recorded
+    else d.path = paths[0];
     paths[0] = NULL;
     d.n_parts = n_parts;
     if (!d.name || !d.licence) {

@@ -55,7 +55,7 @@
 
 struct llmq_dataset {
     char *name;       // the manifest name (an alias resolved), malloc'd
-    char *path;       // the file read (the first part of a split file), malloc'd
+    char *path;       // the file read (the first part of a split file), canonical (realpath), malloc'd
     char *manifest;   // the manifest consulted, malloc'd
     char *licence;    // the manifest's licence field, malloc'd
     int n_parts;      // files concatenated (1 unless split)

@@ -96,8 +96,11 @@ static bool find_row(char *text, const char *name, struct row *r, char *names, s
             p = strchr(p, '\t');
             if (p) *p++ = '\0';
         }
-        bool skip = line[0] == '#' || line[0] == '\0' || header;
-        header = false;
+        bool skip = line[0] == '#' || line[0] == '\0';
+        if (!skip && header) { // the first line that is not a comment is the header row
+            header = false;
+            skip = true;
+        }
         if (!skip && f[2]) {
             if (strcmp(f[0], name) == 0) {
                 *r = (struct row){f[1], f[2], f[3] ? f[3] : "", f[4] && f[5] && strcmp(f[5], "-") ? f[5] : NULL};

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/spill.h"
+#include "datasets/datasets.h"
 #include "formats/gguf.h"
 #include "kernels/gemm.h"
 
@@ -61,126 +62,18 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-// dir of the running binary into buf ("" if unknown)
-static void exe_dir(char *buf, size_t n) {
-    buf[0] = '\0';
-    char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (len <= 0) return;
-    exe[len] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = '\0';
-    snprintf(buf, n, "%s", exe);
-}
-
-#ifndef LLMQ_SOURCE_MANIFEST
-#define LLMQ_SOURCE_MANIFEST ""
-#endif
-#ifndef LLMQ_SOURCE_DATA
-#define LLMQ_SOURCE_DATA ""
-#endif
-#ifndef LLMQ_SHARE_REL
-#define LLMQ_SHARE_REL "share/llmq"
-#endif
-
-// The manifest: $LLMQ_MANIFEST, else the first that exists of <exe>/../datasets/manifest.tsv (a build
-// directory inside the source tree), <exe>/../LLMQ_SHARE_REL/manifest.tsv (installed), the source tree's
-// manifest this binary was built from, ./datasets/manifest.tsv.
-#define MANIFEST_WHERE                                                                                                 \
-    "$LLMQ_MANIFEST, <llmq's dir>/../datasets/, <llmq's dir>/../" LLMQ_SHARE_REL "/, " LLMQ_SOURCE_MANIFEST            \
-    ", ./datasets/"
-static char *find_manifest(void) {
-    const char *env = getenv("LLMQ_MANIFEST");
-    if (env && *env) return strdup(env);
-    char dir[PATH_MAX], p[PATH_MAX + 64];
-    exe_dir(dir, sizeof(dir));
-    if (dir[0]) {
-        snprintf(p, sizeof(p), "%s/../datasets/manifest.tsv", dir);
-        if (llmq_file_exists(p)) return strdup(p);
-        snprintf(p, sizeof(p), "%s/../%s/manifest.tsv", dir, LLMQ_SHARE_REL);
-        if (llmq_file_exists(p)) return strdup(p);
-    }
-    if (LLMQ_SOURCE_MANIFEST[0] && llmq_file_exists(LLMQ_SOURCE_MANIFEST)) return strdup(LLMQ_SOURCE_MANIFEST);
-    if (llmq_file_exists("datasets/manifest.tsv")) return strdup("datasets/manifest.tsv");
-    return NULL;
-}
-
-enum llmq_status llmq_calib_resolve_named(const char *name, const char *manifest, char **path, char sha256[65]) {
-    *path = NULL;
-    sha256[0] = '\0';
-    char *mpath = manifest ? strdup(manifest) : find_manifest(), *text = NULL, *found = NULL;
-    enum llmq_status st = LLMQ_OK;
-    if (!mpath) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: no manifest.tsv found (looked at " MANIFEST_WHERE "; set LLMQ_MANIFEST)", name);
-    size_t len;
-    if ((st = llmq_read_file(mpath, 1 << 20, &text, &len))) goto done;
-    char want_file[1024] = "", want_sha[65] = "";
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        char *f[3] = {0};
-        char *p = line;
-        for (int i = 0; i < 3 && p; i++) {
-            f[i] = p;
-            p = strchr(p, '\t');
-            if (p) *p++ = '\0';
-        }
-        if (!f[2] || strcmp(f[0], name) != 0) continue;
-        snprintf(want_file, sizeof(want_file), "%s", f[1]);
-        snprintf(want_sha, sizeof(want_sha), "%s", f[2]);
-        break;
-    }
-    if (!want_file[0]) {
-        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: not a file and not a name in %s", name, mpath);
-        goto done;
-    }
-    char dirs[4][PATH_MAX + 32], ed[PATH_MAX];
-    int n_dirs = 0;
-    const char *env = getenv("LLMQ_DATA");
-    if (env && *env) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", env);
-    snprintf(dirs[n_dirs++], sizeof(dirs[0]), "../shared/datasets");
-    exe_dir(ed, sizeof(ed));
-    if (ed[0]) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s/../../shared/datasets", ed);
-    if (LLMQ_SOURCE_DATA[0]) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", LLMQ_SOURCE_DATA);
-    for (int i = 0; i < n_dirs && !found; i++) {
-        char *p = llmq_path_join(dirs[i], want_file);
-        if (p && llmq_file_exists(p)) found = p;
-        else free(p);
-    }
-    if (!found) {
-        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "calib: %s: %s not found under $LLMQ_DATA, ./../shared/datasets, "
-                         "<llmq's dir>/../../shared/datasets or %s (set LLMQ_DATA)", name, want_file,
-                         LLMQ_SOURCE_DATA[0] ? LLMQ_SOURCE_DATA : "-");
-        goto done;
-    }
-    char got[65];
-    if ((st = sha256_file(found, got))) goto done;
-    if (strcmp(got, want_sha) != 0) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "calib: %s: sha256 of %s is %s, the manifest %s says %s", name, found, got,
-                         mpath, want_sha);
-        goto done;
-    }
-    memcpy(sha256, got, 65);
-    *path = found;
-    found = NULL;
-done:
-    free(found);
-    free(text);
-    free(mpath);
-    return st;
-}
-
 static void free_texts(char **t, int64_t n) {
     for (int64_t i = 0; t && i < n; i++) free(t[i]);
     free(t);
 }
 
-enum llmq_status llmq_calib_read_texts(const char *path, char ***texts, int64_t *n, char sha256[65]) {
+// The texts of buf (len bytes, NUL-terminated, read from path; owned: freed or kept as the one text).
+static enum llmq_status split_texts(const char *path, char *buf, size_t len, char ***texts, int64_t *n) {
     *texts = NULL;
     *n = 0;
-    char *buf = NULL, **out = NULL;
-    size_t len;
+    char **out = NULL;
     int64_t cnt = 0, cap = 0;
-    enum llmq_status st = sha256_file(path, sha256);
-    if (st) return st;
-    if ((st = llmq_read_file(path, MAX_TEXT_BYTES, &buf, &len))) return st;
+    enum llmq_status st = LLMQ_OK;
     bool jsonl = ends_with(path, ".jsonl") || ends_with(path, ".jsonl.gz");
     if (!jsonl) {
         out = malloc(sizeof(*out));
@@ -239,6 +132,17 @@ fail:
     free_texts(out, cnt);
     free(buf);
     return st;
+}
+
+enum llmq_status llmq_calib_read_texts(const char *path, char ***texts, int64_t *n, char sha256[65]) {
+    *texts = NULL;
+    *n = 0;
+    char *buf = NULL;
+    size_t len;
+    enum llmq_status st = sha256_file(path, sha256);
+    if (st) return st;
+    if ((st = llmq_read_file(path, MAX_TEXT_BYTES, &buf, &len))) return st;
+    return split_texts(path, buf, len, texts, n);
 }
 
 // ---- token matrix ---------------------------------------------------------------------------------------
@@ -335,21 +239,33 @@ enum llmq_status llmq_calib_data_load(const struct llmq_model *m, const struct l
             self = true;
             continue;
         }
-        if (llmq_file_exists(a)) {
-            s->kind = LLMQ_CALIB_FILE;
-            s->path = strdup(a);
-        } else {
-            s->kind = LLMQ_CALIB_NAMED;
-            char sha[65];
-            if ((st = llmq_calib_resolve_named(a, o->manifest, &s->path, sha))) goto fail;
-        }
-        if (!s->path) {
-            st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
-            goto fail;
-        }
         char **texts = NULL;
         int64_t nt = 0;
-        if ((st = llmq_calib_read_texts(s->path, &texts, &nt, s->sha256))) goto fail;
+        if (llmq_file_exists(a)) {
+            s->kind = LLMQ_CALIB_FILE;
+            if (!(s->path = strdup(a))) {
+                st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+                goto fail;
+            }
+            if ((st = llmq_calib_read_texts(s->path, &texts, &nt, s->sha256))) goto fail;
+        } else {
+            // a name (datasets/datasets.h): the recorded sha256 is the manifest's, of the decompressed
+            // text, whichever copy (repository .gz or upstream file) was read
+            s->kind = LLMQ_CALIB_NAMED;
+            struct llmq_dataset ds;
+            if ((st = llmq_dataset_load(a, o->manifest, MAX_TEXT_BYTES, &ds))) goto fail;
+            if (strcmp(ds.name, "wikitext-2-test") == 0)
+                llmq_warn("calib: %s is WikiText-2's test split, the text `llmq eval --ppl wikitext-2` scores: "
+                          "perplexity measured on it after calibrating on it is optimistic (wikitext-2-valid is the "
+                          "calibration split)", a);
+            memcpy(s->sha256, ds.sha256, sizeof(s->sha256));
+            s->path = ds.path;
+            ds.path = NULL;
+            st = split_texts(s->path, ds.data, ds.len, &texts, &nt);
+            ds.data = NULL; // owned by split_texts now
+            llmq_dataset_free(&ds);
+            if (st) goto fail;
+        }
         s->n_texts = nt;
         for (int64_t k = 0; k < nt && !st; k++) {
             int32_t *ids = NULL;

@@ -13,13 +13,12 @@
  *   PATH.txt | PATH.raw | anything else   the whole file is one text (".gz": gunzipped on read)
  *   PATH.jsonl[.gz]                       one JSON object per line; its string "text" is one text;
  *                                         a line without one is an error naming file and line
- *   NAME (a manifest name)                datasets/manifest.tsv row NAME (tab separated: name, file,
- *                                         sha256, licence, source): the file is looked for under
- *                                         $LLMQ_DATA, ./../shared/datasets, <dir of the binary>/../../
- *                                         shared/datasets; its sha256 must equal the manifest's
- *                                         (LLMQ_ERR_CORRUPT otherwise, both digests named). The
- *                                         manifest is $LLMQ_MANIFEST, else <dir of the binary>/../
- *                                         datasets/manifest.tsv, else ./datasets/manifest.tsv.
+ *   NAME (a dataset name)                 datasets/datasets.h resolves it (datasets/manifest.tsv:
+ *                                         wikitext-2-valid, wikitext-2-test, its alias wikitext-2,
+ *                                         ...; the repository's .gz copy, an install's, $LLMQ_DATA or
+ *                                         ../shared/datasets), sha256-checked on the decompressed
+ *                                         bytes. A test split (wikitext-2-test) is accepted with a
+ *                                         warning: eval --ppl wikitext-2 scores that text.
  *   "self"                                sequences sampled from the model itself (no data at all):
  *                                         each starts from BOS, tokens drawn from softmax(logits) at
  *                                         temperature 1 with a seeded xorshift generator. Costs
@@ -145,7 +144,8 @@ struct llmq_calib_source {
     enum llmq_calib_kind kind;
     char *arg;       // owned: what the user gave
     char *path;      // owned: the file read (NULL for self)
-    char sha256[65]; // of the file bytes as stored (compressed for .gz); "" for self
+    char sha256[65]; // file: of its bytes as stored (compressed for .gz); named: the manifest's, of the
+                     // decompressed text; "" for self
     int64_t n_texts; // texts read (jsonl lines, 1 for a plain file, n_seq for self)
     int64_t n_tokens;// tokens this source contributed to the stream
 };
@@ -157,7 +157,7 @@ struct llmq_calib_opts {
     uint64_t seed;
     int n_threads;
     enum llmq_backend backend;  // GEMM backend of the "self" sampling forward (kernels/gemm.h); 0 = CPU
-    const char *manifest;       // NULL: the search order above
+    const char *manifest;       // NULL: datasets/datasets.h's search order
 };
 
 struct llmq_calib_data {
@@ -168,11 +168,6 @@ struct llmq_calib_data {
     int64_t n_stream_tokens;         // tokens in the concatenated stream the windows came from
     char tokens_sha256[65];          // of tokens (int32 little-endian)
 };
-
-// Resolves a manifest name to a verified file: *path (malloc'd) and the manifest's sha256 (65 bytes).
-// LLMQ_ERR_NOT_FOUND: no manifest / no such name / file not under any data dir; LLMQ_ERR_CORRUPT: the
-// sha256 of the file differs from the manifest. manifest may be NULL (search order above).
-enum llmq_status llmq_calib_resolve_named(const char *name, const char *manifest, char **path, char sha256[65]);
 
 // Reads the texts of one file (rules above). *texts (n) and each string are malloc'd (free each + array).
 enum llmq_status llmq_calib_read_texts(const char *path, char ***texts, int64_t *n, char sha256[65]);

@@ -2,10 +2,14 @@
  * cli/cmd_eval.c — `llmq eval`: perplexity of a model on a text, or its KL divergence from a base
  * model, under the llama.cpp or the GPTQ-paper protocol (calib/eval/eval.h has the definitions).
  *
- *   llmq eval --model M --ppl FILE [--protocol llamacpp|gptq] [--ctx N] [--chunks N] [--threads N]
- *             [--kld-base MODEL | --save-logits FILE | --kld FILE] [--emulate MODE] [--json FILE]
+ *   llmq eval --model M --ppl FILE|NAME [--protocol llamacpp|gptq] [--ctx N] [--chunks N] [--threads N]
+ *             [--base MODEL | --kld-base MODEL | --save-logits FILE | --kld FILE] [--emulate MODE] [--json FILE]
  *
+ * --ppl takes a file, or a dataset name resolved by datasets/datasets.h (wikitext-2 = wikitext-2-test,
+ * wikitext-2-valid, ...: the same names as --calib).
  * Modes: plain perplexity (optionally --save-logits: the base logits for a later --kld run);
+ * --base MODEL runs the base next to the model on the same tokens (as --kld-base does) and reports
+ * both perplexities and their difference, absolute and in % (paired over the same tokens);
  * --kld-base MODEL runs the base and the model chunk by chunk in this process; --kld FILE compares
  * with a saved logits file (its chunks, protocol and context are used; --ppl is then optional and
  * only checked against the file's text hash). --emulate llamacpp-cpu rounds activations as llama.cpp's
@@ -23,6 +27,7 @@
 #include "common/io.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "datasets/datasets.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -32,47 +37,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-// ---- --ppl shortcuts -----------------------------------------------------------------------------
-
-static const struct {
-    const char *name, *rel;
-} shortcuts[] = {
-    {"wikitext-2", "wikitext-2-raw/wiki.test.raw"},
-    {"wikitext-2-valid", "wikitext-2-raw/wiki.valid.raw"},
-};
-
-// A named text resolves under $LLMQ_DATA, ../shared/datasets (from the working directory), then
-// <dir of the llmq binary>/../../shared/datasets (a build directory inside the source tree).
-// Returns a malloc'd path, or NULL (arg is then used as a plain path).
-static char *resolve_text(const char *arg) {
-    const char *rel = NULL;
-    for (size_t i = 0; i < sizeof(shortcuts) / sizeof(shortcuts[0]); i++)
-        if (strcmp(arg, shortcuts[i].name) == 0) rel = shortcuts[i].rel;
-    if (!rel || llmq_file_exists(arg)) return NULL;
-    char exe[PATH_MAX], dirs[3][PATH_MAX + 32];
-    int n_dirs = 0;
-    const char *env = getenv("LLMQ_DATA");
-    if (env && *env) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", env);
-    snprintf(dirs[n_dirs++], sizeof(dirs[0]), "../shared/datasets");
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (len > 0) {
-        exe[len] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) *slash = '\0';
-        snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s/../../shared/datasets", exe);
-    }
-    for (int i = 0; i < n_dirs; i++) {
-        char *p = llmq_path_join(dirs[i], rel);
-        if (p && llmq_file_exists(p)) {
-            char *real = realpath(p, NULL); // the path printed and recorded in --json
-            if (real) free(p);
-            return real ? real : p;
-        }
-        free(p);
-    }
-    return NULL;
-}
 
 // ---- progress --------------------------------------------------------------------------------------
 
@@ -141,7 +105,34 @@ static void print_report(const struct llmq_eval_report *rep) {
     printf("Same top p: %6.3f ± %5.3f %%\n", 100.0 * r->same_top, 100.0 * r->same_top_unc);
 }
 
+// --base: the model's figure as in plain mode, then the base's, the model's and the difference
+// (llama-perplexity --kl-divergence's paired statistics: ppl_diff and ppl_ratio with their uncertainty).
+static void print_base_report(const struct llmq_eval_report *rep, const char *base_path, const char *model_path) {
+    const struct llmq_eval_result *r = &rep->res;
+    printf("tokens:    %lld evaluated per model (%lld chunks of %lld), %lld scored\n",
+           (long long)rep->tokens_evaluated, (long long)rep->plan.n_chunks, (long long)rep->plan.n_ctx,
+           (long long)r->count);
+    printf("speed:     %.1f tokens/s, both models (%.2f s)\n", rep->tokens_per_s, rep->seconds);
+    printf("\nFinal estimate: PPL = %.4f +/- %.5f  [protocol %s, ctx %lld]\n", r->ppl, r->ppl_unc,
+           llmq_eval_protocol_name(rep->plan.protocol), (long long)rep->plan.n_ctx);
+    printf("KLD vs base: mean %.6f +/- %.6f, same top-1 token %.3f%%\n", r->kld_mean, r->kld_unc, 100.0 * r->same_top);
+    printf("\nbase:        PPL = %.4f +/- %.5f  (%s)\n", r->ppl_base, r->ppl_base_unc, base_path);
+    printf("quantized:   PPL = %.4f +/- %.5f  (%s)\n", r->ppl, r->ppl_unc, model_path);
+    printf("difference:  PPL %+.4f +/- %.5f  (%+.3f%% +/- %.3f%%)\n", r->ppl_diff, r->ppl_diff_unc,
+           100.0 * (r->ppl_ratio - 1.0), 100.0 * r->ppl_ratio_unc);
+}
+
 static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+// --base's keys (top level, next to "ppl"; the "kld" object has the full paired statistics).
+static void base_json(json_t *j, const struct llmq_eval_result *r) {
+    json_object_set_new(j, "base_ppl", jnum(r->ppl_base));
+    json_object_set_new(j, "base_ppl_uncertainty", jnum(r->ppl_base_unc));
+    json_object_set_new(j, "ppl_diff", jnum(r->ppl_diff));
+    json_object_set_new(j, "ppl_diff_uncertainty", jnum(r->ppl_diff_unc));
+    json_object_set_new(j, "ppl_diff_percent", jnum(100.0 * (r->ppl_ratio - 1.0)));
+    json_object_set_new(j, "ppl_diff_percent_uncertainty", jnum(100.0 * r->ppl_ratio_unc));
+}
 
 static json_t *quantiles_json(const double *q) {
     json_t *o = json_object();
@@ -205,6 +196,7 @@ static json_t *report_json(const struct llmq_eval_report *rep) {
 
 struct text {
     char *path;     // resolved path (owned)
+    char *dataset;  // the dataset name when --ppl named one (owned), else NULL
     char *data;     // the text as tokenized (rows joined when asked)
     size_t len;
     uint8_t sha[32];
@@ -213,13 +205,29 @@ struct text {
 
 // The text as the protocol tokenizes it: llamacpp reads it as llama-perplexity's -f does (one
 // trailing '\n' removed), gptq with the rows joined when asked (the HF dataset keeps every byte).
+// arg: a file, else a dataset name (datasets/datasets.h; read and sha256-checked there).
 static enum llmq_status load_text(const char *arg, enum llmq_eval_protocol protocol, bool join, struct text *t) {
-    char *resolved = resolve_text(arg), *raw = NULL;
+    char *raw = NULL;
     size_t n = 0;
     enum llmq_status st;
-    t->path = resolved ? resolved : strdup(arg);
-    if (!t->path) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
-    if ((st = llmq_eval_read_text(t->path, &raw, &n))) return st;
+    if (llmq_file_exists(arg)) {
+        if (!(t->path = strdup(arg))) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+        if ((st = llmq_eval_read_text(t->path, &raw, &n))) return st;
+    } else {
+        struct llmq_dataset ds;
+        if ((st = llmq_dataset_load(arg, NULL, (size_t)4 << 30, &ds))) return st;
+        t->path = ds.path; // canonical: the path printed and recorded in --json
+        t->dataset = strdup(ds.name);
+        ds.path = NULL;
+        raw = ds.data;
+        n = ds.len;
+        ds.data = NULL;
+        llmq_dataset_free(&ds);
+        if (!t->path || !t->dataset) {
+            free(raw);
+            return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+        }
+    }
     if (join) {
         st = llmq_eval_join_rows(raw, n, &t->data, &t->len);
         free(raw);
@@ -250,19 +258,22 @@ static enum llmq_status tokenize_text(const struct llmq_model *m, const struct t
 
 int cmd_eval(int argc, char **argv) {
     const char *model_path = NULL, *text_arg = NULL, *protocol_name = "llamacpp", *kld_base = NULL, *save_logits = NULL,
-               *kld_file = NULL, *json_path = NULL, *logits_dtype = "f16", *rows = "auto", *device = "auto", *emulate_name = "none";
+               *kld_file = NULL, *json_path = NULL, *base_path = NULL, *logits_dtype = "f16", *rows = "auto", *device = "auto", *emulate_name = "none";
     long ctx = 0, chunks = -1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
     const struct cli_flag flags[] = {
         {"model", CLI_STR, &model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
         {"ppl", CLI_STR, &text_arg, NULL,
-         "text file (.txt, .raw, .gz), or wikitext-2 / wikitext-2-valid (found under $LLMQ_DATA or ../shared/datasets)"},
+         "text file (.txt, .raw, .gz), or a dataset name: wikitext-2 (= wikitext-2-test), wikitext-2-valid, ... "
+         "(datasets/manifest.tsv; shipped with llmq, sha256-checked)"},
         {"protocol", CLI_STR, &protocol_name, "llamacpp",
          "llamacpp: n_ctx chunks, BOS per chunk, second half scored; gptq: the papers' windows, all scored"},
         {"ctx", CLI_INT, &ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
         {"chunks", CLI_INT, &chunks, "-1 (all)", "evaluate only the first N chunks"},
         {"threads", CLI_INT, &threads, "the number of CPUs", "threads for the forward pass and the scoring"},
         {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP},
+        {"base", CLI_STR, &base_path, NULL,
+         "also evaluate this base model on the same tokens and print both PPLs and the difference (absolute, %)"},
         {"kld-base", CLI_STR, &kld_base, NULL, "KL divergence mode: run this base model next to --model"},
         {"save-logits", CLI_STR, &save_logits, NULL, "write the scored positions' logits here (for a later --kld)"},
         {"logits-dtype", CLI_STR, &logits_dtype, "f16", "element type of --save-logits: f16 or f32"},
@@ -286,6 +297,8 @@ int cmd_eval(int argc, char **argv) {
         "  gptq      GPTQ/AWQ papers: rows joined with \"\\n\\n\", tokenized once, windows of --ctx tokens,\n"
         "            tail dropped, every next token scored.\n"
         "KLD modes print mean KLD, Δp and same-top-1 % like llama-perplexity --kl-divergence.\n"
+        "--base runs both models chunk by chunk on the same tokens (as --kld-base) and ends with the base's\n"
+        "PPL, the model's and the difference, absolute and in % (uncertainties paired over the tokens).\n"
         "Progress with ETA goes to stderr; results to stdout. Exit status: 0 ok, 1 error, 2 usage.",
         flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
     const char *pos[1];
@@ -302,8 +315,9 @@ int cmd_eval(int argc, char **argv) {
     else if (ctx < 0 || ctx == 1 || ctx > (1L << 20)) usage = "--ctx must be between 2 and 1048576";
     else if (chunks == 0 || chunks < -1) usage = "--chunks must be -1 (all) or at least 1";
     else if (threads < 1 || threads > 256) usage = "--threads must be between 1 and 256";
-    else if ((kld_base != NULL) + (save_logits != NULL) + (kld_file != NULL) > 1)
-        usage = "--kld-base, --save-logits and --kld exclude each other";
+    else if ((base_path != NULL) + (kld_base != NULL) + (save_logits != NULL) + (kld_file != NULL) > 1)
+        usage = "--base, --kld-base, --save-logits and --kld exclude each other";
+    else if (base_path && !text_arg) usage = "--base needs --ppl FILE";
     else if (dtype != LLMQ_DTYPE_F16 && dtype != LLMQ_DTYPE_F32) usage = "--logits-dtype must be f16 or f32";
     else if (strcmp(rows, "auto") && strcmp(rows, "on") && strcmp(rows, "off")) usage = "--rows must be auto, on or off";
     else if (!llmq_emulate_from_name(emulate_name, &emulate))
@@ -348,6 +362,7 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if ((st = llmq_model_load(model_path, &m))) goto done;
+    if (base_path) kld_base = base_path; // the same run; only the report differs
     if (kld_base && (st = llmq_model_load(kld_base, &base))) goto done;
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
 
@@ -381,7 +396,8 @@ int cmd_eval(int argc, char **argv) {
     printf("protocol:  %s (ctx %lld, scored positions [%lld, %lld), BOS per chunk: %s)\n",
            llmq_eval_protocol_name(rep.plan.protocol), (long long)rep.plan.n_ctx, (long long)rep.plan.first,
            (long long)rep.plan.n_ctx - 1, rep.plan.bos >= 0 ? "yes" : lf ? "as stored" : "no");
-    print_report(&rep);
+    if (base_path) print_base_report(&rep, base->path, m->path);
+    else print_report(&rep);
     if (save_logits) printf("logits:    %s (%s)\n", save_logits, llmq_dtype_name(dtype));
     fflush(stdout);
 
@@ -391,6 +407,8 @@ int cmd_eval(int argc, char **argv) {
         json_object_set_new(js, "model", json_string(m->path));
         json_object_set_new(js, "emulate", json_string(llmq_emulate_name(emulate)));
         if (base) json_object_set_new(js, "base_model", json_string(base->path));
+        if (base_path) base_json(js, &rep.res);
+        if (text.dataset) json_object_set_new(js, "dataset", json_string(text.dataset));
         if (lf) json_object_set_new(js, "kld_logits_file", json_string(kld_file));
         if (save_logits) json_object_set_new(js, "saved_logits", json_string(save_logits));
         json_object_set_new(js, "text", text_arg ? json_string(text.path) : json_null());
@@ -406,6 +424,7 @@ done:
     free(ids);
     free(text.data);
     free(text.path);
+    free(text.dataset);
     llmq_logits_close(lf);
     llmq_model_free(base);
     llmq_model_free(m);

@@ -201,6 +201,19 @@ enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, s
         if (got == 0) break;
         n += (size_t)got;
     }
+    // gzread returns the bytes it could inflate and then 0 when the file ends inside a gzip member:
+    // only gzerror's Z_BUF_ERROR tells a truncated .gz from a complete one (zlib.h, gzread).
+    if (gz) {
+        int e = Z_OK;
+        const char *msg = gzerror(gz, &e);
+        if (e != Z_OK) {
+            if (e == Z_BUF_ERROR)
+                llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: truncated gzip file: it ends inside a compressed stream "
+                            "after %zu decompressed bytes", path, n);
+            else llmq_errorf(LLMQ_ERR_CORRUPT, "%s: gzip error: %s", path, msg ? msg : "?");
+            goto fail;
+        }
+    }
     if (n > max_size) {
         llmq_errorf(LLMQ_ERR_OVERFLOW, "%s: larger than the limit of %zu bytes", path, max_size);
         goto fail;
@@ -213,7 +226,14 @@ enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, s
         }
     }
     buf[n] = '\0';
-    if (gz) gzclose(gz);
+    if (gz) {
+        int rc = gzclose_r(gz); // Z_BUF_ERROR here too when the last member was cut short
+        gz = NULL;
+        if (rc != Z_OK) {
+            llmq_errorf(rc == Z_BUF_ERROR ? LLMQ_ERR_TRUNCATED : LLMQ_ERR_IO, "%s: gzip close failed (%d)", path, rc);
+            goto fail;
+        }
+    }
     if (fp) fclose(fp);
     *out = buf;
     if (out_size) *out_size = n;

@@ -43,7 +43,9 @@ enum llmq_status llmq_afile_commit(struct llmq_afile *f);  // flush + fsync + re
 void llmq_afile_abort(struct llmq_afile *f);               // unlink the temp; frees; NULL-safe
 
 // Reads a whole (small) file into a NUL-terminated heap buffer, at most max_size bytes.
-// Transparently gunzips files whose name ends in ".gz". *out is owned by the caller (free()).
+// Transparently gunzips files whose name ends in ".gz" (several concatenated gzip members read as one
+// text, as gunzip does); a .gz that ends inside a member is LLMQ_ERR_TRUNCATED, a bad CRC or deflate
+// stream LLMQ_ERR_CORRUPT, never a shorter text. *out is owned by the caller (free()).
 enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, size_t *out_size);
 
 // Writes a jansson value as text (json_dumps with dump_flags, then a newline) to path atomically

@@ -1,5 +1,5 @@
-// tests/unit/test_calib.c — calib/calib.h: sources (.txt, .jsonl, .gz, manifest names and their
-// sha256 check), statistics against a direct computation on stories260K, the .lcs stats file (round
+// tests/unit/test_calib.c — calib/calib.h: sources (.txt, .jsonl, .gz; names: test_datasets.c),
+// statistics against a direct computation on stories260K, the .lcs stats file (round
 // trip + corrupt cases) and llama.cpp's imatrix .dat (round trip).
 #include "calib/calib.h"
 #include "common/io.h"
@@ -59,22 +59,7 @@ static void test_sources(void) {
     }
     CHECK(llmq_calib_read_texts(tpath("d.jsonl"), &t, &n, sha) == LLMQ_ERR_CORRUPT);
     CHECK_CONTAINS(llmq_last_error(), "line 2");
-
-    // manifest: a good row and one whose sha256 is wrong
-    setenv("LLMQ_DATA", test_data_dir(), 1);
-    const char *man = "name\tfile\tsha256\tlicence\tsource\n"
-                      "good\twikitext-2-raw/wiki.valid.raw\t4cd0f6876d07a413aa911261ff6d363c72d757d47f0fdd6015702014c89cb9c7\tx\ty\n"
-                      "bad\twikitext-2-raw/wiki.valid.raw\t0000000000000000000000000000000000000000000000000000000000000000\tx\ty\n"
-                      "gone\tno/such/file.txt\t00\tx\ty\n";
-    write_file(tpath("manifest.tsv"), man, strlen(man));
-    char *p = NULL;
-    CHECK(llmq_calib_resolve_named("good", tpath("manifest.tsv"), &p, sha) == LLMQ_OK);
-    CHECK(p && strstr(p, "wiki.valid.raw"));
-    free(p);
-    CHECK(llmq_calib_resolve_named("bad", tpath("manifest.tsv"), &p, sha) == LLMQ_ERR_CORRUPT);
-    CHECK_CONTAINS(llmq_last_error(), "sha256");
-    CHECK(llmq_calib_resolve_named("gone", tpath("manifest.tsv"), &p, sha) == LLMQ_ERR_NOT_FOUND);
-    CHECK(llmq_calib_resolve_named("nosuchname", tpath("manifest.tsv"), &p, sha) == LLMQ_ERR_NOT_FOUND);
+    // manifest names: tests/unit/test_datasets.c (datasets/datasets.h)
 }
 
 // direct computation: keep the raw inputs of (layer, slot) and sum in double

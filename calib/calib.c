@@ -619,8 +619,6 @@ fail:
 
 // ---- llama.cpp imatrix files ---------------------------------------------------------------------------------
 
-static const char *gguf_lin_name[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                    "ffn_gate", "ffn_up", "ffn_down"};
 
 // Every slot of s has Σx² and a count (what both writers need); *cmax gets the widest input.
 static enum llmq_status imatrix_check_full(const struct llmq_calib_stats *s, const char *path, int64_t *cmax) {
@@ -637,17 +635,14 @@ static enum llmq_status imatrix_check_full(const struct llmq_calib_stats *s, con
 // names no linear of m.
 static struct llmq_calib_input *imatrix_slot(struct llmq_calib_stats *s, const struct llmq_model *m,
                                              const char *name, size_t n) {
-    char buf[128], lin[64];
-    long long l;
-    int used = 0;
+    char buf[128];
+    int64_t l;
     if (n >= sizeof(buf)) return NULL;
     memcpy(buf, name, n);
     buf[n] = '\0';
-    if (sscanf(buf, "blk.%lld.%63[^.].weight%n", &l, lin, &used) != 2 || buf[used] != '\0' || l < 0 || l >= m->hp.n_layer)
-        return NULL;
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++)
-        if (strcmp(lin, gguf_lin_name[k]) == 0)
-            return &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)k)];
+    int role = llmq_tensor_role_of(buf, false, m->hp.n_layer, &l);
+    if (role >= LLMQ_T_LINEAR_0 && role < LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT)
+        return &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)(role - LLMQ_T_LINEAR_0))];
     return NULL;
 }
 
@@ -668,7 +663,7 @@ enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const
         for (int w = 0; w < LLMQ_LIN_COUNT; w++) {
             const struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)w)];
             char name[96];
-            int32_t len = snprintf(name, sizeof(name), "blk.%lld.%s.weight", (long long)l, gguf_lin_name[w]);
+            int32_t len = (int32_t)strlen(llmq_tensor_full_name(LLMQ_T_LINEAR_0 + w, l, false, name, sizeof(name)));
             int32_t nval = (int32_t)in->n_in;
             for (int64_t c = 0; c < in->n_in; c++) tmp[c] = (float)(in->sum_sq[c] / (double)in->count * (double)ncall);
             llmq_afile_write(&f, &len, 4);
@@ -711,7 +706,7 @@ enum llmq_status llmq_calib_imatrix_save_gguf(const struct llmq_calib_stats *s, 
     for (int64_t l = 0; l < s->n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
             struct imatrix_name *e = &names[l * LLMQ_LIN_COUNT + k];
-            snprintf(e->name, sizeof(e->name), "blk.%lld.%s.weight", (long long)l, gguf_lin_name[k]);
+            llmq_tensor_full_name(LLMQ_T_LINEAR_0 + k, l, false, e->name, sizeof(e->name));
             e->in = &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)k)];
         }
     qsort(names, (size_t)n, sizeof(*names), imatrix_name_cmp); // llama-imatrix: std::sort of the names

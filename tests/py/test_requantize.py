@@ -66,15 +66,18 @@ def test_gguf_allow_requantize_is_decode_then_encode(llmq_bin, stories_q8, tmp_p
     assert changed >= 5 * 7  # every linear was requantized
 
 
-def test_directory_formats_refuse_too(llmq_bin, stories_q8, tmp_path):
-    for fmt in ("fake", "awq", "gptq"):
+def test_directory_formats_refuse_too(llmq_bin, stories_q8, smollm2, tmp_path):
+    # fake on stories260K Q8_0; awq / gptq (8 channels per int32: not stories260K's 172-wide ffn, which the
+    # usage check refuses first with exit 2) on SmolLM2's real Q4_1 file
+    for fmt, model, group, qtype in (("fake", stories_q8, "4", "q8_0"), ("awq", smollm2, "64", "q4_1"),
+                                     ("gptq", smollm2, "64", "q4_1")):
         out = tmp_path / fmt
-        args = [llmq_bin, "quantize", "--model", stories_q8, "--method", "rtn", "--bits", "4", "--group-size", "4",
+        args = [llmq_bin, "quantize", "--model", model, "--method", "rtn", "--bits", "4", "--group-size", group,
                 "--format", fmt, "--threads", "2", "--out", out]
         r = run(args, check=False)
-        assert r.returncode == 1 and "blk.0.attn_q.weight" in r.stderr and "q8_0" in r.stderr, (fmt, r.stderr)
+        assert r.returncode == 1 and "blk.0.attn_q.weight" in r.stderr and qtype in r.stderr, (fmt, r.stderr)
         assert "--allow-requantize" in r.stderr and not out.exists()
-        if fmt == "fake":  # (awq / gptq pack 8 channels per int32: not stories260K's 172-wide ffn)
+        if fmt == "fake":
             run(args + ["--allow-requantize"])
             assert (out / "config.json").exists()
 

@@ -6,9 +6,12 @@ Two comparisons per case:
           OpenBLAS that llmq links): integer codes, scales, zeros, g_idx and Q must be bit-identical.
           (A float32 GEMM's rounding depends on the BLAS kernel's blocking, and numpy bundles another
           OpenBLAS build; spotri vs numpy's triangular inverse differ at ~1e-5 relative.)
-  indep   the port runs everything itself (numpy.linalg.cholesky chain, numpy's matmul): Hinv within
-          1e-3 relative, and codes equal on >= 99% of the elements (the fraction is printed; rows are
-          independent in GPTQ, so one flipped rounding only changes the rest of its row).
+  indep   the port runs everything itself (numpy.linalg.cholesky chain, numpy's matmul). Both Hinv
+          (llmq's spotrf/spotri/spotrf and numpy's) must be the Cholesky factor of H_damped⁻¹ within
+          the bound of that float32 chain (hinv_residual_bound). The codes are NOT compared: from the
+          first rounding that the two float32 paths decide differently, GPTQ's error feedback sends
+          the rest of that row elsewhere, so the agreement fraction (printed; 0.989 to 0.999 across
+          OpenBLAS kernels) measures chaos, not correctness. The exact mode checks the algorithm.
 """
 import json
 import os
@@ -102,19 +105,55 @@ def compare(gptq, W, H, **kw):
             bad = np.argwhere(a != b)
             pytest.fail(f"{kw}: {k} differs in {len(bad)} places, first {bad[:3].tolist()}: "
                         f"llmq {a[tuple(bad[0])]} port {b[tuple(bad[0])]}")
+    # same w, q and Hinv_ii (bit-identical above): the port forms each nonnegative term ½(w-q)²/d² in
+    # float32 (<= 4 roundings: <= 4u = 2.4e-7 relative, llmq may form it in double) and both sum in
+    # double (<= C·R·2⁻⁵³ < 1e-11 relative): the sums agree to < 2.5e-7 relative; 1e-6 is 4x that.
     assert abs(got["info"]["loss"] - ref["loss"]) <= 1e-6 * max(1.0, ref["loss"])
     # dequantization contract: W = (q - zero[g_idx]) * scale[g_idx]
     deq = (got["codes"].astype(F) - got["zeros"][:, got["g_idx"]]) * got["scales"][:, got["g_idx"]]
     assert np.array_equal(deq, got["Q"])
 
     ind = gptq_ref.fasterquant(W, H, **kw)
+    # the damping retries step percdamp by 0.0025 in float32 on both sides: equal to float32 precision
     assert got["info"]["percdamp"] == pytest.approx(ind["percdamp"], abs=1e-7)
-    scale = np.abs(got["Hinv"]).max()
-    assert np.abs(ind["Hinv"] - got["Hinv"]).max() <= 1e-3 * scale
+    A = damped(H, ind["perm"], ind["percdamp"])
+    Ainv = np.linalg.inv(A)
+    tol = hinv_residual_bound(A)
+    for who, R in (("llmq", got["Hinv"]), ("numpy port", ind["Hinv"])):
+        # GPTQ reads the upper triangle; an upper R with a positive diagonal and RᵀR = A⁻¹ is unique
+        R = np.triu(R.astype(np.float64))
+        assert np.all(np.diag(R) > 0), f"{kw}: {who}'s Hinv has a non-positive diagonal"
+        res = np.linalg.norm(R.T @ R - Ainv, 2) / np.linalg.norm(Ainv, 2)
+        assert res <= tol, f"{kw}: {who}'s Hinv is not chol(H⁻¹): residual {res:.3g} > bound {tol:.3g}"
     frac = float((ind["codes"] == got["codes"]).mean())
-    assert frac >= 0.99, f"{kw}: independent port agrees on only {frac:.5f} of the codes"
-    print(f"indep code agreement {frac:.6f} {kw}")
+    print(f"indep code agreement {frac:.6f} (information only) {kw}")
     return frac
+
+
+def damped(H, perm, percdamp):
+    """H as GPTQ factors it, in float64: dead columns' diagonal 1, permuted, diagonal += percdamp *
+    mean(diag H) (float32, as both implementations add it)."""
+    H = np.array(H, F)
+    dead = np.diag(H) == 0
+    H[dead, dead] = 1
+    H = H[perm][:, perm]
+    idx = np.arange(len(H))
+    H[idx, idx] += F(percdamp) * F(np.mean(np.diag(H).astype(np.float64)))
+    return H.astype(np.float64)
+
+
+def hinv_residual_bound(A):
+    """Bound on ||RᵀR - A⁻¹||₂ / ||A⁻¹||₂ for R = Hinv computed in float32 (u = 2⁻²⁴) by the chain
+    chol(A) -> inverse from the factor -> chol(A⁻¹) in any blocking (Higham, Accuracy and Stability
+    of Numerical Algorithms, 2nd ed.: Thm 10.3 for Cholesky, whose computed factor is exact for a
+    matrix within γ_(C+1)|Rᵀ||R| of its input; §14.3 for the inverse from a Cholesky factor, within
+    c·C·u·κ₂(A) relative): the factorizations add (C+1)u each, the inversion and the product of its
+    factors (C+1)u·κ₂(A) each, 2(C+1)u(κ₂(A) + 1) in all. κ₂(A) ≈ 3e3 for the random cases: the
+    bound is 0.10; a valid factor gives ~1e-6, a wrong one O(1) (measured on seed 204: chol(H) 3.8e3,
+    no damping 112, H not permuted 0.85, the lower factor's upper part 0.70, L⁻¹ without the second
+    Cholesky 0.48)."""
+    C = len(A)
+    return 2 * (C + 1) * 2.0 ** -24 * (np.linalg.cond(A) + 1)
 
 
 # (bits, group, sym, act_order, static_groups): every group x act-order x static combination, with

@@ -42,8 +42,7 @@ static double block_mse(struct llmq_model *m, struct llmq_forward *f, struct llm
     if (llmq_awq_block_bind(b, f) == LLMQ_OK &&
         llmq_forward_block(f, b->layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK) {
         e = 0;
-        for (int64_t i = 0; i < N * D; i++)
-            e += ((double)y[i] - ref[i]) * ((double)y[i] - ref[i]);
+        for (int64_t i = 0; i < N * D; i++) e += ((double)y[i] - ref[i]) * ((double)y[i] - ref[i]);
         e /= (double)(N * D);
     }
     llmq_awq_block_unbind(b, f);
@@ -101,8 +100,7 @@ int main(int argc, char **argv) {
     if (llmq_awq_search(b, f, x, n_seq, seqlen, &o) != LLMQ_OK) return 1;
     const double t_awq = now() - t0;
     int same = 1;
-    for (int g = 0; g < b->n_groups; g++)
-        same &= b->groups[g].best == b_out->groups[g].best;
+    for (int g = 0; g < b->n_groups; g++) same &= b->groups[g].best == b_out->groups[g].best;
     if (llmq_awq_block_init(m, layer, threads, &rtn) != LLMQ_OK) return 1;
     const double e_rtn = block_mse(m, f, rtn, x, ref, n_seq, seqlen, bits, group);
     const double e_awq = block_mse(m, f, b, x, ref, n_seq, seqlen, bits, group);

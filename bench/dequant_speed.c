@@ -19,7 +19,11 @@
 #include <time.h>
 
 // f16 fields inside each block type (byte offsets), to be given realistic scales.
-static const struct { enum llmq_dtype t; int n; size_t off[2]; } f16_fields[] = {
+static const struct {
+    enum llmq_dtype t;
+    int n;
+    size_t off[2];
+} f16_fields[] = {
     {LLMQ_DTYPE_Q4_0, 1, {offsetof(struct llmq_block_q4_0, d)}},
     {LLMQ_DTYPE_Q4_1, 2, {offsetof(struct llmq_block_q4_1, d), offsetof(struct llmq_block_q4_1, m)}},
     {LLMQ_DTYPE_Q5_0, 1, {offsetof(struct llmq_block_q5_0, d)}},
@@ -104,11 +108,18 @@ int main(int argc, char **argv) {
     int reps = 7;
     const char *types = NULL, *dump = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc) mb = atoll(argv[++i]);
-        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--types") == 0 && i + 1 < argc) types = argv[++i];
-        else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) dump = argv[++i];
-        else { fprintf(stderr, "bad flag %s\n", argv[i]); return usage(); }
+        if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc)
+            mb = atoll(argv[++i]);
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--types") == 0 && i + 1 < argc)
+            types = argv[++i];
+        else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc)
+            dump = argv[++i];
+        else {
+            fprintf(stderr, "bad flag %s\n", argv[i]);
+            return usage();
+        }
     }
     if (mb < 1 || reps < 1 || reps > 63) return usage();
 
@@ -135,7 +146,10 @@ int main(int argc, char **argv) {
             char path[4096];
             snprintf(path, sizeof path, "%s/%s.bin", dump, dt->name);
             FILE *f = fopen(path, "wb");
-            if (!f || fwrite(src, 1, bytes, f) != bytes || fclose(f) != 0) { perror(path); return 1; }
+            if (!f || fwrite(src, 1, bytes, f) != bytes || fclose(f) != 0) {
+                perror(path);
+                return 1;
+            }
         }
         double tf = time_decode(qt->to_float, src, dst, n, reps);
         double tr = time_decode(qt->to_float_ref, src, dst, n, reps);

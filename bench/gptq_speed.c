@@ -54,30 +54,57 @@ int main(int argc, char **argv) {
     struct llmq_gptq_opts o = llmq_gptq_opts_default();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--act-order")) { o.act_order = true; continue; }
-        if (!strcmp(a, "--verbose")) { llmq_log_set_level(LLMQ_LOG_DEBUG); continue; }
-        if (!v) { fprintf(stderr, "bench_gptq_speed: %s needs a value\n", a); return 1; }
-        if (!strcmp(a, "--R")) R = atoll(v);
-        else if (!strcmp(a, "--C")) C = atoll(v);
-        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--bits")) o.q.bits = atoi(v);
-        else if (!strcmp(a, "--group")) o.q.group_size = atoi(v);
-        else if (!strcmp(a, "--reps")) reps = atoi(v);
-        else if (!strcmp(a, "--dump")) prefix = v;
-        else if (!strcmp(a, "--device")) {
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) { fprintf(stderr, "bench_gptq_speed: --device cpu|cuda, got %s\n", v); return 1; }
-            if (llmq_backend_select(v, &o.backend)) return 1; // cuda without a device: the reason is logged
+        if (!strcmp(a, "--act-order")) {
+            o.act_order = true;
+            continue;
         }
-        else { fprintf(stderr, "bench_gptq_speed: unknown flag %s\n", a); return 1; }
+        if (!strcmp(a, "--verbose")) {
+            llmq_log_set_level(LLMQ_LOG_DEBUG);
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "bench_gptq_speed: %s needs a value\n", a);
+            return 1;
+        }
+        if (!strcmp(a, "--R"))
+            R = atoll(v);
+        else if (!strcmp(a, "--C"))
+            C = atoll(v);
+        else if (!strcmp(a, "--seed"))
+            seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--bits"))
+            o.q.bits = atoi(v);
+        else if (!strcmp(a, "--group"))
+            o.q.group_size = atoi(v);
+        else if (!strcmp(a, "--reps"))
+            reps = atoi(v);
+        else if (!strcmp(a, "--dump"))
+            prefix = v;
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "bench_gptq_speed: --device cpu|cuda, got %s\n", v);
+                return 1;
+            }
+            if (llmq_backend_select(v, &o.backend)) return 1; // cuda without a device: the reason is logged
+        } else {
+            fprintf(stderr, "bench_gptq_speed: unknown flag %s\n", a);
+            return 1;
+        }
         i++;
     }
-    if (R <= 0 || C <= 0 || reps < 1 || reps > 50) { fprintf(stderr, "bench_gptq_speed: bad arguments\n"); return 1; }
+    if (R <= 0 || C <= 0 || reps < 1 || reps > 50) {
+        fprintf(stderr, "bench_gptq_speed: bad arguments\n");
+        return 1;
+    }
     rng_state = 0x9E3779B97F4A7C15ull ^ (seed * 0x2545F4914F6CDD1Dull);
     const int64_t k = 256;
     float *W = malloc((size_t)(R * C) * sizeof *W), *Wc = malloc((size_t)(R * C) * sizeof *Wc); // (R, C)
     float *H = malloc((size_t)(C * C) * sizeof *H), *Hc = malloc((size_t)(C * C) * sizeof *Hc); // (C, C)
-    float *B = malloc((size_t)(k * C) * sizeof *B), *s = malloc((size_t)C * sizeof *s);          // (k, C), (C)
-    if (!W || !Wc || !H || !Hc || !B || !s) { fprintf(stderr, "bench_gptq_speed: out of memory\n"); return 1; }
+    float *B = malloc((size_t)(k * C) * sizeof *B), *s = malloc((size_t)C * sizeof *s);         // (k, C), (C)
+    if (!W || !Wc || !H || !Hc || !B || !s) {
+        fprintf(stderr, "bench_gptq_speed: out of memory\n");
+        return 1;
+    }
     for (int64_t c = 0; c < C; c++) s[c] = 1.6f + 1.4f * frand();
     for (int64_t i = 0; i < k; i++)
         for (int64_t c = 0; c < C; c++) B[i * C + c] = (frand() + frand() + frand()) * s[c];
@@ -85,7 +112,8 @@ int main(int argc, char **argv) {
                 (blasint)C, B, (blasint)C, 0.0f, H, (blasint)C);
     for (int64_t c = 0; c < C; c++) H[c * C + c] += 0.05f * s[c] * s[c];
     for (int64_t i = 0; i < R * C; i++) W[i] = 0.02f * (frand() + frand() + frand());
-    if (prefix && (dump(prefix, "W", W, (size_t)(R * C) * sizeof *W) || dump(prefix, "H", H, (size_t)(C * C) * sizeof *H))) {
+    if (prefix &&
+        (dump(prefix, "W", W, (size_t)(R * C) * sizeof *W) || dump(prefix, "H", H, (size_t)(C * C) * sizeof *H))) {
         fprintf(stderr, "bench_gptq_speed: cannot write %s.*\n", prefix);
         return 1;
     }
@@ -94,7 +122,10 @@ int main(int argc, char **argv) {
     if (o.backend == LLMQ_BACKEND_CUDA) { // warm-up: CUDA context, cuBLAS / cuSOLVER loading
         const int64_t wc = 64;
         float *ww = calloc((size_t)(8 * wc), sizeof *ww), *wh = calloc((size_t)(wc * wc), sizeof *wh);
-        if (!ww || !wh) { fprintf(stderr, "bench_gptq_speed: out of memory\n"); return 1; }
+        if (!ww || !wh) {
+            fprintf(stderr, "bench_gptq_speed: out of memory\n");
+            return 1;
+        }
         for (int64_t c = 0; c < wc; c++) wh[c * wc + c] = 1.0f;
         if (llmq_gptq_quantize("warmup", ww, wh, 8, wc, &o, &ql, NULL, NULL)) return 1;
         llmq_qlinear_free(&ql);

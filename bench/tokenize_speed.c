@@ -6,8 +6,8 @@
 // stdout: "<n_tokens> <median seconds> <median tokens/s> <load seconds>"
 #include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
-#include "formats/gguf.h"
 #include "common/log.h"
+#include "formats/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -150,7 +150,8 @@ enum llmq_status llmq_calib_read_texts(const char *path, char ***texts, int64_t 
 static enum llmq_status sample_self(const struct llmq_model *m, int64_t n_seq, int64_t seqlen, uint64_t *rng,
                                     int n_threads, enum llmq_backend be, int32_t *tokens) {
     int32_t bos = llmq_tokenizer_bos(m->tok);
-    if (bos < 0) return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "calib: --calib self needs a BOS token; %s has none", m->path);
+    if (bos < 0)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "calib: --calib self needs a BOS token; %s has none", m->path);
     struct llmq_forward *f = NULL;
     int64_t V = m->hp.n_vocab;
     float *logits = malloc((size_t)V * sizeof(float));
@@ -257,7 +258,8 @@ enum llmq_status llmq_calib_data_load(const struct llmq_model *m, const struct l
             if (strcmp(ds.name, "wikitext-2-test") == 0)
                 llmq_warn("calib: %s is WikiText-2's test split, the text `llmq eval --ppl wikitext-2` scores: "
                           "perplexity measured on it after calibrating on it is optimistic (wikitext-2-valid is the "
-                          "calibration split)", a);
+                          "calibration split)",
+                          a);
             memcpy(s->sha256, ds.sha256, sizeof(s->sha256));
             s->path = ds.path;
             ds.path = NULL;
@@ -322,9 +324,12 @@ fail:
 
 int llmq_calib_slot_of(enum llmq_linear l) {
     switch (l) {
-    case LLMQ_LIN_Q: case LLMQ_LIN_K: case LLMQ_LIN_V: return LLMQ_CALIB_SLOT_Q;
+    case LLMQ_LIN_Q:
+    case LLMQ_LIN_K:
+    case LLMQ_LIN_V: return LLMQ_CALIB_SLOT_Q;
     case LLMQ_LIN_O: return LLMQ_CALIB_SLOT_O;
-    case LLMQ_LIN_GATE: case LLMQ_LIN_UP: return LLMQ_CALIB_SLOT_GATE;
+    case LLMQ_LIN_GATE:
+    case LLMQ_LIN_UP: return LLMQ_CALIB_SLOT_GATE;
     case LLMQ_LIN_DOWN: return LLMQ_CALIB_SLOT_DOWN;
     default: return -1;
     }
@@ -337,7 +342,8 @@ static const char *slot_name(int slot) {
 
 static int64_t slot_n_in(const struct llmq_model *m, int slot) {
     switch (slot) {
-    case LLMQ_CALIB_SLOT_Q: case LLMQ_CALIB_SLOT_GATE: return m->hp.n_embd;
+    case LLMQ_CALIB_SLOT_Q:
+    case LLMQ_CALIB_SLOT_GATE: return m->hp.n_embd;
     case LLMQ_CALIB_SLOT_O: return m->hp.n_head * m->hp.head_dim;
     default: return m->hp.n_ff;
     }
@@ -414,13 +420,15 @@ enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer,
     LLMQ_ASSERT(layer >= 0 && layer < s->n_layer && slot >= 0 && slot < LLMQ_CALIB_N_SLOTS);
     struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
     int64_t C = in->n_in;
-    if (!in->sum_sq) return llmq_errorf(LLMQ_ERR_ARG, "calib: statistics of layer %lld were not allocated", (long long)layer);
+    if (!in->sum_sq)
+        return llmq_errorf(LLMQ_ERR_ARG, "calib: statistics of layer %lld were not allocated", (long long)layer);
     for (int64_t t = 0; t < n; t++) {
         const float *r = x + t * C;
         for (int64_t c = 0; c < C; c++) {
             float v = r[c];
             if (!isfinite(v))
-                return llmq_errorf(LLMQ_ERR_NUMERIC, "calib: blk.%lld %s: non-finite activation %g at token %lld, channel %lld",
+                return llmq_errorf(LLMQ_ERR_NUMERIC,
+                                   "calib: blk.%lld %s: non-finite activation %g at token %lld, channel %lld",
                                    (long long)layer, slot_name(slot), (double)v, (long long)t, (long long)c);
             in->sum_abs[c] += fabs((double)v);
             in->sum_sq[c] += (double)v * (double)v;
@@ -469,8 +477,9 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
     int64_t mb_tokens = micro_batch * d->seqlen;
     float *x = llmq_big_alloc((size_t)(N * D) * sizeof(float), "calib: activations"); // (N, D) at the block boundary
     struct llmq_forward *f = NULL;
-    enum llmq_status st = x ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for (%lld, %lld) activations",
-                                                     (long long)N, (long long)D);
+    enum llmq_status st = x ? LLMQ_OK
+                            : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for (%lld, %lld) activations",
+                                          (long long)N, (long long)D);
     if (!st) st = llmq_forward_init(m, mb_tokens, n_threads, &f);
     if (!st) llmq_forward_set_backend(f, s->backend);
     for (int64_t t0 = 0; !st && t0 < N; t0 += mb_tokens) {
@@ -559,8 +568,8 @@ enum llmq_status llmq_calib_stats_load(const char *path, struct llmq_calib_stats
     }
     if ((flags & ~1u) || hdr[0] < 1 || hdr[0] > 4096 || hdr[1] < 1 || hdr[2] < 1 || hdr[1] > (1 << 24) ||
         hdr[2] > (1 << 24)) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: bad header (flags %u, n_layer %lld, n_seq %lld, seqlen %lld)", path, flags,
-                         (long long)hdr[0], (long long)hdr[1], (long long)hdr[2]);
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: bad header (flags %u, n_layer %lld, n_seq %lld, seqlen %lld)", path,
+                         flags, (long long)hdr[0], (long long)hdr[1], (long long)hdr[2]);
         goto fail;
     }
     out->n_layer = hdr[0];
@@ -619,13 +628,13 @@ fail:
 
 // ---- llama.cpp imatrix files ---------------------------------------------------------------------------------
 
-
 // Every slot of s has Σx² and a count (what both writers need); *cmax gets the widest input.
 static enum llmq_status imatrix_check_full(const struct llmq_calib_stats *s, const char *path, int64_t *cmax) {
     *cmax = 0;
     for (int64_t i = 0; i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) {
         if (!s->in[i].sum_sq || s->in[i].count < 1)
-            return llmq_errorf(LLMQ_ERR_ARG, "%s: layer %lld has no Σx² statistics", path, (long long)(i / LLMQ_CALIB_N_SLOTS));
+            return llmq_errorf(LLMQ_ERR_ARG, "%s: layer %lld has no Σx² statistics", path,
+                               (long long)(i / LLMQ_CALIB_N_SLOTS));
         *cmax = s->in[i].n_in > *cmax ? s->in[i].n_in : *cmax;
     }
     return LLMQ_OK;
@@ -633,8 +642,8 @@ static enum llmq_status imatrix_check_full(const struct llmq_calib_stats *s, con
 
 // The statistics slot of weight `name` ("blk.N.<linear>.weight", n bytes) of m, or NULL when it
 // names no linear of m.
-static struct llmq_calib_input *imatrix_slot(struct llmq_calib_stats *s, const struct llmq_model *m,
-                                             const char *name, size_t n) {
+static struct llmq_calib_input *imatrix_slot(struct llmq_calib_stats *s, const struct llmq_model *m, const char *name,
+                                             size_t n) {
     char buf[128];
     int64_t l;
     if (n >= sizeof(buf)) return NULL;
@@ -661,7 +670,8 @@ enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const
     llmq_afile_write(&f, &n_entries, 4);
     for (int64_t l = 0; l < s->n_layer; l++)
         for (int w = 0; w < LLMQ_LIN_COUNT; w++) {
-            const struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)w)];
+            const struct llmq_calib_input *in =
+                &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)w)];
             char name[96];
             int32_t len = (int32_t)strlen(llmq_tensor_full_name(LLMQ_T_LINEAR_0 + w, l, false, name, sizeof(name)));
             int32_t nval = (int32_t)in->n_in;
@@ -754,10 +764,10 @@ static enum llmq_status imatrix_load_dat(const char *path, const struct llmq_mod
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
-#define NEED(n, what)                                                                                              \
-    if ((size_t)(n) > size - off) {                                                                                \
-        st = llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: %s truncated at offset %zu", path, what, off);                  \
-        goto done;                                                                                                 \
+#define NEED(n, what)                                                                                                  \
+    if ((size_t)(n) > size - off) {                                                                                    \
+        st = llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: %s truncated at offset %zu", path, what, off);                       \
+        goto done;                                                                                                     \
     }
     NEED(4, "entry count");
     memcpy(&n_entries, p, 4);
@@ -864,15 +874,17 @@ static enum llmq_status imatrix_load_gguf(const char *path, const struct llmq_mo
     const struct llmq_gguf_kv *kv = llmq_gguf_find_kv(g, "general.type");
     const char *type = kv ? llmq_gguf_kv_as_str(kv, NULL) : "imatrix";
     if (!type || strcmp(type, "imatrix") != 0) {
-        st = llmq_errorf(LLMQ_ERR_MAGIC, "%s: general.type is %s%s%s, not \"imatrix\" (a model, not an importance matrix?)",
-                         path, type ? "\"" : "", type ? type : "not a string", type ? "\"" : "");
+        st = llmq_errorf(LLMQ_ERR_MAGIC,
+                         "%s: general.type is %s%s%s, not \"imatrix\" (a model, not an importance matrix?)", path,
+                         type ? "\"" : "", type ? type : "not a string", type ? "\"" : "");
         goto done;
     }
     static const char *const keys[] = {"imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"};
     for (int k = 0; k < 3; k++)
         if (!llmq_gguf_find_kv(g, keys[k])) {
-            st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no %s key: not a llama-imatrix GGUF file (llama-quantize refuses it too)",
-                             path, keys[k]);
+            st = llmq_errorf(LLMQ_ERR_NOT_FOUND,
+                             "%s: no %s key: not a llama-imatrix GGUF file (llama-quantize refuses it too)", path,
+                             keys[k]);
             goto done;
         }
     const struct llmq_gguf_kv *ds;
@@ -901,12 +913,17 @@ static enum llmq_status imatrix_load_gguf(const char *path, const struct llmq_mo
         const struct llmq_gguf_tensor *t = llmq_gguf_tensor_at(g, i), *sums = NULL, *counts = NULL, *in_sum = NULL;
         const char *name = t->view.name;
         size_t bl;
-        if (strip_suffix(name, ".in_sum2", &bl)) sums = t;
-        else if (strip_suffix(name, ".counts", &bl)) counts = t;
-        else if (strip_suffix(name, ".in_sum", &bl)) in_sum = t;
-        else continue; // not an imatrix tensor (llama.cpp ignores these too)
+        if (strip_suffix(name, ".in_sum2", &bl))
+            sums = t;
+        else if (strip_suffix(name, ".counts", &bl))
+            counts = t;
+        else if (strip_suffix(name, ".in_sum", &bl))
+            in_sum = t;
+        else
+            continue; // not an imatrix tensor (llama.cpp ignores these too)
         if (!sums && !(sums = imatrix_sibling(g, name, bl, ".in_sum2"))) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has no %.*s.in_sum2 beside it", path, name, (int)bl, name);
+            st =
+                llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has no %.*s.in_sum2 beside it", path, name, (int)bl, name);
             goto done;
         }
         if (sums != t) continue; // checked with its in_sum2
@@ -918,26 +935,27 @@ static enum llmq_status imatrix_load_gguf(const char *path, const struct llmq_mo
         const struct llmq_gguf_tensor *all[3] = {sums, counts, in_sum};
         for (int k = 0; k < 3; k++)
             if (all[k] && all[k]->view.dtype != LLMQ_DTYPE_F32) {
-                st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s is %s, llama-imatrix writes F32", path, all[k]->view.name,
-                                 llmq_dtype_name(all[k]->view.dtype));
+                st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s is %s, llama-imatrix writes F32", path,
+                                 all[k]->view.name, llmq_dtype_name(all[k]->view.dtype));
                 goto done;
             }
         int64_t n_sums = tensor_nelements(sums), n_mat = tensor_nelements(counts);
         if (n_mat < 1 || n_sums < 1 || n_sums % n_mat != 0 || (in_sum && tensor_nelements(in_sum) != n_sums)) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s: %lld sums, %lld counts and %lld in_sum values do not match",
-                             path, name, (long long)n_sums, (long long)n_mat, (long long)(in_sum ? tensor_nelements(in_sum) : n_sums));
+            st = llmq_errorf(
+                LLMQ_ERR_CORRUPT, "%s: tensor %s: %lld sums, %lld counts and %lld in_sum values do not match", path,
+                name, (long long)n_sums, (long long)n_mat, (long long)(in_sum ? tensor_nelements(in_sum) : n_sums));
             goto done;
         }
         struct llmq_calib_input *in = imatrix_slot(out, m, name, bl);
         if (!in) {
             if (n_ignored++ == 0)
-                llmq_warn("%s: entry %.*s is not a linear weight of %s; ignored (and any more such)", path, (int)bl, name,
-                          m->path);
+                llmq_warn("%s: entry %.*s is not a linear weight of %s; ignored (and any more such)", path, (int)bl,
+                          name, m->path);
             continue;
         }
         if (n_mat != 1) {
-            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s holds %lld expert matrices; %.*s of %s is one dense matrix", path,
-                             name, (long long)n_mat, (int)bl, name, m->path);
+            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s holds %lld expert matrices; %.*s of %s is one dense matrix",
+                             path, name, (long long)n_mat, (int)bl, name, m->path);
             goto done;
         }
         if (n_sums != in->n_in) {
@@ -988,8 +1006,8 @@ enum llmq_status llmq_calib_imatrix_load(const char *path, const struct llmq_mod
     bool gguf = got == 4 && memcmp(magic, LLMQ_GGUF_MAGIC, 4) == 0;
     st = gguf ? imatrix_load_gguf(path, m, out, &n_used) : imatrix_load_dat(path, m, out, &n_used);
     if (!st && n_used == 0)
-        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no entry names a linear weight of %s (an imatrix of another model?)", path,
-                         m->path);
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no entry names a linear weight of %s (an imatrix of another model?)",
+                         path, m->path);
     if (st) llmq_calib_stats_free(out);
     return st;
 }

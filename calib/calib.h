@@ -142,31 +142,31 @@ enum llmq_calib_kind { LLMQ_CALIB_FILE, LLMQ_CALIB_NAMED, LLMQ_CALIB_SELF };
 
 struct llmq_calib_source {
     enum llmq_calib_kind kind;
-    char *arg;       // owned: what the user gave
-    char *path;      // owned: the file read (NULL for self)
-    char sha256[65]; // file: of its bytes as stored (compressed for .gz); named: the manifest's, of the
-                     // decompressed text; "" for self
-    int64_t n_texts; // texts read (jsonl lines, 1 for a plain file, n_seq for self)
-    int64_t n_tokens;// tokens this source contributed to the stream
+    char *arg;        // owned: what the user gave
+    char *path;       // owned: the file read (NULL for self)
+    char sha256[65];  // file: of its bytes as stored (compressed for .gz); named: the manifest's, of the
+                      // decompressed text; "" for self
+    int64_t n_texts;  // texts read (jsonl lines, 1 for a plain file, n_seq for self)
+    int64_t n_tokens; // tokens this source contributed to the stream
 };
 
 struct llmq_calib_opts {
     const char *const *sources; // (n_sources) --calib arguments
     int n_sources;
-    int64_t nsamples, seqlen;   // n_seq windows of seqlen tokens
+    int64_t nsamples, seqlen; // n_seq windows of seqlen tokens
     uint64_t seed;
     int n_threads;
-    enum llmq_backend backend;  // GEMM backend of the "self" sampling forward (kernels/gemm.h); 0 = CPU
-    const char *manifest;       // NULL: datasets/datasets.h's search order
+    enum llmq_backend backend; // GEMM backend of the "self" sampling forward (kernels/gemm.h); 0 = CPU
+    const char *manifest;      // NULL: datasets/datasets.h's search order
 };
 
 struct llmq_calib_data {
     int64_t n_seq, seqlen;
-    int32_t *tokens;                 // (n_seq, seqlen) owned
-    struct llmq_calib_source *src;   // (n_src) owned
+    int32_t *tokens;               // (n_seq, seqlen) owned
+    struct llmq_calib_source *src; // (n_src) owned
     int n_src;
-    int64_t n_stream_tokens;         // tokens in the concatenated stream the windows came from
-    char tokens_sha256[65];          // of tokens (int32 little-endian)
+    int64_t n_stream_tokens; // tokens in the concatenated stream the windows came from
+    char tokens_sha256[65];  // of tokens (int32 little-endian)
 };
 
 // Reads the texts of one file (rules above). *texts (n) and each string are malloc'd (free each + array).
@@ -204,7 +204,7 @@ struct llmq_calib_stats {
     enum llmq_status err;        // first error seen by the hook
     int64_t n_seq, seqlen;       // of the calibration data (for the file header)
     uint8_t tokens_sha256[32];
-    char *dataset;               // owned: the dataset an imatrix file names (llmq_calib_imatrix_load), else NULL
+    char *dataset; // owned: the dataset an imatrix file names (llmq_calib_imatrix_load), else NULL
 };
 
 // Allocates statistics for every block of m (xtx only when with_xtx: (C, C) f64 per slot per layer).

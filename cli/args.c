@@ -35,11 +35,15 @@ void cli_print_help(const struct cli_cmd *cmd, FILE *out) {
             char left[64];
             const char *arg = f->kind == CLI_BOOL ? "" : f->kind == CLI_INT ? " N" : f->kind == CLI_FLOAT ? " X" : " S";
             snprintf(left, sizeof(left), "--%s%s", a->name, arg);
-            if (pass) fprintf(out, "  %-24s same as --%s: %s (default: that of --%s)\n", left, f->name, a->help, f->name);
-            else fprintf(out, "  %-24s %s (default: %s)\n", left, f->help, f->def ? f->def : "none");
+            if (pass)
+                fprintf(out, "  %-24s same as --%s: %s (default: that of --%s)\n", left, f->name, a->help, f->name);
+            else
+                fprintf(out, "  %-24s %s (default: %s)\n", left, f->help, f->def ? f->def : "none");
         }
-    fprintf(out, "  %-24s %s (default: off)\n", "--quiet", "errors only on stderr: no progress, per-layer or info lines");
-    fprintf(out, "  %-24s %s (default: off)\n", "--verbose", "also debug lines (e.g. each GGUF type fallback as it is planned)");
+    fprintf(out, "  %-24s %s (default: off)\n", "--quiet",
+            "errors only on stderr: no progress, per-layer or info lines");
+    fprintf(out, "  %-24s %s (default: off)\n", "--verbose",
+            "also debug lines (e.g. each GGUF type fallback as it is planned)");
     fprintf(out, "  %-24s %s\n", "--help", "print this help and exit");
     if (cmd->details) fprintf(out, "\n%s\n", cmd->details);
 }
@@ -100,7 +104,8 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, const char **pos
             break;
         }
         case CLI_STR: *(const char **)f->dst = val; break;
-        case CLI_BOOL: case CLI_ALIAS: break; // find_flag never returns an alias
+        case CLI_BOOL:
+        case CLI_ALIAS: break; // find_flag never returns an alias
         }
     }
     if (*n_pos < cmd->min_pos) return usage_error(cmd, "missing argument: ", cmd->usage);
@@ -114,7 +119,8 @@ int cli_take_repeated(const char *name, int *argc, char **argv, const char **val
     for (int i = 0; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
-        if (strncmp(a, "--", 2) == 0 && strncmp(a + 2, name, nl) == 0 && a[2 + nl] == '=') v = a + 3 + nl;
+        if (strncmp(a, "--", 2) == 0 && strncmp(a + 2, name, nl) == 0 && a[2 + nl] == '=')
+            v = a + 3 + nl;
         else if (strncmp(a, "--", 2) == 0 && strcmp(a + 2, name) == 0) {
             if (i + 1 >= *argc) {
                 fprintf(stderr, "llmq: --%s needs a value\n", name);

@@ -19,19 +19,19 @@
 enum cli_flag_kind { CLI_BOOL, CLI_INT, CLI_FLOAT, CLI_STR, CLI_ALIAS };
 
 struct cli_flag {
-    const char *name;   // without the leading "--"
+    const char *name; // without the leading "--"
     enum cli_flag_kind kind;
-    void *dst;          // bool*, long*, double*, const char**; NULL for CLI_ALIAS
-    const char *def;    // default shown in --help (and already stored in *dst by the caller); CLI_ALIAS:
-                        // the target flag's name
+    void *dst;       // bool*, long*, double*, const char**; NULL for CLI_ALIAS
+    const char *def; // default shown in --help (and already stored in *dst by the caller); CLI_ALIAS:
+                     // the target flag's name
     const char *help;
 };
 
 struct cli_cmd {
-    const char *name;     // "inspect"
-    const char *usage;    // "PATH [flags]"
-    const char *summary;  // one line
-    const char *details;  // optional paragraph printed after the flags
+    const char *name;    // "inspect"
+    const char *usage;   // "PATH [flags]"
+    const char *summary; // one line
+    const char *details; // optional paragraph printed after the flags
     const struct cli_flag *flags;
     int n_flags;
     int min_pos, max_pos; // positional argument count bounds
@@ -57,8 +57,8 @@ struct cli_calib_args {
     int n_sources;
     const char *calib_help_dummy; // the --calib table entry's destination; the values are in sources
     long nsamples, seqlen, seed, micro, threads;
-    const char *max_memory;       // --max-memory as given (NULL: unlimited)
-    uint64_t max_mem_bytes;       // parsed by cli_calib_args_check (0: unlimited)
+    const char *max_memory; // --max-memory as given (NULL: unlimited)
+    uint64_t max_mem_bytes; // parsed by cli_calib_args_check (0: unlimited)
 };
 
 // Defaults: 128 x 512 tokens, seed 0, micro-batch 8, threads = online CPUs, no memory limit.
@@ -68,18 +68,19 @@ int cli_calib_take_sources(struct cli_calib_args *a, int *argc, char **argv);
 // NULL when the values are in range (and --max-memory parses), else the usage message.
 const char *cli_calib_args_check(struct cli_calib_args *a);
 
-#define CLI_CALIB_SOURCE_HELP                                                                              \
-    "calibration source, repeatable: a .txt/.raw/.jsonl[.gz] file, a datasets/manifest.tsv name "           \
+#define CLI_CALIB_SOURCE_HELP                                                                                          \
+    "calibration source, repeatable: a .txt/.raw/.jsonl[.gz] file, a datasets/manifest.tsv name "                      \
     "(wikitext-2-valid, ...), or self (sequences sampled from the model)"
 
 // The table entries of the flags above (--threads is the command's own: its help differs).
-#define CLI_CALIB_FLAGS(a)                                                                                  \
-    {"nsamples", CLI_INT, &(a)->nsamples, "128", "calibration sequences"},                                  \
-        {"seqlen", CLI_INT, &(a)->seqlen, "512", "tokens per calibration sequence"},                        \
-        {"seed", CLI_INT, &(a)->seed, "0", "seed of the window sampling (and of --calib self)"},            \
-        {"micro-batch", CLI_INT, &(a)->micro, "8", "sequences per forward call of the calibration passes"}, \
-        {"max-memory", CLI_STR, &(a)->max_memory, "unlimited",                                              \
-         "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file "  \
-         "in $LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"}
+#define CLI_CALIB_FLAGS(a)                                                                                             \
+    {"nsamples", CLI_INT, &(a)->nsamples, "128", "calibration sequences"},                                             \
+        {"seqlen", CLI_INT, &(a)->seqlen, "512", "tokens per calibration sequence"},                                   \
+        {"seed", CLI_INT, &(a)->seed, "0", "seed of the window sampling (and of --calib self)"},                       \
+        {"micro-batch", CLI_INT, &(a)->micro, "8", "sequences per forward call of the calibration passes"}, {          \
+        "max-memory", CLI_STR, &(a)->max_memory, "unlimited",                                                          \
+            "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file "         \
+            "in $LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"                                      \
+    }
 
 #endif // LLMQ_CLI_ARGS_H

@@ -65,11 +65,15 @@ int cmd_calib(int argc, char **argv) {
         {"stats-in", CLI_STR, &stats_in, NULL, "read a statistics file instead of running calibration"},
     };
     const struct cli_cmd cmd = {
-        "calib", "--model M --calib SRC [flags]",
+        "calib",
+        "--model M --calib SRC [flags]",
         "Gather per-linear input statistics (XᵀX, mean |x|, Σx², counts) block by block and save them.",
         "XᵀX is summed in f64 over micro-batches of 256 rows (an f32 SYRK per micro-batch, on --device); GPTQ's\n"
         "H = 2/n_seq · XᵀX. The .lcs layout is documented in calib/calib.h. Exit: 0 ok, 1 error, 2 usage.",
-        flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
+        flags,
+        (int)(sizeof(flags) / sizeof(flags[0])),
+        0,
+        0};
     const char *pos[1];
     int n_pos;
     rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
@@ -77,10 +81,14 @@ int cmd_calib(int argc, char **argv) {
     const char *usage = NULL;
     int n_sources = ca.n_sources, n_inputs = (n_sources > 0) + (imat_in != NULL) + (stats_in != NULL);
     const char *const *sources = ca.sources;
-    if (!model_path) usage = "--model is required";
-    else if (n_inputs != 1) usage = "exactly one of --calib, --imatrix-in, --stats-in is needed";
-    else if (!out && !imat_out && n_sources > 0) usage = "--out or --imatrix-out is needed";
-    else usage = cli_calib_args_check(&ca);
+    if (!model_path)
+        usage = "--model is required";
+    else if (n_inputs != 1)
+        usage = "exactly one of --calib, --imatrix-in, --stats-in is needed";
+    else if (!out && !imat_out && n_sources > 0)
+        usage = "--out or --imatrix-out is needed";
+    else
+        usage = cli_calib_args_check(&ca);
     if (usage) {
         fprintf(stderr, "llmq calib: %s\nrun 'llmq calib --help' for the flags and their defaults\n", usage);
         return 2;
@@ -95,21 +103,30 @@ int cmd_calib(int argc, char **argv) {
     struct llmq_calib_stats s = {0};
     enum llmq_status st = llmq_model_load(model_path, &m);
     if (st) goto done;
-    if (imat_in) st = llmq_calib_imatrix_load(imat_in, m, &s);
-    else if (stats_in) st = llmq_calib_stats_load(stats_in, &s);
+    if (imat_in)
+        st = llmq_calib_imatrix_load(imat_in, m, &s);
+    else if (stats_in)
+        st = llmq_calib_stats_load(stats_in, &s);
     else {
-        struct llmq_calib_opts co = {.sources = sources, .n_sources = n_sources, .nsamples = ca.nsamples,
-                                     .seqlen = ca.seqlen, .seed = (uint64_t)ca.seed, .n_threads = (int)ca.threads,
+        struct llmq_calib_opts co = {.sources = sources,
+                                     .n_sources = n_sources,
+                                     .nsamples = ca.nsamples,
+                                     .seqlen = ca.seqlen,
+                                     .seed = (uint64_t)ca.seed,
+                                     .n_threads = (int)ca.threads,
                                      .backend = backend};
-        if (!(st = llmq_calib_data_load(m, &co, &d)) && !(st = llmq_calib_stats_init(m, !no_xtx, 0, m->hp.n_layer, &s))) {
+        if (!(st = llmq_calib_data_load(m, &co, &d)) &&
+            !(st = llmq_calib_stats_init(m, !no_xtx, 0, m->hp.n_layer, &s))) {
             s.backend = backend;
             st = llmq_calib_run(m, &d, (int)ca.threads, ca.micro, &s);
         }
-        if (!st) printf("calibration: %lld x %lld tokens, tokens sha256 %s\n", (long long)d.n_seq, (long long)d.seqlen,
-                        d.tokens_sha256);
+        if (!st)
+            printf("calibration: %lld x %lld tokens, tokens sha256 %s\n", (long long)d.n_seq, (long long)d.seqlen,
+                   d.tokens_sha256);
         for (int i = 0; !st && i < d.n_src; i++)
-            printf("source:      %s (%s) sha256 %s, %lld tokens\n", d.src[i].arg, d.src[i].path ? d.src[i].path : "model",
-                   d.src[i].sha256[0] ? d.src[i].sha256 : "-", (long long)d.src[i].n_tokens);
+            printf("source:      %s (%s) sha256 %s, %lld tokens\n", d.src[i].arg,
+                   d.src[i].path ? d.src[i].path : "model", d.src[i].sha256[0] ? d.src[i].sha256 : "-",
+                   (long long)d.src[i].n_tokens);
     }
     if (st) goto done;
     if (s.n_layer != m->hp.n_layer) {

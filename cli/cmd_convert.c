@@ -3,11 +3,11 @@
  * f32 / f16 / bf16 (dequantizing a quantized model). The work is formats/convert/convert.h; this file parses
  * the flags, prints the summary on stdout and maps statuses to exit codes.
  */
-#include "formats/convert/convert.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "formats/convert/convert.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -20,7 +20,7 @@ static bool parse_size(const char *s, uint64_t *out) {
     static const struct {
         const char *unit;
         double mult;
-    } units[] = {{"", 1},      {"B", 1},         {"KB", 1e3},         {"MB", 1e6},         {"GB", 1e9},
+    } units[] = {{"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
                  {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
     char *end;
     errno = 0;
@@ -41,13 +41,16 @@ int cmd_convert(int argc, char **argv) {
     const struct cli_flag flags[] = {
         {"model", CLI_STR, &model, NULL, "input: a GGUF file or a Hugging Face model directory (required)"},
         {"out", CLI_STR, &out, NULL, "output: a GGUF file or a directory to create (required)"},
-        {"to", CLI_STR, &to, "auto", "output kind: gguf, hf, or auto (gguf if --out ends in .gguf, else the other format)"},
+        {"to", CLI_STR, &to, "auto",
+         "output kind: gguf, hf, or auto (gguf if --out ends in .gguf, else the other format)"},
         {"dtype", CLI_STR, &dtype, "f32", "tensor type of the output: f32, f16 or bf16 (GGUF keeps 1-D tensors f32)"},
-        {"max-shard-size", CLI_STR, &shard, "5GB", "HF output: bytes per safetensors file (GB = 1e9, GiB = 2^30; 0: one file)"},
+        {"max-shard-size", CLI_STR, &shard, "5GB",
+         "HF output: bytes per safetensors file (GB = 1e9, GiB = 2^30; 0: one file)"},
         {"force", CLI_BOOL, &force, "off", "replace an existing output (a GGUF file, or a directory with config.json)"},
     };
     const struct cli_cmd cmd = {
-        "convert", "--model IN --out OUT [flags]",
+        "convert",
+        "--model IN --out OUT [flags]",
         "Convert a LLaMA-family model (llama, mistral, qwen2) between GGUF and a Hugging Face directory\n"
         "(config.json, tokenizer.json, model.safetensors), or a GGUF to f32 / f16 / bf16 (dequantizing it).\n"
         "  GGUF -> HF:   --to hf     q/k rows un-permuted, tokenizer.json rebuilt from the GGUF vocabulary\n"
@@ -57,7 +60,10 @@ int cmd_convert(int argc, char **argv) {
         "OUT is refused without --force. GGUF -> HF -> GGUF at f32 reproduces every tensor and the tokenizer\n"
         "arrays. One line per tensor on stderr; a summary on stdout.\n"
         "Exit status: 0 ok, 1 conversion failed (the message names the file and tensor / key), 2 usage.",
-        flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
+        flags,
+        (int)(sizeof(flags) / sizeof(flags[0])),
+        0,
+        0};
     const char *pos[1];
     int n_pos, rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
@@ -67,9 +73,12 @@ int cmd_convert(int argc, char **argv) {
         fprintf(stderr, "llmq convert: --model and --out are required\nrun 'llmq convert --help' for the flags\n");
         return 2;
     }
-    if (!strcmp(to, "auto")) o.to = LLMQ_CONVERT_TO_AUTO;
-    else if (!strcmp(to, "gguf")) o.to = LLMQ_CONVERT_TO_GGUF;
-    else if (!strcmp(to, "hf")) o.to = LLMQ_CONVERT_TO_HF;
+    if (!strcmp(to, "auto"))
+        o.to = LLMQ_CONVERT_TO_AUTO;
+    else if (!strcmp(to, "gguf"))
+        o.to = LLMQ_CONVERT_TO_GGUF;
+    else if (!strcmp(to, "hf"))
+        o.to = LLMQ_CONVERT_TO_HF;
     else {
         fprintf(stderr, "llmq convert: --to must be gguf, hf or auto, not '%s'\n", to);
         return 2;

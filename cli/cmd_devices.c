@@ -31,8 +31,10 @@ int cmd_devices(int argc, char **argv) {
     const struct cli_flag flags[] = {
         {"json", CLI_BOOL, &json, "off", "print the device list as JSON on stdout"},
     };
-    const struct cli_cmd cmd = {"devices", "[flags]", "List the CUDA devices llmq can use (the CPU backend is always available).",
-                                NULL, flags, 1, 0, 0};
+    const struct cli_cmd cmd = {
+        "devices", "[flags]", "List the CUDA devices llmq can use (the CPU backend is always available).",
+        NULL,      flags,     1,
+        0,         0};
     const char *pos[1];
     int n_pos, rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
@@ -48,13 +50,13 @@ int cmd_devices(int argc, char **argv) {
         if (json) {
             char cc[16];
             snprintf(cc, sizeof(cc), "%d.%d", d.cc_major, d.cc_minor);
-            json_array_append_new(arr, json_pack("{s:i, s:s, s:I, s:I, s:s, s:i}", "index", i, "name", d.name,
-                                                 "total_bytes", (json_int_t)d.total_mem, "free_bytes",
-                                                 (json_int_t)d.free_mem, "compute_capability", cc, "sm_count",
-                                                 d.sm_count));
+            json_array_append_new(arr,
+                                  json_pack("{s:i, s:s, s:I, s:I, s:s, s:i}", "index", i, "name", d.name, "total_bytes",
+                                            (json_int_t)d.total_mem, "free_bytes", (json_int_t)d.free_mem,
+                                            "compute_capability", cc, "sm_count", d.sm_count));
         } else {
-            printf("cuda:%d: %s, compute %d.%d, %d SMs, %.1f GiB (%.1f GiB free)\n", i, d.name, d.cc_major,
-                   d.cc_minor, d.sm_count, d.total_mem / 1073741824.0, d.free_mem / 1073741824.0);
+            printf("cuda:%d: %s, compute %d.%d, %d SMs, %.1f GiB (%.1f GiB free)\n", i, d.name, d.cc_major, d.cc_minor,
+                   d.sm_count, d.total_mem / 1073741824.0, d.free_mem / 1073741824.0);
         }
     }
     if (json) {

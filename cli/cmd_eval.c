@@ -42,9 +42,9 @@
 
 struct progress {
     bool tty;
-    int64_t every;  // non-TTY: a line every this many chunks
+    int64_t every; // non-TTY: a line every this many chunks
     bool printed;
-    double last_s;  // TTY: elapsed time of the last update (at most 5 per second)
+    double last_s; // TTY: elapsed time of the last update (at most 5 per second)
 };
 
 static void on_progress(void *user, const struct llmq_eval_progress *p) {
@@ -59,9 +59,9 @@ static void on_progress(void *user, const struct llmq_eval_progress *p) {
     struct llmq_eta w = {.total = (double)p->n_chunks, .done = (double)p->chunk, .t0 = 0};
     llmq_eta_format(llmq_eta_remaining(&w, p->elapsed_s), eta, sizeof(eta));
     if (p->kld_mean > 0) snprintf(kld, sizeof(kld), "  KLD %.6f", p->kld_mean);
-    fprintf(stderr, "%seval: chunk %lld/%lld  PPL %.4f%s  %.2f s/chunk  elapsed %s  ETA %s%s",
-            pr->tty ? "\r" : "", (long long)p->chunk, (long long)p->n_chunks, p->ppl, kld,
-            p->elapsed_s / (double)p->chunk, el, eta, pr->tty ? "\033[K" : "\n");
+    fprintf(stderr, "%seval: chunk %lld/%lld  PPL %.4f%s  %.2f s/chunk  elapsed %s  ETA %s%s", pr->tty ? "\r" : "",
+            (long long)p->chunk, (long long)p->n_chunks, p->ppl, kld, p->elapsed_s / (double)p->chunk, el, eta,
+            pr->tty ? "\033[K" : "\n");
     if (pr->tty && last) fputc('\n', stderr);
     fflush(stderr);
     pr->printed = true;
@@ -71,8 +71,8 @@ static void on_progress(void *user, const struct llmq_eval_progress *p) {
 
 static const char *quantile_label(int i) {
     static const char *labels[LLMQ_EVAL_N_QUANTILES] = {"Minimum", " 0.1%  ", " 1.0%  ", " 5.0%  ", "10.0%  ",
-                                                         "25.0%  ", "Median ", "75.0%  ", "90.0%  ", "95.0%  ",
-                                                         "99.0%  ", "99.9%  ", "Maximum"};
+                                                        "25.0%  ", "Median ", "75.0%  ", "90.0%  ", "95.0%  ",
+                                                        "99.0%  ", "99.9%  ", "Maximum"};
     return labels[i];
 }
 
@@ -109,9 +109,8 @@ static void print_report(const struct llmq_eval_report *rep) {
 // (llama-perplexity --kl-divergence's paired statistics: ppl_diff and ppl_ratio with their uncertainty).
 static void print_base_report(const struct llmq_eval_report *rep, const char *base_path, const char *model_path) {
     const struct llmq_eval_result *r = &rep->res;
-    printf("tokens:    %lld evaluated per model (%lld chunks of %lld), %lld scored\n",
-           (long long)rep->tokens_evaluated, (long long)rep->plan.n_chunks, (long long)rep->plan.n_ctx,
-           (long long)r->count);
+    printf("tokens:    %lld evaluated per model (%lld chunks of %lld), %lld scored\n", (long long)rep->tokens_evaluated,
+           (long long)rep->plan.n_chunks, (long long)rep->plan.n_ctx, (long long)r->count);
     printf("speed:     %.1f tokens/s, both models (%.2f s)\n", rep->tokens_per_s, rep->seconds);
     printf("\nFinal estimate: PPL = %.4f +/- %.5f  [protocol %s, ctx %lld]\n", r->ppl, r->ppl_unc,
            llmq_eval_protocol_name(rep->plan.protocol), (long long)rep->plan.n_ctx);
@@ -139,9 +138,12 @@ static json_t *quantiles_json(const double *q) {
     for (int i = 0; i < LLMQ_EVAL_N_QUANTILES; i++) {
         char key[16];
         double f = llmq_eval_quantiles[i];
-        if (f == 0) snprintf(key, sizeof(key), "min");
-        else if (f == 1) snprintf(key, sizeof(key), "max");
-        else snprintf(key, sizeof(key), "p%g", 100 * f);
+        if (f == 0)
+            snprintf(key, sizeof(key), "min");
+        else if (f == 1)
+            snprintf(key, sizeof(key), "max");
+        else
+            snprintf(key, sizeof(key), "p%g", 100 * f);
         json_object_set_new(o, key, jnum(q[i]));
     }
     return o;
@@ -195,9 +197,9 @@ static json_t *report_json(const struct llmq_eval_report *rep) {
 // ---- the command ------------------------------------------------------------------------------------
 
 struct text {
-    char *path;     // resolved path (owned)
-    char *dataset;  // the dataset name when --ppl named one (owned), else NULL
-    char *data;     // the text as tokenized (rows joined when asked)
+    char *path;    // resolved path (owned)
+    char *dataset; // the dataset name when --ppl named one (owned), else NULL
+    char *data;    // the text as tokenized (rows joined when asked)
     size_t len;
     uint8_t sha[32];
     bool rows_joined;
@@ -251,14 +253,14 @@ static enum llmq_status tokenize_text(const struct llmq_model *m, const struct t
         llmq_warn("eval: %s adds EOS; the EOS after the text is dropped (llama.cpp refuses such models)", m->path);
         (*n)--;
     }
-    llmq_info("eval: %s: %zu bytes -> %lld tokens in %.1f s", t->path, t->len, (long long)*n,
-              llmq_now_s() - t0);
+    llmq_info("eval: %s: %zu bytes -> %lld tokens in %.1f s", t->path, t->len, (long long)*n, llmq_now_s() - t0);
     return LLMQ_OK;
 }
 
 int cmd_eval(int argc, char **argv) {
     const char *model_path = NULL, *text_arg = NULL, *protocol_name = "llamacpp", *kld_base = NULL, *save_logits = NULL,
-               *kld_file = NULL, *json_path = NULL, *base_path = NULL, *logits_dtype = "f16", *rows = "auto", *device = "auto", *emulate_name = "none";
+               *kld_file = NULL, *json_path = NULL, *base_path = NULL, *logits_dtype = "f16", *rows = "auto",
+               *device = "auto", *emulate_name = "none";
     long ctx = 0, chunks = -1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
     const struct cli_flag flags[] = {
@@ -288,7 +290,8 @@ int cmd_eval(int argc, char **argv) {
         {"json", CLI_STR, &json_path, NULL, "also write every figure as JSON to this file"},
     };
     const struct cli_cmd cmd = {
-        "eval", "--model M --ppl FILE [flags]",
+        "eval",
+        "--model M --ppl FILE [flags]",
         "Perplexity of a model on a text, or its KL divergence from a base model (like llama-perplexity).",
         "Protocols (they are not comparable; the output always names it):\n"
         "  llamacpp  llama.cpp's llama-perplexity: the text tokenized once, chunks of --ctx tokens, the\n"
@@ -300,7 +303,10 @@ int cmd_eval(int argc, char **argv) {
         "--base runs both models chunk by chunk on the same tokens (as --kld-base) and ends with the base's\n"
         "PPL, the model's and the difference, absolute and in % (uncertainties paired over the tokens).\n"
         "Progress with ETA goes to stderr; results to stdout. Exit status: 0 ok, 1 error, 2 usage.",
-        flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
+        flags,
+        (int)(sizeof(flags) / sizeof(flags[0])),
+        0,
+        0};
     const char *pos[1];
     int n_pos, rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
@@ -309,17 +315,26 @@ int cmd_eval(int argc, char **argv) {
     enum llmq_emulate emulate = LLMQ_EMULATE_NONE;
     enum llmq_dtype dtype = llmq_dtype_from_name(logits_dtype);
     const char *usage = NULL;
-    if (!model_path) usage = "--model is required";
-    else if (!text_arg && !kld_file) usage = "--ppl FILE is required (or --kld FILE)";
-    else if (!llmq_eval_protocol_from_name(protocol_name, &protocol)) usage = "--protocol must be llamacpp or gptq";
-    else if (ctx < 0 || ctx == 1 || ctx > (1L << 20)) usage = "--ctx must be between 2 and 1048576";
-    else if (chunks == 0 || chunks < -1) usage = "--chunks must be -1 (all) or at least 1";
-    else if (threads < 1 || threads > 256) usage = "--threads must be between 1 and 256";
+    if (!model_path)
+        usage = "--model is required";
+    else if (!text_arg && !kld_file)
+        usage = "--ppl FILE is required (or --kld FILE)";
+    else if (!llmq_eval_protocol_from_name(protocol_name, &protocol))
+        usage = "--protocol must be llamacpp or gptq";
+    else if (ctx < 0 || ctx == 1 || ctx > (1L << 20))
+        usage = "--ctx must be between 2 and 1048576";
+    else if (chunks == 0 || chunks < -1)
+        usage = "--chunks must be -1 (all) or at least 1";
+    else if (threads < 1 || threads > 256)
+        usage = "--threads must be between 1 and 256";
     else if ((base_path != NULL) + (kld_base != NULL) + (save_logits != NULL) + (kld_file != NULL) > 1)
         usage = "--base, --kld-base, --save-logits and --kld exclude each other";
-    else if (base_path && !text_arg) usage = "--base needs --ppl FILE";
-    else if (dtype != LLMQ_DTYPE_F16 && dtype != LLMQ_DTYPE_F32) usage = "--logits-dtype must be f16 or f32";
-    else if (strcmp(rows, "auto") && strcmp(rows, "on") && strcmp(rows, "off")) usage = "--rows must be auto, on or off";
+    else if (base_path && !text_arg)
+        usage = "--base needs --ppl FILE";
+    else if (dtype != LLMQ_DTYPE_F16 && dtype != LLMQ_DTYPE_F32)
+        usage = "--logits-dtype must be f16 or f32";
+    else if (strcmp(rows, "auto") && strcmp(rows, "on") && strcmp(rows, "off"))
+        usage = "--rows must be auto, on or off";
     else if (!llmq_emulate_from_name(emulate_name, &emulate))
         usage = "--emulate must be none, llamacpp-cpu or llamacpp-cpu-nofa";
     if (usage) {
@@ -367,19 +382,31 @@ int cmd_eval(int argc, char **argv) {
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
 
     struct llmq_eval_opts o = {
-        .protocol = protocol, .n_ctx = ctx, .max_chunks = chunks, .n_threads = (int)threads, .backend = backend, .emulate = emulate,
-        .save_logits = save_logits, .logits_dtype = dtype, .text_sha256 = text_arg ? text.sha : NULL,
-        .progress = on_progress, .progress_user = &pr,
+        .protocol = protocol,
+        .n_ctx = ctx,
+        .max_chunks = chunks,
+        .n_threads = (int)threads,
+        .backend = backend,
+        .emulate = emulate,
+        .save_logits = save_logits,
+        .logits_dtype = dtype,
+        .text_sha256 = text_arg ? text.sha : NULL,
+        .progress = on_progress,
+        .progress_user = &pr,
     };
-    int64_t n_chunks = lf ? llmq_logits_header(lf)->n_chunks : n_ids / (ctx > 0 ? ctx : llmq_eval_protocol_default_ctx(protocol));
+    int64_t n_chunks =
+        lf ? llmq_logits_header(lf)->n_chunks : n_ids / (ctx > 0 ? ctx : llmq_eval_protocol_default_ctx(protocol));
     if (chunks > 0 && chunks < n_chunks) n_chunks = chunks;
     pr.every = n_chunks / 20 > 1 ? n_chunks / 20 : 1;
-    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s%s%s", m->path,
-              llmq_eval_protocol_name(protocol), (long long)n_chunks, threads, base ? ", base " : "",
-              base ? base->path : "", emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
-    if (lf) st = llmq_eval_kld_file(lf, m, &o, &rep);
-    else if (base) st = llmq_eval_kld_models(base, m, ids, n_ids, &o, &rep);
-    else st = llmq_eval_ppl(m, ids, n_ids, &o, &rep);
+    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s%s%s", m->path, llmq_eval_protocol_name(protocol),
+              (long long)n_chunks, threads, base ? ", base " : "", base ? base->path : "",
+              emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
+    if (lf)
+        st = llmq_eval_kld_file(lf, m, &o, &rep);
+    else if (base)
+        st = llmq_eval_kld_models(base, m, ids, n_ids, &o, &rep);
+    else
+        st = llmq_eval_ppl(m, ids, n_ids, &o, &rep);
     if (st) {
         if (pr.tty && pr.printed) fputc('\n', stderr);
         goto done;
@@ -391,13 +418,20 @@ int cmd_eval(int argc, char **argv) {
     if (base) printf("base:      %s\n", base->path);
     if (lf) printf("base:      logits file %s\n", kld_file);
     if (emulate) printf("emulate:   %s\n", llmq_emulate_name(emulate));
-    if (text_arg) printf("text:      %s (%zu bytes%s, sha256 %s)\n", text.path, text.len, join ? ", rows joined" : "", hex);
-    else printf("text:      sha256 %s (from the logits file)\n", hex);
+    if (text_arg)
+        printf("text:      %s (%zu bytes%s, sha256 %s)\n", text.path, text.len, join ? ", rows joined" : "", hex);
+    else
+        printf("text:      sha256 %s (from the logits file)\n", hex);
     printf("protocol:  %s (ctx %lld, scored positions [%lld, %lld), BOS per chunk: %s)\n",
            llmq_eval_protocol_name(rep.plan.protocol), (long long)rep.plan.n_ctx, (long long)rep.plan.first,
-           (long long)rep.plan.n_ctx - 1, rep.plan.bos >= 0 ? "yes" : lf ? "as stored" : "no");
-    if (base_path) print_base_report(&rep, base->path, m->path);
-    else print_report(&rep);
+           (long long)rep.plan.n_ctx - 1,
+           rep.plan.bos >= 0 ? "yes"
+           : lf              ? "as stored"
+                             : "no");
+    if (base_path)
+        print_base_report(&rep, base->path, m->path);
+    else
+        print_report(&rep);
     if (save_logits) printf("logits:    %s (%s)\n", save_logits, llmq_dtype_name(dtype));
     fflush(stdout);
 
@@ -417,7 +451,8 @@ int cmd_eval(int argc, char **argv) {
         json_object_set_new(js, "rows_joined", json_boolean(join));
         json_object_set_new(js, "threads", json_integer(threads));
         json_object_set_new(js, "device", json_string(device_desc));
-        if ((st = llmq_write_json(json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)))) goto done;
+        if ((st = llmq_write_json(json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))))
+            goto done;
     }
 done:
     json_decref(js);

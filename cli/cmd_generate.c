@@ -58,7 +58,8 @@ int cmd_generate(int argc, char **argv) {
     }
     for (int i = 0; i < argc; i++) {
         args[i] = argv[i];
-        if (strcmp(argv[i], "-n") == 0) args[i] = "--n-predict";
+        if (strcmp(argv[i], "-n") == 0)
+            args[i] = "--n-predict";
         else if (strncmp(argv[i], "-n=", 3) == 0 && !n_eq && (n_eq = malloc(strlen(argv[i]) + 16))) {
             snprintf(n_eq, strlen(argv[i]) + 16, "--n-predict=%s", argv[i] + 3);
             args[i] = n_eq;

@@ -17,17 +17,30 @@
 #include "formats/safetensors.h"
 
 #include <ctype.h>
-#include <math.h>
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
 // config.json keys shown as hyperparameters of a Hugging Face model (all of config.json is in
 // the JSON report under "config").
 static const char *hf_hparams[] = {
-    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps",
-    "rope_theta", "rope_scaling", "tie_word_embeddings", "torch_dtype", "quantization_config", NULL,
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "quantization_config",
+    NULL,
 };
 
 static void upper(char *dst, const char *src, size_t n) {
@@ -286,10 +299,13 @@ static void add_totals(json_t *rep) {
     json_t *t;
     int bits = packed_bits(rep);
     json_array_foreach(json_object_get(rep, "tensors"), i, t) {
-        const char *name = json_string_value(json_object_get(t, "name")), *dt = json_string_value(json_object_get(t, "dtype"));
+        const char *name = json_string_value(json_object_get(t, "name")),
+                   *dt = json_string_value(json_object_get(t, "dtype"));
         json_int_t el = json_integer_value(json_object_get(t, "elements")), p = el;
-        if (bits && ends_with(name, ".qweight") && strcmp(dt, "I32") == 0) p = el * 32 / bits;
-        else if (bits && (ends_with(name, ".qzeros") || ends_with(name, ".scales") || ends_with(name, ".g_idx"))) p = 0;
+        if (bits && ends_with(name, ".qweight") && strcmp(dt, "I32") == 0)
+            p = el * 32 / bits;
+        else if (bits && (ends_with(name, ".qzeros") || ends_with(name, ".scales") || ends_with(name, ".g_idx")))
+            p = 0;
         if (bits) json_object_set_new(t, "params", json_integer(p));
         n_params += p;
         n_elems += el;
@@ -300,7 +316,8 @@ static void add_totals(json_t *rep) {
     json_object_set_new(rep, "n_elements", json_integer(n_elems));
     if (bits) json_object_set_new(rep, "packed_bits", json_integer(bits));
     json_object_set_new(rep, "n_bytes", json_integer(n_bytes));
-    json_object_set_new(rep, "bits_per_weight", n_params ? json_real(8.0 * (double)n_bytes / (double)n_params) : json_null());
+    json_object_set_new(rep, "bits_per_weight",
+                        n_params ? json_real(8.0 * (double)n_bytes / (double)n_params) : json_null());
 }
 
 // Prints a JSON value compactly on one line, cut at `width` characters.
@@ -308,8 +325,10 @@ static void print_value(const json_t *v, int width) {
     char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(9));
     if (!s) return;
     size_t n = strlen(s);
-    if (width > 3 && n > (size_t)width) printf("%.*s...", width - 3, s);
-    else fputs(s, stdout);
+    if (width > 3 && n > (size_t)width)
+        printf("%.*s...", width - 3, s);
+    else
+        fputs(s, stdout);
     free(s);
 }
 
@@ -327,7 +346,8 @@ static void print_text(const json_t *rep) {
     printf("path:          %s\n", json_string_value(json_object_get(rep, "path")));
     printf("format:        %s", json_string_value(json_object_get(rep, "format")));
     if (json_object_get(rep, "gguf_version"))
-        printf(" v%lld, alignment %lld, data at offset %lld", (long long)json_integer_value(json_object_get(rep, "gguf_version")),
+        printf(" v%lld, alignment %lld, data at offset %lld",
+               (long long)json_integer_value(json_object_get(rep, "gguf_version")),
                (long long)json_integer_value(json_object_get(rep, "alignment")),
                (long long)json_integer_value(json_object_get(rep, "data_offset")));
     if (json_object_get(rep, "shards")) printf(", %zu file(s)", json_array_size(json_object_get(rep, "shards")));
@@ -374,7 +394,8 @@ static void print_text(const json_t *rep) {
                json_string_value(json_object_get(v, "dtype")), shape, pad > 0 ? pad : 0, "",
                (long long)json_integer_value(json_object_get(v, "bytes")));
     }
-    printf("\ntotal:         %lld tensors, %lld parameters", (long long)json_integer_value(json_object_get(rep, "n_tensors")),
+    printf("\ntotal:         %lld tensors, %lld parameters",
+           (long long)json_integer_value(json_object_get(rep, "n_tensors")),
            (long long)json_integer_value(json_object_get(rep, "n_params")));
     if (json_object_get(rep, "packed_bits"))
         printf(" (%lld stored elements: %lld-bit codes packed in int32)",
@@ -406,7 +427,8 @@ int cmd_inspect(int argc, char **argv) {
         {"max-array", CLI_INT, &max_array, "8", "array elements shown per metadata key (-1: all)"},
     };
     const struct cli_cmd cmd = {
-        "inspect", "PATH [flags]",
+        "inspect",
+        "PATH [flags]",
         "Show the format, architecture, hyperparameters, metadata and tensors (name, dtype, shape,\n"
         "bytes) of a GGUF file, a safetensors file or index, or a Hugging Face model directory.\n"
         "Only headers are read: tensor data is never touched.",
@@ -415,7 +437,10 @@ int cmd_inspect(int argc, char **argv) {
         "(counted as such), its qzeros, scales and g_idx are metadata (0 parameters); a GGUF block type holds\n"
         "its elements. Bits per weight = 8 x all tensor bytes (metadata included) / parameters.\n"
         "Exit status: 0 ok, 1 unreadable or invalid input (the message names the file and the problem), 2 usage.",
-        flags, 2, 1, 1};
+        flags,
+        2,
+        1,
+        1};
     const char *pos[1];
     int n_pos, rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
@@ -432,9 +457,12 @@ int cmd_inspect(int argc, char **argv) {
     json_t *rep = json_object();
     json_object_set_new(rep, "path", json_string(path));
     enum llmq_status st;
-    if (S_ISDIR(sb.st_mode)) st = inspect_safetensors(path, true, rep);
-    else if (starts_with_gguf_magic(path) || ends_with(path, ".gguf")) st = inspect_gguf(path, max_array, rep);
-    else st = inspect_safetensors(path, false, rep);
+    if (S_ISDIR(sb.st_mode))
+        st = inspect_safetensors(path, true, rep);
+    else if (starts_with_gguf_magic(path) || ends_with(path, ".gguf"))
+        st = inspect_gguf(path, max_array, rep);
+    else
+        st = inspect_safetensors(path, false, rep);
     if (st) {
         json_decref(rep);
         return 1;

@@ -71,7 +71,10 @@ static enum llmq_status load_imatrix(const char *path, const struct llmq_model *
     json_t *j = json_object();
     json_object_set_new(j, "path", json_string(path));
     bool gguf = n >= 4 && memcmp(magic, "GGUF", 4) == 0;
-    json_object_set_new(j, "format", json_string(lcs ? "llmq-stats" : gguf ? "llama.cpp-imatrix-gguf" : "llama.cpp-imatrix-dat"));
+    json_object_set_new(j, "format",
+                        json_string(lcs    ? "llmq-stats"
+                                    : gguf ? "llama.cpp-imatrix-gguf"
+                                           : "llama.cpp-imatrix-dat"));
     if (file_sha256(path, sha)) json_object_set_new(j, "sha256", json_string(sha));
     json_object_set_new(prov, "imatrix", j);
     return LLMQ_OK;
@@ -127,7 +130,8 @@ static int run_gguf(struct gguf_args *a) {
         if ((st = load_imatrix(a->imatrix, m, &s, a->settings))) goto done;
         a->eo.imatrix = &s;
     } else if (rtn && a->qo.calib.n_sources > 0) { // gather the importance on the fly
-        if (a->dry_run) a->eo.mix.have_imatrix = true;
+        if (a->dry_run)
+            a->eo.mix.have_imatrix = true;
         else {
             struct llmq_calib_opts co = a->qo.calib;
             co.n_threads = a->qo.n_threads;
@@ -204,12 +208,12 @@ static const char *default_format(const char *method, bool gguf_out, long bits, 
 
 int cmd_quantize(int argc, char **argv) {
     const char *model_path = NULL, *method = "rtn", *format = NULL, *out = NULL, *json_path = NULL, *fallback = NULL,
-               *gguf_type = NULL, *imatrix = NULL, *tt_dummy = NULL, *output_type = NULL,
-               *embedding_type = NULL, *device = "auto";
+               *gguf_type = NULL, *imatrix = NULL, *tt_dummy = NULL, *output_type = NULL, *embedding_type = NULL,
+               *device = "auto";
     long bits = LONG_MIN, group = LONG_MIN;
     double damp = NAN; // not given: 0.01 (cli_parse refuses non-finite numbers)
-    bool sym = false, asym = false, act_order = false, static_groups = false, group_aware = false, force = false, no_tseq = false,
-         pure = false, dry_run = false, no_prov = false, allow_requant = false;
+    bool sym = false, asym = false, act_order = false, static_groups = false, group_aware = false, force = false,
+         no_tseq = false, pure = false, dry_run = false, no_prov = false, allow_requant = false;
     struct cli_calib_args ca;
     cli_calib_args_init(&ca);
     const char *tts[MAX_TENSOR_TYPES];
@@ -225,7 +229,9 @@ int cmd_quantize(int argc, char **argv) {
          "input columns per (scale, zero) group; -1 = one per output row (not gguf: its blocks are fixed)"},
         {"sym", CLI_BOOL, &sym, "off", "symmetric grid (zero fixed at 2^(bits-1))"},
         {"asym", CLI_BOOL, &asym, "on (unless --sym)", "asymmetric grid with a zero point"},
-        {"act-order", CLI_BOOL, &act_order, "off", "GPTQ: columns in order of decreasing Hessian diagonal (gguf: every block's grid fixed first from the original weights)"},
+        {"act-order", CLI_BOOL, &act_order, "off",
+         "GPTQ: columns in order of decreasing Hessian diagonal (gguf: every block's grid fixed first from the "
+         "original weights)"},
         {"static-groups", CLI_BOOL, &static_groups, "off", "GPTQ: group parameters from the original weights"},
         {"act-group-aware", CLI_BOOL, &group_aware, "off",
          "GPTQ: GPTQModel's act_group_aware order (GAR): whole groups by decreasing max Hessian diagonal, the "
@@ -247,7 +253,8 @@ int cmd_quantize(int argc, char **argv) {
         {"threads", CLI_INT, &ca.threads, "the number of CPUs", "threads (forward pass, OpenBLAS, GGUF encoders)"},
         {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP " (the GPTQ solver and the GGUF encoders run on the CPU)"},
         {"json", CLI_STR, &json_path, NULL, "write settings, calibration provenance and the per-layer table here"},
-        {"force", CLI_BOOL, &force, "off", "replace an existing output (a directory holding config.json, or a .gguf file)"},
+        {"force", CLI_BOOL, &force, "off",
+         "replace an existing output (a directory holding config.json, or a .gguf file)"},
         {"fallback", CLI_STR, &fallback, "none",
          "none: refuse a layer whose in-features the group size does not tile; rtn-per-channel: round that "
          "layer per output channel instead (only --format fake can hold it; not gguf)"},
@@ -267,12 +274,14 @@ int cmd_quantize(int argc, char **argv) {
          "quantize tensors that are already quantized (e.g. a Q4_1 GGUF input) instead of refusing them, as "
          "llama-quantize --allow-requantize does: the result is worse than quantizing the f32 / f16 original"},
         {"pure", CLI_BOOL, &pure, "off", "gguf: no mix rules, the file type's default type for every tensor"},
-        {"dry-run", CLI_BOOL, &dry_run, "off", "gguf: print every tensor's type, size and bits per weight, write nothing"},
+        {"dry-run", CLI_BOOL, &dry_run, "off",
+         "gguf: print every tensor's type, size and bits per weight, write nothing"},
         {"no-provenance", CLI_BOOL, &no_prov, "off",
          "gguf: write no llmq.* keys (then --method rtn gives llama-quantize's bytes)"},
     };
     const struct cli_cmd cmd = {
-        "quantize", "--model M --method METHOD --out DIR|FILE.gguf [flags]",
+        "quantize",
+        "--model M --method METHOD --out DIR|FILE.gguf [flags]",
         "Quantize the linear layers of a model with RTN, GPTQ, AWQ or AWQ+GPTQ, or write a GGUF quant.",
         "GPTQ takes each block's inputs from the already quantized model (true-sequential); AWQ from the\n"
         "full-precision model. Calibration windows: seeded random --seqlen windows of the concatenated\n"
@@ -298,7 +307,10 @@ int cmd_quantize(int argc, char **argv) {
         "GGUF output gets llama-quantize's per-tensor types (quant/gguf_mix.h); with --method rtn\n"
         "and --no-provenance the file equals llama.cpp's for the same input and importance.\n"
         "Exit status: 0 ok, 1 error, 2 usage.",
-        flags, (int)(sizeof(flags) / sizeof(flags[0])), 0, 0};
+        flags,
+        (int)(sizeof(flags) / sizeof(flags[0])),
+        0,
+        0};
     const char *pos[1];
     int n_pos;
     rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
@@ -315,10 +327,14 @@ int cmd_quantize(int argc, char **argv) {
     const char *usage = NULL;
     if (!gguf && bits == LONG_MIN) bits = 4;
     if (!gguf && group == LONG_MIN) group = 128;
-    if (!model_path) usage = "--model is required";
-    else if (!out && !(gguf && dry_run)) usage = gguf ? "--out FILE.gguf is required" : "--out DIR is required";
-    else if (!llmq_qmethod_parse(method, &o.method)) usage = "--method must be rtn, gptq, awq or awq+gptq";
-    else if (!gguf && !llmq_export_format_parse(format, &o.out.format)) usage = "--format must be awq, gptq, fake or gguf";
+    if (!model_path)
+        usage = "--model is required";
+    else if (!out && !(gguf && dry_run))
+        usage = gguf ? "--out FILE.gguf is required" : "--out DIR is required";
+    else if (!llmq_qmethod_parse(method, &o.method))
+        usage = "--method must be rtn, gptq, awq or awq+gptq";
+    else if (!gguf && !llmq_export_format_parse(format, &o.out.format))
+        usage = "--format must be awq, gptq, fake or gguf";
     else if (gguf && (bits != LONG_MIN || group != LONG_MIN))
         usage = "--bits and --group-size do not apply to --format gguf (its block types fix them: choose --gguf-type)";
     else if (!llmq_qmethod_uses_gptq(o.method) &&
@@ -337,26 +353,35 @@ int cmd_quantize(int argc, char **argv) {
         usage = "--act-group-aware needs a directory format (awq, gptq, fake), not gguf";
     else if (group_aware && (act_order || static_groups))
         usage = "--act-group-aware excludes --act-order and --static-groups";
-    else if (group_aware && group == -1) usage = "--act-group-aware needs a group size (not -1)";
-    else if (gguf && !gguf_type) usage = "--format gguf needs --gguf-type (e.g. Q4_K_M)";
+    else if (group_aware && group == -1)
+        usage = "--act-group-aware needs a group size (not -1)";
+    else if (gguf && !gguf_type)
+        usage = "--format gguf needs --gguf-type (e.g. Q4_K_M)";
     else if (gguf && !llmq_gguf_ftype_parse(gguf_type, &ftype)) {
-        snprintf(usage_buf, sizeof(usage_buf), "--gguf-type '%s' is unknown; one of %s", gguf_type, llmq_gguf_ftype_list());
+        snprintf(usage_buf, sizeof(usage_buf), "--gguf-type '%s' is unknown; one of %s", gguf_type,
+                 llmq_gguf_ftype_list());
         usage = usage_buf;
     } else if (!gguf && (gguf_type || imatrix || n_tts || output_type || embedding_type || pure || dry_run || no_prov))
         usage = "--gguf-type, --imatrix, --tensor-type, --output-type, --embedding-type, --pure, --dry-run and "
                 "--no-provenance need --format gguf";
     else if (gguf && imatrix && ca.n_sources > 0 && o.method == LLMQ_QMETHOD_RTN)
         usage = "--imatrix and --calib exclude each other with --method rtn (--calib gathers the importance)";
-    else if (!gguf && (bits < 2 || bits > 8)) usage = "--bits must be between 2 and 8";
-    else if (!gguf && (group == 0 || group < -1 || group > (1 << 20))) usage = "--group-size must be -1 or >= 1";
-    else if (sym && asym) usage = "--sym and --asym exclude each other";
-    else if (!isnan(damp) && (damp < 0 || damp >= 1)) usage = "--damp must be in [0, 1)";
+    else if (!gguf && (bits < 2 || bits > 8))
+        usage = "--bits must be between 2 and 8";
+    else if (!gguf && (group == 0 || group < -1 || group > (1 << 20)))
+        usage = "--group-size must be -1 or >= 1";
+    else if (sym && asym)
+        usage = "--sym and --asym exclude each other";
+    else if (!isnan(damp) && (damp < 0 || damp >= 1))
+        usage = "--damp must be in [0, 1)";
     else if (fallback && strcmp(fallback, "none") && strcmp(fallback, "rtn-per-channel"))
         usage = "--fallback must be none or rtn-per-channel";
-    else usage = cli_calib_args_check(&ca);
+    else
+        usage = cli_calib_args_check(&ca);
     if (!usage && gguf) {
         if (output_type && !llmq_gguf_mix_type_ok(otype = llmq_dtype_from_name(output_type))) {
-            snprintf(usage_buf, sizeof(usage_buf), "--output-type '%s' is not a type llmq can write into a GGUF", output_type);
+            snprintf(usage_buf, sizeof(usage_buf), "--output-type '%s' is not a type llmq can write into a GGUF",
+                     output_type);
             usage = usage_buf;
         } else if (embedding_type && !llmq_gguf_mix_type_ok(etype = llmq_dtype_from_name(embedding_type))) {
             snprintf(usage_buf, sizeof(usage_buf), "--embedding-type '%s' is not a type llmq can write into a GGUF",
@@ -364,8 +389,10 @@ int cmd_quantize(int argc, char **argv) {
             usage = usage_buf;
         }
         for (int i = 0; !usage && i < n_tts; i++) {
-            if (llmq_gguf_tensor_type_parse(tts[i], &tt[n_tt])) usage = ""; // the error line is out already
-            else n_tt++;
+            if (llmq_gguf_tensor_type_parse(tts[i], &tt[n_tt]))
+                usage = ""; // the error line is out already
+            else
+                n_tt++;
         }
     }
     if (usage) {
@@ -389,8 +416,14 @@ int cmd_quantize(int argc, char **argv) {
     o.act_order = act_order;
 
     if (gguf) {
-        struct gguf_args a = {.model = model_path, .method = method, .out = out, .json = json_path, .imatrix = imatrix,
-                              .qo = o, .dry_run = dry_run, .device = device_desc};
+        struct gguf_args a = {.model = model_path,
+                              .method = method,
+                              .out = out,
+                              .json = json_path,
+                              .imatrix = imatrix,
+                              .qo = o,
+                              .dry_run = dry_run,
+                              .device = device_desc};
         a.eo = llmq_gguf_export_default_opts();
         a.eo.mix.ftype = ftype;
         a.eo.mix.output_type = otype;
@@ -414,7 +447,8 @@ int cmd_quantize(int argc, char **argv) {
         json_object_set_new(a.settings, "method", json_string(llmq_qmethod_name(o.method)));
         json_object_set_new(a.settings, "format", json_string("gguf"));
         json_object_set_new(a.settings, "gguf_type", json_string(llmq_gguf_ftype_name(ftype)));
-        json_object_set_new(a.settings, "output_type", otype == LLMQ_DTYPE_COUNT ? json_null() : json_string(llmq_dtype_name(otype)));
+        json_object_set_new(a.settings, "output_type",
+                            otype == LLMQ_DTYPE_COUNT ? json_null() : json_string(llmq_dtype_name(otype)));
         json_object_set_new(a.settings, "embedding_type",
                             etype == LLMQ_DTYPE_COUNT ? json_null() : json_string(llmq_dtype_name(etype)));
         json_object_set_new(a.settings, "pure", json_boolean(pure));
@@ -455,7 +489,8 @@ int cmd_quantize(int argc, char **argv) {
                (long long)json_integer_value(json_object_get(t, "output_bytes")));
         fflush(stdout);
         json_object_set_new(rep, "device", json_string(device_desc));
-        if (json_path) st = llmq_write_json(json_path, rep, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        if (json_path)
+            st = llmq_write_json(json_path, rep, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     }
     json_decref(rep);
     llmq_model_free(m);

@@ -20,9 +20,9 @@ int cmd_calib(int argc, char **argv);
 #include <stddef.h>
 
 // The help text of --device (quantize, calib, eval).
-#define CLI_DEVICE_HELP                                                                                     \
-    "auto | cpu | cuda: where the matrix products (linear layers, output head, XᵀX, AWQ search) run; "     \
-    "auto = cuda when a CUDA device is present. CPU and CUDA results differ in float rounding; reruns on "  \
+#define CLI_DEVICE_HELP                                                                                                \
+    "auto | cpu | cuda: where the matrix products (linear layers, output head, XᵀX, AWQ search) run; "               \
+    "auto = cuda when a CUDA device is present. CPU and CUDA results differ in float rounding; reruns on "             \
     "the same device are byte-identical"
 
 // --device NAME (auto | cpu | cuda, kernels/backend.h): sets *be and prints "device: ..." once on

@@ -80,7 +80,6 @@ bool llmq_dtype_nbytes(enum llmq_dtype t, int64_t n, size_t *out) {
     return true;
 }
 
-
 float llmq_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
@@ -100,8 +99,8 @@ uint16_t llmq_f32_to_f16(float f) {
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
     uint32_t ax = x & 0x7fffffffu;
     if (ax >= 0x7f800000u) return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0); // inf / nan
-    if (ax >= 0x477ff000u) return sign | 0x7c00; // rounds to >= 65520: overflow to inf
-    if (ax < 0x38800000u) {                      // below the smallest normal half: subnormal or 0
+    if (ax >= 0x477ff000u) return sign | 0x7c00;                                  // rounds to >= 65520: overflow to inf
+    if (ax < 0x38800000u) { // below the smallest normal half: subnormal or 0
         // half subnormal step is 2^-24; round-to-nearest-even via float arithmetic
         float a = llmq_bits_f32(ax);
         float scaled = a * 16777216.0f; // a / 2^-24, exact (power of two)

@@ -70,11 +70,11 @@ struct llmq_dtype_traits {
 };
 
 const struct llmq_dtype_traits *llmq_dtype_traits(enum llmq_dtype t); // NULL if t is out of range
-const char *llmq_dtype_name(enum llmq_dtype t);                         // "?" if out of range
+const char *llmq_dtype_name(enum llmq_dtype t);                       // "?" if out of range
 
-enum llmq_dtype llmq_dtype_from_ggml(uint32_t ggml_id);      // INVALID if unknown
-enum llmq_dtype llmq_dtype_from_st_name(const char *name);   // INVALID if unknown
-enum llmq_dtype llmq_dtype_from_name(const char *name);      // by display name, case-insensitive
+enum llmq_dtype llmq_dtype_from_ggml(uint32_t ggml_id);    // INVALID if unknown
+enum llmq_dtype llmq_dtype_from_st_name(const char *name); // INVALID if unknown
+enum llmq_dtype llmq_dtype_from_name(const char *name);    // by display name, case-insensitive
 
 // Bytes taken by n elements of type t; returns false (and leaves *out alone) if n is not a multiple
 // of the block size or the product overflows.
@@ -99,11 +99,7 @@ static inline float llmq_bits_f32(uint32_t u) {
 }
 
 // Overflow-checked arithmetic for sizes read from files: false on overflow.
-static inline bool llmq_mul_i64(int64_t a, int64_t b, int64_t *out) {
-    return !__builtin_mul_overflow(a, b, out);
-}
-static inline bool llmq_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
-    return !__builtin_add_overflow(a, b, out);
-}
+static inline bool llmq_mul_i64(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline bool llmq_add_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 
 #endif // LLMQ_DTYPE_H

@@ -3,12 +3,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <libgen.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <jansson.h>
 #include <zlib.h>
 
 enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
@@ -163,8 +163,10 @@ enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, s
     FILE *fp = NULL;
     bool is_gz = ends_with(path, ".gz");
     *out = NULL;
-    if (is_gz) gz = gzopen(path, "rb");
-    else fp = fopen(path, "rb");
+    if (is_gz)
+        gz = gzopen(path, "rb");
+    else
+        fp = fopen(path, "rb");
     if (!gz && !fp) return llmq_errorf(LLMQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     for (;;) {
         if (n == cap) {
@@ -208,9 +210,12 @@ enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, s
         const char *msg = gzerror(gz, &e);
         if (e != Z_OK) {
             if (e == Z_BUF_ERROR)
-                llmq_errorf(LLMQ_ERR_TRUNCATED, "%s: truncated gzip file: it ends inside a compressed stream "
-                            "after %zu decompressed bytes", path, n);
-            else llmq_errorf(LLMQ_ERR_CORRUPT, "%s: gzip error: %s", path, msg ? msg : "?");
+                llmq_errorf(LLMQ_ERR_TRUNCATED,
+                            "%s: truncated gzip file: it ends inside a compressed stream "
+                            "after %zu decompressed bytes",
+                            path, n);
+            else
+                llmq_errorf(LLMQ_ERR_CORRUPT, "%s: gzip error: %s", path, msg ? msg : "?");
             goto fail;
         }
     }
@@ -252,8 +257,10 @@ enum llmq_status llmq_write_json(const char *path, const json_t *j, size_t dump_
     enum llmq_status st = llmq_afile_open(&f, path);
     if (!st) st = llmq_afile_write(&f, text, strlen(text));
     if (!st) st = llmq_afile_write(&f, "\n", 1);
-    if (!st) st = llmq_afile_commit(&f);
-    else llmq_afile_abort(&f);
+    if (!st)
+        st = llmq_afile_commit(&f);
+    else
+        llmq_afile_abort(&f);
     free(text);
     return st;
 }
@@ -290,10 +297,14 @@ bool llmq_utf8_valid(const char *str, size_t n) {
         }
         int len;
         uint32_t cp;
-        if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
-        else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
-        else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
-        else return false;
+        if (c >= 0xc2 && c <= 0xdf)
+            len = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef)
+            len = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4)
+            len = 4, cp = c & 0x07;
+        else
+            return false;
         if (i + (size_t)len > n) return false;
         for (int k = 1; k < len; k++) {
             if ((s[i + k] & 0xc0) != 0x80) return false;

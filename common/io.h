@@ -20,7 +20,7 @@
 struct llmq_mmap {
     const uint8_t *data; // (size) bytes, read-only
     size_t size;
-    char *path;          // owned copy of the path, for messages
+    char *path; // owned copy of the path, for messages
 };
 
 // Maps path read-only. On failure logs "<path>: <reason>" and returns LLMQ_ERR_IO.
@@ -37,10 +37,10 @@ struct llmq_afile {
 
 enum llmq_status llmq_afile_open(struct llmq_afile *f, const char *path);
 enum llmq_status llmq_afile_write(struct llmq_afile *f, const void *buf, size_t n);
-enum llmq_status llmq_afile_pad(struct llmq_afile *f, size_t n);       // n zero bytes
-enum llmq_status llmq_afile_seek(struct llmq_afile *f, uint64_t off);  // absolute
-enum llmq_status llmq_afile_commit(struct llmq_afile *f);  // flush + fsync + rename; frees
-void llmq_afile_abort(struct llmq_afile *f);               // unlink the temp; frees; NULL-safe
+enum llmq_status llmq_afile_pad(struct llmq_afile *f, size_t n);      // n zero bytes
+enum llmq_status llmq_afile_seek(struct llmq_afile *f, uint64_t off); // absolute
+enum llmq_status llmq_afile_commit(struct llmq_afile *f);             // flush + fsync + rename; frees
+void llmq_afile_abort(struct llmq_afile *f);                          // unlink the temp; frees; NULL-safe
 
 // Reads a whole (small) file into a NUL-terminated heap buffer, at most max_size bytes.
 // Transparently gunzips files whose name ends in ".gz" (several concatenated gzip members read as one

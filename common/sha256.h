@@ -10,10 +10,10 @@
 #include <stdint.h>
 
 struct llmq_sha256 {
-    uint32_t h[8];       // chaining state
-    uint64_t n_bytes;    // message bytes hashed so far
-    uint8_t block[64];   // pending partial block
-    size_t n_block;      // bytes used in block
+    uint32_t h[8];     // chaining state
+    uint64_t n_bytes;  // message bytes hashed so far
+    uint8_t block[64]; // pending partial block
+    size_t n_block;    // bytes used in block
 };
 
 void llmq_sha256_init(struct llmq_sha256 *s);

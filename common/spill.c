@@ -13,7 +13,7 @@
 #include "common/log.h"
 #include "common/status.h"
 
-#define HDR 64 // header in front of every buffer; keeps the returned pointer 64-byte aligned
+#define HDR 64                      // header in front of every buffer; keeps the returned pointer 64-byte aligned
 #define MAGIC 0x6c6c6d7173706c6cull // "llmqspll"
 
 struct hdr {
@@ -38,10 +38,14 @@ bool llmq_parse_bytes(const char *s, uint64_t *out) {
     if (errno || end == s || !(v >= 0)) return false;
     uint64_t mul = 1;
     switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10, end++; break;
-    case 'm': case 'M': mul = 1ull << 20, end++; break;
-    case 'g': case 'G': mul = 1ull << 30, end++; break;
-    case 't': case 'T': mul = 1ull << 40, end++; break;
+    case 'k':
+    case 'K': mul = 1ull << 10, end++; break;
+    case 'm':
+    case 'M': mul = 1ull << 20, end++; break;
+    case 'g':
+    case 'G': mul = 1ull << 30, end++; break;
+    case 't':
+    case 'T': mul = 1ull << 40, end++; break;
     default: break;
     }
     if (mul > 1 && *end == 'i') end++;
@@ -66,11 +70,15 @@ static void *spill_map(size_t len, const char *what) {
     }
     unlink(path); // no name: nothing stays on disk, whatever happens
     void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)len) == 0) p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    else (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot size a %zu-byte spill file in %s: %s", what, len, dir, strerror(errno));
+    if (ftruncate(fd, (off_t)len) == 0)
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    else
+        (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot size a %zu-byte spill file in %s: %s", what, len, dir,
+                          strerror(errno));
     close(fd);
     if (p == MAP_FAILED) {
-        (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot map a %zu-byte spill file in %s: %s", what, len, dir, strerror(errno));
+        (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot map a %zu-byte spill file in %s: %s", what, len, dir,
+                          strerror(errno));
         return NULL;
     }
     return p;

@@ -39,20 +39,19 @@ const char *llmq_status_name(enum llmq_status st);
 
 // Log "error: <message>" on stderr (unless silenced) and store the message as this thread's last
 // error. Returns st, so that `return llmq_errorf(LLMQ_ERR_IO, "%s: ...", path);` reads naturally.
-enum llmq_status llmq_errorf(enum llmq_status st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+enum llmq_status llmq_errorf(enum llmq_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 // The last message recorded by llmq_errorf on this thread ("" if none) and its status.
 const char *llmq_last_error(void);
 enum llmq_status llmq_last_status(void);
 void llmq_clear_error(void);
 
-#define LLMQ_ASSERT(x)                                                                    \
-    do {                                                                                  \
-        if (!(x)) {                                                                       \
-            fprintf(stderr, "llmq: %s:%d: assertion failed: %s\n", __FILE__, __LINE__, #x); \
-            abort();                                                                      \
-        }                                                                                 \
+#define LLMQ_ASSERT(x)                                                                                                 \
+    do {                                                                                                               \
+        if (!(x)) {                                                                                                    \
+            fprintf(stderr, "llmq: %s:%d: assertion failed: %s\n", __FILE__, __LINE__, #x);                            \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 #endif // LLMQ_STATUS_H

@@ -13,13 +13,13 @@
 #define LLMQ_MAX_DIMS 4
 
 struct llmq_tensor_view {
-    const char *name;               // owned by the file object the view came from
+    const char *name; // owned by the file object the view came from
     enum llmq_dtype dtype;
-    int n_dims;                     // 0..LLMQ_MAX_DIMS (0: a scalar, one element)
-    int64_t shape[LLMQ_MAX_DIMS];   // outermost first; unused entries are 1
-    const void *data;               // read-only mapping, valid while the file object lives
-    size_t nbytes;                  // bytes of data
-    uint64_t file_offset;           // absolute offset of data in its file (for messages)
+    int n_dims;                   // 0..LLMQ_MAX_DIMS (0: a scalar, one element)
+    int64_t shape[LLMQ_MAX_DIMS]; // outermost first; unused entries are 1
+    const void *data;             // read-only mapping, valid while the file object lives
+    size_t nbytes;                // bytes of data
+    uint64_t file_offset;         // absolute offset of data in its file (for messages)
 };
 
 // Number of elements (product of the shape; 1 for a scalar). The file readers guarantee that it

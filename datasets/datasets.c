@@ -55,7 +55,7 @@ static void exe_dir(char *buf, size_t n) {
 }
 
 #define MANIFEST_WHERE                                                                                                 \
-    "$LLMQ_MANIFEST, <llmq's dir>/../datasets/, <llmq's dir>/../" LLMQ_SHARE_REL "/, " LLMQ_SOURCE_DATASETS           \
+    "$LLMQ_MANIFEST, <llmq's dir>/../datasets/, <llmq's dir>/../" LLMQ_SHARE_REL "/, " LLMQ_SOURCE_DATASETS            \
     ", ./datasets/"
 static char *find_manifest(void) {
     const char *env = getenv("LLMQ_MANIFEST");
@@ -121,9 +121,12 @@ static bool parts_under(const char *dir, const char *rel, char **paths, int max_
     int n = 0;
     bool ok = true;
     for (char *save = NULL, *part = strtok_r(buf, "+", &save); part && ok; part = strtok_r(NULL, "+", &save)) {
-        if (n == max_parts) ok = false;
-        else if (!(paths[n] = llmq_path_join(dir, part))) ok = false;
-        else ok = llmq_file_exists(paths[n++]);
+        if (n == max_parts)
+            ok = false;
+        else if (!(paths[n] = llmq_path_join(dir, part)))
+            ok = false;
+        else
+            ok = llmq_file_exists(paths[n++]);
     }
     if (!ok || n == 0) {
         for (int i = 0; i < n; i++) free(paths[i]);
@@ -162,22 +165,26 @@ enum llmq_status llmq_dataset_load(const char *arg, const char *manifest, size_t
     memset(out, 0, sizeof(*out));
     const char *name = llmq_dataset_canonical(arg);
     struct llmq_dataset d = {0};
-    char *text = NULL, *paths[8] = {0}, names[1024] = "", dirs[MAX_DIRS][PATH_MAX + 32], where[MAX_DIRS * (PATH_MAX + 34)] = "";
+    char *text = NULL, *paths[8] = {0}, names[1024] = "", dirs[MAX_DIRS][PATH_MAX + 32],
+         where[MAX_DIRS * (PATH_MAX + 34)] = "";
     int n_parts = 0, n_dirs = 0;
     size_t len;
     enum llmq_status st = LLMQ_OK;
     d.manifest = manifest ? strdup(manifest) : find_manifest();
     if (!d.manifest) {
         if (strchr(arg, '/')) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no such file", arg);
-        return llmq_errorf(LLMQ_ERR_NOT_FOUND, "datasets: %s: not a file, and no manifest.tsv to look the name up in "
-                           "(looked at " MANIFEST_WHERE "; set LLMQ_MANIFEST)", arg);
+        return llmq_errorf(LLMQ_ERR_NOT_FOUND,
+                           "datasets: %s: not a file, and no manifest.tsv to look the name up in "
+                           "(looked at " MANIFEST_WHERE "; set LLMQ_MANIFEST)",
+                           arg);
     }
     if ((st = llmq_read_file(d.manifest, MAX_MANIFEST_BYTES, &text, &len))) goto fail;
     struct row r;
     if (!find_row(text, name, &r, names, sizeof(names))) {
-        st = strchr(arg, '/') ? llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no such file (and not a dataset name)", arg)
-                              : llmq_errorf(LLMQ_ERR_NOT_FOUND, "datasets: %s: not a file and not a name in %s (names: %s)",
-                                            arg, d.manifest, names);
+        st = strchr(arg, '/')
+                 ? llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no such file (and not a dataset name)", arg)
+                 : llmq_errorf(LLMQ_ERR_NOT_FOUND, "datasets: %s: not a file and not a name in %s (names: %s)", arg,
+                               d.manifest, names);
         goto fail;
     }
 
@@ -185,8 +192,10 @@ enum llmq_status llmq_dataset_load(const char *arg, const char *manifest, size_t
     char ed[PATH_MAX];
     exe_dir(ed, sizeof(ed));
     const char *slash = strrchr(d.manifest, '/'), *env = getenv("LLMQ_DATA");
-    if (slash) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%.*s", (int)(slash - d.manifest), d.manifest);
-    else snprintf(dirs[n_dirs++], sizeof(dirs[0]), ".");
+    if (slash)
+        snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%.*s", (int)(slash - d.manifest), d.manifest);
+    else
+        snprintf(dirs[n_dirs++], sizeof(dirs[0]), ".");
     if (LLMQ_SOURCE_DATASETS[0]) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", LLMQ_SOURCE_DATASETS);
     if (ed[0]) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s/../%s", ed, LLMQ_SHARE_REL);
     if (env && *env) snprintf(dirs[n_dirs++], sizeof(dirs[0]), "%s", env);
@@ -215,8 +224,10 @@ enum llmq_status llmq_dataset_load(const char *arg, const char *manifest, size_t
     }
     d.name = strdup(name);
     d.licence = strdup(r.licence);
-    if ((d.path = realpath(paths[0], NULL))) free(paths[0]); // the path logged and recorded
-    else d.path = paths[0];
+    if ((d.path = realpath(paths[0], NULL)))
+        free(paths[0]); // the path logged and recorded
+    else
+        d.path = paths[0];
     paths[0] = NULL;
     d.n_parts = n_parts;
     if (!d.name || !d.licence) {

@@ -54,14 +54,14 @@
 #include <stddef.h>
 
 struct llmq_dataset {
-    char *name;       // the manifest name (an alias resolved), malloc'd
-    char *path;       // the file read (the first part of a split file), canonical (realpath), malloc'd
-    char *manifest;   // the manifest consulted, malloc'd
-    char *licence;    // the manifest's licence field, malloc'd
-    int n_parts;      // files concatenated (1 unless split)
-    char *data;       // (len + 1) decompressed bytes, NUL-terminated, malloc'd
+    char *name;     // the manifest name (an alias resolved), malloc'd
+    char *path;     // the file read (the first part of a split file), canonical (realpath), malloc'd
+    char *manifest; // the manifest consulted, malloc'd
+    char *licence;  // the manifest's licence field, malloc'd
+    int n_parts;    // files concatenated (1 unless split)
+    char *data;     // (len + 1) decompressed bytes, NUL-terminated, malloc'd
     size_t len;
-    char sha256[65];  // of data, lower-case hex; equal to the manifest's
+    char sha256[65]; // of data, lower-case hex; equal to the manifest's
 };
 
 // The manifest name an alias stands for, or name itself (never NULL for a non-NULL name).
@@ -70,8 +70,7 @@ const char *llmq_dataset_canonical(const char *name);
 // Resolves name (rules above), reads it and checks its sha256. manifest: NULL for the search order
 // above, else that file. max_bytes bounds the decompressed size. On failure *out is zeroed and one
 // line is logged naming the dataset and the file or directories concerned.
-enum llmq_status llmq_dataset_load(const char *name, const char *manifest, size_t max_bytes,
-                                   struct llmq_dataset *out);
+enum llmq_status llmq_dataset_load(const char *name, const char *manifest, size_t max_bytes, struct llmq_dataset *out);
 void llmq_dataset_free(struct llmq_dataset *d); // zeroed or NULL: no-op
 
 #endif // LLMQ_DATASETS_DATASETS_H

@@ -131,8 +131,7 @@ struct name_index {
 
 static uint64_t hash_bytes(const char *s, size_t n) { // FNV-1a, 64 bit
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
     return h;
 }
 
@@ -158,8 +157,7 @@ static bool index_reserve(struct name_index *ix, size_t n) {
         const struct slot *sl = &ix->slots[k];
         if (!sl->s) continue;
         size_t i = hash_bytes(sl->s, sl->len) & (cap - 1);
-        while (slots[i].s)
-            i = (i + 1) & (cap - 1);
+        while (slots[i].s) i = (i + 1) & (cap - 1);
         slots[i] = *sl;
     }
     free(ix->slots);
@@ -172,8 +170,7 @@ static bool index_reserve(struct name_index *ix, size_t n) {
 static bool index_insert(struct name_index *ix, const char *s, size_t n, int64_t idx) {
     if (!index_reserve(ix, ix->count + 1)) return false;
     size_t i = hash_bytes(s, n) & (ix->cap - 1);
-    while (ix->slots[i].s)
-        i = (i + 1) & (ix->cap - 1);
+    while (ix->slots[i].s) i = (i + 1) & (ix->cap - 1);
     ix->slots[i] = (struct slot){s, n, idx};
     ix->count++;
     return true;
@@ -488,8 +485,7 @@ static enum llmq_status parse_tensor_infos(struct llmq_gguf *g, struct cursor *c
                                "%s: %s at offset %" PRIu64 " has %u dimensions (at most %d supported)", c->path, c->ctx,
                                c->pos - 4, n_dims, LLMQ_MAX_DIMS);
         int64_t nel = 1;
-        for (int k = 0; k < LLMQ_MAX_DIMS; k++)
-            t->ne[k] = 1;
+        for (int k = 0; k < LLMQ_MAX_DIMS; k++) t->ne[k] = 1;
         for (uint32_t k = 0; k < n_dims; k++) {
             uint64_t d, dim_pos = c->pos;
             if ((st = get_len(c, &d, "dimension"))) return st;
@@ -523,10 +519,8 @@ static enum llmq_status parse_tensor_infos(struct llmq_gguf *g, struct cursor *c
         t->ggml_type = type;
         t->view.dtype = dt;
         t->view.n_dims = (int)n_dims;
-        for (int k = 0; k < LLMQ_MAX_DIMS; k++)
-            t->view.shape[k] = 1;
-        for (uint32_t k = 0; k < n_dims; k++)
-            t->view.shape[k] = t->ne[n_dims - 1 - k];
+        for (int k = 0; k < LLMQ_MAX_DIMS; k++) t->view.shape[k] = 1;
+        for (uint32_t k = 0; k < n_dims; k++) t->view.shape[k] = t->ne[n_dims - 1 - k];
         t->view.nbytes = nbytes;
     }
     return LLMQ_OK;
@@ -659,8 +653,7 @@ fail:
 
 void llmq_gguf_free(struct llmq_gguf *g) {
     if (!g) return;
-    for (int64_t i = 0; i < g->n_kv; i++)
-        free((void *)g->kvs[i].str_off);
+    for (int64_t i = 0; i < g->n_kv; i++) free((void *)g->kvs[i].str_off);
     free(g->kvs);
     free(g->tensors);
     index_free(&g->kv_index);
@@ -932,8 +925,7 @@ void llmq_gguf_writer_free(struct llmq_gguf_writer *w) {
         free(w->kvs[i].key);
         free(w->kvs[i].payload);
     }
-    for (int64_t i = 0; i < w->n_tensors; i++)
-        free(w->tensors[i].name);
+    for (int64_t i = 0; i < w->n_tensors; i++) free(w->tensors[i].name);
     free(w->kvs);
     free(w->tensors);
     index_free(&w->kv_index);
@@ -1062,8 +1054,7 @@ enum llmq_status llmq_gguf_writer_set_arr_str(struct llmq_gguf_writer *w, const 
     struct bytes b = {0};
     put_u32(&b, LLMQ_GGUF_TYPE_STRING);
     put_u64(&b, n);
-    for (uint64_t j = 0; j < n && !b.oom; j++)
-        put_str(&b, strs[j], lens ? lens[j] : strlen(strs[j]));
+    for (uint64_t j = 0; j < n && !b.oom; j++) put_str(&b, strs[j], lens ? lens[j] : strlen(strs[j]));
     return set_payload(w, key, LLMQ_GGUF_TYPE_ARRAY, &b);
 }
 
@@ -1094,8 +1085,7 @@ enum llmq_status llmq_gguf_writer_copy_kvs(struct llmq_gguf_writer *w, const str
     for (int64_t i = 0; i < src->n_kv; i++) {
         const struct llmq_gguf_kv *kv = &src->kvs[i];
         bool skip = false;
-        for (const char *const *e = except; e && *e && !skip; e++)
-            skip = strcmp(*e, kv->key) == 0;
+        for (const char *const *e = except; e && *e && !skip; e++) skip = strcmp(*e, kv->key) == 0;
         if (skip) continue;
         enum llmq_status st = llmq_gguf_writer_set_kv(w, kv);
         if (st) return st;
@@ -1122,8 +1112,7 @@ enum llmq_status llmq_gguf_writer_add_tensor(struct llmq_gguf_writer *w, const c
     if (n_dims < 0 || n_dims > LLMQ_MAX_DIMS || (n_dims > 0 && !shape))
         return llmq_errorf(LLMQ_ERR_ARG, "gguf writer: tensor '%s': %d dimensions (0..%d allowed)", name, n_dims,
                            LLMQ_MAX_DIMS);
-    for (int k = 0; k < LLMQ_MAX_DIMS; k++)
-        t.ne[k] = 1;
+    for (int k = 0; k < LLMQ_MAX_DIMS; k++) t.ne[k] = 1;
     for (int k = 0; k < n_dims; k++) {
         if (shape[k] < 0)
             return llmq_errorf(LLMQ_ERR_ARG, "gguf writer: tensor '%s': negative dimension %" PRId64, name, shape[k]);
@@ -1196,8 +1185,7 @@ enum llmq_status llmq_gguf_writer_begin(struct llmq_gguf_writer *w, const char *
     }
     // header size: magic, version, counts, KVs, tensor infos
     uint64_t hs = 4 + 4 + 8 + 8;
-    for (int64_t i = 0; i < w->n_kv; i++)
-        hs += 8 + strlen(w->kvs[i].key) + 4 + w->kvs[i].payload_len;
+    for (int64_t i = 0; i < w->n_kv; i++) hs += 8 + strlen(w->kvs[i].key) + 4 + w->kvs[i].payload_len;
     for (int64_t i = 0; i < w->n_tensors; i++)
         hs += 8 + strlen(w->tensors[i].name) + 4 + 8 * w->tensors[i].n_dims + 4 + 8;
     w->header_size = hs;
@@ -1267,8 +1255,7 @@ enum llmq_status llmq_gguf_writer_commit(struct llmq_gguf_writer *w) {
         const struct wtensor *t = &w->tensors[i];
         put_str(&h, t->name, strlen(t->name));
         put_u32(&h, t->n_dims);
-        for (uint32_t k = 0; k < t->n_dims; k++)
-            put_u64(&h, (uint64_t)t->ne[k]);
+        for (uint32_t k = 0; k < t->n_dims; k++) put_u64(&h, (uint64_t)t->ne[k]);
         put_u32(&h, (uint32_t)llmq_dtype_traits(t->dtype)->ggml_id);
         put_u64(&h, t->offset);
     }

@@ -27,8 +27,7 @@ struct name_index {
 
 static uint64_t hash_str(const char *s) { // FNV-1a, 64 bit
     uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
     return h;
 }
 
@@ -44,14 +43,12 @@ static int64_t index_find(const struct name_index *ix, const char *name) {
 static bool index_grow(struct name_index *ix, size_t cap) {
     int64_t *slots = malloc(cap * sizeof(*slots));
     if (!slots) return false;
-    for (size_t k = 0; k < cap; k++)
-        slots[k] = -1;
+    for (size_t k = 0; k < cap; k++) slots[k] = -1;
     for (size_t j = 0; j < ix->cap; j++) {
         int64_t i = ix->slots[j];
         if (i < 0) continue;
         size_t k = hash_str(ix->name_of(ix->owner, i)) & (cap - 1);
-        while (slots[k] >= 0)
-            k = (k + 1) & (cap - 1);
+        while (slots[k] >= 0) k = (k + 1) & (cap - 1);
         slots[k] = i;
     }
     free(ix->slots);
@@ -84,8 +81,7 @@ static void index_free(struct name_index *ix) {
 static bool grow_array(void **p, int64_t *cap, int64_t n, size_t sz) {
     if (n <= *cap) return true;
     int64_t ncap = *cap ? *cap * 2 : 16;
-    while (ncap < n)
-        ncap *= 2;
+    while (ncap < n) ncap *= 2;
     void *np = realloc(*p, (size_t)ncap * sz);
     if (!np) return false;
     *p = np;
@@ -115,8 +111,7 @@ static enum llmq_status json_fail(const char *path, const char *what, const json
     case json_error_numeric_overflow:
         return llmq_errorf(LLMQ_ERR_OVERFLOW, "%s: %s has a number too large for int64 at byte %d: %s", path, what,
                            err->position, err->text);
-    case json_error_out_of_memory:
-        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory parsing %s", path, what);
+    case json_error_out_of_memory: return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory parsing %s", path, what);
     default:
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s is not valid JSON: %s (at byte %d)", path, what, err->text,
                            err->position);
@@ -171,8 +166,7 @@ static int range_cmp(const void *a, const void *b) {
 
 static uint64_t read_le64(const uint8_t *p) {
     uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
     return v;
 }
 
@@ -645,10 +639,8 @@ fail:
 
 void llmq_st_free(struct llmq_st_model *m) {
     if (!m) return;
-    for (int s = 0; s < m->n_shards; s++)
-        llmq_mmap_close(&m->shards[s].map);
-    for (int64_t i = 0; i < m->n_tensors; i++)
-        free((char *)m->tensors[i].name);
+    for (int s = 0; s < m->n_shards; s++) llmq_mmap_close(&m->shards[s].map);
+    for (int64_t i = 0; i < m->n_tensors; i++) free((char *)m->tensors[i].name);
     for (int64_t i = 0; i < m->n_meta; i++) {
         free(m->meta[i].key);
         free(m->meta[i].value);
@@ -825,8 +817,7 @@ enum llmq_status llmq_st_writer_add_tensor(struct llmq_st_writer *w, const char 
     }
     t->dtype = dtype;
     t->n_dims = n_dims;
-    for (int d = 0; d < LLMQ_MAX_DIMS; d++)
-        t->shape[d] = d < n_dims ? shape[d] : 1;
+    for (int d = 0; d < LLMQ_MAX_DIMS; d++) t->shape[d] = d < n_dims ? shape[d] : 1;
     t->nbytes = nbytes;
     w->n++;
     return LLMQ_OK;
@@ -898,8 +889,7 @@ static enum llmq_status build_header(struct llmq_st_writer *w, int s, char **out
         json_t *e = json_object(), *shape = json_array(), *offs = json_array();
         ok = e && shape && offs &&
              json_object_set_new(e, "dtype", json_string(llmq_dtype_traits(t->dtype)->st_name)) == 0;
-        for (int d = 0; ok && d < t->n_dims; d++)
-            ok = json_array_append_new(shape, json_integer(t->shape[d])) == 0;
+        for (int d = 0; ok && d < t->n_dims; d++) ok = json_array_append_new(shape, json_integer(t->shape[d])) == 0;
         ok = ok && json_array_append_new(offs, json_integer((json_int_t)t->begin)) == 0 &&
              json_array_append_new(offs, json_integer((json_int_t)(t->begin + t->nbytes))) == 0;
         ok = ok && json_object_set(e, "shape", shape) == 0 && json_object_set(e, "data_offsets", offs) == 0 &&
@@ -947,8 +937,7 @@ static enum llmq_status writer_open_through(struct llmq_st_writer *w, int s) {
         if (!st) st = llmq_afile_open(&sh->f, sh->path);
         if (!st) {
             sh->opened = true;
-            for (int i = 0; i < 8; i++)
-                len[i] = (uint8_t)((uint64_t)n >> (8 * i));
+            for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)n >> (8 * i));
             st = llmq_afile_write(&sh->f, len, 8);
             if (!st) st = llmq_afile_write(&sh->f, hdr, n);
             sh->data_start = 8 + n;
@@ -1059,8 +1048,7 @@ static void remove_stale(const struct llmq_st_writer *w) {
             strcmp(name, LLMQ_ST_SINGLE_NAME) == 0 || strcmp(name, LLMQ_ST_INDEX_NAME) == 0 || is_shard_name(name);
         if (!ours) continue;
         bool produced = w->n_shards > 1 && strcmp(name, LLMQ_ST_INDEX_NAME) == 0;
-        for (int s = 0; s < w->n_shards && !produced; s++)
-            produced = strcmp(base_name(w->shards[s].path), name) == 0;
+        for (int s = 0; s < w->n_shards && !produced; s++) produced = strcmp(base_name(w->shards[s].path), name) == 0;
         if (produced) continue;
         char *p = llmq_path_join(w->dir, name);
         if (p && unlink(p) == 0)
@@ -1077,8 +1065,7 @@ static void writer_free(struct llmq_st_writer *w) {
         if (w->shards[s].opened) llmq_afile_abort(&w->shards[s].f);
         free(w->shards[s].path);
     }
-    for (int64_t i = 0; i < w->n; i++)
-        free(w->t[i].name);
+    for (int64_t i = 0; i < w->n; i++) free(w->t[i].name);
     for (int64_t i = 0; i < w->n_meta; i++) {
         free(w->meta[i].key);
         free(w->meta[i].value);

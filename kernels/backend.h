@@ -21,8 +21,8 @@ enum llmq_backend {
 struct llmq_device_info {
     int index;
     char name[256];
-    size_t total_mem;   // bytes
-    size_t free_mem;    // bytes
+    size_t total_mem; // bytes
+    size_t free_mem;  // bytes
     int cc_major, cc_minor;
     int sm_count;
 };

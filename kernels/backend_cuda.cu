@@ -23,8 +23,10 @@ static const char *count_failure(cudaError_t err) {
         snprintf(buf, sizeof(buf), "no NVIDIA driver is loaded on this machine (cudaGetDeviceCount: %s)",
                  cudaGetErrorString(err));
     else if (err == cudaErrorInsufficientDriver)
-        snprintf(buf, sizeof(buf), "the NVIDIA driver supports CUDA %d.%d, older than this llmq's runtime %d.%d "
-                 "(cudaGetDeviceCount: %s)", drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, cudaGetErrorString(err));
+        snprintf(buf, sizeof(buf),
+                 "the NVIDIA driver supports CUDA %d.%d, older than this llmq's runtime %d.%d "
+                 "(cudaGetDeviceCount: %s)",
+                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, cudaGetErrorString(err));
     else
         snprintf(buf, sizeof(buf), "cudaGetDeviceCount: %s", cudaGetErrorString(err));
     return buf;
@@ -45,8 +47,7 @@ extern "C" int llmq_cuda_device_count(const char **why) {
 extern "C" enum llmq_status llmq_cuda_device_info(int index, struct llmq_device_info *out) {
     cudaDeviceProp prop;
     cudaError_t err = cudaGetDeviceProperties(&prop, index);
-    if (err != cudaSuccess)
-        return llmq_errorf(LLMQ_ERR_DEVICE, "CUDA device %d: %s", index, cudaGetErrorString(err));
+    if (err != cudaSuccess) return llmq_errorf(LLMQ_ERR_DEVICE, "CUDA device %d: %s", index, cudaGetErrorString(err));
     memset(out, 0, sizeof(*out));
     out->index = index;
     snprintf(out->name, sizeof(out->name), "%s", prop.name);
@@ -55,7 +56,6 @@ extern "C" enum llmq_status llmq_cuda_device_info(int index, struct llmq_device_
     out->cc_minor = prop.minor;
     out->sm_count = prop.multiProcessorCount;
     size_t free_b = 0, total_b = 0;
-    if (cudaSetDevice(index) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-        out->free_mem = free_b;
+    if (cudaSetDevice(index) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) out->free_mem = free_b;
     return LLMQ_OK;
 }

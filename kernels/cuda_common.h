@@ -10,17 +10,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CUDA_CHECK(stmt)                                                                      \
-    do {                                                                                      \
-        cudaError_t err_ = (stmt);                                                            \
-        if (err_ != cudaSuccess) {                                                            \
-            int dev_ = -1;                                                                    \
-            cudaGetDevice(&dev_);                                                             \
-            fprintf(stderr, "llmq: CUDA error %s (%s) in `%s` at %s:%d on device %d\n",       \
-                    cudaGetErrorName(err_), cudaGetErrorString(err_), #stmt, __FILE__, __LINE__, \
-                    dev_);                                                                    \
-            abort();                                                                          \
-        }                                                                                     \
+#define CUDA_CHECK(stmt)                                                                                               \
+    do {                                                                                                               \
+        cudaError_t err_ = (stmt);                                                                                     \
+        if (err_ != cudaSuccess) {                                                                                     \
+            int dev_ = -1;                                                                                             \
+            cudaGetDevice(&dev_);                                                                                      \
+            fprintf(stderr, "llmq: CUDA error %s (%s) in `%s` at %s:%d on device %d\n", cudaGetErrorName(err_),        \
+                    cudaGetErrorString(err_), #stmt, __FILE__, __LINE__, dev_);                                        \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 #endif // LLMQ_CUDA_COMMON_H

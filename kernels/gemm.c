@@ -21,7 +21,7 @@ static void read_min_work(void) {
 bool llmq_gemm_on_device(enum llmq_backend be, int64_t M, int64_t N, int64_t K) {
     if (be != LLMQ_BACKEND_CUDA) return false;
     pthread_once(&min_work_once, read_min_work);
-    if (M <= 0 || N <= 0 || K <= 0) return false; // nothing to multiply: the CPU path scales C
+    if (M <= 0 || N <= 0 || K <= 0) return false;                 // nothing to multiply: the CPU path scales C
     return (double)M * (double)N * (double)K >= (double)min_work; // in double: no int64 overflow
 }
 
@@ -33,9 +33,10 @@ static enum llmq_status check_gemm(const char *what, bool transA, bool transB, i
     const int64_t acols = transA ? M : K, bcols = transB ? K : N;
     if (!fits_int(M) || !fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc) ||
         lda < (acols > 1 ? acols : 1) || ldb < (bcols > 1 ? bcols : 1) || ldc < (N > 1 ? N : 1))
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: bad shape M %lld N %lld K %lld lda %lld ldb %lld ldc %lld (transA %d transB %d)",
-                           what, (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb,
-                           (long long)ldc, (int)transA, (int)transB);
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "%s: bad shape M %lld N %lld K %lld lda %lld ldb %lld ldc %lld (transA %d transB %d)", what,
+                           (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb, (long long)ldc,
+                           (int)transA, (int)transB);
     return LLMQ_OK;
 }
 
@@ -63,8 +64,8 @@ enum llmq_status llmq_gemm_f64(enum llmq_backend be, bool transA, bool transB, i
     return LLMQ_OK;
 }
 
-enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, float alpha, const float *A,
-                                   int64_t lda, float beta, float *C, int64_t ldc) {
+enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                                   float beta, float *C, int64_t ldc) {
     if (!fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldc) || lda < (N > 1 ? N : 1) ||
         ldc < (N > 1 ? N : 1))
         return llmq_errorf(LLMQ_ERR_ARG, "syrk_f32: bad shape N %lld K %lld lda %lld ldc %lld", (long long)N,
@@ -102,8 +103,8 @@ enum llmq_status llmq_gemm_cuda_f32(bool transA, bool transB, int64_t M, int64_t
     return no_cuda("gemm_f32");
 }
 enum llmq_status llmq_gemm_cuda_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K, double alpha,
-                                    const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
-                                    double *C, int64_t ldc) {
+                                    const double *A, int64_t lda, const double *B, int64_t ldb, double beta, double *C,
+                                    int64_t ldc) {
     (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb;
     (void)beta, (void)C, (void)ldc;
     return no_cuda("gemm_f64");

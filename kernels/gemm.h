@@ -60,8 +60,8 @@ enum llmq_status llmq_gemm_f64(enum llmq_backend be, bool transA, bool transB, i
 //     C[i][j] = alpha · Σ_k A[k][i] · A[k][j] + beta · C[i][j].
 // The strict lower triangle is left as it was. beta 1 accumulates over calls (the Hessian sum);
 // llmq_gram_acc_f64 below uses beta 0 into an f32 scratch and sums the scratch in f64.
-enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, float alpha, const float *A,
-                                   int64_t lda, float beta, float *C, int64_t ldc);
+enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                                   float beta, float *C, int64_t ldc);
 
 // The Gram matrix as calibration accumulates it: the upper triangle (j >= i) of acc (C, C), f64,
 // gains XᵀX of X (N, C) row-major, computed as one f32 SYRK per micro-batch of LLMQ_GRAM_MICRO_BATCH
@@ -86,8 +86,8 @@ enum llmq_status llmq_gemm_cuda_f32(bool transA, bool transB, int64_t M, int64_t
                                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                                     int64_t ldc);
 enum llmq_status llmq_gemm_cuda_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K, double alpha,
-                                    const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
-                                    double *C, int64_t ldc);
+                                    const double *A, int64_t lda, const double *B, int64_t ldb, double beta, double *C,
+                                    int64_t ldc);
 enum llmq_status llmq_syrk_cuda_f32(int64_t N, int64_t K, float alpha, const float *A, int64_t lda, float beta,
                                     float *C, int64_t ldc);
 

@@ -20,8 +20,8 @@ struct gemm_ctx {
     bool ready;
     cublasHandle_t handle;
     cudaStream_t stream;
-    void *buf[3];   // device buffers for A, B, C (packed: row stride = column count)
-    size_t cap[3];  // their sizes in bytes
+    void *buf[3];  // device buffers for A, B, C (packed: row stride = column count)
+    size_t cap[3]; // their sizes in bytes
 };
 
 static struct gemm_ctx g_ctx;
@@ -29,8 +29,8 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static enum llmq_status cuda_fail(const char *stmt, cudaError_t e, const char *file, int line) {
     return llmq_errorf(e == cudaErrorMemoryAllocation ? LLMQ_ERR_NOMEM : LLMQ_ERR_DEVICE,
-                       "cuda:%d: %s failed: %s (%s) at %s:%d", DEVICE, stmt, cudaGetErrorName(e),
-                       cudaGetErrorString(e), file, line);
+                       "cuda:%d: %s failed: %s (%s) at %s:%d", DEVICE, stmt, cudaGetErrorName(e), cudaGetErrorString(e),
+                       file, line);
 }
 
 static enum llmq_status cublas_fail(const char *stmt, cublasStatus_t e, const char *file, int line) {
@@ -40,21 +40,21 @@ static enum llmq_status cublas_fail(const char *stmt, cublasStatus_t e, const ch
 }
 
 // Status-returning checks (the caller declares `enum llmq_status st` and a `done:` label).
-#define TRY_CUDA(stmt)                                                     \
-    do {                                                                   \
-        cudaError_t e_ = (stmt);                                           \
-        if (e_ != cudaSuccess) {                                           \
-            st = cuda_fail(#stmt, e_, __FILE__, __LINE__);                 \
-            goto done;                                                     \
-        }                                                                  \
+#define TRY_CUDA(stmt)                                                                                                 \
+    do {                                                                                                               \
+        cudaError_t e_ = (stmt);                                                                                       \
+        if (e_ != cudaSuccess) {                                                                                       \
+            st = cuda_fail(#stmt, e_, __FILE__, __LINE__);                                                             \
+            goto done;                                                                                                 \
+        }                                                                                                              \
     } while (0)
-#define TRY_CUBLAS(stmt)                                                   \
-    do {                                                                   \
-        cublasStatus_t e_ = (stmt);                                        \
-        if (e_ != CUBLAS_STATUS_SUCCESS) {                                 \
-            st = cublas_fail(#stmt, e_, __FILE__, __LINE__);               \
-            goto done;                                                     \
-        }                                                                  \
+#define TRY_CUBLAS(stmt)                                                                                               \
+    do {                                                                                                               \
+        cublasStatus_t e_ = (stmt);                                                                                    \
+        if (e_ != CUBLAS_STATUS_SUCCESS) {                                                                             \
+            st = cublas_fail(#stmt, e_, __FILE__, __LINE__);                                                           \
+            goto done;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 // Called with g_mu held. Makes the context on first use; selects the device on this thread.
@@ -119,9 +119,9 @@ static enum llmq_status gemm_device(bool transA, bool transB, int64_t M, int64_t
     TRY_CUDA(upload(1, B, brows, bcols, ldb, es));
     if (beta != (T)0) TRY_CUDA(upload(2, C, M, N, ldc, es));
     // Cᵀ (N, M) = op(B)ᵀ (N, K) · op(A)ᵀ (K, M), all column-major views of the packed row-major buffers.
-    TRY_CUBLAS(gemm_call(transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
-                         (int)K, &alpha, (const T *)g_ctx.buf[1], (int)bcols, (const T *)g_ctx.buf[0], (int)acols,
-                         &beta, (T *)g_ctx.buf[2], (int)N));
+    TRY_CUBLAS(gemm_call(transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K,
+                         &alpha, (const T *)g_ctx.buf[1], (int)bcols, (const T *)g_ctx.buf[0], (int)acols, &beta,
+                         (T *)g_ctx.buf[2], (int)N));
     TRY_CUDA(cudaMemcpy2DAsync(C, (size_t)ldc * es, g_ctx.buf[2], (size_t)N * es, (size_t)N * es, (size_t)M,
                                cudaMemcpyDeviceToHost, g_ctx.stream));
     TRY_CUDA(cudaStreamSynchronize(g_ctx.stream));
@@ -136,9 +136,9 @@ extern "C" enum llmq_status llmq_gemm_cuda_f32(bool transA, bool transB, int64_t
     return gemm_device<float>(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-extern "C" enum llmq_status llmq_gemm_cuda_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
-                                               double alpha, const double *A, int64_t lda, const double *B,
-                                               int64_t ldb, double beta, double *C, int64_t ldc) {
+extern "C" enum llmq_status llmq_gemm_cuda_f64(bool transA, bool transB, int64_t M, int64_t N, int64_t K, double alpha,
+                                               const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                                               double *C, int64_t ldc) {
     return gemm_device<double>(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

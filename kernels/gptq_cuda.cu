@@ -23,16 +23,15 @@ extern "C" {
 #include <stdlib.h>
 
 // cuBLAS / cuSOLVER failures: same tier and message shape as CUDA_CHECK (kernels/cuda_common.h).
-#define LIB_CHECK(stmt, ok)                                                                         \
-    do {                                                                                            \
-        int st_ = (int)(stmt);                                                                      \
-        if (st_ != (int)(ok)) {                                                                     \
-            int dev_ = -1;                                                                          \
-            cudaGetDevice(&dev_);                                                                   \
-            fprintf(stderr, "llmq: status %d in `%s` at %s:%d on device %d\n", st_, #stmt, __FILE__, \
-                    __LINE__, dev_);                                                                \
-            abort();                                                                                \
-        }                                                                                           \
+#define LIB_CHECK(stmt, ok)                                                                                            \
+    do {                                                                                                               \
+        int st_ = (int)(stmt);                                                                                         \
+        if (st_ != (int)(ok)) {                                                                                        \
+            int dev_ = -1;                                                                                             \
+            cudaGetDevice(&dev_);                                                                                      \
+            fprintf(stderr, "llmq: status %d in `%s` at %s:%d on device %d\n", st_, #stmt, __FILE__, __LINE__, dev_);  \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
 #define CUBLAS_CHECK(stmt) LIB_CHECK(stmt, CUBLAS_STATUS_SUCCESS)
 #define CUSOLVER_CHECK(stmt) LIB_CHECK(stmt, CUSOLVER_STATUS_SUCCESS)
@@ -56,8 +55,8 @@ struct llmq_cuda_gptq {
     double *loss_rows; // (nblocks, R)
     float *work;       // cuSOLVER workspace (lwork floats)
     int lwork;
-    int *info;         // (1) cuSOLVER devInfo
-    int *bad;          // (1) set by finish_hinv when a diagonal of the factor is not > 0 / not finite
+    int *info; // (1) cuSOLVER devInfo
+    int *bad;  // (1) set by finish_hinv when a diagonal of the factor is not > 0 / not finite
 };
 
 // ---- device math, the C code's operations one by one
@@ -71,8 +70,8 @@ __device__ __forceinline__ uint8_t quant_code(float w, float scale, float zero, 
 }
 
 // llmq_quant_params_gptq for each row r (one warp per row) over x = W[r * ldw + 0 .. n).
-__global__ void params_kernel(const float *W, int64_t ldw, int64_t R, int64_t n, int bits, bool sym,
-                              float *scales, float *zeros, int64_t lds) {
+__global__ void params_kernel(const float *W, int64_t ldw, int64_t R, int64_t n, int bits, bool sym, float *scales,
+                              float *zeros, int64_t lds) {
     const int64_t r = (int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (r >= R) return; // the whole warp leaves together
@@ -108,16 +107,15 @@ __global__ void params_kernel(const float *W, int64_t ldw, int64_t R, int64_t n,
 // the other lanes by shuffle. Every lane computes the same code / q / e (identical operations).
 //   W1 (R, ldw) block columns 0..count of each row, in place -> Q1; Err1 (R, count); codes written to
 //   codes[r * ldq + qcol[i]]; Hinv1 (count, ldh); scales / zeros (R, NG); gcol (count); rloss (R).
-__global__ void block_kernel(float *W1, int64_t ldw, float *Err1, uint8_t *codes, int64_t ldq,
-                             const int32_t *qcol, const float *Hinv1, int64_t ldh, const float *scales,
-                             const float *zeros, int64_t NG, const int32_t *gcol, int64_t R, int count,
-                             int maxq, double *rloss) {
+__global__ void block_kernel(float *W1, int64_t ldw, float *Err1, uint8_t *codes, int64_t ldq, const int32_t *qcol,
+                             const float *Hinv1, int64_t ldh, const float *scales, const float *zeros, int64_t NG,
+                             const int32_t *gcol, int64_t R, int count, int maxq, double *rloss) {
     const int64_t r = (int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (r >= R) return;
-    float *w1 = W1 + r * ldw;                                        // (count)
-    float *err1 = Err1 + r * count;                                  // (count)
-    const float *s = scales + r * NG, *z = zeros + r * NG;           // (NG)
+    float *w1 = W1 + r * ldw;                              // (count)
+    float *err1 = Err1 + r * count;                        // (count)
+    const float *s = scales + r * NG, *z = zeros + r * NG; // (NG)
     double acc = 0.0;
     for (int i = 0; i < count; i++) {
         const int owner = i & 31;
@@ -127,9 +125,9 @@ __global__ void block_kernel(float *W1, int64_t ldw, float *Err1, uint8_t *codes
         const uint8_t code = quant_code(w, scale, zero, maxq);
         const float q = __fmul_rn(scale, __fsub_rn((float)code, zero)); // Q1[:, i]
         const float wq = __fsub_rn(w, q);
-        const float e = __fdiv_rn(wq, d);                                // err1
+        const float e = __fdiv_rn(wq, d); // err1
         acc = __dadd_rn(acc, (double)__fdiv_rn(__fmul_rn(wq, wq), __fmul_rn(d, d)));
-        const float *hrow = Hinv1 + i * ldh;                             // Hinv1[i, :]
+        const float *hrow = Hinv1 + i * ldh; // Hinv1[i, :]
         for (int k = lane; k < count; k += 32)
             if (k > i) w1[k] = __fsub_rn(w1[k], __fmul_rn(e, hrow[k]));
         if (lane == owner) {
@@ -167,9 +165,7 @@ __global__ void finish_hinv_kernel(float *H, int64_t C, int *bad) {
 
 static unsigned row_blocks(int64_t R) { return (unsigned)((R + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK); }
 
-static dim3 tri_grid(int64_t C) {
-    return dim3((unsigned)((C + 255) / 256), (unsigned)(C < 65535 ? C : 65535));
-}
+static dim3 tri_grid(int64_t C) { return dim3((unsigned)((C + 255) / 256), (unsigned)(C < 65535 ? C : 65535)); }
 
 // ---- host side
 
@@ -179,8 +175,8 @@ static enum llmq_status dev_alloc(void **p, size_t bytes, const char *name, cons
     cudaGetLastError();
     *p = NULL;
     return llmq_errorf(e == cudaErrorMemoryAllocation ? LLMQ_ERR_NOMEM : LLMQ_ERR_DEVICE,
-                       "%s: GPTQ on CUDA: cannot allocate %s (%.1f MiB): %s", name, what,
-                       (double)bytes / (1 << 20), cudaGetErrorString(e));
+                       "%s: GPTQ on CUDA: cannot allocate %s (%.1f MiB): %s", name, what, (double)bytes / (1 << 20),
+                       cudaGetErrorString(e));
 }
 
 extern "C" void llmq_cuda_gptq_free(struct llmq_cuda_gptq *g) {
@@ -214,8 +210,8 @@ extern "C" enum llmq_status llmq_cuda_gptq_init(const char *name, int64_t R, int
                            e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
     }
     if (C > INT32_MAX / 2 || R > INT32_MAX / 2 || B > INT32_MAX / 2)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: GPTQ on CUDA: shape (%lld, %lld) too large for cuBLAS / cuSOLVER",
-                           name, (long long)R, (long long)C);
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: GPTQ on CUDA: shape (%lld, %lld) too large for cuBLAS / cuSOLVER", name,
+                           (long long)R, (long long)C);
     struct llmq_cuda_gptq *g = (struct llmq_cuda_gptq *)calloc(1, sizeof *g);
     if (!g) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", name);
     g->R = R, g->C = C, g->NG = NG, g->B = B;
@@ -288,9 +284,8 @@ extern "C" int llmq_cuda_gptq_hinv_attempt(struct llmq_cuda_gptq *g, const float
 }
 
 extern "C" enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, float *W, const int32_t *gcol,
-                                                  const int32_t *perm, int64_t G_dyn, int bits, bool sym,
-                                                  float *scales, float *zeros, uint8_t *q, double *loss_rows,
-                                                  float *Hinv) {
+                                                  const int32_t *perm, int64_t G_dyn, int bits, bool sym, float *scales,
+                                                  float *zeros, uint8_t *q, double *loss_rows, float *Hinv) {
     const int64_t R = g->R, C = g->C, NG = g->NG, B = g->B, nblocks = (C + B - 1) / B;
     const int maxq = (1 << bits) - 1;
     cudaStream_t s = g->stream;
@@ -313,23 +308,21 @@ extern "C" enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, floa
                 CUDA_CHECK(cudaGetLastError());
             }
         block_kernel<<<row_blocks(R), 32 * WARPS_PER_BLOCK, 0, s>>>(
-            g->W + i1, C, g->Err1, g->q, C, g->perm + i1, g->H + i1 * C + i1, C, g->scales, g->zeros, NG,
-            g->gcol + i1, R, (int)count, maxq, g->loss_rows + blk * R);
+            g->W + i1, C, g->Err1, g->q, C, g->perm + i1, g->H + i1 * C + i1, C, g->scales, g->zeros, NG, g->gcol + i1,
+            R, (int)count, maxq, g->loss_rows + blk * R);
         CUDA_CHECK(cudaGetLastError());
         // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]  (column-major: Wᵀ[i2:, :] -= Hinv_blkᵀ · Err1ᵀ)
         if (i2 < C)
-            CUBLAS_CHECK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)(C - i2), (int)R, (int)count,
-                                     &minus_one, g->H + i1 * C + i2, (int)C, g->Err1, (int)count, &one,
-                                     g->W + i2, (int)C));
+            CUBLAS_CHECK(cublasSgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)(C - i2), (int)R, (int)count, &minus_one,
+                                     g->H + i1 * C + i2, (int)C, g->Err1, (int)count, &one, g->W + i2, (int)C));
     }
     CUDA_CHECK(cudaMemcpyAsync(W, g->W, (size_t)(R * C) * sizeof(float), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaMemcpyAsync(q, g->q, (size_t)(R * C), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaMemcpyAsync(scales, g->scales, (size_t)(R * NG) * sizeof(float), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaMemcpyAsync(zeros, g->zeros, (size_t)(R * NG) * sizeof(float), cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaMemcpyAsync(loss_rows, g->loss_rows, (size_t)(nblocks * R) * sizeof(double),
-                               cudaMemcpyDeviceToHost, s));
-    if (Hinv)
-        CUDA_CHECK(cudaMemcpyAsync(Hinv, g->H, (size_t)(C * C) * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(
+        cudaMemcpyAsync(loss_rows, g->loss_rows, (size_t)(nblocks * R) * sizeof(double), cudaMemcpyDeviceToHost, s));
+    if (Hinv) CUDA_CHECK(cudaMemcpyAsync(Hinv, g->H, (size_t)(C * C) * sizeof(float), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     return LLMQ_OK;
 }
@@ -358,11 +351,10 @@ template <typename T> static void download(T *h, T *d, size_t n) {
     CUDA_CHECK(cudaFree(d));
 }
 
-extern "C" enum llmq_status llmq_cuda_gptq_block_test(const float *W1, int64_t R, int64_t count,
-                                                      const float *Hinv1, const float *scales,
-                                                      const float *zeros, int64_t NG, const int32_t *gcol,
-                                                      int bits, float *Q1, float *Err1, uint8_t *codes,
-                                                      double *rloss) {
+extern "C" enum llmq_status llmq_cuda_gptq_block_test(const float *W1, int64_t R, int64_t count, const float *Hinv1,
+                                                      const float *scales, const float *zeros, int64_t NG,
+                                                      const int32_t *gcol, int bits, float *Q1, float *Err1,
+                                                      uint8_t *codes, double *rloss) {
     enum llmq_status st = have_device("gptq block test");
     if (st) return st;
     int32_t *qcol = (int32_t *)malloc((size_t)count * sizeof(int32_t));
@@ -374,8 +366,8 @@ extern "C" enum llmq_status llmq_cuda_gptq_block_test(const float *W1, int64_t R
     int32_t *dG = upload(gcol, (size_t)count), *dQc = upload(qcol, (size_t)count);
     uint8_t *dC = upload<uint8_t>(NULL, (size_t)(R * count));
     double *dL = upload<double>(NULL, (size_t)R);
-    block_kernel<<<row_blocks(R), 32 * WARPS_PER_BLOCK>>>(dW, count, dE, dC, count, dQc, dH, count, dS, dZ, NG,
-                                                           dG, R, (int)count, (1 << bits) - 1, dL);
+    block_kernel<<<row_blocks(R), 32 * WARPS_PER_BLOCK>>>(dW, count, dE, dC, count, dQc, dH, count, dS, dZ, NG, dG, R,
+                                                          (int)count, (1 << bits) - 1, dL);
     CUDA_CHECK(cudaGetLastError());
     download(Q1, dW, (size_t)(R * count));
     download(Err1, dE, (size_t)(R * count));
@@ -390,11 +382,12 @@ extern "C" enum llmq_status llmq_cuda_gptq_block_test(const float *W1, int64_t R
     return LLMQ_OK;
 }
 
-extern "C" enum llmq_status llmq_cuda_gptq_params_test(const float *W, int64_t R, int64_t ldw, int64_t n,
-                                                       int bits, bool sym, float *scales, float *zeros) {
+extern "C" enum llmq_status llmq_cuda_gptq_params_test(const float *W, int64_t R, int64_t ldw, int64_t n, int bits,
+                                                       bool sym, float *scales, float *zeros) {
     enum llmq_status st = have_device("gptq params test");
     if (st) return st;
-    float *dW = upload(W, (size_t)(R * ldw)), *dS = upload<float>(NULL, (size_t)R), *dZ = upload<float>(NULL, (size_t)R);
+    float *dW = upload(W, (size_t)(R * ldw)), *dS = upload<float>(NULL, (size_t)R),
+          *dZ = upload<float>(NULL, (size_t)R);
     params_kernel<<<row_blocks(R), 32 * WARPS_PER_BLOCK>>>(dW, ldw, R, n, bits, sym, dS, dZ, 1);
     CUDA_CHECK(cudaGetLastError());
     download(scales, dS, (size_t)R);

@@ -52,10 +52,9 @@ int llmq_cuda_gptq_hinv_attempt(struct llmq_cuda_gptq *g, const float *H /* (C, 
 //   loss_rows : (ceil(C / B), R) out: per block and row, Σ (w - q)² / d² (fp64), for the caller to sum in
 //            the CPU's order
 //   Hinv   : (C, C) optional out: the upper factor (strict lower zero), processing order
-enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, float *W /* (R, C) */,
-                                       const int32_t *gcol /* (C) */, const int32_t *perm /* (C) */,
-                                       int64_t G_dyn, int bits, bool sym, float *scales /* (R, NG) */,
-                                       float *zeros /* (R, NG) */, uint8_t *q /* (R, C) */,
+enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, float *W /* (R, C) */, const int32_t *gcol /* (C) */,
+                                       const int32_t *perm /* (C) */, int64_t G_dyn, int bits, bool sym,
+                                       float *scales /* (R, NG) */, float *zeros /* (R, NG) */, uint8_t *q /* (R, C) */,
                                        double *loss_rows /* (ceil(C / B), R) */, float *Hinv /* (C, C) */);
 
 // Free the device state; NULL is a no-op.
@@ -68,15 +67,15 @@ void llmq_cuda_gptq_free(struct llmq_cuda_gptq *g);
 //   out: Q1 (R, count), Err1 (R, count), codes (R, count) in block order, rloss (R) = Σ (w - q)² / d².
 // Reference: llmq_gptq_block_row (quant/gptq.h) per row with ldh = count.
 enum llmq_status llmq_cuda_gptq_block_test(const float *W1 /* (R, count) */, int64_t R, int64_t count,
-                                           const float *Hinv1 /* (count, count) */,
-                                           const float *scales /* (R, NG) */, const float *zeros /* (R, NG) */,
-                                           int64_t NG, const int32_t *gcol /* (count) */, int bits,
-                                           float *Q1 /* (R, count) */, float *Err1 /* (R, count) */,
-                                           uint8_t *codes /* (R, count) */, double *rloss /* (R) */);
+                                           const float *Hinv1 /* (count, count) */, const float *scales /* (R, NG) */,
+                                           const float *zeros /* (R, NG) */, int64_t NG,
+                                           const int32_t *gcol /* (count) */, int bits, float *Q1 /* (R, count) */,
+                                           float *Err1 /* (R, count) */, uint8_t *codes /* (R, count) */,
+                                           double *rloss /* (R) */);
 
 // The group-params kernel alone: for each row r, the grid of W[r, 0:n] (row stride ldw >= n).
 // Reference: llmq_quant_params_gptq(W + r * ldw, n, 1, bits, sym, ...).
-enum llmq_status llmq_cuda_gptq_params_test(const float *W /* (R, ldw) */, int64_t R, int64_t ldw, int64_t n,
-                                            int bits, bool sym, float *scales /* (R) */, float *zeros /* (R) */);
+enum llmq_status llmq_cuda_gptq_params_test(const float *W /* (R, ldw) */, int64_t R, int64_t ldw, int64_t n, int bits,
+                                            bool sym, float *scales /* (R) */, float *zeros /* (R) */);
 
 #endif // LLMQ_KERNELS_GPTQ_CUDA_H

@@ -18,9 +18,9 @@ int llmq_cuda_gptq_hinv_attempt(struct llmq_cuda_gptq *g, const float *H, float 
     return 1;
 }
 
-enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, float *W, const int32_t *gcol,
-                                       const int32_t *perm, int64_t G_dyn, int bits, bool sym, float *scales,
-                                       float *zeros, uint8_t *q, double *loss_rows, float *Hinv) {
+enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, float *W, const int32_t *gcol, const int32_t *perm,
+                                       int64_t G_dyn, int bits, bool sym, float *scales, float *zeros, uint8_t *q,
+                                       double *loss_rows, float *Hinv) {
     (void)g, (void)W, (void)gcol, (void)perm, (void)G_dyn, (void)bits, (void)sym, (void)scales, (void)zeros;
     (void)q, (void)loss_rows, (void)Hinv;
     return no_cuda("gptq");
@@ -29,16 +29,15 @@ enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, float *W, const
 void llmq_cuda_gptq_free(struct llmq_cuda_gptq *g) { (void)g; }
 
 enum llmq_status llmq_cuda_gptq_block_test(const float *W1, int64_t R, int64_t count, const float *Hinv1,
-                                           const float *scales, const float *zeros, int64_t NG,
-                                           const int32_t *gcol, int bits, float *Q1, float *Err1,
-                                           uint8_t *codes, double *rloss) {
+                                           const float *scales, const float *zeros, int64_t NG, const int32_t *gcol,
+                                           int bits, float *Q1, float *Err1, uint8_t *codes, double *rloss) {
     (void)W1, (void)R, (void)count, (void)Hinv1, (void)scales, (void)zeros, (void)NG, (void)gcol, (void)bits;
     (void)Q1, (void)Err1, (void)codes, (void)rloss;
     return no_cuda("gptq block test");
 }
 
-enum llmq_status llmq_cuda_gptq_params_test(const float *W, int64_t R, int64_t ldw, int64_t n, int bits,
-                                            bool sym, float *scales, float *zeros) {
+enum llmq_status llmq_cuda_gptq_params_test(const float *W, int64_t R, int64_t ldw, int64_t n, int bits, bool sym,
+                                            float *scales, float *zeros) {
     (void)W, (void)R, (void)ldw, (void)n, (void)bits, (void)sym, (void)scales, (void)zeros;
     return no_cuda("gptq params test");
 }

@@ -134,8 +134,7 @@ void llmq_awq_block_free(struct llmq_awq_block *b) {
     }
     free(b->attn_norm);
     free(b->ffn_norm);
-    for (int i = 0; i < 3; i++)
-        free(b->bias[i]);
+    for (int i = 0; i < 3; i++) free(b->bias[i]);
     for (int g = 0; g < b->n_groups; g++) {
         free(b->groups[g].loss);
         free(b->groups[g].scales);
@@ -167,8 +166,7 @@ enum llmq_status llmq_awq_block_bind(struct llmq_awq_block *b, struct llmq_forwa
 enum llmq_status llmq_awq_block_unbind(struct llmq_awq_block *b, struct llmq_forward *f) {
     if (b->bound) {
         struct llmq_layer *ly = &b->m->layers[b->layer];
-        for (int l = 0; l < LLMQ_LIN_COUNT; l++)
-            ly->w[l] = b->saved_w[l];
+        for (int l = 0; l < LLMQ_LIN_COUNT; l++) ly->w[l] = b->saved_w[l];
         ly->attn_norm = b->saved_attn_norm;
         ly->ffn_norm = b->saved_ffn_norm;
         ly->bq = b->saved_bias[0];
@@ -191,8 +189,7 @@ void llmq_awq_scale_hessian(const struct llmq_awq_block *b, enum llmq_linear lin
     if (!s) return;
     const int64_t C = lin_cols(b, lin);
     for (int64_t i = 0; i < C; i++)
-        for (int64_t j = 0; j < C; j++)
-            H[i * C + j] = H[i * C + j] / (s[i] * s[j]);
+        for (int64_t j = 0; j < C; j++) H[i * C + j] = H[i * C + j] / (s[i] * s[j]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -204,14 +201,12 @@ static void pseudo_quantize_group(const float *w, int64_t n, int bits, float *ou
     float scale, zero;
     llmq_quant_params_awq(w, n, 1, bits, false, &scale, &zero);
     const int maxq = (1 << bits) - 1;
-    for (int64_t i = 0; i < n; i++)
-        out[i] = ((float)llmq_quant_code(w[i], scale, zero, maxq) - zero) * scale;
+    for (int64_t i = 0; i < n; i++) out[i] = ((float)llmq_quant_code(w[i], scale, zero, maxq) - zero) * scale;
 }
 
 void llmq_awq_pseudo_quantize(const float *W, int64_t R, int64_t C, int bits, int group_size, float *Wq) {
     const int64_t G = group_size > 0 && C % group_size == 0 ? group_size : C;
-    for (int64_t i = 0; i < R * C; i += G)
-        pseudo_quantize_group(W + i, G, bits, Wq + i);
+    for (int64_t i = 0; i < R * C; i += G) pseudo_quantize_group(W + i, G, bits, Wq + i);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,10 +244,8 @@ static void compute_x_mean(const float *x, int64_t N, int64_t C, float *x_mean) 
     double *acc = calloc((size_t)C, sizeof(double));
     LLMQ_ASSERT(acc);
     for (int64_t t = 0; t < N; t++)
-        for (int64_t c = 0; c < C; c++)
-            acc[c] += fabs((double)x[t * C + c]);
-    for (int64_t c = 0; c < C; c++)
-        x_mean[c] = (float)(acc[c] / (double)N);
+        for (int64_t c = 0; c < C; c++) acc[c] += fabs((double)x[t * C + c]);
+    for (int64_t c = 0; c < C; c++) x_mean[c] = (float)(acc[c] / (double)N);
     free(acc);
 }
 
@@ -272,16 +265,13 @@ static void compute_w_mean(struct llmq_awq_block *b, const struct llmq_awq_group
             for (int64_t c0 = 0; c0 < C; c0 += G) {
                 const float *w = W + r * C + c0;
                 float amax = 0.0f;
-                for (int64_t j = 0; j < G; j++)
-                    amax = fmaxf(amax, fabsf(w[j]));
+                for (int64_t j = 0; j < G; j++) amax = fmaxf(amax, fabsf(w[j]));
                 const float den = amax + 1e-6f;
-                for (int64_t j = 0; j < G; j++)
-                    acc[c0 + j] += (double)(fabsf(w[j]) / den);
+                for (int64_t j = 0; j < G; j++) acc[c0 + j] += (double)(fabsf(w[j]) / den);
             }
         rows += R;
     }
-    for (int64_t c = 0; c < C; c++)
-        w_mean[c] = (float)(acc[c] / (double)rows);
+    for (int64_t c = 0; c < C; c++) w_mean[c] = (float)(acc[c] / (double)rows);
     free(acc);
 }
 
@@ -309,17 +299,14 @@ static void scaled_candidate(const struct llmq_awq_block *b, enum llmq_linear l,
     const int64_t R = lin_rows(b, l), C = lin_cols(b, l), G = lin_group(opt, b, l);
     float *o = opt->fake_quant ? tmp : Wc; // W * s
     for (int64_t r = 0; r < R; r++)
-        for (int64_t c = 0; c < C; c++)
-            o[r * C + c] = W[r * C + c] * s[c];
+        for (int64_t c = 0; c < C; c++) o[r * C + c] = W[r * C + c] * s[c];
     if (opt->fake_quant)
         opt->fake_quant(opt->fake_quant_user, b->layer, l, R, 0, C, s, tmp, Wc);
     else
         for (int64_t r = 0; r < R; r++)
-            for (int64_t c0 = 0; c0 < C; c0 += G)
-                pseudo_quantize_group(Wc + r * C + c0, G, opt->bits, Wc + r * C + c0);
+            for (int64_t c0 = 0; c0 < C; c0 += G) pseudo_quantize_group(Wc + r * C + c0, G, opt->bits, Wc + r * C + c0);
     for (int64_t r = 0; r < R; r++)
-        for (int64_t c = 0; c < C; c++)
-            Wc[r * C + c] = Wc[r * C + c] / s[c];
+        for (int64_t c = 0; c < C; c++) Wc[r * C + c] = Wc[r * C + c] / s[c];
 }
 
 // Y (N, R) = X (N, C) · W (R, C)^T on backend be (the CPU one with multi-threaded BLAS).
@@ -423,8 +410,7 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
             st = llmq_forward_mlp(j->f, b->layer, j->in, N, j->out);
         else
             st = gemm_nt(o->backend, j->in, j->cand[0], N, D, C, j->out);
-        for (int k = 0; k < g->n_lin; k++)
-            b->vw[g->lin[k]].data = b->w[g->lin[k]];
+        for (int k = 0; k < g->n_lin; k++) b->vw[g->lin[k]].data = b->w[g->lin[k]];
         if (st) goto done;
         if (!by_gram) loss = mse(fp_out, j->out, N * D);
         g->loss[i] = loss;
@@ -466,8 +452,7 @@ static void apply_scale(struct llmq_awq_block *b, const struct llmq_awq_group *g
     case LLMQ_AWQ_PREV_ATTN_NORM:
     case LLMQ_AWQ_PREV_FFN_NORM: {
         float *ln = g->prev == LLMQ_AWQ_PREV_ATTN_NORM ? b->attn_norm : b->ffn_norm;
-        for (int64_t c = 0; c < C; c++)
-            ln[c] = ln[c] / s[c];
+        for (int64_t c = 0; c < C; c++) ln[c] = ln[c] / s[c];
         break;
     }
     case LLMQ_AWQ_PREV_V:
@@ -476,11 +461,9 @@ static void apply_scale(struct llmq_awq_block *b, const struct llmq_awq_group *g
         const int64_t R = lin_rows(b, l), Cp = lin_cols(b, l);
         float *W = b->w[l] + (R - C) * Cp; // the last C rows
         for (int64_t r = 0; r < C; r++)
-            for (int64_t c = 0; c < Cp; c++)
-                W[r * Cp + c] = W[r * Cp + c] / s[r];
+            for (int64_t c = 0; c < Cp; c++) W[r * Cp + c] = W[r * Cp + c] / s[r];
         if (l == LLMQ_LIN_V && b->bias[2])
-            for (int64_t r = 0; r < C; r++)
-                b->bias[2][R - C + r] = b->bias[2][R - C + r] / s[r];
+            for (int64_t r = 0; r < C; r++) b->bias[2][R - C + r] = b->bias[2][R - C + r] / s[r];
         break;
     }
     }
@@ -488,8 +471,7 @@ static void apply_scale(struct llmq_awq_block *b, const struct llmq_awq_group *g
         float *W = b->w[g->lin[k]];
         const int64_t R = lin_rows(b, g->lin[k]);
         for (int64_t r = 0; r < R; r++)
-            for (int64_t c = 0; c < C; c++)
-                W[r * C + c] = W[r * C + c] * s[c];
+            for (int64_t c = 0; c < C; c++) W[r * C + c] = W[r * C + c] * s[c];
     }
 }
 
@@ -503,7 +485,7 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
     const int64_t R = lin_rows(b, l), C = lin_cols(b, l), NG = C / G;
     const int K = (int)(o->max_shrink * (float)o->clip_n_grid); // candidates i_s = 0..K-1
     const int64_t RC = R < CLIP_ROW_CHUNK ? R : CLIP_ROW_CHUNK;
-    float *W = b->w[l]; // (R, C)
+    float *W = b->w[l];                           // (R, C)
     const float *s = llmq_awq_input_scales(b, l); // (C) the scales W carries, NULL when none
     enum llmq_status st = LLMQ_OK;
     double *Xg = malloc((size_t)(T * G) * sizeof(double));              // (T, G)
@@ -520,25 +502,20 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
     double err_sum = 0.0;
     for (int64_t g = 0; g < NG; g++) {
         for (int64_t t = 0; t < T; t++)
-            for (int64_t j = 0; j < G; j++)
-                Xg[t * G + j] = (double)X[t * C + g * G + j];
+            for (int64_t j = 0; j < G; j++) Xg[t * G + j] = (double)X[t * C + g * G + j];
         for (int64_t r0 = 0; r0 < R; r0 += RC) {
             const int64_t nr = R - r0 < RC ? R - r0 : RC;
             for (int64_t r = 0; r < nr && !o->fake_quant; r++) {
                 const float *w = W + (r0 + r) * C + g * G; // (G)
                 float amax = 0.0f;
-                for (int64_t j = 0; j < G; j++)
-                    amax = fmaxf(amax, fabsf(w[j]));
+                for (int64_t j = 0; j < G; j++) amax = fmaxf(amax, fabsf(w[j]));
                 double *c0 = cand + r * (K + 1) * G;
-                for (int64_t j = 0; j < G; j++)
-                    c0[j] = (double)w[j];
+                for (int64_t j = 0; j < G; j++) c0[j] = (double)w[j];
                 for (int i = 0; i < K; i++) {
                     const float mx = amax * (float)(1.0 - (double)i / (double)o->clip_n_grid), mn = -mx;
-                    for (int64_t j = 0; j < G; j++)
-                        tmp[j] = fminf(fmaxf(w[j], mn), mx);
+                    for (int64_t j = 0; j < G; j++) tmp[j] = fminf(fmaxf(w[j], mn), mx);
                     pseudo_quantize_group(tmp, G, o->bits, tmp + G);
-                    for (int64_t j = 0; j < G; j++)
-                        c0[(1 + i) * G + j] = (double)tmp[G + j];
+                    for (int64_t j = 0; j < G; j++) c0[(1 + i) * G + j] = (double)tmp[G + j];
                 }
             }
             if (o->fake_quant) { // the same candidates, one plugged-in call per shrink step for all nr rows
@@ -555,13 +532,11 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
                     for (int64_t r = 0; r < nr; r++) {
                         const float *w = W + (r0 + r) * C + g * G;
                         const float mx = amax[r] * (float)(1.0 - (double)i / (double)o->clip_n_grid), mn = -mx;
-                        for (int64_t j = 0; j < G; j++)
-                            in[r * G + j] = fminf(fmaxf(w[j], mn), mx);
+                        for (int64_t j = 0; j < G; j++) in[r * G + j] = fminf(fmaxf(w[j], mn), mx);
                     }
                     o->fake_quant(o->fake_quant_user, b->layer, l, nr, g * G, G, s, in, q);
                     for (int64_t r = 0; r < nr; r++)
-                        for (int64_t j = 0; j < G; j++)
-                            cand[(r * (K + 1) + 1 + i) * G + j] = (double)q[r * G + j];
+                        for (int64_t j = 0; j < G; j++) cand[(r * (K + 1) + 1 + i) * G + j] = (double)q[r * G + j];
                 }
             }
             const int64_t M = nr * (K + 1);
@@ -569,8 +544,7 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
             for (int64_t r = 0; r < nr; r++) {
                 const float *w = W + (r0 + r) * C + g * G;
                 float amax = 0.0f;
-                for (int64_t j = 0; j < G; j++)
-                    amax = fmaxf(amax, fabsf(w[j]));
+                for (int64_t j = 0; j < G; j++) amax = fmaxf(amax, fabsf(w[j]));
                 double min_err = 1e9;
                 float best_max = amax;
                 for (int i = 0; i < K; i++) {
@@ -632,8 +606,7 @@ static int64_t sample_scaled(const float *X, int64_t N, int64_t C, int64_t n_sam
     if (step < 1) step = 1;
     int64_t T = 0;
     for (int64_t t = 0; t < N; t += step, T++)
-        for (int64_t c = 0; c < C; c++)
-            S[T * C + c] = s ? X[t * C + c] / s[c] : X[t * C + c];
+        for (int64_t c = 0; c < C; c++) S[T * C + c] = s ? X[t * C + c] / s[c] : X[t * C + c];
     return T;
 }
 
@@ -667,11 +640,10 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     int64_t cand_n = 0; // the largest group's candidate weights
     for (int l = 0; l < LLMQ_LIN_COUNT; l++)
         if (lin_rows(b, l) * lin_cols(b, l) > cand_n) cand_n = lin_rows(b, l) * lin_cols(b, l);
-    for (int k = 0; k < 3; k++)
-        job.cand[k] = alloc_f32(cand_n);
+    for (int k = 0; k < 3; k++) job.cand[k] = alloc_f32(cand_n);
     job.tmp = o->fake_quant ? alloc_f32(cand_n) : alloc_f32(1);
-    if (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !cand_out ||
-        !job.cand[0] || !job.cand[1] || !job.cand[2] || !job.tmp) {
+    if (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !cand_out || !job.cand[0] ||
+        !job.cand[1] || !job.cand[2] || !job.tmp) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for %lld tokens (layer %d)", (long long)N, b->layer);
         goto done;
     }
@@ -714,8 +686,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     t0 = llmq_now_s();
 
     // apply_scale, in the order of the groups (v and up see their column scale before the row one).
-    for (int k = 0; k < b->n_groups; k++)
-        apply_scale(b, &b->groups[k]);
+    for (int k = 0; k < b->n_groups; k++) apply_scale(b, &b->groups[k]);
     if ((st = llmq_forward_reload_layer(f, b->layer))) goto done;
 
     // Clip search on the scaled weights with the scaled inputs.
@@ -766,8 +737,7 @@ done:
     free(mlp_fp);
     free(cand_out);
     free(S);
-    for (int k = 0; k < 3; k++)
-        free(job.cand[k]);
+    for (int k = 0; k < 3; k++) free(job.cand[k]);
     free(job.tmp);
     return st;
 }

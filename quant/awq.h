@@ -108,28 +108,28 @@
 // the scale search, the chosen ones during the clip search; NULL = none), so that a quantizer that
 // weights columns by input statistics can divide them by s². w and out do not overlap. Called from
 // the searching thread only (it may use threads of its own).
-typedef void (*llmq_awq_fake_quant_fn)(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0,
-                                       int64_t n, const float *s, const float *w, float *out);
+typedef void (*llmq_awq_fake_quant_fn)(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0, int64_t n,
+                                       const float *s, const float *w, float *out);
 
 struct llmq_awq_opts {
-    int bits;               // 4 (2..8); the search always uses the zero-point (asym) grid, as AutoAWQ's
-                            // default zero_point=True (zero_point=False is not implemented)
-    int group_size;         // 128 (AutoAWQ's default; 64 for SmolLM2); -1 = one group per row
-    int n_grid;             // 20 scale ratios i / n_grid, i = 0..n_grid-1 (1..1000)
-    bool duo_scaling;       // true: x_mean^a / (w_mean^(1-a) + 1e-4); false: llm-awq's x_mean^a
-    bool clip;              // true: run the clip search (AutoAWQ apply_clip)
-    int clip_n_grid;        // 20
-    float max_shrink;       // 0.5: candidates 1 - i/clip_n_grid for i < max_shrink * clip_n_grid
-    int64_t n_sample_token; // 512 (see the sampling note above)
-    int gram_loss;          // single-linear groups (v->o, up->down): the loss as tr(ΔW·XᵀX·ΔWᵀ) / (N·R)
-                            // instead of from the candidate's output: -1 auto (when it costs fewer
-                            // flops, i.e. N well above C; the default), 0 never, 1 always (tests)
-    int n_threads;          // reserved: today the work is all in the forward object's threads and
-                            // in BLAS (OpenBLAS's own thread setting)
+    int bits;                  // 4 (2..8); the search always uses the zero-point (asym) grid, as AutoAWQ's
+                               // default zero_point=True (zero_point=False is not implemented)
+    int group_size;            // 128 (AutoAWQ's default; 64 for SmolLM2); -1 = one group per row
+    int n_grid;                // 20 scale ratios i / n_grid, i = 0..n_grid-1 (1..1000)
+    bool duo_scaling;          // true: x_mean^a / (w_mean^(1-a) + 1e-4); false: llm-awq's x_mean^a
+    bool clip;                 // true: run the clip search (AutoAWQ apply_clip)
+    int clip_n_grid;           // 20
+    float max_shrink;          // 0.5: candidates 1 - i/clip_n_grid for i < max_shrink * clip_n_grid
+    int64_t n_sample_token;    // 512 (see the sampling note above)
+    int gram_loss;             // single-linear groups (v->o, up->down): the loss as tr(ΔW·XᵀX·ΔWᵀ) / (N·R)
+                               // instead of from the candidate's output: -1 auto (when it costs fewer
+                               // flops, i.e. N well above C; the default), 0 never, 1 always (tests)
+    int n_threads;             // reserved: today the work is all in the forward object's threads and
+                               // in BLAS (OpenBLAS's own thread setting)
     enum llmq_backend backend; // the search's own products (o / down candidates, the clip dgemm) go
-                            // through kernels/gemm.h on it; CPU by default. The forward object's
-                            // backend (llmq_forward_set_backend) covers the attention / MLP passes:
-                            // set both alike, or the fp and candidate outputs differ in rounding.
+                               // through kernels/gemm.h on it; CPU by default. The forward object's
+                               // backend (llmq_forward_set_backend) covers the attention / MLP passes:
+                               // set both alike, or the fp and candidate outputs differ in rounding.
     // Another quantizer than AutoAWQ's grid (NULL: the grid above with bits / group_size, the
     // default). quant/quantize.c plugs in "encode to the linear's GGUF block type and decode".
     llmq_awq_fake_quant_fn fake_quant;

@@ -9,9 +9,9 @@
 // every slot before it has been, so the safetensors writer receives bytes in declared order.
 #include "quant/export.h"
 
-#include "formats/convert/convert.h"
 #include "common/dtype.h"
 #include "common/log.h"
+#include "formats/convert/convert.h"
 #include "formats/safetensors.h"
 
 #include <stdio.h>
@@ -22,7 +22,6 @@
 #define MAX_PARTS 5            // qweight, qzeros, scales, g_idx, bias
 
 const int LLMQ_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-
 
 struct llmq_export_opts llmq_export_default_opts(void) {
     return (struct llmq_export_opts){.format = LLMQ_EXPORT_AWQ,
@@ -39,12 +38,9 @@ struct llmq_export_opts llmq_export_default_opts(void) {
 
 const char *llmq_export_format_name(enum llmq_export_format f) {
     switch (f) {
-    case LLMQ_EXPORT_AWQ:
-        return "awq";
-    case LLMQ_EXPORT_GPTQ:
-        return "gptq";
-    case LLMQ_EXPORT_FAKE:
-        return "fake";
+    case LLMQ_EXPORT_AWQ: return "awq";
+    case LLMQ_EXPORT_GPTQ: return "gptq";
+    case LLMQ_EXPORT_FAKE: return "fake";
     }
     return "?";
 }
@@ -83,14 +79,12 @@ void llmq_unpack_bits(const uint32_t *words, int64_t n, int bits, uint8_t *v, in
 
 uint32_t llmq_awq_pack8(const uint8_t *c) {
     uint32_t w = 0;
-    for (int i = 0; i < 8; i++)
-        w |= (uint32_t)(c[LLMQ_AWQ_ORDER[i]] & 15u) << (4 * i);
+    for (int i = 0; i < 8; i++) w |= (uint32_t)(c[LLMQ_AWQ_ORDER[i]] & 15u) << (4 * i);
     return w;
 }
 
 void llmq_awq_unpack8(uint32_t w, uint8_t *c) {
-    for (int i = 0; i < 8; i++)
-        c[LLMQ_AWQ_ORDER[i]] = (uint8_t)((w >> (4 * i)) & 15u);
+    for (int i = 0; i < 8; i++) c[LLMQ_AWQ_ORDER[i]] = (uint8_t)((w >> (4 * i)) & 15u);
 }
 
 // ================================================================================ the export ====
@@ -333,16 +327,11 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
     const struct llmq_model *m = e->m;
     enum llmq_status st = LLMQ_OK;
     switch (s->kind) {
-    case SLOT_EMBED:
-        return write_view(e, m->tok_embd);
-    case SLOT_ATTN_NORM:
-        return write_view(e, m->layers[s->layer].attn_norm);
-    case SLOT_FFN_NORM:
-        return write_view(e, m->layers[s->layer].ffn_norm);
-    case SLOT_OUT_NORM:
-        return write_view(e, m->output_norm);
-    case SLOT_LM_HEAD:
-        return write_view(e, m->output);
+    case SLOT_EMBED: return write_view(e, m->tok_embd);
+    case SLOT_ATTN_NORM: return write_view(e, m->layers[s->layer].attn_norm);
+    case SLOT_FFN_NORM: return write_view(e, m->layers[s->layer].ffn_norm);
+    case SLOT_OUT_NORM: return write_view(e, m->output_norm);
+    case SLOT_LM_HEAD: return write_view(e, m->output);
     case SLOT_LINEAR:
         for (int i = 0; i < s->n_parts && !st; i++) {
             st = llmq_st_writer_write_tensor(e->sw, s->parts[i].name, s->parts[i].data, s->parts[i].nbytes);
@@ -437,23 +426,19 @@ static enum llmq_status pack_linear(struct llmq_export *e, struct slot *s, const
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", what);
             goto done;
         }
-        for (int64_t n = 0; n < R; n++)
-            src[n] = src_row(n, R, heads);
+        for (int64_t n = 0; n < R; n++) src[n] = src_row(n, R, heads);
         uint8_t c8[8];
         for (int64_t k = 0; k < C; k++)
             for (int64_t j = 0; j < R / 8; j++) {
-                for (int i = 0; i < 8; i++)
-                    c8[i] = ql->q[src[8 * j + i] * C + k];
+                for (int i = 0; i < 8; i++) c8[i] = ql->q[src[8 * j + i] * C + k];
                 qw[k * (R / 8) + j] = llmq_awq_pack8(c8);
             }
         for (int64_t g = 0; g < ng; g++) {
             for (int64_t j = 0; j < R / 8; j++) {
-                for (int i = 0; i < 8; i++)
-                    c8[i] = (uint8_t)ql->zeros[src[8 * j + i] * ng + g];
+                for (int i = 0; i < 8; i++) c8[i] = (uint8_t)ql->zeros[src[8 * j + i] * ng + g];
                 qz[g * (R / 8) + j] = llmq_awq_pack8(c8);
             }
-            for (int64_t n = 0; n < R; n++)
-                sc[g * R + n] = llmq_f32_to_f16(ql->scales[src[n] * ng + g]);
+            for (int64_t n = 0; n < R; n++) sc[g * R + n] = llmq_f32_to_f16(ql->scales[src[n] * ng + g]);
         }
         free(src);
         break;
@@ -473,8 +458,7 @@ static enum llmq_status pack_linear(struct llmq_export *e, struct slot *s, const
         }
         for (int64_t n = 0; n < R; n++) { // column n of qweight: the codes of HF row n along C
             llmq_pack_bits(ql->q + src_row(n, R, heads) * C, 1, C, b, words);
-            for (int64_t w = 0; w < kw; w++)
-                qw[w * R + n] = words[w];
+            for (int64_t w = 0; w < kw; w++) qw[w * R + n] = words[w];
         }
         uint32_t off = ql->sym ? 1u : 0u; // v1 stores zero - 1
         for (int64_t g = 0; g < ng; g++) {
@@ -485,8 +469,7 @@ static enum llmq_status pack_linear(struct llmq_export *e, struct slot *s, const
             }
             llmq_pack_bits(tmp, 1, R, b, qz + g * nw);
         }
-        for (int64_t c = 0; c < C; c++)
-            gi[c] = ql->g_idx[c];
+        for (int64_t c = 0; c < C; c++) gi[c] = ql->g_idx[c];
         free(words);
         break;
     }
@@ -528,8 +511,7 @@ done:
 static void export_free(struct llmq_export *e) {
     if (!e) return;
     for (int64_t i = 0; i < e->n_slots; i++)
-        for (int p = 0; p < e->slots[i].n_parts; p++)
-            free(e->slots[i].parts[p].data);
+        for (int p = 0; p < e->slots[i].n_parts; p++) free(e->slots[i].parts[p].data);
     free(e->slots);
     free(e->work);
     free(e->conv);

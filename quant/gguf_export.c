@@ -6,12 +6,12 @@
 #include "quant/gguf_export.h"
 
 #include "common/eta.h"
-#include "formats/convert/convert.h"
 #include "common/io.h"
 #include "common/log.h"
+#include "formats/convert/convert.h"
+#include "formats/ggml/encode.h"
 #include "formats/ggml/quants.h"
 #include "formats/gguf.h"
-#include "formats/ggml/encode.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -30,15 +30,16 @@ enum kind {
     K_LINEAR,    // m->layers[l].w[which]
     K_ATTN_NORM, // m->layers[l].attn_norm
     K_FFN_NORM,  // m->layers[l].ffn_norm
-    K_BQ, K_BK, K_BV,
+    K_BQ,
+    K_BK,
+    K_BV,
 };
-
 
 struct entry {
     char name[96];
     enum kind kind;
-    int64_t layer; // -1 for globals
-    int which;     // K_LINEAR: enum llmq_linear
+    int64_t layer;                       // -1 for globals
+    int which;                           // K_LINEAR: enum llmq_linear
     const struct llmq_tensor_view *view; // K_VIEW: the file tensor; others are resolved when written
     int n_dims;
     int64_t shape[LLMQ_MAX_DIMS]; // outermost first
@@ -56,18 +57,18 @@ struct llmq_gguf_export {
     const struct llmq_model *m;
     struct llmq_gguf_export_opts o;
     char *out_path;
-    struct entry *ent; // (n) in file order
-    int64_t n, next;   // next: the first entry not written yet
-    int64_t *lin;      // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
-    int *n_handed;     // (n_layer) linears handed over per block
-    float **imp;       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
+    struct entry *ent;                 // (n) in file order
+    int64_t n, next;                   // next: the first entry not written yet
+    int64_t *lin;                      // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
+    int *n_handed;                     // (n_layer) linears handed over per block
+    float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
     struct llmq_tensor_view rope_view; // HF llama3: generated rope_freqs.weight
     float *rope_gen;
     struct llmq_gguf_writer *w;
     enum llmq_status err; // first failure while encoding / writing (poisons the export)
     bool finishing;
-    float *f;           // (f_cap) decoded rows
-    uint8_t *q;         // (q_cap) encoded rows
+    float *f;   // (f_cap) decoded rows
+    uint8_t *q; // (q_cap) encoded rows
     int64_t f_cap;
     size_t q_cap;
     double t0;
@@ -167,14 +168,14 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
     const struct llmq_model *m = e->m;
     const struct llmq_hparams *hp = &m->hp;
     struct entry *x = NULL;
-#define ADD(view_, kind_, layer_, which_, ...)                                      \
-    do {                                                                            \
-        if (!(x = add_entry(e, cap))) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory"); \
-        snprintf(x->name, sizeof(x->name), __VA_ARGS__);                            \
-        x->kind = kind_;                                                            \
-        x->layer = layer_;                                                          \
-        x->which = which_;                                                          \
-        set_shape(x, view_);                                                        \
+#define ADD(view_, kind_, layer_, which_, ...)                                                                         \
+    do {                                                                                                               \
+        if (!(x = add_entry(e, cap))) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");                \
+        snprintf(x->name, sizeof(x->name), __VA_ARGS__);                                                               \
+        x->kind = kind_;                                                                                               \
+        x->layer = layer_;                                                                                             \
+        x->which = which_;                                                                                             \
+        set_shape(x, view_);                                                                                           \
     } while (0)
     char nb[96];
 #define TN(role_, l_) llmq_tensor_full_name((role_), (l_), false, nb, sizeof nb)
@@ -186,8 +187,11 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
         if (!(e->rope_gen = malloc((size_t)n * sizeof(float))))
             return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
         llmq_model_rope_freq_factors(m, e->rope_gen);
-        e->rope_view = (struct llmq_tensor_view){.name = LLMQ_GGUF_ROPE_FREQS, .dtype = LLMQ_DTYPE_F32, .n_dims = 1,
-                                                 .shape = {n, 1, 1, 1}, .data = e->rope_gen,
+        e->rope_view = (struct llmq_tensor_view){.name = LLMQ_GGUF_ROPE_FREQS,
+                                                 .dtype = LLMQ_DTYPE_F32,
+                                                 .n_dims = 1,
+                                                 .shape = {n, 1, 1, 1},
+                                                 .data = e->rope_gen,
                                                  .nbytes = (size_t)n * sizeof(float)};
         ADD(&e->rope_view, K_ROPE, -1, -1, "%s", LLMQ_GGUF_ROPE_FREQS);
     }
@@ -236,9 +240,9 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e) {
                 continue;
             }
             if (in->n_in != C)
-                return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                                   "gguf export: importance of blk.%lld.%s has %lld columns, the weight %lld", (long long)l,
-                                   llmq_linear_gguf_name(slot_linear[k]), (long long)in->n_in, (long long)C);
+                return llmq_errorf(
+                    LLMQ_ERR_UNSUPPORTED, "gguf export: importance of blk.%lld.%s has %lld columns, the weight %lld",
+                    (long long)l, llmq_linear_gguf_name(slot_linear[k]), (long long)in->n_in, (long long)C);
             float *v = malloc((size_t)C * sizeof(float));
             if (!v) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
             for (int64_t c = 0; c < C; c++) v[c] = (float)(in->sum_sq[c] / (double)in->count);
@@ -273,12 +277,14 @@ static enum llmq_status check_output(const struct llmq_gguf_export *e) {
 }
 
 static enum llmq_status write_kvs(struct llmq_gguf_export *e) {
-    static const char *const except[] = {"general.quantization_version", "general.file_type", "split.no", "split.count",
-                                         "split.tensors.count", NULL};
+    static const char *const except[] = {
+        "general.quantization_version", "general.file_type", "split.no", "split.count", "split.tensors.count", NULL};
     struct llmq_gguf_writer *w = e->w;
     enum llmq_status st;
-    if (e->m->from_gguf) st = llmq_gguf_writer_copy_kvs(w, e->m->gguf, except);
-    else st = llmq_convert_hf_gguf_kvs(e->m->path, w);
+    if (e->m->from_gguf)
+        st = llmq_gguf_writer_copy_kvs(w, e->m->gguf, except);
+    else
+        st = llmq_convert_hf_gguf_kvs(e->m->path, w);
     if (st || (st = llmq_gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
         (st = llmq_gguf_writer_set_u32(w, "general.file_type", (uint32_t)e->o.mix.ftype)))
         return st;
@@ -331,14 +337,16 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
     enum llmq_status st = LLMQ_OK;
     int64_t cap = 0, L = m ? m->hp.n_layer : 0;
     *out = NULL;
-    if (!m || !o || (!out_path && !o->dry_run)) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: missing model, output or options");
+    if (!m || !o || (!out_path && !o->dry_run))
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: missing model, output or options");
     if (!(e = calloc(1, sizeof(*e)))) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
     e->m = m;
     e->o = *o;
     if (e->o.n_threads < 1) e->o.n_threads = 1;
     e->o.mix.have_imatrix = o->mix.have_imatrix || o->imatrix != NULL;
     e->t0 = llmq_now_s();
-    if ((out_path && !(e->out_path = strdup(out_path))) || !(e->lin = malloc((size_t)(L * LLMQ_LIN_COUNT) * sizeof(int64_t))) ||
+    if ((out_path && !(e->out_path = strdup(out_path))) ||
+        !(e->lin = malloc((size_t)(L * LLMQ_LIN_COUNT) * sizeof(int64_t))) ||
         !(e->n_handed = calloc((size_t)(L > 0 ? L : 1), sizeof(int)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
         goto fail;
@@ -380,13 +388,13 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
             goto fail;
         }
         if (!llmq_dtype_nbytes(x->ch.type, x->C, &x->row_bytes)) {
-            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: %s: rows of %lld do not fit %s", x->name, (long long)x->C,
-                             llmq_dtype_name(x->ch.type));
+            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: %s: rows of %lld do not fit %s", x->name,
+                             (long long)x->C, llmq_dtype_name(x->ch.type));
             goto fail;
         }
         if (x->perm_heads && x->R % (2 * x->perm_heads) != 0) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s: %lld rows cannot be split into %lld heads of pairs", m->path,
-                             x->name, (long long)x->R, (long long)x->perm_heads);
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s: %lld rows cannot be split into %lld heads of pairs",
+                             m->path, x->name, (long long)x->R, (long long)x->perm_heads);
             goto fail;
         }
         x->nbytes = x->row_bytes * (size_t)x->R;
@@ -398,10 +406,11 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         const struct entry *x = &e->ent[i];
         const struct llmq_dtype_traits *tr = llmq_dtype_traits(x->src_type);
         if (x->src_type != x->ch.type && tr && tr->is_quant) {
-            st = llmq_errorf(LLMQ_ERR_ARG,
-                             "%s: tensor %s is already quantized (%s); requantizing it to %s loses more than quantizing "
-                             "the f32 / f16 original: pass --allow-requantize to do it anyway", m->path, x->name,
-                             llmq_dtype_name(x->src_type), llmq_dtype_name(x->ch.type));
+            st =
+                llmq_errorf(LLMQ_ERR_ARG,
+                            "%s: tensor %s is already quantized (%s); requantizing it to %s loses more than quantizing "
+                            "the f32 / f16 original: pass --allow-requantize to do it anyway",
+                            m->path, x->name, llmq_dtype_name(x->src_type), llmq_dtype_name(x->ch.type));
             goto fail;
         }
     }
@@ -531,8 +540,10 @@ static enum llmq_status pump(struct llmq_gguf_export *e) {
         struct entry *x = &e->ent[e->next];
         double t0 = llmq_now_s();
         if (!e->o.dry_run) {
-            if (x->held) st = write_encoded(e, x, x->held);
-            else st = write_from_view(e, x, entry_view(e, x));
+            if (x->held)
+                st = write_encoded(e, x, x->held);
+            else
+                st = write_from_view(e, x, entry_view(e, x));
             if (st) {
                 llmq_errorf(st, "gguf export: writing %s failed: %s", x->name, llmq_status_name(st));
                 break;
@@ -584,8 +595,10 @@ static enum llmq_status check_handover(struct llmq_gguf_export *e, int64_t layer
 static enum llmq_status accept(struct llmq_gguf_export *e, struct entry *x, void *rows) {
     x->handed = true;
     e->n_handed[x->layer]++;
-    if (e->o.dry_run) free(rows);
-    else x->held = rows;
+    if (e->o.dry_run)
+        free(rows);
+    else
+        x->held = rows;
     return pump(e);
 }
 
@@ -693,8 +706,9 @@ void llmq_gguf_export_print_plan(const struct llmq_gguf_export *e, FILE *f) {
                 llmq_dtype_name(x->ch.type), (double)x->nbytes / 1048576.0, x->ch.note);
         params += x->R * x->C;
     }
-    fprintf(f, "total: %lld tensors, %lld weights, %.2f MiB (%llu bytes of tensor data), %.4f bits per weight, "
-               "%d fallback(s), ftype %s\n",
+    fprintf(f,
+            "total: %lld tensors, %lld weights, %.2f MiB (%llu bytes of tensor data), %.4f bits per weight, "
+            "%d fallback(s), ftype %s\n",
             (long long)e->n, (long long)params, (double)e->total_bytes / 1048576.0, (unsigned long long)e->total_bytes,
             params ? 8.0 * (double)e->total_bytes / (double)params : 0.0, e->n_fallback,
             llmq_gguf_ftype_name(e->o.mix.ftype));

@@ -100,11 +100,11 @@ struct llmq_gguf_export_opts {
     const struct llmq_calib_stats *imatrix; // NULL = no importance (see "Importance"); only read in begin
     int n_threads;                          // encoder threads (>= 1)
     bool force, dry_run;
-    bool progress;                          // one stderr line per tensor with an ETA
-    const json_t *provenance;               // an object (or NULL): "method", "calibration", "imatrix", ...
-    bool no_provenance;                     // no llmq.* keys (then rtn output == llama.cpp's bytes)
-    bool allow_requantize;                  // see "Requantization"
-    json_t **report;                        // if not NULL: finish stores a new object here (see below)
+    bool progress;            // one stderr line per tensor with an ETA
+    const json_t *provenance; // an object (or NULL): "method", "calibration", "imatrix", ...
+    bool no_provenance;       // no llmq.* keys (then rtn output == llama.cpp's bytes)
+    bool allow_requantize;    // see "Requantization"
+    json_t **report;          // if not NULL: finish stores a new object here (see below)
 };
 
 // Defaults: mix defaults (Q8_0), no imatrix, 1 thread, no force, no dry run, progress on,

@@ -35,7 +35,8 @@ bool llmq_gguf_ftype_parse(const char *s, enum llmq_gguf_ftype *out) {
     static const struct {
         const char *alias;
         enum llmq_gguf_ftype f;
-    } aliases[] = {{"Q3_K", LLMQ_GGUF_FTYPE_Q3_K_M}, {"Q4_K", LLMQ_GGUF_FTYPE_Q4_K_M}, {"Q5_K", LLMQ_GGUF_FTYPE_Q5_K_M}};
+    } aliases[] = {
+        {"Q3_K", LLMQ_GGUF_FTYPE_Q3_K_M}, {"Q4_K", LLMQ_GGUF_FTYPE_Q4_K_M}, {"Q5_K", LLMQ_GGUF_FTYPE_Q5_K_M}};
     if (!s) return false;
     for (int i = 0; i < N_FTYPES; i++)
         if (!strcasecmp(s, ftypes[i].name)) {
@@ -69,19 +70,28 @@ const char *llmq_gguf_ftype_list(void) {
 
 bool llmq_gguf_mix_type_ok(enum llmq_dtype t) {
     switch (t) {
-    case LLMQ_DTYPE_F32: case LLMQ_DTYPE_F16: case LLMQ_DTYPE_BF16:
-    case LLMQ_DTYPE_Q4_0: case LLMQ_DTYPE_Q4_1: case LLMQ_DTYPE_Q5_0: case LLMQ_DTYPE_Q5_1: case LLMQ_DTYPE_Q8_0:
-    case LLMQ_DTYPE_Q2_K: case LLMQ_DTYPE_Q3_K: case LLMQ_DTYPE_Q4_K: case LLMQ_DTYPE_Q5_K: case LLMQ_DTYPE_Q6_K:
-    case LLMQ_DTYPE_IQ4_NL: case LLMQ_DTYPE_IQ4_XS:
-        return true;
-    default:
-        return false;
+    case LLMQ_DTYPE_F32:
+    case LLMQ_DTYPE_F16:
+    case LLMQ_DTYPE_BF16:
+    case LLMQ_DTYPE_Q4_0:
+    case LLMQ_DTYPE_Q4_1:
+    case LLMQ_DTYPE_Q5_0:
+    case LLMQ_DTYPE_Q5_1:
+    case LLMQ_DTYPE_Q8_0:
+    case LLMQ_DTYPE_Q2_K:
+    case LLMQ_DTYPE_Q3_K:
+    case LLMQ_DTYPE_Q4_K:
+    case LLMQ_DTYPE_Q5_K:
+    case LLMQ_DTYPE_Q6_K:
+    case LLMQ_DTYPE_IQ4_NL:
+    case LLMQ_DTYPE_IQ4_XS: return true;
+    default: return false;
     }
 }
 
 struct llmq_gguf_mix_opts llmq_gguf_mix_default_opts(void) {
-    return (struct llmq_gguf_mix_opts){.ftype = LLMQ_GGUF_FTYPE_Q8_0, .output_type = LLMQ_DTYPE_COUNT,
-                                       .embedding_type = LLMQ_DTYPE_COUNT};
+    return (struct llmq_gguf_mix_opts){
+        .ftype = LLMQ_GGUF_FTYPE_Q8_0, .output_type = LLMQ_DTYPE_COUNT, .embedding_type = LLMQ_DTYPE_COUNT};
 }
 
 enum llmq_status llmq_gguf_tensor_type_parse(const char *arg, struct llmq_gguf_tensor_type *out) {
@@ -91,7 +101,8 @@ enum llmq_status llmq_gguf_tensor_type_parse(const char *arg, struct llmq_gguf_t
     if (sep == arg) return llmq_errorf(LLMQ_ERR_ARG, "--tensor-type '%s': missing tensor name regex", arg);
     if (!sep[1]) return llmq_errorf(LLMQ_ERR_ARG, "--tensor-type '%s': missing type", arg);
     enum llmq_dtype t = llmq_dtype_from_name(sep + 1);
-    if (t == LLMQ_DTYPE_INVALID) return llmq_errorf(LLMQ_ERR_ARG, "--tensor-type '%s': unknown type '%s'", arg, sep + 1);
+    if (t == LLMQ_DTYPE_INVALID)
+        return llmq_errorf(LLMQ_ERR_ARG, "--tensor-type '%s': unknown type '%s'", arg, sep + 1);
     if (!llmq_gguf_mix_type_ok(t))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "--tensor-type '%s': llmq cannot write type %s into a GGUF", arg,
                            llmq_dtype_name(t));
@@ -133,8 +144,20 @@ int llmq_gguf_mix_name_cmp(const char *a, const char *b) {
 
 // ---- the rules ---------------------------------------------------------------------------------------
 
-enum category { CAT_TOKEN_EMBD, CAT_ATTN_Q, CAT_ATTN_V, CAT_ATTN_K, CAT_ATTN_QKV, CAT_ATTN_KV_B, CAT_ATTN_OUTPUT,
-                CAT_FFN_UP, CAT_FFN_GATE, CAT_FFN_DOWN, CAT_OUTPUT, CAT_OTHER };
+enum category {
+    CAT_TOKEN_EMBD,
+    CAT_ATTN_Q,
+    CAT_ATTN_V,
+    CAT_ATTN_K,
+    CAT_ATTN_QKV,
+    CAT_ATTN_KV_B,
+    CAT_ATTN_OUTPUT,
+    CAT_FFN_UP,
+    CAT_FFN_GATE,
+    CAT_FFN_DOWN,
+    CAT_OUTPUT,
+    CAT_OTHER
+};
 
 static bool has(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
 
@@ -169,15 +192,41 @@ static int ggml_n_dims_of(const struct llmq_gguf_mix_tensor *t) {
 static int64_t row_len(const struct llmq_gguf_mix_tensor *t) { return t->n_dims > 0 ? t->shape[t->n_dims - 1] : 1; }
 
 static bool allows_quantization(const struct llmq_gguf_mix_tensor *t) { // tensor_allows_quantization
-    static const char *const never[] = {
-        "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
-        "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight",
-        "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
-        "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight",
-        "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight", "time_mix_decay_w1.weight",
-        "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight", "attn_rel_b.weight", ".position_embd",
-        "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook",
-        "mm.a.code_embd"};
+    static const char *const never[] = {"_norm.weight",
+                                        "ffn_gate_inp.weight",
+                                        "ffn_gate_tid2eid.weight",
+                                        "altup",
+                                        "laurel",
+                                        "per_layer_model_proj",
+                                        "ssm_conv1d",
+                                        "shortconv.conv.weight",
+                                        "indexer.k_proj.weight",
+                                        "indexer.q_proj.weight",
+                                        "time_mix_first.weight",
+                                        "time_mix_w0.weight",
+                                        "time_mix_w1.weight",
+                                        "time_mix_w2.weight",
+                                        "time_mix_v0.weight",
+                                        "time_mix_v1.weight",
+                                        "time_mix_v2.weight",
+                                        "time_mix_a0.weight",
+                                        "time_mix_a1.weight",
+                                        "time_mix_a2.weight",
+                                        "time_mix_g1.weight",
+                                        "time_mix_g2.weight",
+                                        "time_mix_decay_w1.weight",
+                                        "time_mix_decay_w2.weight",
+                                        "time_mix_lerp_fused.weight",
+                                        "attn_rel_b.weight",
+                                        ".position_embd",
+                                        "sam.pos_embd",
+                                        "sam.neck.",
+                                        "sam.net_",
+                                        ".rel_pos",
+                                        ".patch_embd",
+                                        ".patch_merger",
+                                        "a.rvq.codebook",
+                                        "mm.a.code_embd"};
     if (ggml_n_dims_of(t) < 2) return false;
     size_t n = strlen(t->name);
     if (n < 6 || strcmp(t->name + n - 6, "weight") != 0) return false;
@@ -212,20 +261,28 @@ static enum llmq_dtype mix_rule(struct state *s, enum llmq_dtype t, const struct
     const int64_t n_gqa = s->mm->n_head_kv > 0 ? s->mm->n_head / s->mm->n_head_kv : 0;
     const int64_t n_expert = s->mm->n_expert;
     if (cat == CAT_OUTPUT || (s->tied && cat == CAT_TOKEN_EMBD)) {
-        if (s->o->output_type != LLMQ_DTYPE_COUNT) t = s->o->output_type;
-        else if (row_len(x) % blck(t) != 0) t = LLMQ_DTYPE_Q8_0;
-        else if (t != LLMQ_DTYPE_Q8_0) t = LLMQ_DTYPE_Q6_K;
+        if (s->o->output_type != LLMQ_DTYPE_COUNT)
+            t = s->o->output_type;
+        else if (row_len(x) % blck(t) != 0)
+            t = LLMQ_DTYPE_Q8_0;
+        else if (t != LLMQ_DTYPE_Q8_0)
+            t = LLMQ_DTYPE_Q6_K;
     } else if (cat == CAT_TOKEN_EMBD) {
         if (s->o->embedding_type != LLMQ_DTYPE_COUNT) t = s->o->embedding_type;
     } else if (is_attn_v(cat)) {
-        if (f == LLMQ_GGUF_FTYPE_Q2_K) t = n_gqa >= 4 ? LLMQ_DTYPE_Q4_K : LLMQ_DTYPE_Q3_K;
-        else if (f == LLMQ_GGUF_FTYPE_Q3_K_M) t = s->i_attention_wv < 2 ? LLMQ_DTYPE_Q5_K : LLMQ_DTYPE_Q4_K;
-        else if (f == LLMQ_GGUF_FTYPE_Q3_K_L) t = LLMQ_DTYPE_Q5_K;
-        else if ((f == LLMQ_GGUF_FTYPE_IQ4_NL || f == LLMQ_GGUF_FTYPE_IQ4_XS) && n_gqa >= 4) t = LLMQ_DTYPE_Q5_K;
+        if (f == LLMQ_GGUF_FTYPE_Q2_K)
+            t = n_gqa >= 4 ? LLMQ_DTYPE_Q4_K : LLMQ_DTYPE_Q3_K;
+        else if (f == LLMQ_GGUF_FTYPE_Q3_K_M)
+            t = s->i_attention_wv < 2 ? LLMQ_DTYPE_Q5_K : LLMQ_DTYPE_Q4_K;
+        else if (f == LLMQ_GGUF_FTYPE_Q3_K_L)
+            t = LLMQ_DTYPE_Q5_K;
+        else if ((f == LLMQ_GGUF_FTYPE_IQ4_NL || f == LLMQ_GGUF_FTYPE_IQ4_XS) && n_gqa >= 4)
+            t = LLMQ_DTYPE_Q5_K;
         else if ((f == LLMQ_GGUF_FTYPE_Q4_K_M || f == LLMQ_GGUF_FTYPE_Q5_K_M) &&
                  use_more_bits(s->i_attention_wv, s->n_attention_wv))
             t = LLMQ_DTYPE_Q6_K;
-        else if (f == LLMQ_GGUF_FTYPE_Q4_K_S && s->i_attention_wv < 4) t = LLMQ_DTYPE_Q5_K;
+        else if (f == LLMQ_GGUF_FTYPE_Q4_K_S && s->i_attention_wv < 4)
+            t = LLMQ_DTYPE_Q5_K;
         if (s->mm->is_70b && (t == LLMQ_DTYPE_Q3_K || t == LLMQ_DTYPE_Q4_K)) t = LLMQ_DTYPE_Q5_K;
         if (n_expert == 8) t = LLMQ_DTYPE_Q8_0;
         ++s->i_attention_wv;
@@ -235,15 +292,20 @@ static enum llmq_dtype mix_rule(struct state *s, enum llmq_dtype t, const struct
         // only IQ3_XS / IQ3_XXS change attn_q
     } else if (cat == CAT_FFN_DOWN) {
         int i = layer_of(s, s->i_ffn_down, x->name), n = s->n_ffn_down;
-        if (f == LLMQ_GGUF_FTYPE_Q2_K) t = LLMQ_DTYPE_Q3_K;
-        else if (f == LLMQ_GGUF_FTYPE_Q3_K_M) t = i < n / 16 ? LLMQ_DTYPE_Q5_K : LLMQ_DTYPE_Q4_K; // arch != FALCON
-        else if (f == LLMQ_GGUF_FTYPE_Q3_K_L) t = LLMQ_DTYPE_Q5_K;
+        if (f == LLMQ_GGUF_FTYPE_Q2_K)
+            t = LLMQ_DTYPE_Q3_K;
+        else if (f == LLMQ_GGUF_FTYPE_Q3_K_M)
+            t = i < n / 16 ? LLMQ_DTYPE_Q5_K : LLMQ_DTYPE_Q4_K; // arch != FALCON
+        else if (f == LLMQ_GGUF_FTYPE_Q3_K_L)
+            t = LLMQ_DTYPE_Q5_K;
         else if (f == LLMQ_GGUF_FTYPE_Q4_K_M) {
             if (use_more_bits(i, n)) t = LLMQ_DTYPE_Q6_K;
         } else if (i < n / 8 && (f == LLMQ_GGUF_FTYPE_IQ4_NL || f == LLMQ_GGUF_FTYPE_IQ4_XS) && !s->o->have_imatrix)
             t = LLMQ_DTYPE_Q5_K;
-        else if (f == LLMQ_GGUF_FTYPE_Q5_K_M && use_more_bits(i, n)) t = LLMQ_DTYPE_Q6_K;
-        else if (f == LLMQ_GGUF_FTYPE_Q4_K_S && i < n / 8) t = LLMQ_DTYPE_Q5_K;
+        else if (f == LLMQ_GGUF_FTYPE_Q5_K_M && use_more_bits(i, n))
+            t = LLMQ_DTYPE_Q6_K;
+        else if (f == LLMQ_GGUF_FTYPE_Q4_K_S && i < n / 8)
+            t = LLMQ_DTYPE_Q5_K;
         else if ((f == LLMQ_GGUF_FTYPE_Q4_0 || f == LLMQ_GGUF_FTYPE_Q5_0) && s->o->have_imatrix && i < n / 8)
             t = f == LLMQ_GGUF_FTYPE_Q4_0 ? LLMQ_DTYPE_Q4_1 : LLMQ_DTYPE_Q5_1;
         ++s->i_ffn_down;
@@ -254,9 +316,12 @@ static enum llmq_dtype mix_rule(struct state *s, enum llmq_dtype t, const struct
                 f == LLMQ_GGUF_FTYPE_IQ4_XS)
                 t = LLMQ_DTYPE_Q5_K;
         } else {
-            if (f == LLMQ_GGUF_FTYPE_Q2_K) t = LLMQ_DTYPE_Q3_K;
-            else if (f == LLMQ_GGUF_FTYPE_Q3_K_M) t = LLMQ_DTYPE_Q4_K;
-            else if (f == LLMQ_GGUF_FTYPE_Q3_K_L) t = LLMQ_DTYPE_Q5_K;
+            if (f == LLMQ_GGUF_FTYPE_Q2_K)
+                t = LLMQ_DTYPE_Q3_K;
+            else if (f == LLMQ_GGUF_FTYPE_Q3_K_M)
+                t = LLMQ_DTYPE_Q4_K;
+            else if (f == LLMQ_GGUF_FTYPE_Q3_K_L)
+                t = LLMQ_DTYPE_Q5_K;
         }
     } else if (cat == CAT_ATTN_QKV) {
         // unreachable: is_attn_v() took it (as in llama.cpp)
@@ -269,7 +334,8 @@ static enum llmq_dtype mix_rule(struct state *s, enum llmq_dtype t, const struct
 }
 
 // tensor_type_fallback, with llmq's note text.
-static enum llmq_dtype fallback(const struct llmq_gguf_mix_tensor *x, enum llmq_dtype t, struct llmq_gguf_mix_choice *c) {
+static enum llmq_dtype fallback(const struct llmq_gguf_mix_tensor *x, enum llmq_dtype t,
+                                struct llmq_gguf_mix_choice *c) {
     int64_t nc = row_len(x), bs = blck(t);
     if (nc % bs == 0) return t;
     enum llmq_dtype r;

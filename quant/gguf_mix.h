@@ -120,7 +120,7 @@ struct llmq_gguf_mix_opts {
     bool pure;                                   // no mix rules: the default type everywhere (+ fallback)
     int n_overrides;
     const struct llmq_gguf_tensor_type *overrides; // (n_overrides) first match wins
-    bool have_imatrix;                           // changes Q4_0 / Q5_0 / IQ4_* ffn_down choices
+    bool have_imatrix;                             // changes Q4_0 / Q5_0 / IQ4_* ffn_down choices
 };
 
 // Defaults: Q8_0, no output / embedding type, not pure, no overrides, no imatrix.
@@ -137,10 +137,10 @@ void llmq_gguf_mix_model_from_hparams(const struct llmq_hparams *hp, struct llmq
 
 // One tensor of the output file, in file order.
 struct llmq_gguf_mix_tensor {
-    const char *name;                // GGUF name
+    const char *name; // GGUF name
     int n_dims;
-    int64_t shape[LLMQ_MAX_DIMS];    // outermost first (shape[n_dims - 1] is the row, ggml ne[0])
-    enum llmq_dtype src_type;        // the input's type (kept for non-quantized tensors, see rule 1)
+    int64_t shape[LLMQ_MAX_DIMS]; // outermost first (shape[n_dims - 1] is the row, ggml ne[0])
+    enum llmq_dtype src_type;     // the input's type (kept for non-quantized tensors, see rule 1)
 };
 
 struct llmq_gguf_mix_choice {

@@ -79,9 +79,10 @@ static enum llmq_status hinv_retry(const char *name, const float *H /* (C, C) */
         if (!(next < 1.0f))
             return llmq_errorf(LLMQ_ERR_NUMERIC,
                                "%s: H is not positive definite (%s failed) even with percdamp %.4f; "
-                               "giving up", name, what[fail], (double)*percdamp);
-        llmq_warn("%s: %s failed with percdamp %.4f, retrying with percdamp %.4f", name, what[fail],
-                  (double)*percdamp, (double)next);
+                               "giving up",
+                               name, what[fail], (double)*percdamp);
+        llmq_warn("%s: %s failed with percdamp %.4f, retrying with percdamp %.4f", name, what[fail], (double)*percdamp,
+                  (double)next);
         *percdamp = next;
     }
 }
@@ -113,10 +114,10 @@ double llmq_gptq_block_row(float *W1, float *err1, uint8_t *code1, const float *
         const float scale = scales[gcol[i]], zero = zeros[gcol[i]];
         const float w = W1[i], d = Hinv1[i * ldh + i];
         const uint8_t code = llmq_quant_code(w, scale, zero, maxq);
-        const float q = scale * ((float)code - zero);    // Q1[:, i]
-        const float e = (w - q) / d;                     // err1
+        const float q = scale * ((float)code - zero);   // Q1[:, i]
+        const float e = (w - q) / d;                    // err1
         rloss += (double)((w - q) * (w - q) / (d * d)); // Losses1[:, i]
-        const float *hrow = Hinv1 + i * ldh;             // Hinv1[i, :]
+        const float *hrow = Hinv1 + i * ldh;            // Hinv1[i, :]
         for (int64_t k = i + 1; k < count; k++) W1[k] -= e * hrow[k];
         err1[i] = e;
         W1[i] = q;
@@ -126,8 +127,7 @@ double llmq_gptq_block_row(float *W1, float *err1, uint8_t *code1, const float *
 }
 
 // Stable descending argsort of diag(H) (merge sort on indices; ties keep ascending index).
-void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */,
-                            int64_t C) {
+void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */, int64_t C) {
     for (int64_t i = 0; i < C; i++) perm[i] = i;
     for (int64_t width = 1; width < C; width *= 2) {
         for (int64_t lo = 0; lo < C; lo += 2 * width) {
@@ -151,7 +151,7 @@ static enum llmq_status blocks_cpu(const char *name, float *W, const float *Hinv
     const int64_t NG = out->n_groups;
     const int maxq = (1 << cfg->bits) - 1;
     float *Err1 = malloc((size_t)(R * B) * sizeof *Err1); // (R, B) scaled errors of the current block
-    uint8_t *code1 = malloc((size_t)B);                    // (B) one row's codes, block order
+    uint8_t *code1 = malloc((size_t)B);                   // (B) one row's codes, block order
     if (!Err1 || !code1) {
         free(code1);
         free(Err1);
@@ -179,9 +179,8 @@ static enum llmq_status blocks_cpu(const char *name, float *W, const float *Hinv
         // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
         double tg = llmq_now_s();
         if (i2 < C)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2),
-                        (blasint)count, -1.0f, Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f,
-                        W + i2, (blasint)C);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count, -1.0f,
+                        Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
         *t_gemm += llmq_now_s() - tg;
     }
     free(code1);
@@ -201,13 +200,12 @@ static int cuda_hinv_attempt(void *ctx, float damp) {
 
 // Steps 5 - 7 on the CUDA device (kernels/gptq_cuda.h), same retry policy as the CPU (hinv_retry). W (R, C)
 // processing order -> Q; H (C, C) undamped -> Hinv (upper, strict lower 0); codes, grids, loss into out.
-static enum llmq_status solve_cuda(const char *name, float *W, float *H, int64_t R, int64_t C, int64_t B,
-                                   int64_t G_dyn, const int32_t *gcol, const int64_t *perm,
-                                   const struct llmq_gptq_opts *o, struct llmq_qlinear *out, float *percdamp,
-                                   double *loss, double *t_chain) {
+static enum llmq_status solve_cuda(const char *name, float *W, float *H, int64_t R, int64_t C, int64_t B, int64_t G_dyn,
+                                   const int32_t *gcol, const int64_t *perm, const struct llmq_gptq_opts *o,
+                                   struct llmq_qlinear *out, float *percdamp, double *loss, double *t_chain) {
     const int64_t nblocks = (C + B - 1) / B;
     struct llmq_cuda_gptq *g = NULL;
-    int32_t *perm32 = malloc((size_t)C * sizeof *perm32);                    // (C)
+    int32_t *perm32 = malloc((size_t)C * sizeof *perm32);                  // (C)
     double *loss_rows = malloc((size_t)(nblocks * R) * sizeof *loss_rows); // (nblocks, R)
     enum llmq_status st = LLMQ_OK;
     if (!perm32 || !loss_rows) {
@@ -220,8 +218,8 @@ static enum llmq_status solve_cuda(const char *name, float *W, float *H, int64_t
     struct cuda_hinv ctx = {g, H};
     if ((st = hinv_retry(name, H, C, percdamp, o->damp_increment, cuda_hinv_attempt, &ctx))) goto done;
     *t_chain = llmq_now_s() - t;
-    if ((st = llmq_cuda_gptq_blocks(g, W, gcol, perm32, G_dyn, o->q.bits, o->q.sym, out->scales, out->zeros,
-                                    out->q, loss_rows, H)))
+    if ((st = llmq_cuda_gptq_blocks(g, W, gcol, perm32, G_dyn, o->q.bits, o->q.sym, out->scales, out->zeros, out->q,
+                                    loss_rows, H)))
         goto done;
     for (int64_t i = 0; i < nblocks * R; i++) *loss += loss_rows[i]; // the CPU's order: block by block, rows
 done:
@@ -297,8 +295,10 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         return llmq_errorf(LLMQ_ERR_ARG, "%s: percdamp must be in [0, 1), got %g", name, (double)o->percdamp);
     if (o->blocksize < 0) return llmq_errorf(LLMQ_ERR_ARG, "%s: blocksize %d < 0", name, o->blocksize);
     if (o->group_aware && (o->act_order || o->static_groups || o->q.group_size <= 0))
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: group-aware order needs a group size and excludes act-order and "
-                                         "static groups", name);
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "%s: group-aware order needs a group size and excludes act-order and "
+                           "static groups",
+                           name);
     if (R <= 0 || C <= 0 || C > (1 << 30))
         return llmq_errorf(LLMQ_ERR_ARG, "%s: bad shape (%lld, %lld)", name, (long long)R, (long long)C);
     for (int64_t i = 0; i < R * C; i++)

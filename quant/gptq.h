@@ -1,7 +1,7 @@
 /*
  * quant/gptq.h — GPTQ (Frantar et al. 2022) for one linear layer, faithful to the reference
- * `GPTQ.fasterquant` of IST-DASLab/gptq (gptq.py + quant.py) (Frantar et al. 2022, "GPTQ", Algorithm 1), with the act-order,
- * static-groups and g_idx conventions of AutoGPTQ / GPTQModel and GPTQModel's damping retry.
+ * `GPTQ.fasterquant` of IST-DASLab/gptq (gptq.py + quant.py) (Frantar et al. 2022, "GPTQ", Algorithm 1), with the
+ * act-order, static-groups and g_idx conventions of AutoGPTQ / GPTQModel and GPTQModel's damping retry.
  *
  * It is NOT the calibration pass: the caller (quant/quantize.h) gathers H = 2/N · XᵀX from the
  * layer's input activations (calib/calib.h) and hands over W and H; this module only solves.
@@ -70,13 +70,13 @@
 #define LLMQ_GPTQ_BLOCKSIZE_DEFAULT 128
 
 struct llmq_gptq_opts {
-    struct llmq_qconfig q; // bits, group size (-1 = per row), sym
-    float percdamp;        // relative damping of diag(H), in [0, 1); 0.01 (reference)
-    bool act_order;        // process columns in order of decreasing diag(H)
-    bool static_groups;    // groups' (scale, zero) from the original weights, before any update
-    bool group_aware;      // GAR order (step 4); needs G > 0; excludes act_order and static_groups
-    int blocksize;         // lazy-update block width; 128 (0 -> 128)
-    float damp_increment;  // added to percdamp on each Cholesky failure; 0 -> 0.0025
+    struct llmq_qconfig q;     // bits, group size (-1 = per row), sym
+    float percdamp;            // relative damping of diag(H), in [0, 1); 0.01 (reference)
+    bool act_order;            // process columns in order of decreasing diag(H)
+    bool static_groups;        // groups' (scale, zero) from the original weights, before any update
+    bool group_aware;          // GAR order (step 4); needs G > 0; excludes act_order and static_groups
+    int blocksize;             // lazy-update block width; 128 (0 -> 128)
+    float damp_increment;      // added to percdamp on each Cholesky failure; 0 -> 0.0025
     enum llmq_backend backend; // where steps 5-7 run; LLMQ_BACKEND_CPU (= 0, so a zeroed struct means CPU)
 };
 
@@ -98,16 +98,16 @@ struct llmq_gptq_opts llmq_gptq_opts_default(void);
 // Errors: bad options -> LLMQ_ERR_ARG; backend CUDA in a build without CUDA or without a device ->
 // LLMQ_ERR_DEVICE; NaN/Inf in W or H -> LLMQ_ERR_NUMERIC (naming the layer and
 // the element); Cholesky failing up to percdamp >= 1 -> LLMQ_ERR_NUMERIC; allocation -> LLMQ_ERR_NOMEM.
-enum llmq_status llmq_gptq_quantize(const char *name, float *W /* (R, C) */, float *H /* (C, C) */,
-                                    int64_t R, int64_t C, const struct llmq_gptq_opts *o,
-                                    struct llmq_qlinear *out, double *err, float *percdamp_used);
+enum llmq_status llmq_gptq_quantize(const char *name, float *W /* (R, C) */, float *H /* (C, C) */, int64_t R,
+                                    int64_t C, const struct llmq_gptq_opts *o, struct llmq_qlinear *out, double *err,
+                                    float *percdamp_used);
 
 // Step 6 alone (exposed for tests and for the CUDA dispatch): H (C, C) (already dead-column fixed and
 // permuted) -> on LLMQ_OK its upper triangle holds the upper Cholesky factor of (H + damp·I)⁻¹, strict
 // lower zero; *percdamp is updated to the value that succeeded. H0 (C, C) is scratch for the backup of
 // H (the retry restarts from it).
-enum llmq_status llmq_gptq_hinv(const char *name, float *H /* (C, C) */, float *H0 /* (C, C) */,
-                                int64_t C, float *percdamp, float damp_increment);
+enum llmq_status llmq_gptq_hinv(const char *name, float *H /* (C, C) */, float *H0 /* (C, C) */, int64_t C,
+                                float *percdamp, float damp_increment);
 
 // Step 7's in-block loop for one row (the CPU reference of the CUDA kernel; exposed for tests):
 // for i in 0..count-1: code = quant(W1[i]) with (scales[gcol[i]], zeros[gcol[i]]), q, e = (w - q) / d,
@@ -125,8 +125,7 @@ double llmq_gptq_block_row(float *W1 /* (count) */, float *err1 /* (count) */, u
 
 // Step 4's order: perm = argsort(key, descending), STABLE (ties keep ascending index); tmp is (C)
 // scratch. Shared with quant/gptq_gguf.c.
-void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */,
-                            int64_t C);
+void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */, int64_t *tmp /* (C) */, int64_t C);
 
 // Step 4's permutation: W (R, C) = W[:, perm], H (C, C) = H[perm][:, perm]; row (C) and Hs (C, C) are
 // scratch. Shared with quant/gptq_gguf.c.

@@ -37,14 +37,14 @@ struct batch_job {
     enum llmq_dtype type;
     int64_t C, QK, i1, i2, r0, r1;
     size_t bsz, row_bytes;
-    float *W;           // (R, C)
-    const float *Hinv;  // (C, C) upper triangle
-    const float *imp;   // (C)
-    uint8_t *blocks;    // (R, row_bytes)
-    float *Err1;        // (R, i2 - i1)
-    double *rowloss;    // (R)
+    float *W;            // (R, C)
+    const float *Hinv;   // (C, C) upper triangle
+    const float *imp;    // (C)
+    uint8_t *blocks;     // (R, row_bytes)
+    float *Err1;         // (R, i2 - i1)
+    double *rowloss;     // (R)
     const int64_t *perm; // (C) act-order: processing position -> original column; NULL: identity
-    bool fixed;         // act-order: every block is encoded already, only codes are chosen
+    bool fixed;          // act-order: every block is encoded already, only codes are chosen
     enum llmq_status st;
 };
 
@@ -52,8 +52,8 @@ static void *batch_rows(void *arg) {
     struct batch_job *j = arg;
     const int64_t C = j->C, QK = j->QK, i1 = j->i1, count = j->i2 - j->i1;
     for (int64_t r = j->r0; r < j->r1; r++) {
-        float *W1 = j->W + r * C + i1;       // (count) this row's batch, updated in place; ends as Q1
-        float *err1 = j->Err1 + r * count;   // (count) row r of Err1
+        float *W1 = j->W + r * C + i1;     // (count) this row's batch, updated in place; ends as Q1
+        float *err1 = j->Err1 + r * count; // (count) row r of Err1
         uint8_t *brow = j->blocks + (size_t)r * j->row_bytes;
         double rloss = 0.0;
         for (int64_t i = 0; i < count; i++) {
@@ -103,8 +103,10 @@ static enum llmq_status run_batch(const struct batch_job *proto, int64_t R, int 
     for (int t = 1; t < nth; t++) started[t] = pthread_create(&tid[t], NULL, batch_rows, &jobs[t]) == 0;
     batch_rows(&jobs[0]);
     for (int t = 1; t < nth; t++) {
-        if (started[t]) pthread_join(tid[t], NULL);
-        else batch_rows(&jobs[t]); // could not start a thread: do its share here
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            batch_rows(&jobs[t]); // could not start a thread: do its share here
     }
     for (int t = 0; t < nth; t++)
         if (jobs[t].st) return jobs[t].st;
@@ -117,12 +119,11 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
                                          float *percdamp_used) {
     const struct llmq_dtype_traits *tr = llmq_dtype_traits(type);
     if (!tr || !tr->is_quant || !llmq_gguf_can_encode(type))
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: gptq onto GGUF needs a block type, got %s", name,
-                           llmq_dtype_name(type));
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: gptq onto GGUF needs a block type, got %s", name, llmq_dtype_name(type));
     const int64_t QK = tr->blck;
     if (R <= 0 || C <= 0 || C > (1 << 30) || C % QK != 0)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: shape (%lld, %lld) does not tile %s blocks of %lld", name,
-                           (long long)R, (long long)C, tr->name, (long long)QK);
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: shape (%lld, %lld) does not tile %s blocks of %lld", name, (long long)R,
+                           (long long)C, tr->name, (long long)QK);
     if (!(o->percdamp >= 0.0f && o->percdamp < 1.0f))
         return llmq_errorf(LLMQ_ERR_ARG, "%s: percdamp must be in [0, 1), got %g", name, (double)o->percdamp);
     if (o->blocksize < 0) return llmq_errorf(LLMQ_ERR_ARG, "%s: blocksize %d < 0", name, o->blocksize);
@@ -147,12 +148,12 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     const int64_t B = (B0 + QK - 1) / QK * QK;
     float percdamp = o->percdamp;
     double t0 = llmq_now_s(), t_chain = 0.0, t_gemm = 0.0;
-    float *imp = malloc((size_t)C * sizeof *imp);          // (C)
-    float *H0 = malloc((size_t)(C * C) * sizeof *H0);      // (C, C) retry backup
-    float *Err1 = malloc((size_t)(R * B) * sizeof *Err1);  // (R, B)
-    double *rowloss = calloc((size_t)R, sizeof *rowloss);  // (R)
-    int64_t *perm = NULL, *tmp = NULL;                     // (C) act-order
-    float *row = NULL;                                     // (C) act-order permutation scratch
+    float *imp = malloc((size_t)C * sizeof *imp);         // (C)
+    float *H0 = malloc((size_t)(C * C) * sizeof *H0);     // (C, C) retry backup
+    float *Err1 = malloc((size_t)(R * B) * sizeof *Err1); // (R, B)
+    double *rowloss = calloc((size_t)R, sizeof *rowloss); // (R)
+    int64_t *perm = NULL, *tmp = NULL;                    // (C) act-order
+    float *row = NULL;                                    // (C) act-order permutation scratch
     if (o->act_order) {
         perm = malloc((size_t)C * sizeof *perm);
         tmp = malloc((size_t)C * sizeof *tmp);
@@ -192,15 +193,27 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     // 7. lazy batches
     for (int64_t i1 = 0; i1 < C; i1 += B) {
         const int64_t i2 = i1 + B < C ? i1 + B : C, count = i2 - i1;
-        struct batch_job job = {.type = type, .C = C, .QK = QK, .i1 = i1, .i2 = i2, .bsz = tr->size,
-                                .row_bytes = row_bytes, .W = W, .Hinv = Hinv, .imp = imp, .blocks = blocks,
-                                .Err1 = Err1, .rowloss = rowloss, .perm = perm, .fixed = o->act_order};
+        struct batch_job job = {.type = type,
+                                .C = C,
+                                .QK = QK,
+                                .i1 = i1,
+                                .i2 = i2,
+                                .bsz = tr->size,
+                                .row_bytes = row_bytes,
+                                .W = W,
+                                .Hinv = Hinv,
+                                .imp = imp,
+                                .blocks = blocks,
+                                .Err1 = Err1,
+                                .rowloss = rowloss,
+                                .perm = perm,
+                                .fixed = o->act_order};
         if ((st = run_batch(&job, R, o->n_threads))) goto done;
         // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
         double tg = llmq_now_s();
         if (i2 < C)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count,
-                        -1.0f, Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count, -1.0f,
+                        Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
         t_gemm += llmq_now_s() - tg;
     }
 
@@ -212,7 +225,8 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     double sum = 0.0;
     for (int64_t r = 0; r < R; r++) sum += rowloss[r];
     llmq_debug("%s: gptq%s onto %s (%lld, %lld) %.3f s: Cholesky chain %.3f s, lazy sgemm %.3f s", name,
-               o->act_order ? " (act-order)" : "", tr->name, (long long)R, (long long)C, llmq_now_s() - t0, t_chain, t_gemm);
+               o->act_order ? " (act-order)" : "", tr->name, (long long)R, (long long)C, llmq_now_s() - t0, t_chain,
+               t_gemm);
     if (loss) *loss = sum / 2.0;
     if (percdamp_used) *percdamp_used = percdamp;
 done:

@@ -86,9 +86,8 @@ struct llmq_gptq_gguf_opts llmq_gptq_gguf_opts_default(void);
 // Errors: C not a multiple of QK, bad type or options -> LLMQ_ERR_ARG; NaN/Inf in W, H or importance
 // -> LLMQ_ERR_NUMERIC naming the layer and the element; Cholesky failing up to percdamp >= 1 ->
 // LLMQ_ERR_NUMERIC; allocation -> LLMQ_ERR_NOMEM. On error W and blocks are unspecified.
-enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W /* (R, C) */, float *H /* (C, C) */,
-                                         int64_t R, int64_t C, enum llmq_dtype type,
-                                         const float *importance /* (C) or NULL */,
+enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W /* (R, C) */, float *H /* (C, C) */, int64_t R,
+                                         int64_t C, enum llmq_dtype type, const float *importance /* (C) or NULL */,
                                          const struct llmq_gptq_gguf_opts *o, void *blocks, double *loss,
                                          float *percdamp_used);
 

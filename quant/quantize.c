@@ -9,10 +9,10 @@
 #include "common/io.h"
 #include "common/log.h"
 #include "common/spill.h"
+#include "formats/ggml/encode.h"
 #include "formats/ggml/quants.h"
 #include "kernels/gemm.h"
 #include "quant/awq.h"
-#include "formats/ggml/encode.h"
 #include "quant/gptq.h"
 #include "quant/gptq_gguf.h"
 
@@ -26,7 +26,6 @@
 #include <time.h>
 
 void openblas_set_num_threads(int n);
-
 
 const char *llmq_qmethod_name(enum llmq_qmethod m) {
     switch (m) {
@@ -73,37 +72,37 @@ struct run {
     struct llmq_forward *f;      // micro-batch forward (micro_batch * seqlen tokens)
     struct llmq_forward *fbig;   // AWQ: all N tokens
     struct llmq_calib_data d;
-    struct llmq_calib_stats s;   // statistics of the current block only
+    struct llmq_calib_stats s; // statistics of the current block only
     bool have_calib;
-    int want_slot;               // hook filter: -1 all, else one slot
-    float *x;                    // (N, D) block input (x_q for gptq, x_fp otherwise)
-    float *xt;                   // (N, D) scratch copy for the extra passes / AWQ's search input
-    float *W;                    // (Rmax, Cmax) the weight handed to a solver
-    float *Q;                    // (Rmax, Cmax) dequantized result / RTN comparison
-    float *H;                    // (Cmax, Cmax) Hessian given to GPTQ (destroyed)
-    float *Hx;                   // (Cmax, Cmax) XᵀX kept for the error
-    float *T;                    // (Rmax, Cmax) product scratch
-    enum llmq_status gemm_st;    // first failed product of rel_err (it returns NaN then); checked per block
-    float *wq[LLMQ_LIN_COUNT];   // (R, C) dequantized weights of the current block (gptq overrides)
+    int want_slot;             // hook filter: -1 all, else one slot
+    float *x;                  // (N, D) block input (x_q for gptq, x_fp otherwise)
+    float *xt;                 // (N, D) scratch copy for the extra passes / AWQ's search input
+    float *W;                  // (Rmax, Cmax) the weight handed to a solver
+    float *Q;                  // (Rmax, Cmax) dequantized result / RTN comparison
+    float *H;                  // (Cmax, Cmax) Hessian given to GPTQ (destroyed)
+    float *Hx;                 // (Cmax, Cmax) XᵀX kept for the error
+    float *T;                  // (Rmax, Cmax) product scratch
+    enum llmq_status gemm_st;  // first failed product of rel_err (it returns NaN then); checked per block
+    float *wq[LLMQ_LIN_COUNT]; // (R, C) dequantized weights of the current block (gptq overrides)
     struct llmq_tensor_view ov[LLMQ_LIN_COUNT];
     const struct llmq_tensor_view *saved[LLMQ_LIN_COUNT];
     bool overridden[LLMQ_LIN_COUNT];
-    struct llmq_qlinear held;    // AWQ: block l-1's down, handed to the writer once block l is bound (see block_awq)
-    int held_layer;              // -1: none
+    struct llmq_qlinear held; // AWQ: block l-1's down, handed to the writer once block l is bound (see block_awq)
+    int held_layer;           // -1: none
     // to_gguf only
-    uint8_t *blk;                // (Rmax, Cmax * 4 bytes) one linear's encoded rows
-    float *imp;                  // (Cmax) importance handed to the encoder / solver
+    uint8_t *blk;                    // (Rmax, Cmax * 4 bytes) one linear's encoded rows
+    float *imp;                      // (Cmax) importance handed to the encoder / solver
     float *simp[LLMQ_CALIB_N_SLOTS]; // (Cmax) AWQ: importance of each block input (mean x² of the fp input)
-    float *fq_qw;                // (Cmax) AWQ search: importance of the scaled input
+    float *fq_qw;                    // (Cmax) AWQ search: importance of the scaled input
     json_t *layers;
     double t0;
     int64_t params_total;
-    struct llmq_eta eta;         // over the block loop; work units: cost_data + cost_solve per linear
-    bool eta_data_early;         // the method credits cost_data after its block passes, not per report
-    double eta_data_weight;      // block passes per linear's data work: 1, AWQ 1 + n_grid (its scale search)
-    double eta_other;            // work of the other tensors (embeddings, output head: their elements), which
-                                 // the writer streams out before block 0's linears; credited at the first report
-    double bits_total;           // Σ bits of codes + scales (f16) + zeros
+    struct llmq_eta eta;    // over the block loop; work units: cost_data + cost_solve per linear
+    bool eta_data_early;    // the method credits cost_data after its block passes, not per report
+    double eta_data_weight; // block passes per linear's data work: 1, AWQ 1 + n_grid (its scale search)
+    double eta_other;       // work of the other tensors (embeddings, output head: their elements), which
+                            // the writer streams out before block 0's linears; credited at the first report
+    double bits_total;      // Σ bits of codes + scales (f16) + zeros
 };
 
 static void hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
@@ -461,7 +460,8 @@ static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const
         if ((st = llmq_gptq_gguf_quantize(name, W, r->H, R, C, t, imp, &go, r->blk, &loss, NULL))) return st;
         err = rel_err(r, r->Q, W, r->Hx, R, C); // W := W0 - Q; restored from the blocks below
         if (!(err < rtn_err)) { // the solver lost on its own objective (little data, a strong encoder): keep RTN
-            llmq_info("quantize: %s: gptq err %.4e >= rtn_err %.4e: written with the encoder alone", name, err, rtn_err);
+            llmq_info("quantize: %s: gptq err %.4e >= rtn_err %.4e: written with the encoder alone", name, err,
+                      rtn_err);
             gptq_err = err;
             err = rtn_err;
             how = fallback_how;
@@ -475,8 +475,8 @@ static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const
     for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(t, r->blk + (size_t)i * rb, W + i * C, C);
     if (st) return st;
     report_linear(r, l, k, R, C, bits, how, t, err, false, loss, rtn_err, llmq_now_s() - t0);
-    if (gptq_err >= 0) json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err",
-                                           json_real(gptq_err));
+    if (gptq_err >= 0)
+        json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err", json_real(gptq_err));
     return LLMQ_OK;
 }
 
@@ -496,7 +496,8 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     for (int g = 0; g < 4 && !st; g++) {
         int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
         if (r->o->true_sequential) {
-            if (g == 0 || g == 2) st = norm_pass(r, l, g == 2);
+            if (g == 0 || g == 2)
+                st = norm_pass(r, l, g == 2);
             else {
                 memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
                 st = block_pass(r, l, r->xt, slot);
@@ -519,8 +520,8 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             struct llmq_qlinear ql = {0};
             memcpy(r->W, r->wq[k], (size_t)(R * C) * sizeof(float));
             if (r->ge) { // importance: the imatrix when given, else diag(H)
-                st = gguf_linear(r, l, k, r->W, Hsrc,
-                                 llmq_gguf_export_linear_importance(r->ge, l, (enum llmq_linear)k), true, "gptq");
+                st = gguf_linear(r, l, k, r->W, Hsrc, llmq_gguf_export_linear_importance(r->ge, l, (enum llmq_linear)k),
+                                 true, "gptq");
                 if (!st) memcpy(r->wq[k], r->W, (size_t)(R * C) * sizeof(float));
             } else {
                 st = gptq_linear(r, l, k, r->W, Hsrc, &ql, "gptq");
@@ -627,7 +628,7 @@ struct gguf_fq {
     float *qw;                        // (Cmax) importance of the scaled input
     uint8_t *blk;                     // (Rmax, Cmax * 4 bytes) the encoded rows
     int n_threads;
-    enum llmq_status st;              // first failure (the callback returns nothing)
+    enum llmq_status st; // first failure (the callback returns nothing)
 };
 
 static void gguf_fake_quant(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0, int64_t n,
@@ -645,7 +646,8 @@ static void gguf_fake_quant(void *user, int layer, enum llmq_linear lin, int64_t
     size_t rb = 0;
     (void)llmq_dtype_nbytes(q->type[lin], n, &rb); // n is whole blocks (lin_group_size)
     enum llmq_status st = llmq_gguf_encode_rows(q->type[lin], w, q->blk, rows, n, qw, q->n_threads);
-    for (int64_t r = 0; r < rows && !st; r++) st = llmq_dequantize_row(q->type[lin], q->blk + (size_t)r * rb, out + r * n, n);
+    for (int64_t r = 0; r < rows && !st; r++)
+        st = llmq_dequantize_row(q->type[lin], q->blk + (size_t)r * rb, out + r * n, n);
     if (st) {
         if (!q->st) q->st = st;
         memcpy(out, w, (size_t)(rows * n) * sizeof(float));
@@ -767,7 +769,10 @@ static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_
         const struct llmq_calib_source *s = &d->src[i];
         json_t *j = json_object();
         json_object_set_new(j, "source", json_string(s->arg));
-        json_object_set_new(j, "kind", json_string(s->kind == LLMQ_CALIB_SELF ? "self" : s->kind == LLMQ_CALIB_NAMED ? "named" : "file"));
+        json_object_set_new(j, "kind",
+                            json_string(s->kind == LLMQ_CALIB_SELF    ? "self"
+                                        : s->kind == LLMQ_CALIB_NAMED ? "named"
+                                                                      : "file"));
         if (s->sha256[0]) json_object_set_new(j, "sha256", json_string(s->sha256));
         json_object_set_new(j, "texts", json_integer(s->n_texts));
         json_object_set_new(j, "tokens", json_integer(s->n_tokens));
@@ -791,8 +796,8 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
                                          "--act-order the block grids are static already)");
     if ((o->act_order || o->static_groups) && !llmq_qmethod_uses_gptq(o->method))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order and --static-groups need --method gptq or awq+gptq");
-    if (o->group_aware && (o->to_gguf || !llmq_qmethod_uses_gptq(o->method) ||
-                           o->act_order || o->static_groups || o->q.group_size <= 0))
+    if (o->group_aware &&
+        (o->to_gguf || !llmq_qmethod_uses_gptq(o->method) || o->act_order || o->static_groups || o->q.group_size <= 0))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-group-aware needs --method gptq or awq+gptq, a group size, "
                                          "not --format gguf, and excludes --act-order and --static-groups");
     enum llmq_status st = llmq_qconfig_check(&o->q, "--bits/--group-size");
@@ -812,8 +817,8 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
                                    "quantize: blk.%lld.%s (%lld x %lld): --group-size %d does not tile its %lld input "
                                    "columns; --group-size %d tiles every linear of the model (or use --group-size -1 "
                                    "for per channel, or --fallback rtn-per-channel)",
-                                   (long long)l, llmq_linear_gguf_name(k), (long long)R, (long long)C, o->q.group_size, (long long)C,
-                                   llmq_export_fit_group(m, o->q.group_size));
+                                   (long long)l, llmq_linear_gguf_name(k), (long long)R, (long long)C, o->q.group_size,
+                                   (long long)C, llmq_export_fit_group(m, o->q.group_size));
         }
     struct llmq_export_opts eo = o->out;
     eo.q = o->q;
@@ -842,7 +847,8 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
                 return llmq_errorf(LLMQ_ERR_ARG,
                                    "quantize: %s: blk.%lld.%s.weight is already quantized (%s); quantizing it again "
                                    "loses more than quantizing the f32 / f16 original: pass --allow-requantize to do "
-                                   "it anyway", m->path, (long long)l, llmq_linear_gguf_name(k), llmq_dtype_name(v->dtype));
+                                   "it anyway",
+                                   m->path, (long long)l, llmq_linear_gguf_name(k), llmq_dtype_name(v->dtype));
         }
     openblas_set_num_threads(o->n_threads);
     r.layers = json_array();
@@ -859,10 +865,10 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
                   r.d.tokens_sha256);
     }
     bool ok = true;
-#define ALLOC(p, n)                                                        \
-    do {                                                                   \
-        (p) = malloc((size_t)(n) * sizeof(*(p)));                          \
-        ok = ok && (p);                                                    \
+#define ALLOC(p, n)                                                                                                    \
+    do {                                                                                                               \
+        (p) = malloc((size_t)(n) * sizeof(*(p)));                                                                      \
+        ok = ok && (p);                                                                                                \
     } while (0)
     ALLOC(r.W, Rmax * Cmax);
     ALLOC(r.Q, Rmax * Cmax);
@@ -923,7 +929,8 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
 
     struct llmq_awq_opts awq_default;
     llmq_awq_opts_default(&awq_default);
-    r.eta_data_weight = o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ ? 1.0 + awq_default.n_grid : 1.0;
+    r.eta_data_weight =
+        o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ ? 1.0 + awq_default.n_grid : 1.0;
     r.eta_other = (double)llmq_tensor_nelements(m->tok_embd) +
                   (m->output && m->output != m->tok_embd ? (double)llmq_tensor_nelements(m->output) : 0);
     double work = r.eta_other;

@@ -86,7 +86,7 @@
 
 enum llmq_qmethod { LLMQ_QMETHOD_RTN, LLMQ_QMETHOD_GPTQ, LLMQ_QMETHOD_AWQ, LLMQ_QMETHOD_AWQ_GPTQ };
 
-const char *llmq_qmethod_name(enum llmq_qmethod m);            // "rtn", "gptq", "awq", "awq+gptq"
+const char *llmq_qmethod_name(enum llmq_qmethod m);             // "rtn", "gptq", "awq", "awq+gptq"
 bool llmq_qmethod_parse(const char *s, enum llmq_qmethod *out); // false when unknown
 // gptq and awq+gptq run the GPTQ solver (and so take its options: order, damping, true-sequential)
 static inline bool llmq_qmethod_uses_gptq(enum llmq_qmethod m) {
@@ -95,25 +95,25 @@ static inline bool llmq_qmethod_uses_gptq(enum llmq_qmethod m) {
 
 struct llmq_quantize_opts {
     enum llmq_qmethod method;
-    struct llmq_qconfig q;          // bits, group size, sym
-    float percdamp;                 // GPTQ damping (0.01)
-    bool act_order, static_groups;  // GPTQ
-    bool group_aware;               // GPTQ: GPTQModel's act_group_aware order (quant/gptq.h step 4); not gguf
-    bool true_sequential;           // GPTQ (default true)
-    bool fallback_rtn_per_channel;  // non-tiled C -> RTN per channel instead of an error
-    bool allow_requantize;          // quantize linears stored in a block type (a Q4_1 GGUF input) instead
-                                    // of refusing the first (LLMQ_ERR_ARG), as quant/gguf_export.h
-                                    // "Requantization"; every linear counts, since every one is re-encoded
-                                    // (to_gguf: gguf.allow_requantize is the switch)
-    struct llmq_calib_opts calib;   // sources etc.; calib.n_sources == 0: no calibration (rtn only)
-    int64_t micro_batch;            // sequences per forward call (8)
+    struct llmq_qconfig q;         // bits, group size, sym
+    float percdamp;                // GPTQ damping (0.01)
+    bool act_order, static_groups; // GPTQ
+    bool group_aware;              // GPTQ: GPTQModel's act_group_aware order (quant/gptq.h step 4); not gguf
+    bool true_sequential;          // GPTQ (default true)
+    bool fallback_rtn_per_channel; // non-tiled C -> RTN per channel instead of an error
+    bool allow_requantize;         // quantize linears stored in a block type (a Q4_1 GGUF input) instead
+                                   // of refusing the first (LLMQ_ERR_ARG), as quant/gguf_export.h
+                                   // "Requantization"; every linear counts, since every one is re-encoded
+                                   // (to_gguf: gguf.allow_requantize is the switch)
+    struct llmq_calib_opts calib;  // sources etc.; calib.n_sources == 0: no calibration (rtn only)
+    int64_t micro_batch;           // sequences per forward call (8)
     int n_threads;
-    enum llmq_backend backend;      // GEMM backend (kernels/gemm.h) of the forward passes, XᵀX, AWQ's search
-                                    // and the layer-error products; CPU by default. The GPTQ solver itself
-                                    // (quant/gptq.h) runs on the CPU.
-    struct llmq_export_opts out;    // format, force, ... (q, provenance filled in by the pipeline)
-    const char *out_dir;            // the output directory, or the .gguf file when to_gguf
-    bool to_gguf;                   // write a GGUF file (quant/gguf_export.h) instead of an HF directory
+    enum llmq_backend backend;         // GEMM backend (kernels/gemm.h) of the forward passes, XᵀX, AWQ's search
+                                       // and the layer-error products; CPU by default. The GPTQ solver itself
+                                       // (quant/gptq.h) runs on the CPU.
+    struct llmq_export_opts out;       // format, force, ... (q, provenance filled in by the pipeline)
+    const char *out_dir;               // the output directory, or the .gguf file when to_gguf
+    bool to_gguf;                      // write a GGUF file (quant/gguf_export.h) instead of an HF directory
     struct llmq_gguf_export_opts gguf; // its options (q, out are then unused)
 };
 

@@ -13,11 +13,10 @@
 
 enum llmq_status llmq_qconfig_check(const struct llmq_qconfig *cfg, const char *what) {
     if (cfg->bits < LLMQ_QBITS_MIN || cfg->bits > LLMQ_QBITS_MAX)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: bits must be in %d..%d, got %d", what, LLMQ_QBITS_MIN,
-                           LLMQ_QBITS_MAX, cfg->bits);
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: bits must be in %d..%d, got %d", what, LLMQ_QBITS_MIN, LLMQ_QBITS_MAX,
+                           cfg->bits);
     if (cfg->group_size != -1 && cfg->group_size < 1)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: group size must be -1 or >= 1, got %d", what,
-                           cfg->group_size);
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: group size must be -1 or >= 1, got %d", what, cfg->group_size);
     return LLMQ_OK;
 }
 
@@ -26,14 +25,12 @@ int64_t llmq_qconfig_n_groups(const struct llmq_qconfig *cfg, int64_t C) {
     return (C + cfg->group_size - 1) / cfg->group_size;
 }
 
-enum llmq_status llmq_qlinear_init(int64_t R, int64_t C, const struct llmq_qconfig *cfg,
-                                   struct llmq_qlinear *out) {
+enum llmq_status llmq_qlinear_init(int64_t R, int64_t C, const struct llmq_qconfig *cfg, struct llmq_qlinear *out) {
     memset(out, 0, sizeof *out);
     enum llmq_status st = llmq_qconfig_check(cfg, "qlinear");
     if (st) return st;
     if (R <= 0 || C <= 0 || R > ((int64_t)1 << 40) / C)
-        return llmq_errorf(LLMQ_ERR_OVERFLOW, "qlinear: bad shape (%lld, %lld)", (long long)R,
-                           (long long)C);
+        return llmq_errorf(LLMQ_ERR_OVERFLOW, "qlinear: bad shape (%lld, %lld)", (long long)R, (long long)C);
     int64_t NG = llmq_qconfig_n_groups(cfg, C);
     out->R = R;
     out->C = C;
@@ -47,11 +44,9 @@ enum llmq_status llmq_qlinear_init(int64_t R, int64_t C, const struct llmq_qconf
     out->g_idx = calloc((size_t)C, sizeof(int32_t));
     if (!out->q || !out->scales || !out->zeros || !out->g_idx) {
         llmq_qlinear_free(out);
-        return llmq_errorf(LLMQ_ERR_NOMEM, "qlinear: out of memory for (%lld, %lld)", (long long)R,
-                           (long long)C);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "qlinear: out of memory for (%lld, %lld)", (long long)R, (long long)C);
     }
-    for (int64_t c = 0; c < C; c++)
-        out->g_idx[c] = cfg->group_size > 0 ? (int32_t)(c / cfg->group_size) : 0;
+    for (int64_t c = 0; c < C; c++) out->g_idx[c] = cfg->group_size > 0 ? (int32_t)(c / cfg->group_size) : 0;
     return LLMQ_OK;
 }
 
@@ -78,8 +73,7 @@ void llmq_qlinear_dequant(const struct llmq_qlinear *ql, float *W_out) {
     }
 }
 
-void llmq_quant_params_gptq(const float *x, int64_t n, int64_t stride, int bits, bool sym, float *scale,
-                            float *zero) {
+void llmq_quant_params_gptq(const float *x, int64_t n, int64_t stride, int bits, bool sym, float *scale, float *zero) {
     const float maxq = (float)((1 << bits) - 1);
     float xmin = 0.0f, xmax = 0.0f; // the range always includes 0
     for (int64_t i = 0; i < n; i++) {
@@ -99,8 +93,7 @@ void llmq_quant_params_gptq(const float *x, int64_t n, int64_t stride, int bits,
     *zero = sym ? (maxq + 1.0f) / 2.0f : rintf(-xmin / *scale);
 }
 
-void llmq_quant_params_awq(const float *x, int64_t n, int64_t stride, int bits, bool sym, float *scale,
-                           float *zero) {
+void llmq_quant_params_awq(const float *x, int64_t n, int64_t stride, int bits, bool sym, float *scale, float *zero) {
     if (sym) {
         float amax = 0.0f;
         for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i * stride]));
@@ -131,8 +124,8 @@ enum llmq_status llmq_rtn_quantize(const char *name, const float *W, int64_t R, 
     if (st) return st;
     for (int64_t i = 0; i < R * C; i++)
         if (!isfinite(W[i]))
-            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: weight (%lld, %lld) is %f", name,
-                               (long long)(i / C), (long long)(i % C), (double)W[i]);
+            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: weight (%lld, %lld) is %f", name, (long long)(i / C),
+                               (long long)(i % C), (double)W[i]);
     st = llmq_qlinear_init(R, C, cfg, out);
     if (st) return st;
     const int64_t NG = out->n_groups, G = cfg->group_size > 0 ? cfg->group_size : C;

@@ -43,11 +43,11 @@ struct llmq_qlinear {
     int64_t R, C;
     int bits, group_size; // group_size as configured (-1 = one group per row)
     bool sym;
-    int64_t n_groups;     // ceil(C / G) (= C / G when G tiles C); 1 when G = -1
-    uint8_t *q;           // (R, C) integer codes 0..2^bits-1, in ORIGINAL column order
-    float *scales;        // (R, n_groups)
-    float *zeros;         // (R, n_groups) integer-valued zero points (sym: 2^(bits-1))
-    int32_t *g_idx;       // (C) group of each input column (c / G without act-order; 0 when G = -1)
+    int64_t n_groups; // ceil(C / G) (= C / G when G tiles C); 1 when G = -1
+    uint8_t *q;       // (R, C) integer codes 0..2^bits-1, in ORIGINAL column order
+    float *scales;    // (R, n_groups)
+    float *zeros;     // (R, n_groups) integer-valued zero points (sym: 2^(bits-1))
+    int32_t *g_idx;   // (C) group of each input column (c / G without act-order; 0 when G = -1)
 };
 
 // Check a config: bits in 2..8, group_size -1 or >= 1. `what` names the layer / flag in the message.
@@ -59,8 +59,7 @@ int64_t llmq_qconfig_n_groups(const struct llmq_qconfig *cfg, int64_t C);
 
 // Allocate out for W (R, C) with cfg (arrays zeroed, g_idx = identity c / G). On failure out is left
 // empty (all NULL) and LLMQ_ERR_ARG / LLMQ_ERR_OVERFLOW / LLMQ_ERR_NOMEM is returned.
-enum llmq_status llmq_qlinear_init(int64_t R, int64_t C, const struct llmq_qconfig *cfg,
-                                   struct llmq_qlinear *out);
+enum llmq_status llmq_qlinear_init(int64_t R, int64_t C, const struct llmq_qconfig *cfg, struct llmq_qlinear *out);
 
 // Free the arrays of ql (not ql itself) and zero it. NULL or an empty ql is a no-op.
 void llmq_qlinear_free(struct llmq_qlinear *ql);
@@ -73,16 +72,16 @@ void llmq_qlinear_dequant(const struct llmq_qlinear *ql, float *W_out);
 // 0); sym: xmax = max(|xmin|, xmax) and xmin = -xmax if xmin < 0 (a range with xmin == 0 stays
 // [0, xmax] — a quirk of the reference kept on purpose); an all-zero range becomes [-1, 1];
 // scale = (xmax - xmin) / maxq; zero = sym ? (maxq + 1) / 2 : round(-xmin / scale). fp32 throughout.
-void llmq_quant_params_gptq(const float *x /* (n) with stride */, int64_t n, int64_t stride, int bits,
-                            bool sym, float *scale, float *zero);
+void llmq_quant_params_gptq(const float *x /* (n) with stride */, int64_t n, int64_t stride, int bits, bool sym,
+                            float *scale, float *zero);
 
 // Grid parameters of one group, AutoAWQ (awq/quantize/quantizer.py pseudo_quantize_tensor, zero point):
 // max_val/min_val over the group (NOT forced to include 0); scale = clamp(max - min, 1e-5) / maxq;
 // zero = clamp(-round(min / scale), 0, maxq). sym (AutoAWQ zero_point=False): scale =
 // clamp(max|x|, 1e-5) / (2^(bits-1) - 1) and codes clamp(round(x / scale), -2^(bits-1), 2^(bits-1) - 1),
 // which on our 0..maxq grid is zero = 2^(bits-1) (the same codes, shifted).
-void llmq_quant_params_awq(const float *x /* (n) with stride */, int64_t n, int64_t stride, int bits,
-                           bool sym, float *scale, float *zero);
+void llmq_quant_params_awq(const float *x /* (n) with stride */, int64_t n, int64_t stride, int bits, bool sym,
+                           float *scale, float *zero);
 
 // One value on the grid: the code clamp(round(w / scale) + zero, 0, maxq).
 static inline uint8_t llmq_quant_code(float w, float scale, float zero, int maxq) {

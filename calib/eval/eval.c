@@ -40,9 +40,7 @@ bool llmq_eval_protocol_from_name(const char *name, enum llmq_eval_protocol *out
     return false;
 }
 
-int64_t llmq_eval_protocol_default_ctx(enum llmq_eval_protocol p) {
-    return p == LLMQ_EVAL_PROTOCOL_GPTQ ? 2048 : 512;
-}
+int64_t llmq_eval_protocol_default_ctx(enum llmq_eval_protocol p) { return p == LLMQ_EVAL_PROTOCOL_GPTQ ? 2048 : 512; }
 
 // ---- text -------------------------------------------------------------------------------------------
 
@@ -178,7 +176,7 @@ struct score_job {
     const int32_t *targets;
     int64_t n_vocab, r0, r1;
     struct llmq_eval_row *rows;
-    int64_t bad_row;      // first row with a non-finite value, -1 if none
+    int64_t bad_row; // first row with a non-finite value, -1 if none
     bool bad_base;
 };
 
@@ -211,8 +209,8 @@ enum llmq_status llmq_eval_score(const float *logits, const float *base, const i
     struct score_job jobs[MAX_THREADS];
     pthread_t tid[MAX_THREADS];
     bool started[MAX_THREADS] = {0};
-    if (n_vocab < 1 || n_rows < 0) return llmq_errorf(LLMQ_ERR_ARG, "eval: bad score shape (%lld, %lld)",
-                                                      (long long)n_rows, (long long)n_vocab);
+    if (n_vocab < 1 || n_rows < 0)
+        return llmq_errorf(LLMQ_ERR_ARG, "eval: bad score shape (%lld, %lld)", (long long)n_rows, (long long)n_vocab);
     for (int64_t r = 0; r < n_rows; r++)
         if (targets[r] < 0 || targets[r] >= n_vocab)
             return llmq_errorf(LLMQ_ERR_ARG, "eval: row %lld: target token %d is outside the vocabulary of %lld",
@@ -220,12 +218,15 @@ enum llmq_status llmq_eval_score(const float *logits, const float *base, const i
     int nt = n_threads < 1 ? 1 : n_threads > MAX_THREADS ? MAX_THREADS : n_threads;
     if (nt > n_rows) nt = n_rows > 0 ? (int)n_rows : 1;
     for (int t = 0; t < nt; t++)
-        jobs[t] = (struct score_job){logits, base, targets, n_vocab, n_rows * t / nt, n_rows * (t + 1) / nt, rows, -1, false};
+        jobs[t] =
+            (struct score_job){logits, base, targets, n_vocab, n_rows * t / nt, n_rows * (t + 1) / nt, rows, -1, false};
     for (int t = 1; t < nt; t++) started[t] = pthread_create(&tid[t], NULL, score_rows, &jobs[t]) == 0;
     score_rows(&jobs[0]);
     for (int t = 1; t < nt; t++) {
-        if (started[t]) pthread_join(tid[t], NULL);
-        else score_rows(&jobs[t]); // could not start a thread: do its share here
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            score_rows(&jobs[t]); // could not start a thread: do its share here
     }
     for (int t = 0; t < nt; t++)
         if (jobs[t].bad_row >= 0)
@@ -236,8 +237,8 @@ enum llmq_status llmq_eval_score(const float *logits, const float *base, const i
 
 // ---- statistics -----------------------------------------------------------------------------------
 
-const double llmq_eval_quantiles[LLMQ_EVAL_N_QUANTILES] = {0.0, 0.001, 0.01, 0.05, 0.10, 0.25, 0.5,
-                                                          0.75, 0.90, 0.95, 0.99, 0.999, 1.0};
+const double llmq_eval_quantiles[LLMQ_EVAL_N_QUANTILES] = {0.0,  0.001, 0.01, 0.05, 0.10,  0.25, 0.5,
+                                                           0.75, 0.90,  0.95, 0.99, 0.999, 1.0};
 
 enum llmq_status llmq_eval_stats_add(struct llmq_eval_stats *s, const struct llmq_eval_row *rows, int64_t n) {
     if (s->kld && s->count + n > s->cap) {
@@ -388,8 +389,8 @@ static enum llmq_status header_check(const char *what, const struct llmq_logits_
                            (long long)MAX_CHUNKS);
     int64_t first = h->protocol == LLMQ_EVAL_PROTOCOL_LLAMACPP ? h->n_ctx / 2 : 0;
     if (h->first != first)
-        return llmq_errorf(bad, "%s: first scored position %lld, expected %lld for protocol %s and n_ctx %lld",
-                           what, (long long)h->first, (long long)first, llmq_eval_protocol_name(h->protocol),
+        return llmq_errorf(bad, "%s: first scored position %lld, expected %lld for protocol %s and n_ctx %lld", what,
+                           (long long)h->first, (long long)first, llmq_eval_protocol_name(h->protocol),
                            (long long)h->n_ctx);
     if (h->n_rows != h->n_ctx - 1 - h->first || h->n_rows < 1)
         return llmq_errorf(bad, "%s: n_rows %lld, expected n_ctx - 1 - first = %lld (at least 1)", what,
@@ -518,9 +519,9 @@ struct llmq_logits_file {
     char *path;
     int fd;
     struct llmq_logits_header h;
-    int32_t *tokens;    // (n_chunks, n_ctx)
-    uint64_t data_off;  // D
-    uint16_t *half;     // (n_vocab) read buffer for f16 rows
+    int32_t *tokens;   // (n_chunks, n_ctx)
+    uint64_t data_off; // D
+    uint16_t *half;    // (n_vocab) read buffer for f16 rows
 };
 
 void llmq_logits_close(struct llmq_logits_file *f) {
@@ -568,8 +569,8 @@ enum llmq_status llmq_logits_open(const char *path, struct llmq_logits_file **ou
         goto fail;
     }
     if ((uint64_t)sb.st_size < 8 || (st = read_at(f, hdr, 8, 0, "magic"))) {
-        if ((uint64_t)sb.st_size < 8) st = llmq_errorf(LLMQ_ERR_MAGIC, "%s: not an llmq logits file (%lld bytes)", path,
-                                                       (long long)sb.st_size);
+        if ((uint64_t)sb.st_size < 8)
+            st = llmq_errorf(LLMQ_ERR_MAGIC, "%s: not an llmq logits file (%lld bytes)", path, (long long)sb.st_size);
         goto fail;
     }
     if (memcmp(hdr, LLMQ_LOGITS_MAGIC, 8) != 0) {
@@ -632,8 +633,8 @@ enum llmq_status llmq_logits_open(const char *path, struct llmq_logits_file **ou
     for (size_t i = 0; i < n_tok; i++) {
         f->tokens[i] = (int32_t)get_u32((const uint8_t *)&f->tokens[i]);
         if (f->tokens[i] < 0 || f->tokens[i] >= f->h.n_vocab) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: token %zu (chunk %lld) = %d is outside the vocabulary of %lld", path,
-                             i, (long long)(i / (size_t)f->h.n_ctx), f->tokens[i], (long long)f->h.n_vocab);
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: token %zu (chunk %lld) = %d is outside the vocabulary of %lld",
+                             path, i, (long long)(i / (size_t)f->h.n_ctx), f->tokens[i], (long long)f->h.n_vocab);
             goto fail;
         }
     }

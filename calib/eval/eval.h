@@ -18,17 +18,15 @@
  * llamacpp (llama.cpp tools/perplexity, perplexity()): the text, read as `-f` reads it (one
  *   trailing '\n' removed: cli/cmd_eval.c does that), is tokenized once with add_special (a BOS in
  *   front when the model adds BOS) and without parsing special-token texts. K_max = T / n chunks of
- *   n consecutive tokens, no overlap, the tail dropped. When the model adds BOS, position 0 of EVERY chunk is replaced by BOS
- *   (the token it replaces is lost, exactly as llama.cpp does; for chunk 0 it already is BOS). Only
- *   the second half is scored: first = n/2, row r = position first + r predicts the token at
- *   first + r + 1, for r in [0, R), R = n - 1 - first (255 for n = 512). llama.cpp refuses texts
- *   under 2n tokens; llmq needs one full chunk.
- * gptq (IST-DASLab/gptq datautils.get_wikitext2 + llama_eval): the dataset rows joined with "\n\n",
- *   tokenized once (HF tokenizers add BOS once at the front when the model adds BOS), K_max = T / n
- *   windows of n tokens (n = 2048 by default), tail dropped, no BOS per window. Every position but
- *   the last predicts the next token: first = 0, R = n - 1 (the reference computes the mean loss over
- *   the n - 1 shifted labels and multiplies it by n, so exp(Σ NLL / (K·n)) there equals exp(mean NLL
- *   over the K·(n-1) scored tokens) here). For a plain-text file the rows are its lines: see
+ *   n consecutive tokens, no overlap, the tail dropped. When the model adds BOS, position 0 of EVERY chunk is replaced
+ * by BOS (the token it replaces is lost, exactly as llama.cpp does; for chunk 0 it already is BOS). Only the second
+ * half is scored: first = n/2, row r = position first + r predicts the token at first + r + 1, for r in [0, R), R = n -
+ * 1 - first (255 for n = 512). llama.cpp refuses texts under 2n tokens; llmq needs one full chunk. gptq
+ * (IST-DASLab/gptq datautils.get_wikitext2 + llama_eval): the dataset rows joined with "\n\n", tokenized once (HF
+ * tokenizers add BOS once at the front when the model adds BOS), K_max = T / n windows of n tokens (n = 2048 by
+ * default), tail dropped, no BOS per window. Every position but the last predicts the next token: first = 0, R = n - 1
+ * (the reference computes the mean loss over the n - 1 shifted labels and multiplies it by n, so exp(Σ NLL / (K·n))
+ * there equals exp(mean NLL over the K·(n-1) scored tokens) here). For a plain-text file the rows are its lines: see
  *   llmq_eval_join_rows.
  * Both report ppl = exp(mean NLL) and its uncertainty ppl · stderr(NLL) where
  * stderr = sqrt((mean(NLL²) − mean(NLL)²) / (count − 1)) (llama.cpp's "Final estimate: PPL = x +/- y").
@@ -96,9 +94,9 @@ struct llmq_model;
 
 enum llmq_eval_protocol { LLMQ_EVAL_PROTOCOL_LLAMACPP = 0, LLMQ_EVAL_PROTOCOL_GPTQ = 1, LLMQ_EVAL_PROTOCOL_COUNT };
 
-const char *llmq_eval_protocol_name(enum llmq_eval_protocol p);                 // "llamacpp", "gptq", "?"
+const char *llmq_eval_protocol_name(enum llmq_eval_protocol p);                    // "llamacpp", "gptq", "?"
 bool llmq_eval_protocol_from_name(const char *name, enum llmq_eval_protocol *out); // false if unknown
-int64_t llmq_eval_protocol_default_ctx(enum llmq_eval_protocol p);              // 512, 2048
+int64_t llmq_eval_protocol_default_ctx(enum llmq_eval_protocol p);                 // 512, 2048
 
 // ---- text ------------------------------------------------------------------------------------------
 
@@ -139,11 +137,11 @@ void llmq_eval_chunk_tokens(const struct llmq_eval_plan *plan, const int32_t *to
 // ---- per-position math -------------------------------------------------------------------------------
 
 struct llmq_eval_row {
-    double nll;          // −log p(target) under the model
-    double nll_base;     // −log p_base(target) (KLD mode; else 0)
-    double kld;          // KL(base ‖ model) over the vocabulary (KLD mode; else 0)
-    int32_t top;         // argmax of the model's logits (first maximum)
-    int32_t top_base;    // argmax of the base logits (KLD mode; else -1)
+    double nll;       // −log p(target) under the model
+    double nll_base;  // −log p_base(target) (KLD mode; else 0)
+    double kld;       // KL(base ‖ model) over the vocabulary (KLD mode; else 0)
+    int32_t top;      // argmax of the model's logits (first maximum)
+    int32_t top_base; // argmax of the base logits (KLD mode; else -1)
 };
 
 // −log softmax(logits)[target] with the max subtracted and Σexp accumulated in double (the
@@ -192,21 +190,21 @@ void llmq_eval_stats_free(struct llmq_eval_stats *s); // frees the value arrays;
 extern const double llmq_eval_quantiles[LLMQ_EVAL_N_QUANTILES];
 
 struct llmq_eval_result {
-    int64_t count;                     // scored positions
-    double nll_mean, nll_stderr;       // mean NLL and its standard error
-    double ppl, ppl_unc;               // exp(nll_mean), ppl · nll_stderr
+    int64_t count;               // scored positions
+    double nll_mean, nll_stderr; // mean NLL and its standard error
+    double ppl, ppl_unc;         // exp(nll_mean), ppl · nll_stderr
     // KLD mode only (zero otherwise):
     bool kld;
     double ppl_base, ppl_base_unc;
-    double log_ppl_cor;                // correlation of NLL and NLL_base
+    double log_ppl_cor;                      // correlation of NLL and NLL_base
     double log_ppl_ratio, log_ppl_ratio_unc; // mean ln(PPL/PPL_base)
     double ppl_ratio, ppl_ratio_unc, ppl_diff, ppl_diff_unc;
     double kld_mean, kld_unc;
     double kld_q[LLMQ_EVAL_N_QUANTILES];
-    double p_diff_mean, p_diff_unc;    // Δp as a fraction (print ×100 for %)
+    double p_diff_mean, p_diff_unc; // Δp as a fraction (print ×100 for %)
     double p_diff_rms, p_diff_rms_unc, p_diff_max_abs;
     double p_diff_q[LLMQ_EVAL_N_QUANTILES];
-    double same_top, same_top_unc;     // fraction of positions with the same top-1 token
+    double same_top, same_top_unc; // fraction of positions with the same top-1 token
 };
 
 // Computes the figures (sorts the value arrays in place). count == 0 gives all zeros.
@@ -219,7 +217,7 @@ void llmq_eval_stats_result(struct llmq_eval_stats *s, struct llmq_eval_result *
 #define LLMQ_LOGITS_HEADER_SIZE 128
 
 struct llmq_logits_header {
-    enum llmq_dtype dtype;              // LLMQ_DTYPE_F32 or LLMQ_DTYPE_F16
+    enum llmq_dtype dtype; // LLMQ_DTYPE_F32 or LLMQ_DTYPE_F16
     enum llmq_eval_protocol protocol;
     int64_t n_vocab, n_ctx, n_chunks, first, n_rows, n_text_tokens;
     uint8_t text_sha256[32];
@@ -258,23 +256,23 @@ void llmq_logits_close(struct llmq_logits_file *f); // NULL is a no-op
 // ---- the evaluation loop (drives calib/model/forward.h) ---------------------------------------------------
 
 struct llmq_eval_progress {
-    int64_t chunk;      // chunks done
-    int64_t n_chunks;   // K
-    double elapsed_s;   // wall time of the loop so far
-    double ppl;         // running exp(mean NLL)
-    double kld_mean;    // running mean KLD (KLD modes), else 0
+    int64_t chunk;    // chunks done
+    int64_t n_chunks; // K
+    double elapsed_s; // wall time of the loop so far
+    double ppl;       // running exp(mean NLL)
+    double kld_mean;  // running mean KLD (KLD modes), else 0
 };
 
 struct llmq_eval_opts {
     enum llmq_eval_protocol protocol;
-    int64_t n_ctx;              // <= 0: protocol default
-    int64_t max_chunks;         // < 0: all
-    int n_threads;              // forward pass and scoring threads (>= 1)
-    enum llmq_backend backend;  // GEMM backend of the forward passes (calib/model/forward.h); 0 = CPU
-    enum llmq_emulate emulate;  // arithmetic of the forward passes (calib/model/actq.h); 0: llmq's f32
-    const char *save_logits;    // llmq_eval_ppl only: write the logits file here (NULL: no)
+    int64_t n_ctx;                // <= 0: protocol default
+    int64_t max_chunks;           // < 0: all
+    int n_threads;                // forward pass and scoring threads (>= 1)
+    enum llmq_backend backend;    // GEMM backend of the forward passes (calib/model/forward.h); 0 = CPU
+    enum llmq_emulate emulate;    // arithmetic of the forward passes (calib/model/actq.h); 0: llmq's f32
+    const char *save_logits;      // llmq_eval_ppl only: write the logits file here (NULL: no)
     enum llmq_dtype logits_dtype; // F32 or F16 for save_logits
-    const uint8_t *text_sha256; // (32) recorded in the logits file; may be NULL (zeros)
+    const uint8_t *text_sha256;   // (32) recorded in the logits file; may be NULL (zeros)
     void (*progress)(void *user, const struct llmq_eval_progress *p); // after every chunk; may be NULL
     void *progress_user;
 };
@@ -282,9 +280,9 @@ struct llmq_eval_opts {
 struct llmq_eval_report {
     struct llmq_eval_plan plan;
     struct llmq_eval_result res;
-    int64_t tokens_evaluated;   // K·n tokens through each model's forward pass
-    double seconds;             // wall time of the chunk loop (forward + scoring + file I/O)
-    double tokens_per_s;        // tokens_evaluated / seconds (in KLD-base mode both models' passes)
+    int64_t tokens_evaluated; // K·n tokens through each model's forward pass
+    double seconds;           // wall time of the chunk loop (forward + scoring + file I/O)
+    double tokens_per_s;      // tokens_evaluated / seconds (in KLD-base mode both models' passes)
 };
 
 // Perplexity of m on tokens (T) under opts (optionally saving the logits file).
@@ -293,8 +291,8 @@ enum llmq_status llmq_eval_ppl(const struct llmq_model *m, const int32_t *tokens
 // KLD of m against base, both run in this process chunk by chunk (one chunk of logits of each in
 // memory). The tokens come from base's tokenizer; m must have the same vocabulary (checked:
 // LLMQ_ERR_ARG naming both paths otherwise). The plan's BOS comes from base.
-enum llmq_status llmq_eval_kld_models(const struct llmq_model *base, const struct llmq_model *m,
-                                      const int32_t *tokens, int64_t n_tokens, const struct llmq_eval_opts *opts,
+enum llmq_status llmq_eval_kld_models(const struct llmq_model *base, const struct llmq_model *m, const int32_t *tokens,
+                                      int64_t n_tokens, const struct llmq_eval_opts *opts,
                                       struct llmq_eval_report *out);
 // KLD of m against a logits file: the chunks, protocol and context come from the file (opts->protocol,
 // n_ctx are ignored; max_chunks may cut the chunk count). n_vocab must match (LLMQ_ERR_ARG).

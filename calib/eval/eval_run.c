@@ -102,9 +102,14 @@ static enum llmq_status run_eval(const struct llmq_model *m, const struct llmq_m
         goto done;
     }
     if (o->save_logits && !kld) {
-        struct llmq_logits_header h = {.dtype = o->logits_dtype, .protocol = plan->protocol, .n_vocab = V,
-                                       .n_ctx = n, .n_chunks = plan->n_chunks, .first = plan->first,
-                                       .n_rows = plan->n_rows, .n_text_tokens = plan->n_tokens};
+        struct llmq_logits_header h = {.dtype = o->logits_dtype,
+                                       .protocol = plan->protocol,
+                                       .n_vocab = V,
+                                       .n_ctx = n,
+                                       .n_chunks = plan->n_chunks,
+                                       .first = plan->first,
+                                       .n_rows = plan->n_rows,
+                                       .n_text_tokens = plan->n_tokens};
         if (o->text_sha256) memcpy(h.text_sha256, o->text_sha256, 32);
         int32_t *all = malloc((size_t)(plan->n_chunks * n) * sizeof(int32_t));
         if (!all) {
@@ -119,8 +124,10 @@ static enum llmq_status run_eval(const struct llmq_model *m, const struct llmq_m
 
     double t0 = llmq_now_s();
     for (int64_t k = 0; k < plan->n_chunks; k++) {
-        if (lf) memcpy(r.chunk, llmq_logits_tokens(lf) + k * n, (size_t)n * sizeof(int32_t));
-        else llmq_eval_chunk_tokens(plan, tokens, k, r.chunk);
+        if (lf)
+            memcpy(r.chunk, llmq_logits_tokens(lf) + k * n, (size_t)n * sizeof(int32_t));
+        else
+            llmq_eval_chunk_tokens(plan, tokens, k, r.chunk);
         if ((st = run_blocks(r.fm, m, r.chunk, n, r.xm))) goto done;
         if (base && (st = run_blocks(r.fb, base, r.chunk, n, r.xb))) goto done;
         for (int64_t r0 = 0; r0 < plan->n_rows; r0 += slice) {
@@ -168,8 +175,8 @@ enum llmq_status llmq_eval_ppl(const struct llmq_model *m, const int32_t *tokens
     return run_eval(m, NULL, NULL, tokens, &plan, opts, out);
 }
 
-enum llmq_status llmq_eval_kld_models(const struct llmq_model *base, const struct llmq_model *m,
-                                      const int32_t *tokens, int64_t n_tokens, const struct llmq_eval_opts *opts,
+enum llmq_status llmq_eval_kld_models(const struct llmq_model *base, const struct llmq_model *m, const int32_t *tokens,
+                                      int64_t n_tokens, const struct llmq_eval_opts *opts,
                                       struct llmq_eval_report *out) {
     struct llmq_eval_plan plan;
     if (!llmq_eval_same_vocab(base, m))
@@ -190,9 +197,14 @@ enum llmq_status llmq_eval_kld_file(struct llmq_logits_file *f, const struct llm
         return llmq_errorf(LLMQ_ERR_ARG, "eval: the logits file has a vocabulary of %lld, %s has %lld",
                            (long long)h->n_vocab, m->path, (long long)m->hp.n_vocab);
     struct llmq_eval_plan plan = {
-        .protocol = h->protocol, .n_tokens = h->n_text_tokens, .n_ctx = h->n_ctx, .n_chunks_max = h->n_chunks,
+        .protocol = h->protocol,
+        .n_tokens = h->n_text_tokens,
+        .n_ctx = h->n_ctx,
+        .n_chunks_max = h->n_chunks,
         .n_chunks = opts->max_chunks < 0 || opts->max_chunks > h->n_chunks ? h->n_chunks : opts->max_chunks,
-        .first = h->first, .n_rows = h->n_rows, .bos = -1, // the stored chunks already carry their BOS
+        .first = h->first,
+        .n_rows = h->n_rows,
+        .bos = -1, // the stored chunks already carry their BOS
     };
     struct llmq_eval_opts o = *opts;
     o.save_logits = NULL;

@@ -11,9 +11,7 @@
 
 static const char *const names[LLMQ_EMULATE_COUNT] = {"none", "llamacpp-cpu", "llamacpp-cpu-nofa"};
 
-const char *llmq_emulate_name(enum llmq_emulate e) {
-    return (unsigned)e < LLMQ_EMULATE_COUNT ? names[e] : "?";
-}
+const char *llmq_emulate_name(enum llmq_emulate e) { return (unsigned)e < LLMQ_EMULATE_COUNT ? names[e] : "?"; }
 
 bool llmq_emulate_from_name(const char *name, enum llmq_emulate *out) {
     for (int i = 0; i < LLMQ_EMULATE_COUNT; i++)
@@ -114,6 +112,4 @@ void llmq_actq_round_row(enum llmq_dtype vt, const float *x, int64_t C, float *y
     }
 }
 
-void llmq_actq_round_f16(float *x, int64_t n) {
-    llmq_actq_round_row(LLMQ_DTYPE_F16, x, n, x);
-}
+void llmq_actq_round_f16(float *x, int64_t n) { llmq_actq_round_row(LLMQ_DTYPE_F16, x, n, x); }

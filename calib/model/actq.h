@@ -53,7 +53,7 @@ enum llmq_emulate {
     LLMQ_EMULATE_COUNT
 };
 
-const char *llmq_emulate_name(enum llmq_emulate e);                    // "none", "llamacpp-cpu", "llamacpp-cpu-nofa", "?"
+const char *llmq_emulate_name(enum llmq_emulate e); // "none", "llamacpp-cpu", "llamacpp-cpu-nofa", "?"
 bool llmq_emulate_from_name(const char *name, enum llmq_emulate *out); // false if unknown
 
 // The type llama.cpp's CPU backend converts the activations to before multiplying them with a weight

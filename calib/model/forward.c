@@ -31,20 +31,20 @@
 #include <string.h>
 
 #define MAX_THREADS 256
-#define RB 64                       // query rows per attention task
-#define HEAD_MIN_ROWS 4096          // the output head is converted in chunks of at least this many rows
-#define SERIAL_WORK (1LL << 18)     // multiply-adds below which an op runs on the calling thread
+#define RB 64                   // query rows per attention task
+#define HEAD_MIN_ROWS 4096      // the output head is converted in chunks of at least this many rows
+#define SERIAL_WORK (1LL << 18) // multiply-adds below which an op runs on the calling thread
 
 struct llmq_forward {
     const struct llmq_model *m;
     int n_threads;
     int64_t max_tokens;
-    int blas_saved; // OpenBLAS thread count to restore (0: not changed)
+    int blas_saved;            // OpenBLAS thread count to restore (0: not changed)
     enum llmq_backend backend; // of the linear / head products (llmq_forward_set_backend); CPU by default
     enum llmq_emulate emulate; // calib/model/actq.h; NONE: plain f32
-    float *xq;       // (max_tokens, max(D, Dq, F)) a linear input rounded as llama.cpp would (emulate only)
+    float *xq;                 // (max_tokens, max(D, Dq, F)) a linear input rounded as llama.cpp would (emulate only)
 
-    float *wbuf;     // (wbuf_n) f32 copy of the weight rows in use
+    float *wbuf; // (wbuf_n) f32 copy of the weight rows in use
     int64_t wbuf_n;
     float *norms;    // (2 * n_layer + 1, D): attn_norm, ffn_norm per layer, then output_norm
     float *bias;     // (n_layer, Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
@@ -53,16 +53,16 @@ struct llmq_forward {
     float *rope_cos; // (n_pos, Dh/2) cos(pos * theta_i / ff_i)
     float *rope_sin; // (n_pos, Dh/2)
 
-    float *x;        // (max_tokens, D) hidden state of llmq_forward_logits (allocated by its first call)
-    float *xn;       // (max_tokens, D) normalized input of a linear layer
-    float *q;        // (max_tokens, Dq)
-    float *k;        // (max_tokens, Dkv)
-    float *v;        // (max_tokens, Dkv)
-    float *att;      // (max_tokens, Dq) attention output (input of o_proj)
-    float *gate;     // (max_tokens, F) gate, then silu(gate) * up (input of down_proj)
-    float *up;       // (max_tokens, F)
-    float *out;      // (max_tokens, D) output of the attention / MLP of a block, added to x
-    float *scores;   // (n_threads, RB, n_pos) attention scores per worker
+    float *x;      // (max_tokens, D) hidden state of llmq_forward_logits (allocated by its first call)
+    float *xn;     // (max_tokens, D) normalized input of a linear layer
+    float *q;      // (max_tokens, Dq)
+    float *k;      // (max_tokens, Dkv)
+    float *v;      // (max_tokens, Dkv)
+    float *att;    // (max_tokens, Dq) attention output (input of o_proj)
+    float *gate;   // (max_tokens, F) gate, then silu(gate) * up (input of down_proj)
+    float *up;     // (max_tokens, F)
+    float *out;    // (max_tokens, D) output of the attention / MLP of a block, added to x
+    float *scores; // (n_threads, RB, n_pos) attention scores per worker
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -98,8 +98,10 @@ static void parallel(int nth, par_fn fn, void *ctx) {
     for (int i = 1; i < nth; i++) started[i] = pthread_create(&tid[i], NULL, par_main, &args[i]) == 0;
     fn(ctx, 0, nth);
     for (int i = 1; i < nth; i++) {
-        if (started[i]) pthread_join(tid[i], NULL);
-        else fn(ctx, i, nth);
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else
+            fn(ctx, i, nth);
     }
 }
 
@@ -145,10 +147,10 @@ struct linear_ctx {
     int64_t r0, nr;                   // rows [r0, r0 + nr) of w
     const float *X;                   // (n, C)
     int64_t n, C;
-    float *Y;                         // (n, ldy): columns [0, nr) written
+    float *Y; // (n, ldy): columns [0, nr) written
     int64_t ldy;
-    float beta;                       // 0: Y = X W^T; 1: Y += X W^T
-    bool convert_only;                // device GEMM: the workers only convert their rows into wbuf
+    float beta;        // 0: Y = X W^T; 1: Y += X W^T
+    bool convert_only; // device GEMM: the workers only convert their rows into wbuf
     enum llmq_status st[MAX_THREADS];
 };
 
@@ -168,8 +170,8 @@ static void linear_worker(void *p, int ith, int nth) {
         W = dst;
     }
     if (c->convert_only) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->n, (int)(b - a), (int)c->C, 1.0f, c->X, (int)c->C,
-                W, (int)c->C, c->beta, c->Y + a, (int)c->ldy);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->n, (int)(b - a), (int)c->C, 1.0f, c->X, (int)c->C, W,
+                (int)c->C, c->beta, c->Y + a, (int)c->ldy);
 }
 
 struct actq_ctx {
@@ -202,8 +204,17 @@ static enum llmq_status linear_rows(struct llmq_forward *f, const struct llmq_te
                                     const float *X, int64_t n, float *Y, int64_t ldy, float beta) {
     if (f->emulate) X = emulate_input(f, w, X, n);
     const bool dev = llmq_gemm_on_device(f->backend, n, nr, w->shape[1]);
-    struct linear_ctx c = {.f = f, .w = w, .r0 = r0, .nr = nr, .X = X, .n = n, .C = w->shape[1],
-                           .Y = Y, .ldy = ldy, .beta = beta, .convert_only = dev};
+    struct linear_ctx c = {.f = f,
+                           .w = w,
+                           .r0 = r0,
+                           .nr = nr,
+                           .X = X,
+                           .n = n,
+                           .C = w->shape[1],
+                           .Y = Y,
+                           .ldy = ldy,
+                           .beta = beta,
+                           .convert_only = dev};
     int nth = threads_for(f, n * nr * c.C);
     if (nth > (nr + 15) / 16) nth = (int)((nr + 15) / 16);
     if (nth < 1) nth = 1;
@@ -251,7 +262,7 @@ static void rms_norm(struct llmq_forward *f, const float *x, const float *w, flo
 
 struct rope_ctx {
     struct llmq_forward *f;
-    float *q, *k;    // (n, Dq), (n, Dkv)
+    float *q, *k; // (n, Dq), (n, Dkv)
     int64_t n, seqlen;
 };
 
@@ -307,9 +318,9 @@ static void attn_worker(void *p, int ith, int nth) {
         int64_t s = rest / H, h = rest % H, hk = h / group;
         int64_t t0 = rb * RB, t1 = t0 + RB < c->seqlen ? t0 + RB : c->seqlen, nk = t1, m = t1 - t0;
         const float *Q = f->q + (s * c->seqlen + t0) * Dq + h * Dh; // (m, Dh), ld Dq
-        const float *K = f->k + s * c->seqlen * Dkv + hk * Dh;     // (nk, Dh), ld Dkv
-        const float *Vv = f->v + s * c->seqlen * Dkv + hk * Dh;    // (nk, Dh), ld Dkv
-        float *O = f->att + (s * c->seqlen + t0) * Dq + h * Dh;    // (m, Dh), ld Dq
+        const float *K = f->k + s * c->seqlen * Dkv + hk * Dh;      // (nk, Dh), ld Dkv
+        const float *Vv = f->v + s * c->seqlen * Dkv + hk * Dh;     // (nk, Dh), ld Dkv
+        float *O = f->att + (s * c->seqlen + t0) * Dq + h * Dh;     // (m, Dh), ld Dq
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nk, (int)Dh, 1.0f, Q, (int)Dq, K, (int)Dkv,
                     0.0f, S, (int)nk);
         for (int64_t i = 0; i < m; i++) {
@@ -466,7 +477,8 @@ void llmq_forward_free(struct llmq_forward *f) {
 }
 
 enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emulate e) {
-    if ((unsigned)e >= LLMQ_EMULATE_COUNT) return llmq_errorf(LLMQ_ERR_ARG, "forward: emulation mode %d unknown", (int)e);
+    if ((unsigned)e >= LLMQ_EMULATE_COUNT)
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: emulation mode %d unknown", (int)e);
     const struct llmq_hparams *hp = &f->m->hp;
     int64_t c = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
     if (hp->n_head * hp->head_dim > c) c = hp->n_head * hp->head_dim;
@@ -488,7 +500,8 @@ static enum llmq_status ensure_positions(struct llmq_forward *f, int64_t seqlen)
     float *s = c ? realloc(f->rope_sin, (size_t)(seqlen * half) * sizeof(float)) : NULL;
     if (s) f->rope_sin = s;
     float *sc = s ? realloc(f->scores, (size_t)((int64_t)f->n_threads * RB * seqlen) * sizeof(float)) : NULL;
-    if (!sc) return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for sequences of %lld tokens", (long long)seqlen);
+    if (!sc)
+        return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for sequences of %lld tokens", (long long)seqlen);
     f->scores = sc;
     const float theta_scale = powf(hp->rope_theta, -2.0f / (float)hp->head_dim);
     for (int64_t p = 0; p < seqlen; p++) {
@@ -513,7 +526,8 @@ enum llmq_status llmq_forward_embed(struct llmq_forward *f, const int32_t *token
     const int64_t D = m->hp.n_embd;
     for (int64_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= m->hp.n_vocab)
-            return llmq_errorf(LLMQ_ERR_ARG, "forward: token id %d at position %lld is outside the vocabulary [0, %lld)",
+            return llmq_errorf(LLMQ_ERR_ARG,
+                               "forward: token id %d at position %lld is outside the vocabulary [0, %lld)",
                                (int)tokens[i], (long long)i, (long long)m->hp.n_vocab);
     }
     for (int64_t i = 0; i < n; i++) {
@@ -620,8 +634,8 @@ static enum llmq_status check_block_args(const struct llmq_forward *f, int layer
     return LLMQ_OK;
 }
 
-enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq,
-                                   int64_t seqlen, float *out) {
+enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
+                                   float *out) {
     enum llmq_status st = check_block_args(f, layer, n_seq, seqlen);
     if (!st) st = ensure_positions(f, seqlen);
     if (st) return st;

@@ -72,8 +72,8 @@ enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emul
 
 // One sequence of n tokens (tokens (n)) from position 0 (prefill, causal). Writes the logits of
 // positions [first_logit, n) into logits: ((n - first_logit), V) floats, row-major.
-enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *tokens, int64_t n,
-                                     int64_t first_logit, float *logits);
+enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *tokens, int64_t n, int64_t first_logit,
+                                     float *logits);
 
 // ---- Block-by-block API (the calibration runner drives the model this way) ---------------------
 // x is (n_seq * seqlen, D): n_seq independent causal sequences of seqlen tokens each, back to back,
@@ -102,8 +102,8 @@ enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x,
 // out (n_seq * seqlen, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) of block
 // `layer` for the normed input xn (n_seq * seqlen, D) (not modified), n_seq * seqlen <= max_tokens.
 // out must not alias xn. Errors as llmq_forward_block.
-enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq,
-                                   int64_t seqlen, float *out);
+enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
+                                   float *out);
 
 // out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) of block `layer` for xn (n, D) (not modified),
 // 1 <= n <= max_tokens. out must not alias xn.

@@ -77,8 +77,10 @@ enum llmq_status llmq_model_weight_f32(const struct llmq_tensor_view *w, float *
     for (int i = 1; i < n_threads; i++) started[i] = pthread_create(&tid[i], NULL, conv_worker, &jobs[i]) == 0;
     conv_worker(&jobs[0]);
     for (int i = 1; i < n_threads; i++) {
-        if (started[i]) pthread_join(tid[i], NULL);
-        else conv_worker(&jobs[i]); // could not start a thread: do its share here
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else
+            conv_worker(&jobs[i]); // could not start a thread: do its share here
     }
     for (int i = 0; i < n_threads; i++)
         if (jobs[i].st != LLMQ_OK) return jobs[i].st;
@@ -111,8 +113,8 @@ static const struct llmq_tensor_view *find_tensor(const struct llmq_model *m, co
 
 // Finds tensor `name` and checks it has n_dims dims equal to (d0[, d1]) and a dtype that converts.
 // `what` names where the expectation comes from, for the message.
-static enum llmq_status get_tensor(const struct llmq_model *m, const char *name, bool required, int n_dims,
-                                   int64_t d0, int64_t d1, const char *what, const struct llmq_tensor_view **out) {
+static enum llmq_status get_tensor(const struct llmq_model *m, const char *name, bool required, int n_dims, int64_t d0,
+                                   int64_t d1, const char *what, const struct llmq_tensor_view **out) {
     const struct llmq_tensor_view *t = find_tensor(m, name);
     *out = NULL;
     if (!t) {
@@ -143,8 +145,8 @@ static enum llmq_status check_hparams(const struct llmq_model *m, const char *wh
     struct {
         const char *name;
         int64_t v;
-    } dims[] = {{"n_embd", hp->n_embd},   {"n_ff", hp->n_ff},         {"n_layer", hp->n_layer},
-                {"n_head", hp->n_head},   {"n_head_kv", hp->n_head_kv}, {"head_dim", hp->head_dim},
+    } dims[] = {{"n_embd", hp->n_embd},  {"n_ff", hp->n_ff},           {"n_layer", hp->n_layer},
+                {"n_head", hp->n_head},  {"n_head_kv", hp->n_head_kv}, {"head_dim", hp->head_dim},
                 {"n_vocab", hp->n_vocab}};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i].v < 1 || dims[i].v > MAX_DIM)
@@ -203,8 +205,8 @@ static enum llmq_status qtensor(const struct llmq_model *m, const char *prefix, 
     *out = NULL;
     if (!t) {
         if (!required) return LLMQ_OK;
-        return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s (nor %s.weight) for %s quantization",
-                           src_name(m), name, prefix, m->quant->method);
+        return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s (nor %s.weight) for %s quantization", src_name(m),
+                           name, prefix, m->quant->method);
     }
     if (t->n_dims != n_dims || t->shape[0] != d0 || (n_dims == 2 && t->shape[1] != d1)) {
         char got[96];
@@ -213,9 +215,9 @@ static enum llmq_status qtensor(const struct llmq_model *m, const char *prefix, 
             return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld] (%s, %d bits, group %d)",
                                src_name(m), name, got, (long long)d0, m->quant->method, m->quant->bits,
                                m->quant->group_size);
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld, %lld] (%s, %d bits, group %d)",
-                           src_name(m), name, got, (long long)d0, (long long)d1, m->quant->method, m->quant->bits,
-                           m->quant->group_size);
+        return llmq_errorf(
+            LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld, %lld] (%s, %d bits, group %d)", src_name(m),
+            name, got, (long long)d0, (long long)d1, m->quant->method, m->quant->bits, m->quant->group_size);
     }
     const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->dtype);
     if (want_i32 ? t->dtype != LLMQ_DTYPE_I32 : (!tr || !tr->can_dequant))
@@ -359,14 +361,25 @@ static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int6
     for (int i = 0; i < nth; i++) {
         int64_t b0 = per * i < blocks ? per * i : blocks, b1 = b0 + per < blocks ? b0 + per : blocks;
         int64_t unit = awq ? 8 : 1;
-        jobs[i] = (struct deq_job){.awq = awq, .qw = qw, .bits = b, .R = R, .C = C, .n0 = b0 * unit,
-                                   .n1 = b1 * unit, .s = s, .z = z, .gidx = gidx, .W = W};
+        jobs[i] = (struct deq_job){.awq = awq,
+                                   .qw = qw,
+                                   .bits = b,
+                                   .R = R,
+                                   .C = C,
+                                   .n0 = b0 * unit,
+                                   .n1 = b1 * unit,
+                                   .s = s,
+                                   .z = z,
+                                   .gidx = gidx,
+                                   .W = W};
     }
     for (int i = 1; i < nth; i++) started[i] = pthread_create(&tid[i], NULL, deq_worker, &jobs[i]) == 0;
     deq_worker(&jobs[0]);
     for (int i = 1; i < nth; i++) {
-        if (started[i]) pthread_join(tid[i], NULL);
-        else deq_worker(&jobs[i]);
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else
+            deq_worker(&jobs[i]);
     }
     for (int i = 0; i < nth; i++)
         if (jobs[i].nomem) {
@@ -379,8 +392,13 @@ static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int6
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
         goto fail;
     }
-    *v = (struct llmq_tensor_view){.name = vname, .dtype = LLMQ_DTYPE_F32, .n_dims = 2, .shape = {R, C, 1, 1},
-                                   .data = W, .nbytes = (size_t)R * (size_t)C * sizeof *W, .file_offset = 0};
+    *v = (struct llmq_tensor_view){.name = vname,
+                                   .dtype = LLMQ_DTYPE_F32,
+                                   .n_dims = 2,
+                                   .shape = {R, C, 1, 1},
+                                   .data = W,
+                                   .nbytes = (size_t)R * (size_t)C * sizeof *W,
+                                   .file_offset = 0};
     q->n_dequantized++;
     q->bytes += v->nbytes;
     *out = v;
@@ -413,15 +431,16 @@ static enum llmq_status parse_quant(struct llmq_model *m, json_t *root, const ch
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: quantization_config needs integer \"bits\" and \"group_size\"", file);
     int64_t b = json_integer_value(bits), g = json_integer_value(gs);
     const char *cf = awq ? "gemm" : "gptq";
-    if (awq && ver && !json_is_null(ver) &&
-        (!json_is_string(ver) || strcasecmp(json_string_value(ver), "gemm") != 0))
+    if (awq && ver && !json_is_null(ver) && (!json_is_string(ver) || strcasecmp(json_string_value(ver), "gemm") != 0))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: AWQ version %s is not supported (only \"gemm\")", file,
                            json_is_string(ver) ? json_string_value(ver) : "(not a string)");
     if (!awq && fmt && !json_is_null(fmt)) {
         if (!json_is_string(fmt))
             return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"checkpoint_format\" is not a string", file);
-        if (strcmp(json_string_value(fmt), "gptq") == 0) cf = "gptq";
-        else if (strcmp(json_string_value(fmt), "gptq_v2") == 0) cf = "gptq_v2";
+        if (strcmp(json_string_value(fmt), "gptq") == 0)
+            cf = "gptq";
+        else if (strcmp(json_string_value(fmt), "gptq_v2") == 0)
+            cf = "gptq_v2";
         else
             return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: checkpoint_format \"%s\" is not supported (gptq, gptq_v2)",
                                file, json_string_value(fmt));
@@ -468,16 +487,22 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
 #define NAME(role, l) llmq_tensor_full_name((role), (l), hf, name, sizeof name)
     if ((st = get_tensor(m, NAME(LLMQ_T_TOK_EMBD, 0), true, 2, V, D, "n_vocab, n_embd", &m->tok_embd))) return st;
     if ((st = get_tensor(m, NAME(LLMQ_T_OUTPUT_NORM, 0), true, 1, D, 0, "n_embd", &m->output_norm))) return st;
-    if (hp->tied_embeddings) m->output = m->tok_embd;
-    else if ((st = get_tensor(m, NAME(LLMQ_T_OUTPUT, 0), true, 2, V, D, "n_vocab, n_embd", &m->output))) return st;
+    if (hp->tied_embeddings)
+        m->output = m->tok_embd;
+    else if ((st = get_tensor(m, NAME(LLMQ_T_OUTPUT, 0), true, 2, V, D, "n_vocab, n_embd", &m->output)))
+        return st;
 
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for %lld layers", src_name(m),
-                                       (long long)hp->n_layer);
+    if (!m->layers)
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for %lld layers", src_name(m), (long long)hp->n_layer);
     const int64_t wshape[LLMQ_LIN_COUNT][2] = {{Dq, D}, {Dkv, D}, {Dkv, D}, {D, Dq}, {F, D}, {F, D}, {D, F}};
-    const char *wwhat[LLMQ_LIN_COUNT] = {"n_head*head_dim, n_embd", "n_head_kv*head_dim, n_embd",
-                                         "n_head_kv*head_dim, n_embd", "n_embd, n_head*head_dim",
-                                         "n_ff, n_embd", "n_ff, n_embd", "n_embd, n_ff"};
+    const char *wwhat[LLMQ_LIN_COUNT] = {"n_head*head_dim, n_embd",
+                                         "n_head_kv*head_dim, n_embd",
+                                         "n_head_kv*head_dim, n_embd",
+                                         "n_embd, n_head*head_dim",
+                                         "n_ff, n_embd",
+                                         "n_ff, n_embd",
+                                         "n_embd, n_ff"};
     for (int il = 0; il < hp->n_layer; il++) {
         struct llmq_layer *L = &m->layers[il];
         if ((st = get_tensor(m, NAME(LLMQ_T_ATTN_NORM, il), true, 1, D, 0, "n_embd", &L->attn_norm))) return st;
@@ -493,8 +518,8 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
         if (hp->qkv_bias) {
             const struct llmq_tensor_view **b[3] = {&L->bq, &L->bk, &L->bv};
             for (int k = 0; k < 3; k++) {
-                if ((st = get_tensor(m, NAME(LLMQ_T_BIAS_Q + k, il), true, 1, wshape[k][0], 0, k ? "n_head_kv*head_dim" : "n_head*head_dim",
-                                     b[k])))
+                if ((st = get_tensor(m, NAME(LLMQ_T_BIAS_Q + k, il), true, 1, wshape[k][0], 0,
+                                     k ? "n_head_kv*head_dim" : "n_head*head_dim", b[k])))
                     return st;
             }
         }
@@ -573,8 +598,8 @@ static enum llmq_status load_gguf(struct llmq_model *m) {
     if ((st = gguf_f32(g, arch, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_eps))) return st;
     if ((st = gguf_f32(g, arch, "rope.freq_base", false, 10000.0f, &hp->rope_theta))) return st;
     if (value_len != hp->head_dim)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s.attention.value_length %lld != key_length %lld", m->path,
-                           arch, (long long)value_len, (long long)hp->head_dim);
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s.attention.value_length %lld != key_length %lld", m->path, arch,
+                           (long long)value_len, (long long)hp->head_dim);
     if (rope_dims != hp->head_dim)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "%s: %s.rope.dimension_count %lld != head_dim %lld (partial RoPE is not supported)", m->path,
@@ -585,8 +610,10 @@ static enum llmq_status load_gguf(struct llmq_model *m) {
         const char *type = NULL;
         if ((st = llmq_gguf_get_str(g, key, &type))) return st;
         if (strcmp(type, "none") != 0)
-            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s = \"%s\" is not supported (only none, or llama3 factors "
-                               "in rope_freqs.weight)", m->path, key, type);
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                               "%s: %s = \"%s\" is not supported (only none, or llama3 factors "
+                               "in rope_freqs.weight)",
+                               m->path, key, type);
     }
     // n_vocab: the embedding's first dim (the tokenizer may be smaller; llama.cpp uses the tokens array).
     const struct llmq_gguf_tensor *te = llmq_gguf_find_tensor(g, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->gguf);
@@ -742,12 +769,15 @@ static enum llmq_status load_hf(struct llmq_model *m) {
         goto done;
     }
     const char *type = json_string_value(mt);
-    if (strcmp(type, "llama") == 0) hp->arch = LLMQ_ARCH_LLAMA;
-    else if (strcmp(type, "mistral") == 0) hp->arch = LLMQ_ARCH_MISTRAL;
-    else if (strcmp(type, "qwen2") == 0) hp->arch = LLMQ_ARCH_QWEN2;
+    if (strcmp(type, "llama") == 0)
+        hp->arch = LLMQ_ARCH_LLAMA;
+    else if (strcmp(type, "mistral") == 0)
+        hp->arch = LLMQ_ARCH_MISTRAL;
+    else if (strcmp(type, "qwen2") == 0)
+        hp->arch = LLMQ_ARCH_QWEN2;
     else {
-        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (llmq runs llama, mistral, qwen2)",
-                         cfg_path, type);
+        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                         "%s: model_type \"%s\" is not supported (llmq runs llama, mistral, qwen2)", cfg_path, type);
         goto done;
     }
     m->arch_name = llmq_arch_name(hp->arch);
@@ -789,7 +819,8 @@ static enum llmq_status load_hf(struct llmq_model *m) {
     m->st = stm;
     const struct llmq_tensor_view *emb = llmq_st_get(stm, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf);
     if (!emb) {
-        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", m->path, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf);
+        st =
+            llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", m->path, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf);
         goto done;
     }
     hp->n_vocab = emb->n_dims == 2 ? emb->shape[0] : vocab_cfg;
@@ -828,9 +859,12 @@ enum llmq_status llmq_model_load(const char *path, struct llmq_model **out) {
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
     }
     m->path = p;
-    if (llmq_is_dir(path)) st = load_hf(m);
-    else if (llmq_file_exists(path)) st = load_gguf(m);
-    else st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no such file or directory", path);
+    if (llmq_is_dir(path))
+        st = load_hf(m);
+    else if (llmq_file_exists(path))
+        st = load_gguf(m);
+    else
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no such file or directory", path);
     if (st == LLMQ_OK && m->tok && llmq_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
         st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: the tokenizer has %d tokens but the embedding only %lld rows", path,
                          (int)llmq_tokenizer_n_vocab(m->tok), (long long)m->hp.n_vocab);

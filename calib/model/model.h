@@ -87,8 +87,8 @@ struct llmq_tokenizer;
 // One decoder block. Every pointer is a view owned by the model's file object.
 struct llmq_layer {
     const struct llmq_tensor_view *attn_norm, *ffn_norm; // (D) RMSNorm weights
-    const struct llmq_tensor_view *w[LLMQ_LIN_COUNT];   // W[out, in], shapes in the table above
-    const struct llmq_tensor_view *bq, *bk, *bv;        // (H*Dh), (Hkv*Dh); NULL unless qwen2
+    const struct llmq_tensor_view *w[LLMQ_LIN_COUNT];    // W[out, in], shapes in the table above
+    const struct llmq_tensor_view *bq, *bk, *bv;         // (H*Dh), (Hkv*Dh); NULL unless qwen2
 };
 
 struct llmq_model {
@@ -100,22 +100,22 @@ struct llmq_model {
     struct llmq_tokenizer *tok;                 // owned; NULL only if the tokenizer module is absent
     const char *path;                           // owned copy of the path given to llmq_model_load
     bool from_gguf;
-    const struct llmq_gguf *gguf;               // owned; NULL for HF
-    const struct llmq_st_model *st;             // owned; NULL for GGUF
-    const char *arch_name;                      // "llama", "mistral", "qwen2" (static string)
-    const struct llmq_tensor_view *rope_freqs;  // (Dh/2) GGUF rope_freqs.weight (llama3 factors); else NULL
-    const struct llmq_model_quant *quant;       // owned; non-NULL only for an AWQ / GPTQ directory
+    const struct llmq_gguf *gguf;              // owned; NULL for HF
+    const struct llmq_st_model *st;            // owned; NULL for GGUF
+    const char *arch_name;                     // "llama", "mistral", "qwen2" (static string)
+    const struct llmq_tensor_view *rope_freqs; // (Dh/2) GGUF rope_freqs.weight (llama3 factors); else NULL
+    const struct llmq_model_quant *quant;      // owned; non-NULL only for an AWQ / GPTQ directory
 };
 
 // What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.
 struct llmq_model_quant {
-    const char *method;            // "awq" | "gptq" (static string)
-    const char *checkpoint_format; // "gemm" (awq), "gptq" | "gptq_v2" (static string)
-    int bits, group_size;          // group_size -1: one group per row
-    bool sym, desc_act;            // as config.json states them (false when absent)
-    int64_t n_dequantized;         // linears dequantized on load
-    uint64_t bytes;                // f32 bytes held for them
-    int64_t n_views;               // n_layer * LLMQ_LIN_COUNT
+    const char *method;             // "awq" | "gptq" (static string)
+    const char *checkpoint_format;  // "gemm" (awq), "gptq" | "gptq_v2" (static string)
+    int bits, group_size;           // group_size -1: one group per row
+    bool sym, desc_act;             // as config.json states them (false when absent)
+    int64_t n_dequantized;          // linears dequantized on load
+    uint64_t bytes;                 // f32 bytes held for them
+    int64_t n_views;                // n_layer * LLMQ_LIN_COUNT
     struct llmq_tensor_view *views; // (n_views) owned views (F32 data owned; unused: data NULL)
 };
 
@@ -139,6 +139,5 @@ enum llmq_status llmq_model_rows_f32(const struct llmq_tensor_view *w, int64_t r
 // llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters do, else all 1.
 void llmq_model_rope_freq_factors(const struct llmq_model *m, float *ff);
 // (The same computation from hyper-parameters alone: llmq_rope_llama3_factors, formats/llama/arch.h.)
-
 
 #endif // LLMQ_CALIB_MODEL_H

@@ -98,8 +98,7 @@ struct ivec {
 static bool ivec_reserve(struct ivec *a, int64_t want) {
     if (want <= a->cap) return true;
     int64_t cap = a->cap ? a->cap : 64;
-    while (cap < want)
-        cap *= 2;
+    while (cap < want) cap *= 2;
     int32_t *nv = realloc(a->v, (size_t)cap * sizeof(int32_t));
     if (!nv) return false;
     a->v = nv;
@@ -156,8 +155,7 @@ static bool str_rehash(struct llmq_tokenizer *t, uint32_t cap) {
     memset(slot, 0xFF, (size_t)cap * sizeof(int32_t));
     for (int32_t sid = 0; sid < t->n_str; sid++) {
         uint64_t i = hash_bytes(t->blob + t->str_off[sid], t->str_len[sid]) & (cap - 1);
-        while (slot[i] >= 0)
-            i = (i + 1) & (cap - 1);
+        while (slot[i] >= 0) i = (i + 1) & (cap - 1);
         slot[i] = sid;
     }
     free(t->hslot);
@@ -188,8 +186,7 @@ static enum llmq_status str_intern(struct llmq_tokenizer *t, const char *s, size
     }
     if (t->blob_n + n > t->blob_cap) {
         size_t cap = t->blob_cap ? t->blob_cap : 65536;
-        while (cap < t->blob_n + n)
-            cap *= 2;
+        while (cap < t->blob_n + n) cap *= 2;
         char *b = realloc(t->blob, cap);
         if (!b) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", t->src);
         t->blob = b;
@@ -203,13 +200,11 @@ static enum llmq_status str_intern(struct llmq_tokenizer *t, const char *s, size
     t->blob_n += n;
     if ((uint64_t)t->n_str * 2 > (uint64_t)t->hmask + 1 || !t->hslot) {
         uint32_t cap = t->hslot ? (t->hmask + 1) * 2 : 4096;
-        while ((uint64_t)t->n_str * 2 > cap)
-            cap *= 2;
+        while ((uint64_t)t->n_str * 2 > cap) cap *= 2;
         if (!str_rehash(t, cap)) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", t->src);
     } else {
         uint64_t i = hash_bytes(s, n) & t->hmask;
-        while (t->hslot[i] >= 0)
-            i = (i + 1) & t->hmask;
+        while (t->hslot[i] >= 0) i = (i + 1) & t->hmask;
         t->hslot[i] = id;
     }
     *sid = id;
@@ -308,8 +303,7 @@ static enum llmq_status tok_set_text(struct llmq_tokenizer *t, int32_t id, const
 static enum llmq_status merge_blob_add(struct llmq_tokenizer *t, const char *s, size_t n) {
     if (t->merge_blob_n + n > t->merge_blob_cap) {
         size_t cap = t->merge_blob_cap ? t->merge_blob_cap : 65536;
-        while (cap < t->merge_blob_n + n)
-            cap *= 2;
+        while (cap < t->merge_blob_n + n) cap *= 2;
         char *b = realloc(t->merge_blob, cap);
         if (!b) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", t->src);
         t->merge_blob = b;
@@ -326,8 +320,7 @@ static enum llmq_status merges_alloc(struct llmq_tokenizer *t, int64_t n) {
     t->mkey = malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
     t->mres = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
     uint64_t cap = 16;
-    while (cap < (uint64_t)n * 2)
-        cap *= 2;
+    while (cap < (uint64_t)n * 2) cap *= 2;
     t->mslot = malloc(cap * sizeof(int32_t));
     if (!t->merge_text_off || !t->mkey || !t->mres || !t->mslot)
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for %" PRId64 " merges", t->src, n);
@@ -372,20 +365,13 @@ static enum llmq_status merge_add(struct llmq_tokenizer *t, const char *l, size_
 
 static uint32_t attr_of_type(int32_t type) {
     switch (type) {
-    case LLMQ_TOKEN_TYPE_UNKNOWN:
-        return ATTR_UNKNOWN;
-    case LLMQ_TOKEN_TYPE_UNUSED:
-        return ATTR_UNUSED;
-    case LLMQ_TOKEN_TYPE_NORMAL:
-        return ATTR_NORMAL;
-    case LLMQ_TOKEN_TYPE_CONTROL:
-        return ATTR_CONTROL;
-    case LLMQ_TOKEN_TYPE_USER_DEFINED:
-        return ATTR_USER_DEFINED;
-    case LLMQ_TOKEN_TYPE_BYTE:
-        return ATTR_BYTE;
-    default:
-        return ATTR_UNDEFINED;
+    case LLMQ_TOKEN_TYPE_UNKNOWN: return ATTR_UNKNOWN;
+    case LLMQ_TOKEN_TYPE_UNUSED: return ATTR_UNUSED;
+    case LLMQ_TOKEN_TYPE_NORMAL: return ATTR_NORMAL;
+    case LLMQ_TOKEN_TYPE_CONTROL: return ATTR_CONTROL;
+    case LLMQ_TOKEN_TYPE_USER_DEFINED: return ATTR_USER_DEFINED;
+    case LLMQ_TOKEN_TYPE_BYTE: return ATTR_BYTE;
+    default: return ATTR_UNDEFINED;
     }
 }
 
@@ -487,8 +473,7 @@ static uint8_t cp_flags_slow(uint32_t c); // pre-tokenizer flags of a code point
 // Derives everything tokenize needs once the tokens, types, scores and merges are in.
 // model_name: GGUF general.name (for the phi-3 rule), may be NULL.
 static enum llmq_status tok_finalize(struct llmq_tokenizer *t, const char *model_name) {
-    for (int32_t i = 0; i < t->n_vocab; i++)
-        t->attr[i] = attr_of_type(t->type[i]);
+    for (int32_t i = 0; i < t->n_vocab; i++) t->attr[i] = attr_of_type(t->type[i]);
 
     bool has_return = false, has_call = false, has_flush = false, has_tool_response = false;
     int32_t end_id = -1, s_id = -1;
@@ -518,12 +503,10 @@ static enum llmq_status tok_finalize(struct llmq_tokenizer *t, const char *model
         char low[256];
         size_t n = strlen(model_name);
         if (n >= sizeof(low)) n = sizeof(low) - 1;
-        for (size_t i = 0; i < n; i++)
-            low[i] = (char)tolower((unsigned char)model_name[i]);
+        for (size_t i = 0; i < n; i++) low[i] = (char)tolower((unsigned char)model_name[i]);
         low[n] = 0;
         if (strstr(low, "phi-3") || strstr(low, "phi3")) {
-            for (int32_t k = 0; k < t->n_special; k++)
-                t->attr[t->special[k]] |= ATTR_RSTRIP;
+            for (int32_t k = 0; k < t->n_special; k++) t->attr[t->special[k]] |= ATTR_RSTRIP;
             int32_t id = text_to_token(t, "</s>", 4);
             if (id >= 0) t->attr[id] |= ATTR_RSTRIP;
             const char *off[] = {"<unk>", "<s>", "<|endoftext|>"};
@@ -534,8 +517,7 @@ static enum llmq_status tok_finalize(struct llmq_tokenizer *t, const char *model
         }
     }
 
-    for (uint32_t c = 0; c < 128; c++)
-        t->ascii_flags[c] = cp_flags_slow(c);
+    for (uint32_t c = 0; c < 128; c++) t->ascii_flags[c] = cp_flags_slow(c);
     for (int b = 0; b < 256; b++) {
         char one = (char)b;
         t->byte1_tok[b] = text_to_token(t, &one, 1);
@@ -648,8 +630,7 @@ static bool split_gpt2(const struct span *s, struct pieces *out) {
         if (f2 & (F_LETTER | F_NUMBER)) {
             uint8_t want = f2 & F_LETTER ? F_LETTER : F_NUMBER;
             pos += c == ' ';
-            while (sp_fl(s, pos) & want)
-                pos++;
+            while (sp_fl(s, pos) & want) pos++;
             EMIT(pos);
             continue;
         }
@@ -661,8 +642,7 @@ static bool split_gpt2(const struct span *s, struct pieces *out) {
             continue;
         }
         int64_t nws = 0;
-        while (sp_fl(s, pos + nws) & F_WS)
-            nws++;
+        while (sp_fl(s, pos + nws) & F_WS) nws++;
         if (nws > 1 && sp_cp(s, pos + nws) != OUT_OF_RANGE) {
             pos += nws - 1;
             EMIT(pos);
@@ -695,8 +675,7 @@ static bool split_llama3(const struct span *s, int max_digits, struct pieces *ou
         if (!(c == '\r' || c == '\n' || (f & F_NUMBER))) {
             if ((f & F_LETTER) || (sp_fl(s, pos + 1) & F_LETTER)) {
                 pos++;
-                while (sp_fl(s, pos) & F_LETTER)
-                    pos++;
+                while (sp_fl(s, pos) & F_LETTER) pos++;
                 EMIT(pos);
                 continue;
             }
@@ -761,14 +740,12 @@ static bool split_isolate(const struct span *s, uint8_t mask, enum isolate_mode 
     while (pos < s->b) {
         int64_t end = pos;
         if (mode == ISO_ASCII_DIGIT_TRIPLES) {
-            while (end < s->b && end - pos < 3 && s->cp[end] >= '0' && s->cp[end] <= '9')
-                end++;
+            while (end < s->b && end - pos < 3 && s->cp[end] >= '0' && s->cp[end] <= '9') end++;
             if (end - pos < 3) end = pos;
         } else if (s->fl[pos] & mask) {
             end = pos + 1;
             if (mode == ISO_RUNS)
-                while (end < s->b && (s->fl[end] & mask))
-                    end++;
+                while (end < s->b && (s->fl[end] & mask)) end++;
         }
         if (end == pos) {
             pos++;
@@ -826,27 +803,13 @@ static bool pretokenize(const struct llmq_tokenizer *t, const uint32_t *cp, cons
             struct span s = {cp, fl, a, a + cur->len[i]};
             bool ok;
             switch (chains[t->pre][k]) {
-            case GPT2:
-                ok = split_gpt2(&s, nxt);
-                break;
-            case QWEN2:
-                ok = split_llama3(&s, 1, nxt);
-                break;
-            case LLAMA3:
-                ok = split_llama3(&s, 3, nxt);
-                break;
-            case PUNCT_RUNS:
-                ok = split_isolate(&s, F_PUNCT, ISO_RUNS, nxt);
-                break;
-            case NUMBER_RUNS:
-                ok = split_isolate(&s, F_NUMBER, ISO_RUNS, nxt);
-                break;
-            case DIGIT_TRIPLES:
-                ok = split_isolate(&s, 0, ISO_ASCII_DIGIT_TRIPLES, nxt);
-                break;
-            default:
-                ok = split_isolate(&s, F_NUMBER, ISO_SINGLE, nxt);
-                break;
+            case GPT2: ok = split_gpt2(&s, nxt); break;
+            case QWEN2: ok = split_llama3(&s, 1, nxt); break;
+            case LLAMA3: ok = split_llama3(&s, 3, nxt); break;
+            case PUNCT_RUNS: ok = split_isolate(&s, F_PUNCT, ISO_RUNS, nxt); break;
+            case NUMBER_RUNS: ok = split_isolate(&s, F_NUMBER, ISO_RUNS, nxt); break;
+            case DIGIT_TRIPLES: ok = split_isolate(&s, 0, ISO_ASCII_DIGIT_TRIPLES, nxt); break;
+            default: ok = split_isolate(&s, F_NUMBER, ISO_SINGLE, nxt); break;
             }
             if (!ok) return false;
             a += cur->len[i];
@@ -938,8 +901,7 @@ struct symbols {
 static bool symbols_reserve(struct symbols *s, int64_t n, bool with_sid) {
     if (n <= s->cap && (!with_sid || s->sid)) return true;
     int64_t cap = s->cap ? s->cap : 256;
-    while (cap < n)
-        cap *= 2;
+    while (cap < n) cap *= 2;
     int64_t *st = realloc(s->start, (size_t)cap * sizeof(int64_t));
     if (st) s->start = st;
     int32_t *nn = realloc(s->n, (size_t)cap * sizeof(int32_t));
@@ -981,8 +943,7 @@ struct work {
 static bool buf_reserve(struct work *w, size_t n) {
     if (n <= w->buf_cap) return true;
     size_t cap = w->buf_cap ? w->buf_cap : 4096;
-    while (cap < n)
-        cap *= 2;
+    while (cap < n) cap *= 2;
     char *nb = realloc(w->buf, cap);
     if (!nb) return false;
     w->buf = nb;
@@ -1006,8 +967,7 @@ static enum llmq_status spm_tokenize(const struct llmq_tokenizer *t, struct work
                                      bool prefix) {
     // escape: ' ' -> U+2581
     int64_t n_sp = 0;
-    for (int64_t i = 0; i < len; i++)
-        n_sp += text[i] == ' ';
+    for (int64_t i = 0; i < len; i++) n_sp += text[i] == ' ';
     size_t esc_n = (size_t)len + 2 * (size_t)n_sp + (prefix ? 3 : 0);
     if (!buf_reserve(w, esc_n + 1)) return llmq_errorf(LLMQ_ERR_NOMEM, "tokenize: out of memory");
     char *e = w->buf;
@@ -1090,8 +1050,7 @@ static enum llmq_status bpe_word(const struct llmq_tokenizer *t, struct work *w,
     struct symbols *s = &w->sym;
     if (t->ignore_merges) { // a word that is a token as a whole is that token
         size_t mn = 0;
-        for (int32_t i = 0; i < nb; i++)
-            mn += (size_t)gpt2_char(wb[i], (uint8_t *)mapped + mn);
+        for (int32_t i = 0; i < nb; i++) mn += (size_t)gpt2_char(wb[i], (uint8_t *)mapped + mn);
         int32_t id = text_to_token(t, mapped, mn);
         if (id >= 0) return ivec_push(&w->out, id) ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "tokenize: out of memory");
     }
@@ -1169,8 +1128,7 @@ static enum llmq_status bpe_tokenize(const struct llmq_tokenizer *t, struct work
         if (!buf_reserve(w, (size_t)m * 12)) return llmq_errorf(LLMQ_ERR_NOMEM, "tokenize: out of memory");
         uint8_t *wb = (uint8_t *)w->buf; // word bytes: <= 4 per code point; then 8 per byte for the mapped text
         int32_t nb = 0;
-        for (int64_t i = a; i < a + m; i++)
-            nb += llmq_unicode_encode(cp[i], wb + nb);
+        for (int64_t i = a; i < a + m; i++) nb += llmq_unicode_encode(cp[i], wb + nb);
         enum llmq_status st = bpe_word(t, w, wb, nb, w->buf + (size_t)m * 4);
         if (st != LLMQ_OK) return st;
         a += m;
@@ -1238,14 +1196,12 @@ static bool partition(const struct llmq_tokenizer *t, const char *text, int64_t 
                 }
                 int64_t mpos = m - text, left = mpos - base;
                 if (a & ATTR_LSTRIP)
-                    while (left > 0 && c_isspace(text[base + left - 1]))
-                        left--;
+                    while (left > 0 && c_isspace(text[base + left - 1])) left--;
                 if (left > 0 && !frag_push(nxt, base, left, -1)) return false;
                 if (!frag_push(nxt, 0, 0, id)) return false;
                 int64_t roff = mpos + (int64_t)sn, rlen = base + blen - roff;
                 if (a & ATTR_RSTRIP)
-                    while (rlen > 0 && c_isspace(text[roff]))
-                        roff++, rlen--;
+                    while (rlen > 0 && c_isspace(text[roff])) roff++, rlen--;
                 base = roff;
                 blen = rlen;
             }
@@ -1739,12 +1695,10 @@ static enum llmq_status hf_merge_pair(struct llmq_tokenizer *t, const char *l, s
     size_t cap = 2 * (ln + rn) + 2;
     char *buf = malloc(cap), *p = buf;
     if (!buf) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", t->src);
-    for (size_t i = 0; i < ln; i++)
-        p = l[i] == ' ' ? (memcpy(p, "\xc4\xa0", 2), p + 2) : (*p = l[i], p + 1);
+    for (size_t i = 0; i < ln; i++) p = l[i] == ' ' ? (memcpy(p, "\xc4\xa0", 2), p + 2) : (*p = l[i], p + 1);
     size_t la = (size_t)(p - buf);
     *p++ = ' ';
-    for (size_t i = 0; i < rn; i++)
-        p = r[i] == ' ' ? (memcpy(p, "\xc4\xa0", 2), p + 2) : (*p = r[i], p + 1);
+    for (size_t i = 0; i < rn; i++) p = r[i] == ' ' ? (memcpy(p, "\xc4\xa0", 2), p + 2) : (*p = r[i], p + 1);
     size_t tn = (size_t)(p - buf);
     enum llmq_status st = merge_add(t, buf, la, buf + la + 1, tn - la - 1, buf, tn);
     free(buf);
@@ -1848,10 +1802,11 @@ static enum llmq_status hf_family_of(const char *path, json_t *root, json_t *mod
         }
         if (!pre) {
             jexcerpt(json_object_get(root, "pre_tokenizer"), ex, sizeof(ex));
-            return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                               "%s: pre_tokenizer %s is not one llmq implements (ByteLevel = gpt2, "
-                               "Digits(individual) + ByteLevel = smollm, Split(llama3 / qwen2 / gpt2 regex) + ByteLevel)",
-                               path, ex);
+            return llmq_errorf(
+                LLMQ_ERR_UNSUPPORTED,
+                "%s: pre_tokenizer %s is not one llmq implements (ByteLevel = gpt2, "
+                "Digits(individual) + ByteLevel = smollm, Split(llama3 / qwen2 / gpt2 regex) + ByteLevel)",
+                path, ex);
         }
         fam->pre = pre;
     } else if (byte_fallback || metaspace || replace_space) {
@@ -1977,7 +1932,8 @@ static enum llmq_status hf_merges(struct llmq_tokenizer *t, const char *path, js
             l = json_string_value(json_array_get(m, 0)), ln = json_string_length(json_array_get(m, 0));
             r = json_string_value(json_array_get(m, 1)), rn = json_string_length(json_array_get(m, 1));
         } else {
-            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, j);
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path,
+                               j);
         }
         if (kind == LLMQ_TOKENIZER_BPE) {
             if ((st = hf_merge_pair(t, l, ln, r, rn)) != LLMQ_OK) return st;
@@ -2011,7 +1967,8 @@ static enum llmq_status hf_merges(struct llmq_tokenizer *t, const char *path, js
         for (int32_t i = 0; i < t->n_vocab; i++) {
             json_t *e = json_array_get(xt, (size_t)i);
             if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 6)
-                return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: model.llmq_token_types[%d] is not a token type 0..6", path, i);
+                return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: model.llmq_token_types[%d] is not a token type 0..6", path,
+                                   i);
             t->type[i] = (int32_t)json_integer_value(e);
         }
     }

@@ -11,9 +11,9 @@
 // Legend: R rows (outermost dims), C the innermost dim, Dh head_dim, H / Hkv heads.
 #include "formats/convert/convert.h"
 
-#include "formats/convert/vocab.h"
 #include "common/io.h"
 #include "common/log.h"
+#include "formats/convert/vocab.h"
 #include "formats/ggml/quants.h"
 #include "formats/gguf.h"
 #include "formats/llama/arch.h"
@@ -37,8 +37,11 @@
 #define MAX_LAYERS 4096
 
 struct llmq_convert_opts llmq_convert_default_opts(void) {
-    return (struct llmq_convert_opts){.to = LLMQ_CONVERT_TO_AUTO, .dtype = LLMQ_DTYPE_F32,
-                                      .max_shard_bytes = 5000000000ull, .force = false, .progress = false};
+    return (struct llmq_convert_opts){.to = LLMQ_CONVERT_TO_AUTO,
+                                      .dtype = LLMQ_DTYPE_F32,
+                                      .max_shard_bytes = 5000000000ull,
+                                      .force = false,
+                                      .progress = false};
 }
 
 // ============================================================================ hyper-parameters ====
@@ -88,9 +91,9 @@ struct job {
     char name[128];                     // output name
     enum llmq_dtype dtype;              // output dtype (F32 / F16 / BF16)
     int n_dims;
-    int64_t shape[LLMQ_MAX_DIMS];       // outermost first (== the input's)
-    int64_t perm_heads;                 // q/k permutation with this many heads; 0 = rows in order
-    bool to_gguf;                       // direction of the permutation
+    int64_t shape[LLMQ_MAX_DIMS]; // outermost first (== the input's)
+    int64_t perm_heads;           // q/k permutation with this many heads; 0 = rows in order
+    bool to_gguf;                 // direction of the permutation
 };
 
 struct plan {
@@ -127,8 +130,10 @@ static int64_t job_nelements(const struct job *j) {
 // whose first dim is permuted (a 1-D bias is then R values of one element each).
 static void job_rc(const struct job *j, int64_t *R, int64_t *C) {
     int64_t n = job_nelements(j);
-    if (j->perm_heads) *R = j->shape[0];
-    else *R = j->n_dims > 0 && j->shape[j->n_dims - 1] > 0 ? n / j->shape[j->n_dims - 1] : (j->n_dims ? 0 : 1);
+    if (j->perm_heads)
+        *R = j->shape[0];
+    else
+        *R = j->n_dims > 0 && j->shape[j->n_dims - 1] > 0 ? n / j->shape[j->n_dims - 1] : (j->n_dims ? 0 : 1);
     *C = *R > 0 ? n / *R : 0;
 }
 
@@ -187,7 +192,7 @@ static enum llmq_status run_job(const struct job *j, struct sink *s, struct work
     enum llmq_status st = LLMQ_OK;
     job_rc(j, &R, &C);
     if (R == 0 || C == 0) return LLMQ_OK;
-    llmq_dtype_nbytes(sd, C, &row_bytes); // checked by job_check
+    llmq_dtype_nbytes(sd, C, &row_bytes);   // checked by job_check
     if (!j->perm_heads && sd == j->dtype) { // same bytes: copy straight from the mapping
         size_t total = row_bytes * (size_t)R;
         for (size_t off = 0; off < total && !st; off += RAW_CHUNK_BYTES) {
@@ -213,8 +218,10 @@ static enum llmq_status run_job(const struct job *j, struct sink *s, struct work
         if (j->dtype == LLMQ_DTYPE_F32) {
             st = sink_write(s, w->f, (size_t)(nr * C) * 4);
         } else {
-            if (j->dtype == LLMQ_DTYPE_F16) llmq_f32_to_f16_row(w->f, w->h, nr * C);
-            else llmq_f32_to_bf16_row(w->f, w->h, nr * C);
+            if (j->dtype == LLMQ_DTYPE_F16)
+                llmq_f32_to_f16_row(w->f, w->h, nr * C);
+            else
+                llmq_f32_to_bf16_row(w->f, w->h, nr * C);
             st = sink_write(s, w->h, (size_t)(nr * C) * 2);
         }
     }
@@ -222,7 +229,8 @@ static enum llmq_status run_job(const struct job *j, struct sink *s, struct work
 }
 
 // Runs every job of the plan in order, one progress line per tensor.
-static enum llmq_status run_plan(const struct plan *p, struct sink *s, bool progress, struct llmq_convert_stats *stats) {
+static enum llmq_status run_plan(const struct plan *p, struct sink *s, bool progress,
+                                 struct llmq_convert_stats *stats) {
     struct work w = {0};
     enum llmq_status st = LLMQ_OK;
     uint64_t total = 0; // output bytes of the whole plan, for the ETA
@@ -261,11 +269,13 @@ static enum llmq_status run_plan(const struct plan *p, struct sink *s, bool prog
             llmq_tensor_shape_str(&v, shape, sizeof(shape));
             const char *src_name = j->src ? j->src->name : "(generated)";
             bool renamed = strcmp(src_name, j->name) != 0;
-            double done_s = llmq_now_s() - start, eta = stats->bytes_out ? done_s * (double)(total - stats->bytes_out) / (double)stats->bytes_out : 0;
+            double done_s = llmq_now_s() - start,
+                   eta = stats->bytes_out ? done_s * (double)(total - stats->bytes_out) / (double)stats->bytes_out : 0;
             llmq_info("[%*lld/%lld] %s%s%s: %s -> %s %s, %.2f MiB%s, %.0f ms, ETA %.0f s", width, (long long)i + 1,
                       (long long)p->n, src_name, renamed ? " -> " : "", renamed ? j->name : "",
                       j->src ? llmq_dtype_name(j->src->dtype) : "f32", llmq_dtype_name(j->dtype), shape,
-                      (double)out_bytes / 1048576.0, j->perm_heads ? (j->to_gguf ? ", q/k rows permuted" : ", q/k rows un-permuted") : "",
+                      (double)out_bytes / 1048576.0,
+                      j->perm_heads ? (j->to_gguf ? ", q/k rows permuted" : ", q/k rows un-permuted") : "",
                       1e3 * (llmq_now_s() - t0), eta);
         }
     }
@@ -390,8 +400,10 @@ static enum llmq_status check_output(const char *in, const char *out, bool to_hf
         bool ok = S_ISDIR(so.st_mode) && cfg && (llmq_file_exists(cfg) || dir_is_empty(out));
         free(cfg);
         if (!ok)
-            return llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is neither a model directory (config.json) nor empty: not "
-                               "replaced", out);
+            return llmq_errorf(LLMQ_ERR_ARG,
+                               "%s: exists and is neither a model directory (config.json) nor empty: not "
+                               "replaced",
+                               out);
     }
     return LLMQ_OK;
 }
@@ -419,8 +431,10 @@ static enum llmq_status publish_dir(const char *tmp, const char *out, bool repla
     }
     if (replace) remove_tree(old);
     char *slash = strrchr(parent, '/');
-    if (slash == parent) slash[1] = '\0';
-    else if (slash) *slash = '\0';
+    if (slash == parent)
+        slash[1] = '\0';
+    else if (slash)
+        *slash = '\0';
     FILE *d = fopen(slash ? parent : ".", "r");
     if (d) {
         fsync(fileno(d));
@@ -479,7 +493,8 @@ static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_vi
     }
     if (llmq_tensor_nelements(t) != half || !llmq_dtype_traits(t->dtype)->can_dequant ||
         (st = llmq_dequantize_row(t->dtype, t->data, ff, half))) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_freqs.weight: expected %lld decodable values", path, (long long)half);
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_freqs.weight: expected %lld decodable values", path,
+                         (long long)half);
         goto done;
     }
     float factor = 1.0f;
@@ -538,8 +553,10 @@ static enum llmq_status hp_from_gguf(const struct llmq_gguf *g, struct hp *hp) {
     enum llmq_status st;
     memset(hp, 0, sizeof(*hp));
     if ((st = llmq_gguf_get_str(g, "general.architecture", &arch))) return st;
-    if (strcmp(arch, "llama") == 0) hp->arch = ARCH_LLAMA;
-    else if (strcmp(arch, "qwen2") == 0) hp->arch = ARCH_QWEN2;
+    if (strcmp(arch, "llama") == 0)
+        hp->arch = ARCH_LLAMA;
+    else if (strcmp(arch, "qwen2") == 0)
+        hp->arch = ARCH_QWEN2;
     else
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: architecture \"%s\" is not supported (llama, qwen2)", path, arch);
     if ((st = gguf_key_i64(g, arch, "embedding_length", true, 0, &hp->n_embd)) ||
@@ -553,16 +570,18 @@ static enum llmq_status hp_from_gguf(const struct llmq_gguf *g, struct hp *hp) {
         return st;
     if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_layer > MAX_LAYERS ||
         hp->n_head % hp->n_head_kv != 0)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: inconsistent hyper-parameters (embd %lld, layers %lld, heads %lld / %lld)",
-                           path, (long long)hp->n_embd, (long long)hp->n_layer, (long long)hp->n_head, (long long)hp->n_head_kv);
+        return llmq_errorf(
+            LLMQ_ERR_CORRUPT, "%s: inconsistent hyper-parameters (embd %lld, layers %lld, heads %lld / %lld)", path,
+            (long long)hp->n_embd, (long long)hp->n_layer, (long long)hp->n_head, (long long)hp->n_head_kv);
     int64_t vlen, rdim;
     if ((st = gguf_key_i64(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head, &hp->head_dim)) ||
         (st = gguf_key_i64(g, arch, "attention.value_length", false, hp->head_dim, &vlen)) ||
         (st = gguf_key_i64(g, arch, "rope.dimension_count", false, hp->head_dim, &rdim)))
         return st;
     if (vlen != hp->head_dim || rdim != hp->head_dim || hp->head_dim <= 0 || hp->head_dim % 2)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: head dims key %lld / value %lld / rope %lld: HF %s needs them equal and even",
-                           path, (long long)hp->head_dim, (long long)vlen, (long long)rdim, arch);
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: head dims key %lld / value %lld / rope %lld: HF %s needs them equal and even", path,
+                           (long long)hp->head_dim, (long long)vlen, (long long)rdim, arch);
     char key[128];
     snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
     const struct llmq_gguf_kv *kv = llmq_gguf_find_kv(g, key);
@@ -571,14 +590,16 @@ static enum llmq_status hp_from_gguf(const struct llmq_gguf *g, struct hp *hp) {
         hp->scale = SCALE_LINEAR;
         if ((st = gguf_key_f32(g, arch, "rope.scaling.factor", true, 1.0f, &hp->factor))) return st;
     } else if (stype && strcmp(stype, "none") != 0) {
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s \"%s\" is not supported (none, linear, llama3)", path, key, stype);
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s \"%s\" is not supported (none, linear, llama3)", path, key,
+                           stype);
     } else if (kv && !stype) {
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s is not a string", path, key);
     }
     const struct llmq_gguf_tensor *te = llmq_gguf_find_tensor(g, "token_embd.weight");
     if (!te) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor token_embd.weight", path);
     if (te->view.n_dims != 2 || te->view.shape[1] != hp->n_embd)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: token_embd.weight is not (n_vocab, %lld)", path, (long long)hp->n_embd);
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: token_embd.weight is not (n_vocab, %lld)", path,
+                           (long long)hp->n_embd);
     hp->n_vocab = te->view.shape[0];
     hp->tied = llmq_gguf_find_tensor(g, "output.weight") == NULL;
     hp->attn_bias = hp->arch == ARCH_LLAMA && llmq_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
@@ -730,13 +751,16 @@ static json_t *hf_config_json(const struct hp *hp, const struct cv_vocab *v, enu
     if (!qwen) json_object_set_new(c, "pretraining_tp", json_integer(1));
     json_object_set_new(c, "rms_norm_eps", json_f32(hp->rms_eps));
     if (hp->scale == SCALE_LINEAR)
-        json_object_set_new(c, "rope_scaling", json_pack("{s:s, s:o}", "rope_type", "linear", "factor", json_f32(hp->factor)));
+        json_object_set_new(c, "rope_scaling",
+                            json_pack("{s:s, s:o}", "rope_type", "linear", "factor", json_f32(hp->factor)));
     else if (hp->scale == SCALE_LLAMA3)
         json_object_set_new(c, "rope_scaling",
                             json_pack("{s:o, s:o, s:o, s:I, s:s}", "factor", json_f32(hp->factor), "high_freq_factor",
                                       json_f32(hp->high_freq_factor), "low_freq_factor", json_f32(hp->low_freq_factor),
-                                      "original_max_position_embeddings", (json_int_t)hp->orig_ctx, "rope_type", "llama3"));
-    else json_object_set_new(c, "rope_scaling", json_null());
+                                      "original_max_position_embeddings", (json_int_t)hp->orig_ctx, "rope_type",
+                                      "llama3"));
+    else
+        json_object_set_new(c, "rope_scaling", json_null());
     json_object_set_new(c, "rope_theta", json_f32(hp->rope_theta));
     if (qwen) json_object_set_new(c, "sliding_window", json_null());
     json_object_set_new(c, "tie_word_embeddings", json_boolean(hp->tied));
@@ -855,12 +879,19 @@ static enum llmq_status hp_from_hf(const char *path, const json_t *cfg, struct h
     memset(hp, 0, sizeof(*hp));
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
     const char *a0 = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
-    if (!mt && a0) mt = !strcmp(a0, "LlamaForCausalLM") ? "llama" : !strcmp(a0, "MistralForCausalLM") ? "mistral"
-                       : !strcmp(a0, "Qwen2ForCausalLM") ? "qwen2" : a0;
+    if (!mt && a0)
+        mt = !strcmp(a0, "LlamaForCausalLM")     ? "llama"
+             : !strcmp(a0, "MistralForCausalLM") ? "mistral"
+             : !strcmp(a0, "Qwen2ForCausalLM")   ? "qwen2"
+                                                 : a0;
     if (!mt) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key model_type", path);
-    if (!strcmp(mt, "llama") || !strcmp(mt, "mistral")) hp->arch = ARCH_LLAMA;
-    else if (!strcmp(mt, "qwen2")) hp->arch = ARCH_QWEN2;
-    else return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (llama, mistral, qwen2)", path, mt);
+    if (!strcmp(mt, "llama") || !strcmp(mt, "mistral"))
+        hp->arch = ARCH_LLAMA;
+    else if (!strcmp(mt, "qwen2"))
+        hp->arch = ARCH_QWEN2;
+    else
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (llama, mistral, qwen2)", path,
+                           mt);
     hp->hf_type = !strcmp(mt, "llama") ? "llama" : !strcmp(mt, "mistral") ? "mistral" : "qwen2";
     if ((st = cfg_int(path, cfg, "hidden_size", true, 0, &hp->n_embd)) ||
         (st = cfg_int(path, cfg, "intermediate_size", true, 0, &hp->n_ff)) ||
@@ -874,14 +905,17 @@ static enum llmq_status hp_from_hf(const char *path, const json_t *cfg, struct h
         return st;
     if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_layer > MAX_LAYERS ||
         hp->n_head % hp->n_head_kv != 0 || hp->n_vocab <= 0)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: inconsistent hyper-parameters (hidden %lld, layers %lld, heads %lld / %lld)",
-                           path, (long long)hp->n_embd, (long long)hp->n_layer, (long long)hp->n_head, (long long)hp->n_head_kv);
+        return llmq_errorf(
+            LLMQ_ERR_CORRUPT, "%s: inconsistent hyper-parameters (hidden %lld, layers %lld, heads %lld / %lld)", path,
+            (long long)hp->n_embd, (long long)hp->n_layer, (long long)hp->n_head, (long long)hp->n_head_kv);
     if ((st = cfg_int(path, cfg, "head_dim", false, hp->n_embd / hp->n_head, &hp->head_dim))) return st;
     if (hp->head_dim <= 0 || hp->head_dim % 2)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: head_dim %lld is not a positive even number", path, (long long)hp->head_dim);
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: head_dim %lld is not a positive even number", path,
+                           (long long)hp->head_dim);
     const json_t *tie = json_object_get(cfg, "tie_word_embeddings");
     hp->tied = json_is_true(tie); // transformers' default for llama / mistral / qwen2 configs: false
-    if (tie && !json_is_boolean(tie)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tie_word_embeddings is not a boolean", path);
+    if (tie && !json_is_boolean(tie))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tie_word_embeddings is not a boolean", path);
     hp->attn_bias = hp->arch == ARCH_LLAMA && json_is_true(json_object_get(cfg, "attention_bias"));
     if (json_is_true(json_object_get(cfg, "mlp_bias")))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: mlp_bias is not supported", path);
@@ -889,7 +923,8 @@ static enum llmq_status hp_from_hf(const char *path, const json_t *cfg, struct h
     if (rs && !json_is_null(rs)) {
         const char *type = json_string_value(json_object_get(rs, "rope_type"));
         if (!type) type = json_string_value(json_object_get(rs, "type"));
-        if (!json_is_object(rs) || !type) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling has no rope_type", path);
+        if (!json_is_object(rs) || !type)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling has no rope_type", path);
         if (!strcmp(type, "linear")) {
             hp->scale = SCALE_LINEAR;
             if ((st = cfg_num(path, rs, "factor", true, 1.0, &hp->factor))) return st;
@@ -903,7 +938,8 @@ static enum llmq_status hp_from_hf(const char *path, const json_t *cfg, struct h
             if (!(hp->high_freq_factor > hp->low_freq_factor) || hp->low_freq_factor <= 0 || hp->orig_ctx <= 0)
                 return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling llama3 parameters out of range", path);
         } else if (strcmp(type, "default") != 0) {
-            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (linear, llama3)", path, type);
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (linear, llama3)",
+                               path, type);
         }
     }
     return LLMQ_OK;
@@ -1109,9 +1145,12 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
     if (in_hf && to == LLMQ_CONVERT_TO_HF)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: HF -> HF conversion is not supported (convert to GGUF)", in);
     if ((st = check_output(in, out, to == LLMQ_CONVERT_TO_HF, opts->force, &exists))) return st;
-    if (in_hf) st = hf_to_gguf(in, out, opts, stats);
-    else if (to == LLMQ_CONVERT_TO_GGUF) st = gguf_to_gguf(in, out, opts, stats);
-    else st = gguf_to_hf(in, out, exists, opts, stats);
+    if (in_hf)
+        st = hf_to_gguf(in, out, opts, stats);
+    else if (to == LLMQ_CONVERT_TO_GGUF)
+        st = gguf_to_gguf(in, out, opts, stats);
+    else
+        st = gguf_to_hf(in, out, exists, opts, stats);
     stats->seconds = llmq_now_s() - t0;
     return st;
 }
@@ -1174,9 +1213,15 @@ done:
 
 enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq_dtype dtype,
                                       const json_t *config_extra) {
-    static const char *copied[] = {"generation_config.json", "tokenizer.json",   "tokenizer_config.json",
-                                   "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
-                                   "vocab.json",              "merges.txt",        "chat_template.jinja",
+    static const char *copied[] = {"generation_config.json",
+                                   "tokenizer.json",
+                                   "tokenizer_config.json",
+                                   "special_tokens_map.json",
+                                   "added_tokens.json",
+                                   "tokenizer.model",
+                                   "vocab.json",
+                                   "merges.txt",
+                                   "chat_template.jinja",
                                    "chat_template.json"};
     struct llmq_gguf *g = NULL;
     struct cv_vocab v = {0};
@@ -1191,8 +1236,7 @@ enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq
         json_object_del(cfg, "quantization_config");
         json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype(dtype)));
     } else {
-        if ((st = llmq_gguf_open(in, &g)) || (st = hp_from_gguf(g, &hp)) || (st = cv_vocab_from_gguf(g, &v)))
-            goto done;
+        if ((st = llmq_gguf_open(in, &g)) || (st = hp_from_gguf(g, &hp)) || (st = cv_vocab_from_gguf(g, &v))) goto done;
         if (v.n != hp.n_vocab) {
             st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld tokens but token_embd.weight has %lld rows", in,
                              (long long)v.n, (long long)hp.n_vocab);

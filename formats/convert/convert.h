@@ -115,10 +115,10 @@ struct llmq_convert_opts {
 // What a conversion did (for the CLI summary and tests).
 struct llmq_convert_stats {
     int64_t n_tensors;
-    int64_t n_params;    // elements over all written tensors
-    uint64_t bytes_out;  // tensor bytes written
-    int n_shards;        // HF output: safetensors files; 1 for GGUF
-    double seconds;      // wall time of the whole conversion
+    int64_t n_params;   // elements over all written tensors
+    uint64_t bytes_out; // tensor bytes written
+    int n_shards;       // HF output: safetensors files; 1 for GGUF
+    double seconds;     // wall time of the whole conversion
 };
 
 // Defaults: AUTO, F32, 5 GB shards (5e9 bytes, Hugging Face's default), no force, no progress.

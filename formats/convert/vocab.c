@@ -25,20 +25,39 @@ static const struct {
     enum pre_class cls;
     bool ignore_merges; // llama.cpp sets ignore_merges for these (the llama3 group)
 } pre_table[] = {
-    {"gpt-2", PRE_GPT2, false},      {"gpt2", PRE_GPT2, false},        {"default", PRE_GPT2, false},
-    {"phi-2", PRE_GPT2, false},      {"mpt", PRE_GPT2, false},         {"olmo", PRE_GPT2, false},
-    {"jais", PRE_GPT2, false},       {"gigachat", PRE_GPT2, false},    {"trillion", PRE_GPT2, false},
-    {"smollm", PRE_SMOLLM, false},   {"starcoder", PRE_SMOLLM, false}, {"refact", PRE_SMOLLM, false},
-    {"command-r", PRE_SMOLLM, false}, {"codeshell", PRE_SMOLLM, false}, {"exaone", PRE_SMOLLM, false},
-    {"minerva-7b", PRE_SMOLLM, false}, {"llama-bpe", PRE_LLAMA3, true}, {"llama3", PRE_LLAMA3, true},
-    {"llama-v3", PRE_LLAMA3, true},  {"falcon3", PRE_LLAMA3, true},    {"pixtral", PRE_LLAMA3, true},
-    {"dbrx", PRE_LLAMA3, false},     {"smaug-bpe", PRE_LLAMA3, false}, {"qwen2", PRE_QWEN2, false},
-    {"deepseek-r1-qwen", PRE_QWEN2, false}, {"stablelm2", PRE_QWEN2, false}, {"megrez", PRE_QWEN2, false},
+    {"gpt-2", PRE_GPT2, false},
+    {"gpt2", PRE_GPT2, false},
+    {"default", PRE_GPT2, false},
+    {"phi-2", PRE_GPT2, false},
+    {"mpt", PRE_GPT2, false},
+    {"olmo", PRE_GPT2, false},
+    {"jais", PRE_GPT2, false},
+    {"gigachat", PRE_GPT2, false},
+    {"trillion", PRE_GPT2, false},
+    {"smollm", PRE_SMOLLM, false},
+    {"starcoder", PRE_SMOLLM, false},
+    {"refact", PRE_SMOLLM, false},
+    {"command-r", PRE_SMOLLM, false},
+    {"codeshell", PRE_SMOLLM, false},
+    {"exaone", PRE_SMOLLM, false},
+    {"minerva-7b", PRE_SMOLLM, false},
+    {"llama-bpe", PRE_LLAMA3, true},
+    {"llama3", PRE_LLAMA3, true},
+    {"llama-v3", PRE_LLAMA3, true},
+    {"falcon3", PRE_LLAMA3, true},
+    {"pixtral", PRE_LLAMA3, true},
+    {"dbrx", PRE_LLAMA3, false},
+    {"smaug-bpe", PRE_LLAMA3, false},
+    {"qwen2", PRE_QWEN2, false},
+    {"deepseek-r1-qwen", PRE_QWEN2, false},
+    {"stablelm2", PRE_QWEN2, false},
+    {"megrez", PRE_QWEN2, false},
 };
 
 // The Split patterns of the llama3 and qwen2 tokenizer.json files (llama.cpp's comments quote them).
-static const char RE_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
-                                "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_LLAMA3[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char RE_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
                                "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
@@ -93,7 +112,8 @@ static enum llmq_status vocab_alloc(struct cv_vocab *v, int64_t n) {
     v->type = calloc((size_t)n, sizeof(*v->type));
     for (int r = 0; r < CV_N_SPECIAL; r++) v->special[r] = -1;
     v->add_bos = v->add_eos = v->add_space_prefix = -1;
-    if (!v->tok || !v->tok_len || !v->type) return llmq_errorf(LLMQ_ERR_NOMEM, "vocabulary of %lld tokens: out of memory", (long long)n);
+    if (!v->tok || !v->tok_len || !v->type)
+        return llmq_errorf(LLMQ_ERR_NOMEM, "vocabulary of %lld tokens: out of memory", (long long)n);
     return LLMQ_OK;
 }
 
@@ -174,7 +194,8 @@ static void canonical_scores(const struct cv_vocab *v, float *out) {
 static enum llmq_status gguf_str_arr(const struct llmq_gguf *g, const char *key, bool required,
                                      const struct llmq_gguf_kv **out) {
     *out = llmq_gguf_find_kv(g, key);
-    if (!*out) return required ? llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key %s", llmq_gguf_path(g), key) : LLMQ_OK;
+    if (!*out)
+        return required ? llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key %s", llmq_gguf_path(g), key) : LLMQ_OK;
     if ((*out)->type != LLMQ_GGUF_TYPE_ARRAY || (*out)->arr_type != LLMQ_GGUF_TYPE_STRING)
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s is not an array of strings", llmq_gguf_path(g), key);
     return LLMQ_OK;
@@ -188,11 +209,14 @@ enum llmq_status cv_vocab_from_gguf(const struct llmq_gguf *g, struct cv_vocab *
     memset(v, 0, sizeof(*v));
 
     if ((st = llmq_gguf_get_str(g, "tokenizer.ggml.model", &model))) return st;
-    if (strcmp(model, "llama") == 0) v->kind = CV_SPM;
-    else if (strcmp(model, "gpt2") == 0) v->kind = CV_BPE;
+    if (strcmp(model, "llama") == 0)
+        v->kind = CV_SPM;
+    else if (strcmp(model, "gpt2") == 0)
+        v->kind = CV_BPE;
     else
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model \"%s\" is not supported (only \"llama\" and \"gpt2\")",
-                           path, model);
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: tokenizer.ggml.model \"%s\" is not supported (only \"llama\" and \"gpt2\")", path,
+                           model);
     if ((st = gguf_str_arr(g, "tokenizer.ggml.tokens", true, &kv_tok))) return st;
     if (kv_tok->n == 0 || kv_tok->n > MAX_VOCAB)
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tokenizer.ggml.tokens has %llu entries (1..%d allowed)", path,
@@ -217,8 +241,8 @@ enum llmq_status cv_vocab_from_gguf(const struct llmq_gguf *g, struct cv_vocab *
         for (int64_t i = 0; i < v->n; i++) {
             int64_t t;
             if (!llmq_gguf_kv_arr_i64(kv, (uint64_t)i, &t) || t < CV_TOK_UNDEFINED || t > CV_TOK_BYTE) {
-                st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tokenizer.ggml.token_type[%lld] is not a token type (0..6)", path,
-                                 (long long)i);
+                st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tokenizer.ggml.token_type[%lld] is not a token type (0..6)",
+                                 path, (long long)i);
                 goto fail;
             }
             v->type[i] = (int32_t)t;
@@ -260,7 +284,8 @@ enum llmq_status cv_vocab_from_gguf(const struct llmq_gguf *g, struct cv_vocab *
                 goto fail;
             }
             if (strlen(v->merge[i]) != len) {
-                st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tokenizer.ggml.merges[%lld] holds a NUL byte", path, (long long)i);
+                st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tokenizer.ggml.merges[%lld] holds a NUL byte", path,
+                                 (long long)i);
                 goto fail;
             }
         }
@@ -424,8 +449,8 @@ static json_t *pre_tokenizer_json(enum pre_class c) {
     case PRE_LLAMA3:
     case PRE_QWEN2:
         return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type", "Split",
-                         "pattern", "Regex", c == PRE_LLAMA3 ? RE_LLAMA3 : RE_QWEN2, "behavior", "Isolated", "invert", 0,
-                         byte_level(false, true, false));
+                         "pattern", "Regex", c == PRE_LLAMA3 ? RE_LLAMA3 : RE_QWEN2, "behavior", "Isolated", "invert",
+                         0, byte_level(false, true, false));
     }
     return json_null();
 }
@@ -437,10 +462,12 @@ static json_t *template_json(const struct cv_vocab *v, int64_t bos, int64_t eos)
         json_t *arr = part == 0 ? single : pair;
         for (int seq = 0; seq <= part; seq++) {
             if (bos >= 0)
-                json_array_append_new(arr, json_pack("{s:{s:o, s:i}}", "SpecialToken", "id", json_token(v, bos), "type_id", seq));
+                json_array_append_new(
+                    arr, json_pack("{s:{s:o, s:i}}", "SpecialToken", "id", json_token(v, bos), "type_id", seq));
             json_array_append_new(arr, json_pack("{s:{s:s, s:i}}", "Sequence", "id", seq ? "B" : "A", "type_id", seq));
             if (eos >= 0)
-                json_array_append_new(arr, json_pack("{s:{s:o, s:i}}", "SpecialToken", "id", json_token(v, eos), "type_id", seq));
+                json_array_append_new(
+                    arr, json_pack("{s:{s:o, s:i}}", "SpecialToken", "id", json_token(v, eos), "type_id", seq));
         }
     }
     int64_t ids[2] = {bos, eos};
@@ -460,7 +487,8 @@ static json_t *template_json(const struct cv_vocab *v, int64_t bos, int64_t eos)
 static enum llmq_status check_tokens(const struct cv_vocab *v, const char *src, bool *omit, int64_t *unk) {
     *unk = -1;
     for (int64_t id = 0; id < v->n; id++) {
-        if (v->tok_len[id] == 0 || strlen(v->tok[id]) != v->tok_len[id] || !llmq_utf8_valid(v->tok[id], v->tok_len[id])) {
+        if (v->tok_len[id] == 0 || strlen(v->tok[id]) != v->tok_len[id] ||
+            !llmq_utf8_valid(v->tok[id], v->tok_len[id])) {
             return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                                "%s: token %lld is empty, holds a NUL byte or is not valid UTF-8: tokenizer.json cannot "
                                "hold it",
@@ -477,7 +505,8 @@ static enum llmq_status check_tokens(const struct cv_vocab *v, const char *src, 
 
 // model.merges: BPE's tokenizer.ggml.merges as "a b" strings (or ["a", "b"] pairs when a token holds a space,
 // which needs tokenizers >= 0.20); SPM's merges rebuilt from the scores (see the header).
-static enum llmq_status merges_json(const struct cv_vocab *v, const struct tokmap *map, const char *src, json_t *merges) {
+static enum llmq_status merges_json(const struct cv_vocab *v, const struct tokmap *map, const char *src,
+                                    json_t *merges) {
     enum llmq_status st = LLMQ_OK;
     struct spm_merge *sm = NULL;
     int64_t n_sm = 0;
@@ -503,7 +532,8 @@ static enum llmq_status merges_json(const struct cv_vocab *v, const struct tokma
             json_array_append_new(merges, json_pack("[s#, s]", m, (int)(sp - m), sp + 1));
         }
     } else {
-        if (!(canon = malloc((size_t)v->n * sizeof(float)))) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src);
+        if (!(canon = malloc((size_t)v->n * sizeof(float))))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src);
         canonical_scores(v, canon);
         if (!v->scores)
             llmq_warn("%s: SPM vocabulary without tokenizer.ggml.scores: merges follow the token ids", src);
@@ -515,7 +545,8 @@ static enum llmq_status merges_json(const struct cv_vocab *v, const struct tokma
             free(canon);
             return st;
         }
-        for (int64_t i = 0; i < n_sm && !pairs; i++) pairs = strchr(v->tok[sm[i].l], ' ') || strchr(v->tok[sm[i].r], ' ');
+        for (int64_t i = 0; i < n_sm && !pairs; i++)
+            pairs = strchr(v->tok[sm[i].l], ' ') || strchr(v->tok[sm[i].r], ' ');
         for (int64_t i = 0; i < n_sm; i++) {
             if (pairs) {
                 json_array_append_new(merges, json_pack("[o, o]", json_token(v, sm[i].l), json_token(v, sm[i].r)));
@@ -546,7 +577,8 @@ static json_t *tokenizer_json_of(const struct cv_vocab *v, int pre_i, int add_bo
     json_t *normalizer, *pre, *post, *decoder;
     if (spm) {
         json_t *norms = json_array();
-        if (add_space) json_array_append_new(norms, json_pack("{s:s, s:s}", "type", "Prepend", "prepend", "\xe2\x96\x81"));
+        if (add_space)
+            json_array_append_new(norms, json_pack("{s:s, s:s}", "type", "Prepend", "prepend", "\xe2\x96\x81"));
         json_array_append_new(norms, json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "String", " ",
                                                "content", "\xe2\x96\x81"));
         normalizer = json_pack("{s:s, s:o}", "type", "Sequence", "normalizers", norms);
@@ -554,18 +586,21 @@ static json_t *tokenizer_json_of(const struct cv_vocab *v, int pre_i, int add_bo
         json_t *decs = json_pack("[{s:s, s:{s:s}, s:s}, {s:s}, {s:s}]", "type", "Replace", "pattern", "String",
                                  "\xe2\x96\x81", "content", " ", "type", "ByteFallback", "type", "Fuse");
         if (add_space)
-            json_array_append_new(decs, json_pack("{s:s, s:s, s:i, s:i}", "type", "Strip", "content", " ", "start", 1, "stop", 0));
+            json_array_append_new(
+                decs, json_pack("{s:s, s:s, s:i, s:i}", "type", "Strip", "content", " ", "start", 1, "stop", 0));
         decoder = json_pack("{s:s, s:o}", "type", "Sequence", "decoders", decs);
     } else {
         normalizer = json_null();
         pre = pre_tokenizer_json(pre_table[pre_i].cls);
         decoder = byte_level(true, true, true);
     }
-    if (bos >= 0 || eos >= 0) post = template_json(v, bos, eos);
-    else post = spm ? json_null() : byte_level(true, false, true);
-    return json_pack("{s:s, s:n, s:n, s:o, s:o, s:o, s:o, s:o, s:o}", "version", "1.0", "truncation", "padding", "added_tokens",
-                     added, "normalizer", normalizer, "pre_tokenizer", pre, "post_processor", post, "decoder", decoder,
-                     "model", model);
+    if (bos >= 0 || eos >= 0)
+        post = template_json(v, bos, eos);
+    else
+        post = spm ? json_null() : byte_level(true, false, true);
+    return json_pack("{s:s, s:n, s:n, s:o, s:o, s:o, s:o, s:o, s:o}", "version", "1.0", "truncation", "padding",
+                     "added_tokens", added, "normalizer", normalizer, "pre_tokenizer", pre, "post_processor", post,
+                     "decoder", decoder, "model", model);
 }
 
 enum llmq_status cv_vocab_to_hf(const struct cv_vocab *v, const char *src, int64_t n_ctx, json_t **tokenizer_json,
@@ -596,8 +631,9 @@ enum llmq_status cv_vocab_to_hf(const struct cv_vocab *v, const char *src, int64
     if ((st = check_tokens(v, src, omit, &unk))) goto done;
     if ((st = tokmap_init(&map, v, omit, &dup_a, &dup_b))) goto done;
     if (dup_a >= 0) {
-        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tokens %lld and %lld are both \"%s\": tokenizer.json cannot hold both",
-                         src, (long long)dup_a, (long long)dup_b, v->tok[dup_a]);
+        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                         "%s: tokens %lld and %lld are both \"%s\": tokenizer.json cannot hold both", src,
+                         (long long)dup_a, (long long)dup_b, v->tok[dup_a]);
         goto done;
     }
 
@@ -605,7 +641,8 @@ enum llmq_status cv_vocab_to_hf(const struct cv_vocab *v, const char *src, int64
     for (int64_t id = 0; id < v->n; id++) {
         if (omit[id]) continue;
         json_object_setn_new_nocheck(vocab, v->tok[id], v->tok_len[id], json_integer(id));
-        bool is_added = v->type[id] == CV_TOK_CONTROL || v->type[id] == CV_TOK_USER_DEFINED || v->type[id] == CV_TOK_UNKNOWN;
+        bool is_added =
+            v->type[id] == CV_TOK_CONTROL || v->type[id] == CV_TOK_USER_DEFINED || v->type[id] == CV_TOK_UNKNOWN;
         if (is_added) {
             char key[32];
             bool special = v->type[id] != CV_TOK_USER_DEFINED;
@@ -618,20 +655,22 @@ enum llmq_status cv_vocab_to_hf(const struct cv_vocab *v, const char *src, int64
     bool spm = v->kind == CV_SPM;
     bool ignore_merges = !spm && pre_table[pre_i].ignore_merges;
     int64_t unk_model = unk; // only an UNKNOWN-typed token: HF -> GGUF gives model.unk_token that type
-    json_t *model = json_pack("{s:s, s:n, s:o, s:n, s:n, s:b, s:b, s:b, s:o, s:o}", "type", "BPE", "dropout", "unk_token",
-                              unk_model >= 0 ? json_token(v, unk_model) : json_null(), "continuing_subword_prefix",
-                              "end_of_word_suffix", "fuse_unk", spm, "byte_fallback", spm, "ignore_merges", ignore_merges,
-                              "vocab", vocab, "merges", merges);
+    json_t *model = json_pack("{s:s, s:n, s:o, s:n, s:n, s:b, s:b, s:b, s:o, s:o}", "type", "BPE", "dropout",
+                              "unk_token", unk_model >= 0 ? json_token(v, unk_model) : json_null(),
+                              "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", spm, "byte_fallback", spm,
+                              "ignore_merges", ignore_merges, "vocab", vocab, "merges", merges);
     vocab = merges = NULL; // owned by model now
 
     // ---- the pipeline around the model
-    int add_bos = v->add_bos >= 0 ? v->add_bos : (spm || (pre_i >= 0 && pre_table[pre_i].ignore_merges)); // llama.cpp defaults
+    int add_bos =
+        v->add_bos >= 0 ? v->add_bos : (spm || (pre_i >= 0 && pre_table[pre_i].ignore_merges)); // llama.cpp defaults
     int add_eos = v->add_eos >= 0 ? v->add_eos : 0;
     tj = tokenizer_json_of(v, pre_i, add_bos, add_eos, model, added);
     added = NULL;
 
     // ---- tokenizer_config.json
-    tc = json_pack("{s:b, s:b, s:o}", "add_bos_token", add_bos, "add_eos_token", add_eos, "added_tokens_decoder", added_dec);
+    tc = json_pack("{s:b, s:b, s:o}", "add_bos_token", add_bos, "add_eos_token", add_eos, "added_tokens_decoder",
+                   added_dec);
     added_dec = NULL;
     for (int r = 0; r < CV_N_SPECIAL; r++) {
         char key[32];
@@ -671,8 +710,7 @@ static enum llmq_status load_json(const char *path, bool required, json_t **out)
     json_error_t err;
     enum llmq_status st;
     *out = NULL;
-    if (!llmq_file_exists(path))
-        return required ? llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing", path) : LLMQ_OK;
+    if (!llmq_file_exists(path)) return required ? llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing", path) : LLMQ_OK;
     if ((st = llmq_read_file(path, MAX_TOKENIZER_JSON, &text, &n))) return st;
     *out = json_loadb(text, n, JSON_REJECT_DUPLICATES, &err);
     free(text);
@@ -719,11 +757,15 @@ static enum llmq_status hf_pipeline(const char *path, const json_t *tj, const js
         const char *pp = json_string_value(json_object_get(norm[i], "prepend"));
         if (step_is(norm[i], "Replace") && pat && content && !strcmp(pat, " ") && !strcmp(content, "\xe2\x96\x81"))
             replace_space = true;
-        else if (step_is(norm[i], "Prepend") && pp && !strcmp(pp, "\xe2\x96\x81")) prepend = true;
-        else if (step_is(norm[i], "NFC")) nfc = true;
+        else if (step_is(norm[i], "Prepend") && pp && !strcmp(pp, "\xe2\x96\x81"))
+            prepend = true;
+        else if (step_is(norm[i], "NFC"))
+            nfc = true;
         else
             return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: normalizer step \"%s\" is not supported", path,
-                               json_string_value(json_object_get(norm[i], "type")) ? json_string_value(json_object_get(norm[i], "type")) : "?");
+                               json_string_value(json_object_get(norm[i], "type"))
+                                   ? json_string_value(json_object_get(norm[i], "type"))
+                                   : "?");
     }
     for (size_t i = 0; i < n_pre; i++) {
         if (step_is(pre[i], "Metaspace")) {
@@ -735,8 +777,8 @@ static enum llmq_status hf_pipeline(const char *path, const json_t *tj, const js
     }
     if (replace_space || metaspace) {
         if (n_pre > 1 || (n_pre == 1 && !metaspace))
-            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: SentencePiece-style tokenizer with an extra pre-tokenizer step",
-                               path);
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                               "%s: SentencePiece-style tokenizer with an extra pre-tokenizer step", path);
         if (metaspace)
             llmq_warn("%s: Metaspace pre-tokenizer%s: llama.cpp's SPM tokenizer %salways prepends \"\u2581\" (texts "
                       "starting with a space may tokenize differently)",
@@ -749,10 +791,11 @@ static enum llmq_status hf_pipeline(const char *path, const json_t *tj, const js
         return LLMQ_OK;
     }
     if (!byte_level)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: tokenizer is neither byte-level BPE (a ByteLevel pre-tokenizer) nor SentencePiece-style "
-                           "BPE (Metaspace, or a Replace(\" \" -> \"\\u2581\") normalizer)",
-                           path);
+        return llmq_errorf(
+            LLMQ_ERR_UNSUPPORTED,
+            "%s: tokenizer is neither byte-level BPE (a ByteLevel pre-tokenizer) nor SentencePiece-style "
+            "BPE (Metaspace, or a Replace(\" \" -> \"\\u2581\") normalizer)",
+            path);
     if (nfc) llmq_warn("%s: NFC normalizer dropped: llama.cpp does not normalize", path);
     v->kind = CV_BPE;
     v->add_space_prefix = 0;
@@ -760,7 +803,8 @@ static enum llmq_status hf_pipeline(const char *path, const json_t *tj, const js
     int cls = -1;
     const json_t *bl = pre[n_pre - 1];
     bool bl_ok = step_is(bl, "ByteLevel") && !json_true_key(bl, "add_prefix_space");
-    if (n_pre == 1 && bl_ok && json_true_key(bl, "use_regex")) cls = PRE_GPT2;
+    if (n_pre == 1 && bl_ok && json_true_key(bl, "use_regex"))
+        cls = PRE_GPT2;
     else if (n_pre == 2 && bl_ok && json_true_key(bl, "use_regex") && step_is(pre[0], "Digits") &&
              json_true_key(pre[0], "individual_digits"))
         cls = PRE_SMOLLM;
@@ -794,7 +838,8 @@ static void template_flags(const json_t *post, const struct cv_vocab *v, const s
     size_t n = json_array_size(single);
     *bos = *eos = 0;
     for (int end = 0; end < 2 && n > 0; end++) {
-        const char *id = json_string_value(json_object_get(json_object_get(json_array_get(single, end ? n - 1 : 0), "SpecialToken"), "id"));
+        const char *id = json_string_value(
+            json_object_get(json_object_get(json_array_get(single, end ? n - 1 : 0), "SpecialToken"), "id"));
         if (!id) continue;
         int64_t tok = tokmap_find(map, id, strlen(id));
         if (!end && tok >= 0 && tok == v->special[CV_BOS]) *bos = 1;
@@ -807,7 +852,8 @@ static enum llmq_status set_token(struct cv_vocab *v, const char *path, int64_t 
     if (!p) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
     if (strlen(p) != len || len == 0) {
         free(p);
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: token %lld is empty or holds a NUL character", path, (long long)id);
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: token %lld is empty or holds a NUL character", path,
+                           (long long)id);
     }
     free(v->tok[id]);
     v->tok[id] = p;
@@ -835,13 +881,14 @@ static enum llmq_status hf_tokens(struct cv_vocab *v, const char *dir, const cha
         val = json_object_iter_value(it);
         json_int_t id = json_integer_value(val);
         if (!json_is_integer(val) || id < 0 || id >= n_vocab) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: model.vocab[\"%s\"] = %lld is not an id below the vocabulary size %lld",
-                             tj_path, key, (long long)id, (long long)n_vocab);
+            st = llmq_errorf(LLMQ_ERR_CORRUPT,
+                             "%s: model.vocab[\"%s\"] = %lld is not an id below the vocabulary size %lld", tj_path, key,
+                             (long long)id, (long long)n_vocab);
             goto done;
         }
         if (v->tok[id]) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: model.vocab gives id %lld to \"%s\" and \"%s\"", tj_path, (long long)id,
-                             v->tok[id], key);
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: model.vocab gives id %lld to \"%s\" and \"%s\"", tj_path,
+                             (long long)id, v->tok[id], key);
             goto done;
         }
         if ((st = set_token(v, tj_path, id, key, klen))) goto done;
@@ -852,8 +899,8 @@ static enum llmq_status hf_tokens(struct cv_vocab *v, const char *dir, const cha
         const json_t *jc = json_object_get(at, "content");
         json_int_t id = json_integer_value(json_object_get(at, "id"));
         if (!json_is_string(jc) || !json_is_integer(json_object_get(at, "id")) || id < 0 || id >= n_vocab) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: added_tokens[%zu] has no string content or no id below %lld", tj_path, i,
-                             (long long)n_vocab);
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: added_tokens[%zu] has no string content or no id below %lld",
+                             tj_path, i, (long long)n_vocab);
             goto done;
         }
         if ((st = set_token(v, tj_path, id, json_string_value(jc), json_string_length(jc)))) goto done;
@@ -870,10 +917,16 @@ static enum llmq_status hf_tokens(struct cv_vocab *v, const char *dir, const cha
             continue;
         }
         bool unk = unk_text && strcmp(v->tok[id], unk_text) == 0;
-        if (is_added[id]) v->type[id] = unk && added_special[id] ? CV_TOK_UNKNOWN : added_special[id] ? CV_TOK_CONTROL : CV_TOK_USER_DEFINED;
-        else if (unk) v->type[id] = CV_TOK_UNKNOWN;
-        else if (v->kind == CV_SPM && is_byte_token(v->tok[id], v->tok_len[id])) v->type[id] = CV_TOK_BYTE;
-        else v->type[id] = CV_TOK_NORMAL;
+        if (is_added[id])
+            v->type[id] = unk && added_special[id] ? CV_TOK_UNKNOWN
+                          : added_special[id]      ? CV_TOK_CONTROL
+                                                   : CV_TOK_USER_DEFINED;
+        else if (unk)
+            v->type[id] = CV_TOK_UNKNOWN;
+        else if (v->kind == CV_SPM && is_byte_token(v->tok[id], v->tok_len[id]))
+            v->type[id] = CV_TOK_BYTE;
+        else
+            v->type[id] = CV_TOK_NORMAL;
     }
 done:
     free(added_special);
@@ -894,7 +947,8 @@ static enum llmq_status hf_merges(struct cv_vocab *v, const char *tj_path, const
         json_t *m;
         json_array_foreach(jm, i, m) {
             const char *a = json_string_value(json_array_get(m, 0)), *b = json_string_value(json_array_get(m, 1));
-            if (json_is_string(m)) v->merge[i] = strdup(json_string_value(m));
+            if (json_is_string(m))
+                v->merge[i] = strdup(json_string_value(m));
             else if (a && b && json_array_size(m) == 2 && (v->merge[i] = malloc(strlen(a) + strlen(b) + 2)))
                 sprintf(v->merge[i], "%s %s", a, b);
             else if (!a || !b || json_array_size(m) != 2)
@@ -976,7 +1030,8 @@ enum llmq_status cv_vocab_from_hf(const char *dir, const json_t *cfg, int64_t n_
     if ((st = load_json(tj_path, true, &tj)) || (st = load_json(tc_path, false, &tc))) goto fail;
     const json_t *model = json_object_get(tj, "model");
     const char *mtype = json_string_value(json_object_get(model, "type"));
-    if (!json_is_object(model) || (mtype && strcmp(mtype, "BPE") != 0) || (!mtype && !json_object_get(model, "merges"))) {
+    if (!json_is_object(model) || (mtype && strcmp(mtype, "BPE") != 0) ||
+        (!mtype && !json_object_get(model, "merges"))) {
         st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: model type %s is not supported (only BPE)", tj_path,
                          mtype ? mtype : "(missing)");
         goto fail;

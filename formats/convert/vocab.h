@@ -34,18 +34,18 @@ enum cv_special { CV_BOS, CV_EOS, CV_UNK, CV_PAD, CV_SEP, CV_MASK, CV_N_SPECIAL 
 
 struct cv_vocab {
     enum cv_kind kind;
-    char *pre;            // BPE: tokenizer.ggml.pre as written to GGUF (owned); NULL for SPM
-    int64_t n;            // tokens
-    char **tok;           // (n) owned token texts (NUL-terminated; no inner NUL)
-    size_t *tok_len;      // (n) byte lengths
-    int32_t *type;        // (n) enum cv_token_type
-    float *scores;        // (n) or NULL (BPE has none)
-    int64_t n_merges;     // BPE only
-    char **merge;         // (n_merges) owned "left right" strings
+    char *pre;                     // BPE: tokenizer.ggml.pre as written to GGUF (owned); NULL for SPM
+    int64_t n;                     // tokens
+    char **tok;                    // (n) owned token texts (NUL-terminated; no inner NUL)
+    size_t *tok_len;               // (n) byte lengths
+    int32_t *type;                 // (n) enum cv_token_type
+    float *scores;                 // (n) or NULL (BPE has none)
+    int64_t n_merges;              // BPE only
+    char **merge;                  // (n_merges) owned "left right" strings
     int64_t special[CV_N_SPECIAL]; // ids, -1 if none
-    int add_bos, add_eos; // 1 / 0, or -1 when the source says nothing
-    int add_space_prefix; // SPM: 1 / 0 / -1 (absent: llama.cpp's default, true)
-    char *chat_template;  // owned or NULL
+    int add_bos, add_eos;          // 1 / 0, or -1 when the source says nothing
+    int add_space_prefix;          // SPM: 1 / 0 / -1 (absent: llama.cpp's default, true)
+    char *chat_template;           // owned or NULL
 };
 
 void cv_vocab_free(struct cv_vocab *v); // frees the members (v itself is the caller's); zeroed struct ok

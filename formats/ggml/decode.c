@@ -22,15 +22,14 @@ const int8_t llmq_kvalues_iq4nl[16] = {
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 };
 
-
 // f16 -> f32 with selects instead of branches, so that row loops vectorize. Exact for every input
 // (the same bits as llmq_f16_to_f32, NaN payloads included).
 static inline float half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t em = h & 0x7fffu;                                 // exponent and mantissa
-    uint32_t norm = (em << 13) + (112u << 23);                       // rebias 15 -> 127
-    norm += (uint32_t) - (int32_t)(em >= 0x7c00u) & (112u << 23);    // inf / nan: exponent 255
-    const uint32_t sub = llmq_f32_bits((float)(int32_t)em * 0x1p-24f);    // zero / subnormal, exact
+    const uint32_t em = h & 0x7fffu;                                   // exponent and mantissa
+    uint32_t norm = (em << 13) + (112u << 23);                         // rebias 15 -> 127
+    norm += (uint32_t) - (int32_t)(em >= 0x7c00u) & (112u << 23);      // inf / nan: exponent 255
+    const uint32_t sub = llmq_f32_bits((float)(int32_t)em * 0x1p-24f); // zero / subnormal, exact
     const uint32_t is_sub = (uint32_t) - (int32_t)(em < 0x0400u);
     return llmq_bits_f32(sign | (sub & is_sub) | (norm & ~is_sub));
 }

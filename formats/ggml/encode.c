@@ -60,8 +60,8 @@ static enum llmq_status check_args(const char *what, enum llmq_dtype t, const fl
     *fn = encoder(t);
     if (!*fn) return llmq_errorf(LLMQ_ERR_ARG, "%s: cannot encode %s (no ggml quantizer for it)", what, dt->name);
     if (n_per_row < 0 || n_per_row % dt->blck != 0)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s %s: %lld elements per row is not a multiple of the block size %lld",
-                           what, dt->name, (long long)n_per_row, (long long)dt->blck);
+        return llmq_errorf(LLMQ_ERR_ARG, "%s %s: %lld elements per row is not a multiple of the block size %lld", what,
+                           dt->name, (long long)n_per_row, (long long)dt->blck);
     int64_t total;
     if (nrows < 0 || !llmq_mul_i64(nrows, n_per_row, &total) || !llmq_dtype_nbytes(t, n_per_row, row_bytes) ||
         (nrows > 0 && *row_bytes > SIZE_MAX / (size_t)nrows))
@@ -99,8 +99,8 @@ static void *encode_job(void *arg) {
     return NULL;
 }
 
-enum llmq_status llmq_gguf_encode_rows(enum llmq_dtype t, const float *src, void *dst, int64_t nrows,
-                                       int64_t n_per_row, const float *importance, int n_threads) {
+enum llmq_status llmq_gguf_encode_rows(enum llmq_dtype t, const float *src, void *dst, int64_t nrows, int64_t n_per_row,
+                                       const float *importance, int n_threads) {
     enum { MAX_THREADS = 256 };
     enc_fn fn = NULL;
     size_t row_bytes = 0;
@@ -118,13 +118,15 @@ enum llmq_status llmq_gguf_encode_rows(enum llmq_dtype t, const float *src, void
     pthread_t tid[MAX_THREADS];
     bool started[MAX_THREADS] = {0};
     for (int i = 0; i < nt; i++)
-        jobs[i] = (struct rows_job){fn, src, dst, importance, n_per_row, nrows * i / nt, nrows * (i + 1) / nt,
-                                    row_bytes};
+        jobs[i] =
+            (struct rows_job){fn, src, dst, importance, n_per_row, nrows * i / nt, nrows * (i + 1) / nt, row_bytes};
     for (int i = 1; i < nt; i++) started[i] = pthread_create(&tid[i], NULL, encode_job, &jobs[i]) == 0;
     encode_job(&jobs[0]);
     for (int i = 1; i < nt; i++) {
-        if (started[i]) pthread_join(tid[i], NULL);
-        else encode_job(&jobs[i]); // could not start a thread: do its share here
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else
+            encode_job(&jobs[i]); // could not start a thread: do its share here
     }
     return LLMQ_OK;
 }
@@ -136,15 +138,18 @@ enum grid_family { FAMILY_NONE, FAMILY_LEGACY, FAMILY_K, FAMILY_IQ4 };
 // Family of t and the number of codes of its elements (bits per stored element).
 static enum grid_family grid_family(enum llmq_dtype t, int *n_codes) {
     switch (t) {
-    case LLMQ_DTYPE_Q4_0: case LLMQ_DTYPE_Q4_1: *n_codes = 16; return FAMILY_LEGACY;
-    case LLMQ_DTYPE_Q5_0: case LLMQ_DTYPE_Q5_1: *n_codes = 32; return FAMILY_LEGACY;
+    case LLMQ_DTYPE_Q4_0:
+    case LLMQ_DTYPE_Q4_1: *n_codes = 16; return FAMILY_LEGACY;
+    case LLMQ_DTYPE_Q5_0:
+    case LLMQ_DTYPE_Q5_1: *n_codes = 32; return FAMILY_LEGACY;
     case LLMQ_DTYPE_Q8_0: *n_codes = 256; return FAMILY_LEGACY;
     case LLMQ_DTYPE_Q2_K: *n_codes = 4; return FAMILY_K;
     case LLMQ_DTYPE_Q3_K: *n_codes = 8; return FAMILY_K;
     case LLMQ_DTYPE_Q4_K: *n_codes = 16; return FAMILY_K;
     case LLMQ_DTYPE_Q5_K: *n_codes = 32; return FAMILY_K;
     case LLMQ_DTYPE_Q6_K: *n_codes = 64; return FAMILY_K;
-    case LLMQ_DTYPE_IQ4_NL: case LLMQ_DTYPE_IQ4_XS: *n_codes = 16; return FAMILY_IQ4;
+    case LLMQ_DTYPE_IQ4_NL:
+    case LLMQ_DTYPE_IQ4_XS: *n_codes = 16; return FAMILY_IQ4;
     default: *n_codes = 0; return FAMILY_NONE;
     }
 }
@@ -153,9 +158,12 @@ void llmq_gguf_block_grid(enum llmq_dtype t, const void *block, int j, struct ll
     int n_codes;
     const enum grid_family f = grid_family(t, &n_codes);
     LLMQ_ASSERT(f != FAMILY_NONE && j >= 0 && j < llmq_dtype_traits(t)->blck);
-    if (f == FAMILY_LEGACY) llmq_grid_legacy(t, block, j, g);
-    else if (f == FAMILY_K) llmq_grid_k(t, block, j, g);
-    else llmq_grid_iq4(t, block, j, g);
+    if (f == FAMILY_LEGACY)
+        llmq_grid_legacy(t, block, j, g);
+    else if (f == FAMILY_K)
+        llmq_grid_k(t, block, j, g);
+    else
+        llmq_grid_iq4(t, block, j, g);
     LLMQ_ASSERT(g->n_levels == n_codes);
 }
 
@@ -163,9 +171,12 @@ void llmq_gguf_block_set_code(enum llmq_dtype t, void *block, int j, int code) {
     int n_codes;
     const enum grid_family f = grid_family(t, &n_codes);
     LLMQ_ASSERT(f != FAMILY_NONE && j >= 0 && j < llmq_dtype_traits(t)->blck && code >= 0 && code < n_codes);
-    if (f == FAMILY_LEGACY) llmq_setq_legacy(t, block, j, code);
-    else if (f == FAMILY_K) llmq_setq_k(t, block, j, code);
-    else llmq_setq_iq4(t, block, j, code);
+    if (f == FAMILY_LEGACY)
+        llmq_setq_legacy(t, block, j, code);
+    else if (f == FAMILY_K)
+        llmq_setq_k(t, block, j, code);
+    else
+        llmq_setq_iq4(t, block, j, code);
 }
 
 // ---- nearest grid point
@@ -206,21 +217,27 @@ int llmq_gguf_grid_nearest(const struct llmq_gguf_grid *g, float w) {
     while (lo < hi) {
         const int mid = (lo + hi) / 2;
         const float v = llmq_gguf_grid_value(g, mid);
-        if (up ? v >= w : v <= w) hi = mid;
-        else lo = mid + 1;
+        if (up ? v >= w : v <= w)
+            hi = mid;
+        else
+            lo = mid + 1;
     }
     const int p = lo;
     float dmin = p < n ? grid_dist(g, p, w) : INFINITY;
     if (p > 0) {
         const float dp = grid_dist(g, p - 1, w);
-        if (dp <= dmin) dmin = dp;
-        else return p; // dist is larger everywhere below p
+        if (dp <= dmin)
+            dmin = dp;
+        else
+            return p; // dist is larger everywhere below p
         // lowest code in [0, p) with dist <= dmin (dist non-increasing there)
         lo = 0, hi = p - 1;
         while (lo < hi) {
             const int mid = (lo + hi) / 2;
-            if (grid_dist(g, mid, w) <= dmin) hi = mid;
-            else lo = mid + 1;
+            if (grid_dist(g, mid, w) <= dmin)
+                hi = mid;
+            else
+                lo = mid + 1;
         }
         return lo;
     }

@@ -53,17 +53,17 @@ enum llmq_status llmq_gguf_encode_row_ref(enum llmq_dtype t, const float *src, v
 // The fast path: nrows rows of n_per_row elements, row r from src + r * n_per_row into
 // dst + r * row_bytes; importance NULL or (n_per_row), shared by every row. n_threads >= 1 splits
 // the rows; the bytes equal llmq_gguf_encode_row_ref of each row for any n_threads.
-enum llmq_status llmq_gguf_encode_rows(enum llmq_dtype t, const float *src, void *dst, int64_t nrows,
-                                       int64_t n_per_row, const float *importance, int n_threads);
+enum llmq_status llmq_gguf_encode_rows(enum llmq_dtype t, const float *src, void *dst, int64_t nrows, int64_t n_per_row,
+                                       const float *importance, int n_threads);
 
 // ---- grid access (block types only; F32 / F16 / BF16 have no grid)
 
 #define LLMQ_GGUF_MAX_LEVELS 256
 
 struct llmq_gguf_grid {
-    float A, B;       // value = A * L[code] + B
-    int n_levels;     // codes 0 .. n_levels - 1
-    const float *L;   // (n_levels) ascending levels (static storage)
+    float A, B;     // value = A * L[code] + B
+    int n_levels;   // codes 0 .. n_levels - 1
+    const float *L; // (n_levels) ascending levels (static storage)
 };
 
 // Grid of element j (0 <= j < block size) of one encoded block of type t.
@@ -77,8 +77,6 @@ void llmq_gguf_block_set_code(enum llmq_dtype t, void *block, int j, int code);
 // for uniform levels with the same result).
 int llmq_gguf_grid_nearest(const struct llmq_gguf_grid *g, float w);
 
-static inline float llmq_gguf_grid_value(const struct llmq_gguf_grid *g, int code) {
-    return g->A * g->L[code] + g->B;
-}
+static inline float llmq_gguf_grid_value(const struct llmq_gguf_grid *g, int code) { return g->A * g->L[code] + g->B; }
 
 #endif // LLMQ_QUANT_GGUF_ENC_H

@@ -28,8 +28,10 @@ static inline int best_index_int8(int n, const int8_t *val, float x) {
     int ml = 0, mu = n - 1;
     while (mu - ml > 1) {
         const int mav = (ml + mu) / 2;
-        if (x < val[mav]) mu = mav;
-        else ml = mav;
+        if (x < val[mav])
+            mu = mav;
+        else
+            ml = mav;
     }
     return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
 }
@@ -37,13 +39,13 @@ static inline int best_index_int8(int n, const int8_t *val, float x) {
 // quantize_row_iq4_nl_impl for one super-block of `sbs` elements (32: IQ4_NL, 256: IQ4_XS) in
 // blocks of 32. dh: the f16 scale; q4: sbs / 2 nibble bytes; scales_h / scales_l: IQ4_XS only.
 // qw: NULL or (sbs) importance.
-static void iq4_superblock(int sbs, const float *x, uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
-                           uint8_t *scales_l, const float *qw) {
+static void iq4_superblock(int sbs, const float *x, uint16_t *dh, uint8_t *q4, uint16_t *scales_h, uint8_t *scales_l,
+                           const float *qw) {
     const int8_t *values = llmq_kvalues_iq4nl;
     const int bs = 32, nb = sbs / bs;
     float scales[LLMQ_QK_K / 32]; // (nb)
     float weight[32];
-    uint8_t L[LLMQ_QK_K];         // (sbs)
+    uint8_t L[LLMQ_QK_K]; // (sbs)
 
     float sigma2 = 0;
     for (int j = 0; j < sbs; j++) sigma2 += x[j] * x[j];
@@ -127,8 +129,10 @@ static void iq4_superblock(int sbs, const float *x, uint16_t *dh, uint8_t *q4, u
             for (int j = 0; j < bs; j++) Lb[j] = (uint8_t)best_index_int8(16, values, idl * xb[j]);
             l += 32;
             const uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
-            if (ib % 2 == 0) scales_l[ib / 2] = l_l;
-            else scales_l[ib / 2] |= (uint8_t)(l_l << 4);
+            if (ib % 2 == 0)
+                scales_l[ib / 2] = l_l;
+            else
+                scales_l[ib / 2] |= (uint8_t)(l_l << 4);
             *scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
         }
     } else {
@@ -192,6 +196,8 @@ void llmq_setq_iq4(int type, void *block, int j, int code) {
         qs = ((struct llmq_block_iq4_xs *)block)->qs + 16 * (j / 32);
         j %= 32;
     }
-    if (j < 16) qs[j] = (uint8_t)((qs[j] & 0xF0) | (code & 0x0F));
-    else qs[j - 16] = (uint8_t)((qs[j - 16] & 0x0F) | ((code & 0x0F) << 4));
+    if (j < 16)
+        qs[j] = (uint8_t)((qs[j] & 0xF0) | (code & 0x0F));
+    else
+        qs[j - 16] = (uint8_t)((qs[j - 16] & 0x0F) | ((code & 0x0F) << 4));
 }

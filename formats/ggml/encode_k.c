@@ -24,9 +24,9 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
-#include "formats/ggml/quants.h"
 #include "formats/ggml/encode.h"
 #include "formats/ggml/encode_impl.h"
+#include "formats/ggml/quants.h"
 
 #define QK_K LLMQ_QK_K
 #define GROUP_MAX_EPS 1e-15f
@@ -69,8 +69,10 @@ static inline void pack_2bit(const uint8_t *L, uint8_t *qs) {
 // 6-bit signed scale j (0..15, stored + 32 in l, 0..63) into the 12 scale bytes of Q3_K
 // (which start zeroed).
 static inline void put_scale_q3_k(int j, int l, uint8_t *scales) {
-    if (j < 8) scales[j] = (uint8_t)(l & 0xF);
-    else scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+    if (j < 8)
+        scales[j] = (uint8_t)(l & 0xF);
+    else
+        scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
     l >>= 4;
     scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
 }
@@ -179,8 +181,10 @@ void llmq_enc_q2_k(const float *x, void *y, int64_t n, const float *qw) {
     for (int64_t i = 0; i < n / QK_K; i++) {
         struct llmq_block_q2_k b;
         memset(&b, 0, sizeof b);
-        if (qw) q2_k_impl(x + QK_K * i, &b, qw + QK_K * i);
-        else q2_k_ref(x + QK_K * i, &b);
+        if (qw)
+            q2_k_impl(x + QK_K * i, &b, qw + QK_K * i);
+        else
+            q2_k_ref(x + QK_K * i, &b);
         memcpy(out + (size_t)i * sizeof b, &b, sizeof b);
     }
 }
@@ -279,8 +283,10 @@ void llmq_enc_q3_k(const float *x, void *y, int64_t n, const float *qw) {
     for (int64_t i = 0; i < n / QK_K; i++) {
         struct llmq_block_q3_k b;
         memset(&b, 0, sizeof b);
-        if (qw) q3_k_impl(x + QK_K * i, &b, qw + QK_K * i);
-        else q3_k_ref(x + QK_K * i, &b);
+        if (qw)
+            q3_k_impl(x + QK_K * i, &b, qw + QK_K * i);
+        else
+            q3_k_ref(x + QK_K * i, &b);
         memcpy(out + (size_t)i * sizeof b, &b, sizeof b);
     }
 }
@@ -288,8 +294,7 @@ void llmq_enc_q3_k(const float *x, void *y, int64_t n, const float *qw) {
 // ============================================================================ Q4_K / Q5_K
 
 // Requantize elements with the stored scales/mins: L (256) in 0..nmax.
-static void q45_k_requant(const float *x, uint16_t dh, uint16_t dminh, const uint8_t *scales, int nmax,
-                          uint8_t *L) {
+static void q45_k_requant(const float *x, uint16_t dh, uint16_t dminh, const uint8_t *scales, int nmax, uint8_t *L) {
     uint8_t sc, m;
     for (int j = 0; j < QK_K / 32; ++j) {
         get_scale_min_k4(j, scales, &sc, &m);
@@ -306,8 +311,8 @@ static void q45_k_requant(const float *x, uint16_t dh, uint16_t dminh, const uin
 
 // The reference (no importance) search of Q4_K (nmax 15) and Q5_K (nmax 31): scales, mins and
 // super-block d / dmin into scales12, *dh, *dminh, then the requantized L.
-static void q45_k_ref_scales(const float *x, int nmax, float rmin, int nstep, uint8_t *scales12,
-                             uint16_t *dh, uint16_t *dminh, uint8_t *L) {
+static void q45_k_ref_scales(const float *x, int nmax, float rmin, int nstep, uint8_t *scales12, uint16_t *dh,
+                             uint16_t *dminh, uint8_t *L) {
     uint8_t Laux[32];
     float weights[32];
     float mins[QK_K / 32];
@@ -320,8 +325,8 @@ static void q45_k_ref_scales(const float *x, int nmax, float rmin, int nstep, ui
         for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = llmq_make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f,
-                                          nstep, 0);
+        scales[j] =
+            llmq_make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, 0);
         float scale = scales[j];
         if (scale > max_scale) max_scale = scale;
         float min = mins[j];
@@ -344,8 +349,8 @@ static void q45_k_ref_scales(const float *x, int nmax, float rmin, int nstep, ui
 
 // The importance-weighted search of Q4_K / Q5_K (quantize_row_q{4,5}_K_impl); clamp63: Q5_K
 // clamps the 6-bit scales to 63 before packing, Q4_K does not.
-static void q45_k_impl_scales(const float *x, const float *qw, int nmax, int clamp63, uint8_t *scales12,
-                              uint16_t *dh, uint16_t *dminh, uint8_t *L) {
+static void q45_k_impl_scales(const float *x, const float *qw, int nmax, int clamp63, uint8_t *scales12, uint16_t *dh,
+                              uint16_t *dminh, uint8_t *L) {
     uint8_t Laux[32];
     uint8_t Ls[QK_K / 32];
     uint8_t Lm[QK_K / 32];
@@ -364,8 +369,8 @@ static void q45_k_impl_scales(const float *x, const float *qw, int nmax, int cla
         float sumw = 0;
         for (int l = 0; l < 32; ++l) sumw += weights[l];
         sw[j] = sumw;
-        scales[j] = llmq_make_qkx3_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f,
-                                          36, 0);
+        scales[j] =
+            llmq_make_qkx3_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36, 0);
     }
 
     float d_block = llmq_make_qp_quants(QK_K / 32, 63, scales, Ls, sw);
@@ -391,8 +396,10 @@ void llmq_enc_q4_k(const float *x, void *y, int64_t n, const float *qw) {
         struct llmq_block_q4_k b;
         memset(&b, 0, sizeof b);
         const float *xb = x + QK_K * i;
-        if (qw) q45_k_impl_scales(xb, qw + QK_K * i, 15, 0, b.scales, &b.d, &b.dmin, L);
-        else q45_k_ref_scales(xb, 15, -1.f, 20, b.scales, &b.d, &b.dmin, L);
+        if (qw)
+            q45_k_impl_scales(xb, qw + QK_K * i, 15, 0, b.scales, &b.d, &b.dmin, L);
+        else
+            q45_k_ref_scales(xb, 15, -1.f, 20, b.scales, &b.d, &b.dmin, L);
         uint8_t *q = b.qs;
         for (int j = 0; j < QK_K; j += 64, q += 32)
             for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
@@ -407,8 +414,10 @@ void llmq_enc_q5_k(const float *x, void *y, int64_t n, const float *qw) {
         struct llmq_block_q5_k b;
         memset(&b, 0, sizeof b);
         const float *xb = x + QK_K * i;
-        if (qw) q45_k_impl_scales(xb, qw + QK_K * i, 31, 1, b.scales, &b.d, &b.dmin, L);
-        else q45_k_ref_scales(xb, 31, -0.5f, 15, b.scales, &b.d, &b.dmin, L);
+        if (qw)
+            q45_k_impl_scales(xb, qw + QK_K * i, 31, 1, b.scales, &b.d, &b.dmin, L);
+        else
+            q45_k_ref_scales(xb, 31, -0.5f, 15, b.scales, &b.d, &b.dmin, L);
         uint8_t *qh = b.qh;
         uint8_t *ql = b.qs;
         uint8_t m1 = 1, m2 = 2;
@@ -536,7 +545,8 @@ void llmq_grid_k(int type, const void *block, int j, struct llmq_gguf_grid *g) {
         const float d_all = rd_half(b, offsetof(struct llmq_block_q3_k, d));
         const uint8_t *s = b + offsetof(struct llmq_block_q3_k, scales);
         const int s16 = j / 16;
-        const int sc = (s16 < 8 ? (s[s16] & 0xF) : (s[s16 - 8] >> 4)) | (((s[8 + s16 % 4] >> (2 * (s16 / 4))) & 3) << 4);
+        const int sc =
+            (s16 < 8 ? (s[s16] & 0xF) : (s[s16 - 8] >> 4)) | (((s[8 + s16 % 4] >> (2 * (s16 / 4))) & 3) << 4);
         g->A = d_all * (sc - 32);
         g->B = -0.0f;
         g->n_levels = 8;

@@ -235,8 +235,9 @@ static const float levels_q5_0[32] = {-16, -15, -14, -13, -12, -11, -10, -9, -8,
                                       0,   1,   2,   3,   4,   5,   6,   7,  8,  9,  10, 11, 12, 13, 14, 15};
 static const float levels_q5_1[32] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
                                       16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
-#define R16(b) (b), (b) + 1, (b) + 2, (b) + 3, (b) + 4, (b) + 5, (b) + 6, (b) + 7, (b) + 8, (b) + 9, \
-               (b) + 10, (b) + 11, (b) + 12, (b) + 13, (b) + 14, (b) + 15
+#define R16(b)                                                                                                         \
+    (b), (b) + 1, (b) + 2, (b) + 3, (b) + 4, (b) + 5, (b) + 6, (b) + 7, (b) + 8, (b) + 9, (b) + 10, (b) + 11,          \
+        (b) + 12, (b) + 13, (b) + 14, (b) + 15
 static const float levels_q8_0[256] = {R16(-128), R16(-112), R16(-96), R16(-80), R16(-64), R16(-48),
                                        R16(-32),  R16(-16),  R16(0),   R16(16),  R16(32),  R16(48),
                                        R16(64),   R16(80),   R16(96),  R16(112)};
@@ -269,8 +270,7 @@ void llmq_grid_legacy(int type, const void *block, int j, struct llmq_gguf_grid 
         *g = (struct llmq_gguf_grid){llmq_f16_to_f32(b->d), -0.0f, 256, levels_q8_0};
         return;
     }
-    default:
-        break;
+    default: break;
     }
     (void)j; // every element of a legacy block shares its grid
     LLMQ_ASSERT(!"llmq_grid_legacy: not a legacy block type");
@@ -278,8 +278,10 @@ void llmq_grid_legacy(int type, const void *block, int j, struct llmq_gguf_grid 
 
 // Nibble j of a 32-element block: low nibble of qs[j] for j < 16, high nibble of qs[j - 16] else.
 static void set_nibble(uint8_t *qs, int j, int v) {
-    if (j < 16) qs[j] = (uint8_t)((qs[j] & 0xF0) | (v & 0x0F));
-    else qs[j - 16] = (uint8_t)((qs[j - 16] & 0x0F) | ((v & 0x0F) << 4));
+    if (j < 16)
+        qs[j] = (uint8_t)((qs[j] & 0xF0) | (v & 0x0F));
+    else
+        qs[j - 16] = (uint8_t)((qs[j - 16] & 0x0F) | ((v & 0x0F) << 4));
 }
 
 static void set_q5(uint8_t *qs, uint8_t *qh, int j, int code) {

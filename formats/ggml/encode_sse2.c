@@ -66,8 +66,7 @@ static inline float signed_absmax(const float *x, const __m128 v[8]) {
 }
 
 // q[0..32) = min(qmax, (int)(v * id + add)) for the 32 values (the reference's (int8_t) cast then MIN).
-static inline void codes_trunc(const __m128 v[8], float id, float add, __m128 sub, int qmax, __m128i *lo,
-                               __m128i *hi) {
+static inline void codes_trunc(const __m128 v[8], float id, float add, __m128 sub, int qmax, __m128i *lo, __m128i *hi) {
     const __m128 vid = _mm_set1_ps(id), vadd = _mm_set1_ps(add);
     __m128i t[8];
     for (int k = 0; k < 8; k++) t[k] = _mm_cvttps_epi32(_mm_add_ps(_mm_mul_ps(_mm_sub_ps(v[k], sub), vid), vadd));
@@ -87,16 +86,20 @@ static void fast_sym(const float *x, void *vy, int64_t n, int bits) {
     for (int64_t i = 0; i < nb; i++) {
         const float *xb = x + 32 * i;
         if (!load32(xb, v)) {
-            if (bits == 4) llmq_enc_q4_0(xb, (struct llmq_block_q4_0 *)vy + i, 32, NULL);
-            else llmq_enc_q5_0(xb, (struct llmq_block_q5_0 *)vy + i, 32, NULL);
+            if (bits == 4)
+                llmq_enc_q4_0(xb, (struct llmq_block_q4_0 *)vy + i, 32, NULL);
+            else
+                llmq_enc_q5_0(xb, (struct llmq_block_q5_0 *)vy + i, 32, NULL);
             continue;
         }
         const float max = signed_absmax(xb, v);
         const float d = max / div;
         const float id = d ? 1.0f / d : 0.0f;
         if (!isfinite(id)) { // subnormal d: the reference's casts of ±inf / NaN are not portable, let it decide
-            if (bits == 4) llmq_enc_q4_0(xb, (struct llmq_block_q4_0 *)vy + i, 32, NULL);
-            else llmq_enc_q5_0(xb, (struct llmq_block_q5_0 *)vy + i, 32, NULL);
+            if (bits == 4)
+                llmq_enc_q4_0(xb, (struct llmq_block_q4_0 *)vy + i, 32, NULL);
+            else
+                llmq_enc_q5_0(xb, (struct llmq_block_q5_0 *)vy + i, 32, NULL);
             continue;
         }
         __m128i lo, hi;
@@ -134,15 +137,19 @@ static void fast_asym(const float *x, void *vy, int64_t n, int bits) {
             ok = mn != 0.0f && mx != 0.0f; // a zero extreme may be -0.0 in one path and +0.0 in the other
         }
         if (!ok) {
-            if (bits == 4) llmq_enc_q4_1(xb, (struct llmq_block_q4_1 *)vy + i, 32, NULL);
-            else llmq_enc_q5_1(xb, (struct llmq_block_q5_1 *)vy + i, 32, NULL);
+            if (bits == 4)
+                llmq_enc_q4_1(xb, (struct llmq_block_q4_1 *)vy + i, 32, NULL);
+            else
+                llmq_enc_q5_1(xb, (struct llmq_block_q5_1 *)vy + i, 32, NULL);
             continue;
         }
         const float d = (mx - mn) / (float)qmax;
         const float id = d ? 1.0f / d : 0.0f;
         if (!isfinite(id) || !isfinite(d)) {
-            if (bits == 4) llmq_enc_q4_1(xb, (struct llmq_block_q4_1 *)vy + i, 32, NULL);
-            else llmq_enc_q5_1(xb, (struct llmq_block_q5_1 *)vy + i, 32, NULL);
+            if (bits == 4)
+                llmq_enc_q4_1(xb, (struct llmq_block_q4_1 *)vy + i, 32, NULL);
+            else
+                llmq_enc_q5_1(xb, (struct llmq_block_q5_1 *)vy + i, 32, NULL);
             continue;
         }
         __m128i lo, hi;
@@ -194,7 +201,7 @@ static void fast_q8_0(const float *x, void *vy, int64_t n, const float *qw) {
         for (int k = 0; k < 8; k++) {
             __m128 p = _mm_mul_ps(v[k], vid);
             __m128i q = _mm_cvttps_epi32(p);
-            __m128 f = _mm_sub_ps(p, _mm_cvtepi32_ps(q)); // exact
+            __m128 f = _mm_sub_ps(p, _mm_cvtepi32_ps(q));                   // exact
             q = _mm_sub_epi32(q, _mm_castps_si128(_mm_cmpge_ps(f, half)));  // +1
             q = _mm_add_epi32(q, _mm_castps_si128(_mm_cmple_ps(f, mhalf))); // -1
             t[k] = q;

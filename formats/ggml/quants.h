@@ -67,36 +67,36 @@
 #define LLMQ_QK5_1 32
 #define LLMQ_QK8_0 32
 #define LLMQ_QK4_NL 32
-#define LLMQ_QK_K 256         // elements of a k-quant / IQ4_XS super-block
-#define LLMQ_K_SCALE_SIZE 12  // bytes of packed 6-bit scales + mins in Q4_K / Q5_K
+#define LLMQ_QK_K 256        // elements of a k-quant / IQ4_XS super-block
+#define LLMQ_K_SCALE_SIZE 12 // bytes of packed 6-bit scales + mins in Q4_K / Q5_K
 
 // The 16 non-linear levels of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl).
 extern const int8_t llmq_kvalues_iq4nl[16];
 
 // ---- block structs: field names and order as ggml-common.h; `d`, `m`, `dmin` are f16 bits.
 struct llmq_block_q4_0 {
-    uint16_t d;                    // scale
-    uint8_t qs[LLMQ_QK4_0 / 2];    // nibbles
+    uint16_t d;                 // scale
+    uint8_t qs[LLMQ_QK4_0 / 2]; // nibbles
 };
 struct llmq_block_q4_1 {
-    uint16_t d;                    // scale
-    uint16_t m;                    // offset (block minimum)
-    uint8_t qs[LLMQ_QK4_1 / 2];    // nibbles
+    uint16_t d;                 // scale
+    uint16_t m;                 // offset (block minimum)
+    uint8_t qs[LLMQ_QK4_1 / 2]; // nibbles
 };
 struct llmq_block_q5_0 {
-    uint16_t d;                    // scale
-    uint8_t qh[4];                 // 5th bits, a little-endian u32, bit i for element i
-    uint8_t qs[LLMQ_QK5_0 / 2];    // low 4 bits
+    uint16_t d;                 // scale
+    uint8_t qh[4];              // 5th bits, a little-endian u32, bit i for element i
+    uint8_t qs[LLMQ_QK5_0 / 2]; // low 4 bits
 };
 struct llmq_block_q5_1 {
-    uint16_t d;                    // scale
-    uint16_t m;                    // offset
-    uint8_t qh[4];                 // 5th bits
-    uint8_t qs[LLMQ_QK5_1 / 2];    // low 4 bits
+    uint16_t d;                 // scale
+    uint16_t m;                 // offset
+    uint8_t qh[4];              // 5th bits
+    uint8_t qs[LLMQ_QK5_1 / 2]; // low 4 bits
 };
 struct llmq_block_q8_0 {
-    uint16_t d;                    // scale
-    int8_t qs[LLMQ_QK8_0];         // quants
+    uint16_t d;            // scale
+    int8_t qs[LLMQ_QK8_0]; // quants
 };
 struct llmq_block_q2_k {
     uint8_t scales[LLMQ_QK_K / 16]; // 4-bit scale | 4-bit min << 4, per 16 elements
@@ -105,39 +105,39 @@ struct llmq_block_q2_k {
     uint16_t dmin;                  // super-block scale of the mins
 };
 struct llmq_block_q3_k {
-    uint8_t hmask[LLMQ_QK_K / 8];   // high bit of each quant
-    uint8_t qs[LLMQ_QK_K / 4];      // low 2 bits
-    uint8_t scales[12];             // 16 6-bit scales
-    uint16_t d;                     // super-block scale
+    uint8_t hmask[LLMQ_QK_K / 8]; // high bit of each quant
+    uint8_t qs[LLMQ_QK_K / 4];    // low 2 bits
+    uint8_t scales[12];           // 16 6-bit scales
+    uint16_t d;                   // super-block scale
 };
 struct llmq_block_q4_k {
-    uint16_t d;                     // super-block scale of the scales
-    uint16_t dmin;                  // super-block scale of the mins
+    uint16_t d;                        // super-block scale of the scales
+    uint16_t dmin;                     // super-block scale of the mins
     uint8_t scales[LLMQ_K_SCALE_SIZE]; // 8 6-bit scales + 8 6-bit mins
-    uint8_t qs[LLMQ_QK_K / 2];      // nibbles
+    uint8_t qs[LLMQ_QK_K / 2];         // nibbles
 };
 struct llmq_block_q5_k {
     uint16_t d;
     uint16_t dmin;
     uint8_t scales[LLMQ_K_SCALE_SIZE];
-    uint8_t qh[LLMQ_QK_K / 8];      // 5th bits
-    uint8_t qs[LLMQ_QK_K / 2];      // low 4 bits
+    uint8_t qh[LLMQ_QK_K / 8]; // 5th bits
+    uint8_t qs[LLMQ_QK_K / 2]; // low 4 bits
 };
 struct llmq_block_q6_k {
-    uint8_t ql[LLMQ_QK_K / 2];      // low 4 bits
-    uint8_t qh[LLMQ_QK_K / 4];      // high 2 bits
-    int8_t scales[LLMQ_QK_K / 16];  // 8-bit signed scales
-    uint16_t d;                     // super-block scale
+    uint8_t ql[LLMQ_QK_K / 2];     // low 4 bits
+    uint8_t qh[LLMQ_QK_K / 4];     // high 2 bits
+    int8_t scales[LLMQ_QK_K / 16]; // 8-bit signed scales
+    uint16_t d;                    // super-block scale
 };
 struct llmq_block_iq4_nl {
     uint16_t d;
-    uint8_t qs[LLMQ_QK4_NL / 2];    // indices into llmq_kvalues_iq4nl
+    uint8_t qs[LLMQ_QK4_NL / 2]; // indices into llmq_kvalues_iq4nl
 };
 struct llmq_block_iq4_xs {
     uint16_t d;
-    uint16_t scales_h;              // high 2 bits of the 8 sub-block scales
+    uint16_t scales_h;                // high 2 bits of the 8 sub-block scales
     uint8_t scales_l[LLMQ_QK_K / 64]; // low 4 bits of the 8 sub-block scales
-    uint8_t qs[LLMQ_QK_K / 2];      // indices into llmq_kvalues_iq4nl
+    uint8_t qs[LLMQ_QK_K / 2];        // indices into llmq_kvalues_iq4nl
 };
 
 _Static_assert(sizeof(struct llmq_block_q4_0) == 18, "block_q4_0 size");
@@ -168,10 +168,10 @@ typedef void (*llmq_from_float_fn)(const float *src, void *dst, int64_t n, const
 
 struct llmq_quant_traits {
     enum llmq_dtype type;
-    llmq_to_float_fn to_float;      // fast decoder, NULL if the type cannot be decoded
-    llmq_to_float_fn to_float_ref;  // plain-C reference mirroring ggml's loop, the oracle for
-                                    // to_float (bit-identical output); NULL iff to_float is
-    llmq_from_float_fn from_float;  // encoder, NULL if none
+    llmq_to_float_fn to_float;     // fast decoder, NULL if the type cannot be decoded
+    llmq_to_float_fn to_float_ref; // plain-C reference mirroring ggml's loop, the oracle for
+                                   // to_float (bit-identical output); NULL iff to_float is
+    llmq_from_float_fn from_float; // encoder, NULL if none
 };
 
 // Traits of t; NULL if t is out of range. Every type of common/dtype.h has an entry, and

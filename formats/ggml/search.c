@@ -64,11 +64,11 @@ float llmq_make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_t
         int l = llmq_nearest_int(iscale * x[i]);
         l = MAX(-nmax, MIN(nmax - 1, l));
         L[i] = (int8_t)(l + nmax);
-        float w = qw ? qw[i]
-                     : rmse_type == 1 ? x[i] * x[i]
-                     : rmse_type == 2 ? 1
-                     : rmse_type == 3 ? fabsf(x[i])
-                                      : sqrtf(fabsf(x[i]));
+        float w = qw               ? qw[i]
+                  : rmse_type == 1 ? x[i] * x[i]
+                  : rmse_type == 2 ? 1
+                  : rmse_type == 3 ? fabsf(x[i])
+                                   : sqrtf(fabsf(x[i]));
         sumlx += w * x[i] * l;
         suml2 += w * l * l;
     }
@@ -82,11 +82,11 @@ float llmq_make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_t
         for (int i = 0; i < n; ++i) {
             int l = llmq_nearest_int(iscale * x[i]);
             l = MAX(-nmax, MIN(nmax - 1, l));
-            float w = qw ? qw[i]
-                         : rmse_type == 1 ? x[i] * x[i]
-                         : rmse_type == 2 ? 1
-                         : rmse_type == 3 ? fabsf(x[i])
-                                          : sqrtf(fabsf(x[i]));
+            float w = qw               ? qw[i]
+                      : rmse_type == 1 ? x[i] * x[i]
+                      : rmse_type == 2 ? 1
+                      : rmse_type == 3 ? fabsf(x[i])
+                                       : sqrtf(fabsf(x[i]));
             sumlx += w * x[i] * l;
             suml2 += w * l * l;
         }

@@ -27,7 +27,7 @@ static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
 };
 
 // The linears' stems: the table's weight names without ".weight", and the short names.
-static const char *const lin_gguf[LLMQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+static const char *const lin_gguf[LLMQ_LIN_COUNT] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                                      "ffn_gate", "ffn_up", "ffn_down"};
 static const char *const lin_hf[LLMQ_LIN_COUNT] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                    "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
@@ -45,8 +45,10 @@ const struct llmq_tensor_name *llmq_tensor_name_of(enum llmq_tensor_role role) {
 char *llmq_tensor_full_name(enum llmq_tensor_role role, int64_t layer, bool hf, char *buf, size_t size) {
     const struct llmq_tensor_name *t = llmq_tensor_name_of(role);
     const char *n = hf ? t->hf : t->gguf;
-    if (t->per_block) snprintf(buf, size, "%s%lld.%s", hf ? HF_BLOCK : GGUF_BLOCK, (long long)layer, n);
-    else snprintf(buf, size, "%s", n);
+    if (t->per_block)
+        snprintf(buf, size, "%s%lld.%s", hf ? HF_BLOCK : GGUF_BLOCK, (long long)layer, n);
+    else
+        snprintf(buf, size, "%s", n);
     return buf;
 }
 
@@ -110,8 +112,10 @@ void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff) {
     for (int64_t i = 0; i < half; i++) {
         float freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->head_dim);
         double wavelen = 2.0 * M_PI / freq;
-        if (wavelen < hi_wavelen) ff[i] = 1.0f;
-        else if (wavelen > lo_wavelen) ff[i] = (float)factor;
+        if (wavelen < hi_wavelen)
+            ff[i] = 1.0f;
+        else if (wavelen > lo_wavelen)
+            ff[i] = (float)factor;
         else {
             double smooth = (old_ctx / wavelen - lo) / (hi - lo);
             ff[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));

@@ -65,7 +65,16 @@ struct llmq_hparams {
 };
 
 // The seven linear layers of a block, in the order used everywhere (hooks, calibration, quant).
-enum llmq_linear { LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_UP, LLMQ_LIN_DOWN, LLMQ_LIN_COUNT };
+enum llmq_linear {
+    LLMQ_LIN_Q,
+    LLMQ_LIN_K,
+    LLMQ_LIN_V,
+    LLMQ_LIN_O,
+    LLMQ_LIN_GATE,
+    LLMQ_LIN_UP,
+    LLMQ_LIN_DOWN,
+    LLMQ_LIN_COUNT
+};
 
 // Every tensor role of the family (one row of the table above).
 enum llmq_tensor_role {
@@ -74,7 +83,7 @@ enum llmq_tensor_role {
     LLMQ_T_OUTPUT,
     LLMQ_T_ATTN_NORM,
     LLMQ_T_FFN_NORM,
-    LLMQ_T_LINEAR_0,                               // LLMQ_T_LINEAR_0 + enum llmq_linear: the seven weights
+    LLMQ_T_LINEAR_0,                                  // LLMQ_T_LINEAR_0 + enum llmq_linear: the seven weights
     LLMQ_T_BIAS_Q = LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT, // q, k, v, o biases
     LLMQ_T_BIAS_K,
     LLMQ_T_BIAS_V,
@@ -87,11 +96,11 @@ enum llmq_tensor_role {
 #define LLMQ_GGUF_ROPE_FREQS "rope_freqs.weight"
 
 struct llmq_tensor_name {
-    const char *gguf;   // GGUF name, after "blk.N." for per-block tensors ("attn_q.weight")
-    const char *hf;     // HF name, after "model.layers.N." for per-block tensors ("self_attn.q_proj.weight")
-    bool per_block;     // per decoder block
-    int linear;         // its enum llmq_linear for a linear's weight or bias, else -1
-    bool qk_rows;       // rows follow the q/k head layout (q, k weights and biases): see "Q/K row permutation"
+    const char *gguf; // GGUF name, after "blk.N." for per-block tensors ("attn_q.weight")
+    const char *hf;   // HF name, after "model.layers.N." for per-block tensors ("self_attn.q_proj.weight")
+    bool per_block;   // per decoder block
+    int linear;       // its enum llmq_linear for a linear's weight or bias, else -1
+    bool qk_rows;     // rows follow the q/k head layout (q, k weights and biases): see "Q/K row permutation"
 };
 
 // The table row of a role (never NULL for role < LLMQ_T_COUNT).

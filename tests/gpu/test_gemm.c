@@ -44,8 +44,7 @@ static int case_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
     for (int64_t i = 0; i < ar * lda; i++) aA[i] = fabsf(A[i] = (float)urand());
     for (int64_t i = 0; i < br * ldb; i++) aB[i] = fabsf(B[i] = (float)urand());
     for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < ldc; j++)
-            C0[i * ldc + j] = j >= N ? SENTINEL : beta == 0.0f ? NAN : (float)urand();
+        for (int64_t j = 0; j < ldc; j++) C0[i * ldc + j] = j >= N ? SENTINEL : beta == 0.0f ? NAN : (float)urand();
     memcpy(Cc, C0, sizeof(float) * (size_t)(M * ldc));
     memcpy(Cg, C0, sizeof(float) * (size_t)(M * ldc));
     CHECK(llmq_gemm_f32(LLMQ_BACKEND_CPU, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, Cc, ldc) == LLMQ_OK);
@@ -58,15 +57,18 @@ static int case_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
         for (int64_t j = 0; j < ldc; j++) {
             const float c = Cc[i * ldc + j], g = Cg[i * ldc + j];
             bool ok;
-            if (j >= N) ok = g == SENTINEL;
-            else if (!dev) ok = memcmp(&c, &g, sizeof c) == 0; // the CPU path: the same bits
+            if (j >= N)
+                ok = g == SENTINEL;
+            else if (!dev)
+                ok = memcmp(&c, &g, sizeof c) == 0; // the CPU path: the same bits
             else {
                 const double s = S[i * N + j] + (beta != 0.0f ? fabs((double)beta * C0[i * ldc + j]) : 0.0);
                 ok = fabs((double)g - (double)c) <= tol * s + 1e-30;
             }
             if (!ok && bad++ < 5)
-                fprintf(stderr, "f32 ta %d tb %d M %lld N %lld K %lld alpha %g beta %g: C[%lld][%lld] gpu %.9g cpu %.9g\n",
-                        ta, tb, (long long)M, (long long)N, (long long)K, alpha, beta, (long long)i, (long long)j, g, c);
+                fprintf(stderr,
+                        "f32 ta %d tb %d M %lld N %lld K %lld alpha %g beta %g: C[%lld][%lld] gpu %.9g cpu %.9g\n", ta,
+                        tb, (long long)M, (long long)N, (long long)K, alpha, beta, (long long)i, (long long)j, g, c);
         }
     free(A), free(B), free(C0), free(Cc), free(Cg), free(S), free(aA), free(aB);
     return bad;
@@ -110,7 +112,8 @@ static int case_syrk(int64_t N, int64_t K, int n_calls) {
     float *Cg = malloc(sizeof(float) * (size_t)(N * ldc)), *S = calloc((size_t)(N * N), sizeof(float));
     float *aA = malloc(sizeof(float) * (size_t)(K * lda));
     CHECK(A && Cc && Cg && S && aA);
-    for (int64_t i = 0; i < N * ldc; i++) Cc[i] = Cg[i] = (i % ldc) >= N || (i % ldc) < i / ldc ? SENTINEL : (float)urand();
+    for (int64_t i = 0; i < N * ldc; i++)
+        Cc[i] = Cg[i] = (i % ldc) >= N || (i % ldc) < i / ldc ? SENTINEL : (float)urand();
     const bool dev = llmq_gemm_on_device(LLMQ_BACKEND_CUDA, N, N, K);
     int bad = 0;
     for (int call = 0; call < n_calls; call++) {
@@ -124,9 +127,12 @@ static int case_syrk(int64_t N, int64_t K, int n_calls) {
             for (int64_t j = 0; j < ldc; j++) {
                 const float c = Cc[i * ldc + j], g = Cg[i * ldc + j];
                 bool ok;
-                if (j >= N || j < i) ok = g == SENTINEL; // padding and the strict lower triangle
-                else if (!dev) ok = memcmp(&c, &g, sizeof c) == 0;
-                else ok = fabs((double)g - (double)c) <= tol * S[i * N + j] + 1e-30;
+                if (j >= N || j < i)
+                    ok = g == SENTINEL; // padding and the strict lower triangle
+                else if (!dev)
+                    ok = memcmp(&c, &g, sizeof c) == 0;
+                else
+                    ok = fabs((double)g - (double)c) <= tol * S[i * N + j] + 1e-30;
                 if (!ok && bad++ < 5)
                     fprintf(stderr, "syrk N %lld K %lld call %d: C[%lld][%lld] gpu %.9g cpu %.9g\n", (long long)N,
                             (long long)K, call, (long long)i, (long long)j, g, c);
@@ -178,9 +184,9 @@ int main(void) {
     CHECK(!llmq_gemm_on_device(LLMQ_BACKEND_CPU, 4096, 4096, 4096));
 
     static const int64_t shapes[][3] = {
-        {1, 1, 1}, {7, 33, 5}, {64, 64, 64},            // under the threshold: CPU bits
-        {257, 129, 513}, {1, 4097, 4097}, {4097, 1, 4097}, // over it, odd, vectors
-        {33, 4097, 129}, {512, 1536, 576},              // forward-like: tokens x rows x cols
+        {1, 1, 1},       {7, 33, 5},       {64, 64, 64},    // under the threshold: CPU bits
+        {257, 129, 513}, {1, 4097, 4097},  {4097, 1, 4097}, // over it, odd, vectors
+        {33, 4097, 129}, {512, 1536, 576},                  // forward-like: tokens x rows x cols
     };
     int bad = 0;
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)

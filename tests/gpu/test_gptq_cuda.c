@@ -4,9 +4,9 @@
 //   1. the group-params kernel and the in-block kernel are BIT-EXACT against llmq_quant_params_gptq /
 //      llmq_gptq_block_row on the same host inputs (random, and dyadic inputs that hit .5 ties of rint);
 //   2. the whole solve, CPU vs CUDA, on a correlated H: codes agree on >= 99%, |loss ratio - 1| < 1e-2,
-//      dequantized W within 5% relative (Frobenius), Hinv within 1e-4 relative (fp32 vs fp64 is ~1e-6 on these H). These are not bit-exact
-//      and cannot be: cuSOLVER's potrf/potri and cuBLAS's sgemm sum in another order than OpenBLAS, so
-//      Hinv and the lazy updates differ in the last fp32 bits; a weight that sits at a rounding boundary
+//      dequantized W within 5% relative (Frobenius), Hinv within 1e-4 relative (fp32 vs fp64 is ~1e-6 on these H).
+//      These are not bit-exact and cannot be: cuSOLVER's potrf/potri and cuBLAS's sgemm sum in another order than
+//      OpenBLAS, so Hinv and the lazy updates differ in the last fp32 bits; a weight that sits at a rounding boundary
 //      of the grid then flips one code, and the flip propagates along the rest of its row (rows are
 //      independent). Everything that does not depend on that rounding (g_idx, the per-row and static
 //      grids, W_out == dequant(out)) is checked exactly, and a CUDA rerun must be bit-identical;
@@ -41,10 +41,10 @@ static void test_params_hook(void) {
     float s_gpu[41], z_gpu[41];
     CHECK(W);
     for (int64_t i = 0; i < R * ldw; i++) W[i] = frand() * (i % 7 == 0 ? 3.0f : 0.1f);
-    for (int64_t c = 0; c < ldw; c++) W[0 * ldw + c] = 0.0f;                 // all zero -> [-1, 1]
+    for (int64_t c = 0; c < ldw; c++) W[0 * ldw + c] = 0.0f;                  // all zero -> [-1, 1]
     for (int64_t c = 0; c < ldw; c++) W[1 * ldw + c] = fabsf(W[1 * ldw + c]); // xmin == 0 (sym quirk)
     for (int64_t c = 0; c < ldw; c++) W[2 * ldw + c] = -fabsf(W[2 * ldw + c]);
-    for (int64_t c = 0; c < ldw; c++) W[3 * ldw + c] = c % 2 ? -0.0f : 0.0f;  // signed zeros
+    for (int64_t c = 0; c < ldw; c++) W[3 * ldw + c] = c % 2 ? -0.0f : 0.0f; // signed zeros
     for (int64_t c = 0; c < ldw; c++) W[4 * ldw + c] = c % 3 ? -0.0f : 0.25f;
     const int64_t ns[] = {1, 7, 32, 33, 128, 300};
     const int bits_list[] = {2, 3, 4, 8};
@@ -103,15 +103,16 @@ static void block_case(int64_t R, int64_t count, int G, int bits, bool sym, bool
                  LLMQ_OK);
     memcpy(Qc, W1, (size_t)(R * count) * sizeof(float));
     for (int64_t r = 0; r < R; r++) {
-        double lc = llmq_gptq_block_row(Qc + r * count, Ec, codes_c, Hinv1, count, count, S + r * NG, Z + r * NG,
-                                        gcol, maxq);
+        double lc =
+            llmq_gptq_block_row(Qc + r * count, Ec, codes_c, Hinv1, count, count, S + r * NG, Z + r * NG, gcol, maxq);
         for (int64_t i = 0; i < count; i++) {
             const int64_t x = r * count + i;
             if (memcmp(&Qc[x], &Qg[x], 4) || memcmp(&Ec[i], &Eg[x], 4) || codes_c[i] != codes_g[x]) {
-                fprintf(stderr, "block R %lld count %lld G %d bits %d sym %d dyadic %d: row %lld col %lld: "
-                        "cpu (q %a, e %a, code %d) gpu (q %a, e %a, code %d)\n", (long long)R, (long long)count, G,
-                        bits, sym, dyadic, (long long)r, (long long)i, Qc[x], Ec[i], codes_c[i], Qg[x], Eg[x],
-                        codes_g[x]);
+                fprintf(stderr,
+                        "block R %lld count %lld G %d bits %d sym %d dyadic %d: row %lld col %lld: "
+                        "cpu (q %a, e %a, code %d) gpu (q %a, e %a, code %d)\n",
+                        (long long)R, (long long)count, G, bits, sym, dyadic, (long long)r, (long long)i, Qc[x], Ec[i],
+                        codes_c[i], Qg[x], Eg[x], codes_g[x]);
                 CHECK(0);
             }
         }
@@ -218,8 +219,9 @@ static void test_solve(int64_t R, int64_t C, struct llmq_gptq_opts o) {
         }
     const double agree = (double)same / (double)(R * C), rel_q = sqrt(dq / nq), rel_h = sqrt(dh / nh);
     printf("solve (%lld, %lld) bits %d G %d sym %d act %d static %d B %d: codes equal %.5f, loss cpu %.6g cuda "
-           "%.6g, |dQ|/|Q| %.2e, |dHinv|/|Hinv| %.2e\n", (long long)R, (long long)C, o.q.bits, G, o.q.sym,
-           o.act_order, o.static_groups, o.blocksize, agree, cpu.loss, gpu.loss, rel_q, rel_h);
+           "%.6g, |dQ|/|Q| %.2e, |dHinv|/|Hinv| %.2e\n",
+           (long long)R, (long long)C, o.q.bits, G, o.q.sym, o.act_order, o.static_groups, o.blocksize, agree, cpu.loss,
+           gpu.loss, rel_q, rel_h);
     CHECK(agree >= 0.99);
     CHECK(fabs(gpu.loss / cpu.loss - 1.0) < 1e-2);
     CHECK(rel_q < 0.05);

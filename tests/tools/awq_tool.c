@@ -143,8 +143,7 @@ int main(int argc, char **argv) {
         const struct llmq_awq_group *gr = &b->groups[g];
         fprintf(js, "%s{\"prev\": \"%s\", \"best\": %d, \"ratio\": %.9g, \"loss\": [", g ? ", " : "",
                 prev_name(gr->prev), gr->best, (double)gr->ratio);
-        for (int i = 0; i < o.n_grid; i++)
-            fprintf(js, "%s%.17g", i ? ", " : "", gr->loss[i]);
+        for (int i = 0; i < o.n_grid; i++) fprintf(js, "%s%.17g", i ? ", " : "", gr->loss[i]);
         fprintf(js, "]}");
     }
     fprintf(js, "], \"clip_err\": {");
@@ -167,8 +166,7 @@ done:
     llmq_awq_block_free(b);
     free(x);
     free(h);
-    for (int i = 0; i < 4; i++)
-        free(cap.p[i]);
+    for (int i = 0; i < 4; i++) free(cap.p[i]);
     free(ids);
     free(text);
     llmq_forward_free(f);

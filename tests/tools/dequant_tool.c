@@ -25,7 +25,10 @@ static int usage(void) {
 // Whole file into a malloc'd buffer placed `pad` bytes past a malloc'd (aligned) start.
 static unsigned char *read_file(const char *path, size_t pad, size_t *len, unsigned char **base) {
     FILE *f = fopen(path, "rb");
-    if (!f) { perror(path); return NULL; }
+    if (!f) {
+        perror(path);
+        return NULL;
+    }
     fseek(f, 0, SEEK_END);
     long sz = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -51,8 +54,10 @@ static int write_file(const char *path, const void *data, size_t len) {
 }
 
 static int print_table(int tsv) {
-    if (tsv) printf("name\tggml_id\tblck\tsize\tcan_dequant\n");
-    else printf("[\n");
+    if (tsv)
+        printf("name\tggml_id\tblck\tsize\tcan_dequant\n");
+    else
+        printf("[\n");
     for (int t = 0; t < LLMQ_DTYPE_COUNT; t++) {
         const struct llmq_dtype_traits *d = llmq_dtype_traits((enum llmq_dtype)t);
         if (tsv)
@@ -68,17 +73,25 @@ static int print_table(int tsv) {
 
 int main(int argc, char **argv) {
     int ref = 0, misalign = 0, encode = 0, i = 1;
-    if (argc >= 2 && strcmp(argv[1], "--table") == 0)
-        return print_table(argc >= 3 && strcmp(argv[2], "--tsv") == 0);
+    if (argc >= 2 && strcmp(argv[1], "--table") == 0) return print_table(argc >= 3 && strcmp(argv[2], "--tsv") == 0);
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
-        if (strcmp(argv[i], "--ref") == 0) ref = 1;
-        else if (strcmp(argv[i], "--misalign") == 0) misalign = 1;
-        else if (strcmp(argv[i], "--encode") == 0) encode = 1;
-        else { fprintf(stderr, "unknown flag %s\n", argv[i]); return usage(); }
+        if (strcmp(argv[i], "--ref") == 0)
+            ref = 1;
+        else if (strcmp(argv[i], "--misalign") == 0)
+            misalign = 1;
+        else if (strcmp(argv[i], "--encode") == 0)
+            encode = 1;
+        else {
+            fprintf(stderr, "unknown flag %s\n", argv[i]);
+            return usage();
+        }
     }
     if (argc - i != 3) return usage();
     enum llmq_dtype t = llmq_dtype_from_name(argv[i]);
-    if (t == LLMQ_DTYPE_INVALID) { fprintf(stderr, "unknown type %s\n", argv[i]); return 2; }
+    if (t == LLMQ_DTYPE_INVALID) {
+        fprintf(stderr, "unknown type %s\n", argv[i]);
+        return 2;
+    }
     const struct llmq_dtype_traits *dt = llmq_dtype_traits(t);
 
     size_t len;
@@ -88,7 +101,11 @@ int main(int argc, char **argv) {
     int rc = 0;
     if (encode) {
         const struct llmq_quant_traits *qt = llmq_quant_traits(t);
-        if (!qt->from_float) { fprintf(stderr, "no encoder for %s\n", dt->name); free(base); return 1; }
+        if (!qt->from_float) {
+            fprintf(stderr, "no encoder for %s\n", dt->name);
+            free(base);
+            return 1;
+        }
         int64_t n = (int64_t)(len / sizeof(float));
         size_t out_len;
         if (len % sizeof(float) || !llmq_dtype_nbytes(t, n, &out_len)) {
@@ -110,8 +127,10 @@ int main(int argc, char **argv) {
         int64_t n = (int64_t)(len / dt->size) * dt->blck;
         float *out = malloc((size_t)n * sizeof(float) + 1);
         enum llmq_status st = ref ? llmq_dequantize_row_ref(t, in, out, n) : llmq_dequantize_row(t, in, out, n);
-        if (st != LLMQ_OK) rc = 1;
-        else rc = write_file(argv[i + 2], out, (size_t)n * sizeof(float));
+        if (st != LLMQ_OK)
+            rc = 1;
+        else
+            rc = write_file(argv[i + 2], out, (size_t)n * sizeof(float));
         free(out);
     }
     free(base);

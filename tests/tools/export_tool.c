@@ -13,11 +13,11 @@
 //       Loads DIR with llmq_model_load and writes OUTDIR/model.safetensors with every linear as llmq sees it (f32, HF
 //       names).
 // Exit 0 on success, 1 on any error (logged on stderr), 2 on bad usage.
-#include "formats/convert/convert.h"
 #include "calib/model/model.h"
 #include "common/dtype.h"
 #include "common/io.h"
 #include "common/status.h"
+#include "formats/convert/convert.h"
 #include "formats/safetensors.h"
 #include "quant/export.h"
 #include "quant/quantizer.h"
@@ -149,16 +149,14 @@ int main(int argc, char **argv) {
             if ((st = llmq_model_weight_f32(v, W, 2)) || (st = llmq_rtn_quantize(what, W, R, C, &o.q, &ql))) goto done;
             if (act_order && o.q.group_size > 0) { // g_idx = group of the column's position in a random order
                 int32_t *perm = malloc((size_t)C * sizeof *perm);
-                for (int64_t c = 0; c < C; c++)
-                    perm[c] = (int32_t)c;
+                for (int64_t c = 0; c < C; c++) perm[c] = (int32_t)c;
                 for (int64_t c = C - 1; c > 0; c--) {
                     int64_t j = (int64_t)(rng() % (uint64_t)(c + 1));
                     int32_t t = perm[c];
                     perm[c] = perm[j];
                     perm[j] = t;
                 }
-                for (int64_t i = 0; i < C; i++)
-                    ql.g_idx[perm[i]] = (int32_t)(i / o.q.group_size);
+                for (int64_t i = 0; i < C; i++) ql.g_idx[perm[i]] = (int32_t)(i / o.q.group_size);
                 free(perm);
             }
             if (ref) { // expected decode, HF row order

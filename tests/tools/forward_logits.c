@@ -5,7 +5,8 @@
  *
  * IDS_FILE holds whitespace-separated token ids (one sequence, prefilled from position 0).
  * OUT_FILE receives the logits of positions [FIRST, n) as raw little-endian float32,
- * ((n - FIRST), n_vocab) row-major. EMULATE names a calib/model/actq.h mode (llamacpp-cpu, ...). Prints "n_tokens n_vocab" on stdout. Exit 1 on error.
+ * ((n - FIRST), n_vocab) row-major. EMULATE names a calib/model/actq.h mode (llamacpp-cpu, ...). Prints "n_tokens
+ * n_vocab" on stdout. Exit 1 on error.
  */
 #include "calib/model/forward.h"
 #include "calib/model/model.h"

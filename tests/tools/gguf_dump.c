@@ -25,8 +25,7 @@
 static json_t *str_json(const char *s, size_t n) {
     if (llmq_utf8_valid(s, n)) return json_stringn(s, n);
     char *hex = malloc(2 * n + 1);
-    for (size_t i = 0; i < n; i++)
-        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)s[i]);
+    for (size_t i = 0; i < n; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)s[i]);
     json_t *o = json_pack("{s:s}", "hex", hex ? hex : "");
     free(hex);
     return o;
@@ -77,8 +76,7 @@ static json_t *elem_json(const struct llmq_gguf_kv *kv, enum llmq_gguf_type t, u
         const char *s = scalar ? llmq_gguf_kv_as_str(kv, &len) : llmq_gguf_kv_arr_str(kv, j, &len);
         return s ? str_json(s, len) : NULL;
     }
-    default:
-        return NULL;
+    default: return NULL;
     }
 }
 
@@ -144,8 +142,7 @@ int main(int argc, char **argv) {
     json_object_set_new(root, "alignment", json_integer((json_int_t)llmq_gguf_alignment(g)));
     json_object_set_new(root, "data_offset", json_integer((json_int_t)llmq_gguf_data_offset(g)));
     json_object_set_new(root, "file_size", json_integer((json_int_t)llmq_gguf_file_size(g)));
-    for (int64_t i = 0; i < llmq_gguf_n_kv(g); i++)
-        json_array_append_new(kvs, kv_json(llmq_gguf_kv_at(g, i)));
+    for (int64_t i = 0; i < llmq_gguf_n_kv(g); i++) json_array_append_new(kvs, kv_json(llmq_gguf_kv_at(g, i)));
     for (int64_t i = 0; i < llmq_gguf_n_tensors(g); i++)
         json_array_append_new(tensors, tensor_json(llmq_gguf_tensor_at(g, i)));
     json_object_set_new(root, "kv", kvs);

@@ -33,8 +33,7 @@ static float *read_f32(const char *path, int64_t n) {
     const long sz = ftell(f);
     fseek(f, 0, SEEK_SET);
     if (sz < 0 || (uint64_t)sz != (uint64_t)n * sizeof(float)) {
-        fprintf(stderr, "%s: %ld bytes, expected %lld floats (%lld bytes)\n", path, sz, (long long)n,
-                (long long)n * 4);
+        fprintf(stderr, "%s: %ld bytes, expected %lld floats (%lld bytes)\n", path, sz, (long long)n, (long long)n * 4);
         fclose(f);
         return NULL;
     }
@@ -62,8 +61,10 @@ int main(int argc, char **argv) {
     int n_pos = 0, ref = 0;
     int64_t threads = 1;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--ref") == 0) ref = 1;
-        else if (strcmp(argv[i], "--imatrix") == 0 && i + 1 < argc) imatrix_path = argv[++i];
+        if (strcmp(argv[i], "--ref") == 0)
+            ref = 1;
+        else if (strcmp(argv[i], "--imatrix") == 0 && i + 1 < argc)
+            imatrix_path = argv[++i];
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             if (!parse_i64(argv[++i], &threads) || threads < 1 || threads > 1024) {
                 fprintf(stderr, "--threads: bad value %s\n", argv[i]);
@@ -72,8 +73,10 @@ int main(int argc, char **argv) {
         } else if (strncmp(argv[i], "--", 2) == 0) {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return usage();
-        } else if (n_pos < 5) pos[n_pos++] = argv[i];
-        else return usage();
+        } else if (n_pos < 5)
+            pos[n_pos++] = argv[i];
+        else
+            return usage();
     }
     if (n_pos != 5) return usage();
     const enum llmq_dtype t = llmq_dtype_from_name(pos[0]);

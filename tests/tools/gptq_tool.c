@@ -47,22 +47,41 @@ int main(int argc, char **argv) {
     struct llmq_gptq_opts o = llmq_gptq_opts_default();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--sym")) o.q.sym = true;
-        else if (!strcmp(a, "--act-order")) o.act_order = true;
-        else if (!strcmp(a, "--static-groups")) o.static_groups = true;
-        else if (!strcmp(a, "--group-aware")) o.group_aware = true;
-        else if (!strcmp(a, "--rtn")) rtn = 1;
-        else if (!v) { fprintf(stderr, "gptq_tool: %s needs a value\n", a); return 1; }
-        else if (!strcmp(a, "--W")) wpath = argv[++i];
-        else if (!strcmp(a, "--H")) hpath = argv[++i];
-        else if (!strcmp(a, "--out")) prefix = argv[++i];
-        else if (!strcmp(a, "--R")) R = atoll(argv[++i]);
-        else if (!strcmp(a, "--C")) C = atoll(argv[++i]);
-        else if (!strcmp(a, "--bits")) o.q.bits = atoi(argv[++i]);
-        else if (!strcmp(a, "--group")) o.q.group_size = atoi(argv[++i]);
-        else if (!strcmp(a, "--percdamp")) o.percdamp = strtof(argv[++i], NULL);
-        else if (!strcmp(a, "--blocksize")) o.blocksize = atoi(argv[++i]);
-        else { fprintf(stderr, "gptq_tool: unknown flag %s\n", a); return 1; }
+        if (!strcmp(a, "--sym"))
+            o.q.sym = true;
+        else if (!strcmp(a, "--act-order"))
+            o.act_order = true;
+        else if (!strcmp(a, "--static-groups"))
+            o.static_groups = true;
+        else if (!strcmp(a, "--group-aware"))
+            o.group_aware = true;
+        else if (!strcmp(a, "--rtn"))
+            rtn = 1;
+        else if (!v) {
+            fprintf(stderr, "gptq_tool: %s needs a value\n", a);
+            return 1;
+        } else if (!strcmp(a, "--W"))
+            wpath = argv[++i];
+        else if (!strcmp(a, "--H"))
+            hpath = argv[++i];
+        else if (!strcmp(a, "--out"))
+            prefix = argv[++i];
+        else if (!strcmp(a, "--R"))
+            R = atoll(argv[++i]);
+        else if (!strcmp(a, "--C"))
+            C = atoll(argv[++i]);
+        else if (!strcmp(a, "--bits"))
+            o.q.bits = atoi(argv[++i]);
+        else if (!strcmp(a, "--group"))
+            o.q.group_size = atoi(argv[++i]);
+        else if (!strcmp(a, "--percdamp"))
+            o.percdamp = strtof(argv[++i], NULL);
+        else if (!strcmp(a, "--blocksize"))
+            o.blocksize = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "gptq_tool: unknown flag %s\n", a);
+            return 1;
+        }
     }
     if (!wpath || !prefix || R <= 0 || C <= 0 || (!rtn && !hpath)) {
         fprintf(stderr, "usage: gptq_tool --W FILE --H FILE --R R --C C --out PREFIX [options]\n");
@@ -96,8 +115,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gptq_tool: cannot write outputs under %s\n", prefix);
         return 1;
     }
-    printf("{\"status\": \"ok\", \"percdamp\": %.9g, \"loss\": %.17g, \"n_groups\": %lld}\n", (double)pd,
-           loss, (long long)ql.n_groups);
+    printf("{\"status\": \"ok\", \"percdamp\": %.9g, \"loss\": %.17g, \"n_groups\": %lld}\n", (double)pd, loss,
+           (long long)ql.n_groups);
     llmq_qlinear_free(&ql);
     free(H);
     free(W);

@@ -19,8 +19,7 @@
 
 static uint64_t fnv1a64(const uint8_t *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
     return h;
 }
 
@@ -58,8 +57,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < llmq_st_n_tensors(m); i++) {
         const struct llmq_tensor_view *t = llmq_st_tensor(m, i);
         printf("tensor\t%s\t%s\t", t->name, llmq_dtype_traits(t->dtype)->st_name);
-        for (int d = 0; d < t->n_dims; d++)
-            printf(d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
+        for (int d = 0; d < t->n_dims; d++) printf(d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
         printf("\t%zu\t%d\t%016" PRIx64 "\n", t->nbytes, llmq_st_tensor_shard(m, i), fnv1a64(t->data, t->nbytes));
     }
     llmq_st_free(m);

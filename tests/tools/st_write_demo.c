@@ -45,8 +45,7 @@ static const struct demo DEMO[] = {
 
 static int64_t n_elements(const struct demo *d) {
     int64_t n = 1;
-    for (int i = 0; i < d->n_dims; i++)
-        n *= d->shape[i];
+    for (int i = 0; i < d->n_dims; i++) n *= d->shape[i];
     return n;
 }
 
@@ -60,9 +59,7 @@ static size_t encode(int k, int64_t i, uint8_t *out) {
         memcpy(out, &x, 8);
         return 8;
     }
-    case LLMQ_DTYPE_F32:
-        memcpy(out, &f, 4);
-        return 4;
+    case LLMQ_DTYPE_F32: memcpy(out, &f, 4); return 4;
     case LLMQ_DTYPE_F16: {
         uint16_t h = llmq_f32_to_f16(f);
         memcpy(out, &h, 2);
@@ -88,18 +85,10 @@ static size_t encode(int k, int64_t i, uint8_t *out) {
         memcpy(out, &x, 2);
         return 2;
     }
-    case LLMQ_DTYPE_I8:
-        out[0] = (uint8_t)(int8_t)v;
-        return 1;
-    case LLMQ_DTYPE_U8:
-        out[0] = (uint8_t)(v + 148);
-        return 1;
-    case LLMQ_DTYPE_BOOL:
-        out[0] = v > 0;
-        return 1;
-    default:
-        LLMQ_ASSERT(0 && "not a demo dtype");
-        return 0;
+    case LLMQ_DTYPE_I8: out[0] = (uint8_t)(int8_t)v; return 1;
+    case LLMQ_DTYPE_U8: out[0] = (uint8_t)(v + 148); return 1;
+    case LLMQ_DTYPE_BOOL: out[0] = v > 0; return 1;
+    default: LLMQ_ASSERT(0 && "not a demo dtype"); return 0;
     }
 }
 
@@ -130,8 +119,7 @@ int main(int argc, char **argv) {
             st = llmq_errorf(LLMQ_ERR_NOMEM, "st_write_demo: out of memory");
             goto fail;
         }
-        for (int64_t i = 0; i < n; i++)
-            encode(k, i, buf + (size_t)i * esize);
+        for (int64_t i = 0; i < n; i++) encode(k, i, buf + (size_t)i * esize);
         if (strcmp(DEMO[k].name, "big") == 0) { // streamed in pieces that cut through elements
             for (size_t off = 0; off < nbytes; off += 100)
                 if ((st = llmq_st_writer_write(w, buf + off, nbytes - off < 100 ? nbytes - off : 100))) goto fail;

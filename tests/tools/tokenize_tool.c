@@ -15,9 +15,9 @@
 // Errors: the library's message and exit status 1.
 #include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "formats/gguf.h"
-#include "common/log.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -127,8 +127,7 @@ int main(int argc, char **argv) {
                 piece = big;
             }
             if (hex) {
-                for (int j = 0; j < k; j++)
-                    printf("%02x", (unsigned char)piece[j]);
+                for (int j = 0; j < k; j++) printf("%02x", (unsigned char)piece[j]);
                 printf("\n");
             } else {
                 fwrite(piece, 1, (size_t)k, stdout);
@@ -154,8 +153,7 @@ int main(int argc, char **argv) {
             enum llmq_status st = llmq_tokenize(t, bytes, m, add_special, parse_special, &v, &nv);
             free(bytes);
             if (st != LLMQ_OK) goto done;
-            for (int64_t k = 0; k < nv; k++)
-                printf(k ? " %d" : "%d", v[k]);
+            for (int64_t k = 0; k < nv; k++) printf(k ? " %d" : "%d", v[k]);
             printf("\n");
             free(v);
             line = eol + 1;
@@ -169,8 +167,7 @@ int main(int argc, char **argv) {
     double dt = llmq_now_s() - t0;
     fprintf(stderr, "tokenize_tool: %lld tokens from %zu bytes in %.3f s (%.0f tokens/s)\n", (long long)n_ids, n, dt,
             dt > 0 ? (double)n_ids / dt : 0.0);
-    for (int64_t i = 0; i < n_ids; i++)
-        printf(i ? " %d" : "%d", ids[i]);
+    for (int64_t i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
     rc = 0;
 done:

@@ -39,8 +39,7 @@ static float *f32_of(const struct llmq_tensor_view *w) {
 
 static double max_abs(const float *a, int64_t n) {
     double m = 0;
-    for (int64_t i = 0; i < n; i++)
-        m = fmax(m, fabs((double)a[i]));
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
     return m;
 }
 
@@ -55,8 +54,7 @@ static double max_diff(const float *a, const float *b, int64_t n) {
 
 static double mse(const float *a, const float *b, int64_t n) {
     double s = 0;
-    for (int64_t i = 0; i < n; i++)
-        s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    for (int64_t i = 0; i < n; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
     return s / (double)n;
 }
 
@@ -67,11 +65,9 @@ static float *block_input(struct llmq_forward *f, const struct llmq_model *m, co
     int32_t *toks = malloc((size_t)N * sizeof(int32_t));
     float *x = malloc((size_t)(N * D) * sizeof(float));
     CHECK(toks && x);
-    for (int64_t i = 0; i < N; i++)
-        toks[i] = ids ? ids[i] : (int32_t)((i * 37 + 3) % m->hp.n_vocab);
+    for (int64_t i = 0; i < N; i++) toks[i] = ids ? ids[i] : (int32_t)((i * 37 + 3) % m->hp.n_vocab);
     CHECK(llmq_forward_embed(f, toks, N, x) == LLMQ_OK);
-    for (int l = 0; l < layer; l++)
-        CHECK(llmq_forward_block(f, l, x, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    for (int l = 0; l < layer; l++) CHECK(llmq_forward_block(f, l, x, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
     free(toks);
     return x;
 }
@@ -94,12 +90,10 @@ static void test_pieces(const struct llmq_model *m, const char *label, int64_t n
         float *an = f32_of(m->layers[l].attn_norm), *fn = f32_of(m->layers[l].ffn_norm);
         CHECK(llmq_forward_rmsnorm(f, x, N, an, xn) == LLMQ_OK);
         CHECK(llmq_forward_attn(f, l, xn, n_seq, seqlen, out) == LLMQ_OK);
-        for (int64_t i = 0; i < N * D; i++)
-            x[i] += out[i];
+        for (int64_t i = 0; i < N * D; i++) x[i] += out[i];
         CHECK(llmq_forward_rmsnorm(f, x, N, fn, xn) == LLMQ_OK);
         CHECK(llmq_forward_mlp(f, l, xn, N, out) == LLMQ_OK);
-        for (int64_t i = 0; i < N * D; i++)
-            x[i] += out[i];
+        for (int64_t i = 0; i < N * D; i++) x[i] += out[i];
         CHECK(memcmp(x, xb, (size_t)(N * D) * sizeof(float)) == 0);
         free(an);
         free(fn);
@@ -141,8 +135,7 @@ static void test_fold(struct llmq_model *m, const char *label, int layer, int gr
     CHECK(llmq_awq_search(b, f, x, n_seq, seqlen, &o) == LLMQ_OK);
     CHECK(!b->bound);
     CHECK_EQ_INT(b->n_groups, want_groups);
-    for (int l = 0; l < LLMQ_LIN_COUNT; l++)
-        CHECK(b->clip[l] == NULL);
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++) CHECK(b->clip[l] == NULL);
     CHECK(llmq_awq_input_scales(b, LLMQ_LIN_Q) == b->groups[0].scales);
     CHECK((llmq_awq_input_scales(b, LLMQ_LIN_O) != NULL) == (want_groups == 4));
     // the search leaves the model as it was
@@ -155,8 +148,7 @@ static void test_fold(struct llmq_model *m, const char *label, int layer, int gr
     CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
     const double rel = max_diff(y, ref, N * D) / max_abs(ref, N * D);
     printf("  %s layer %d: %d scale groups (ratios", label, layer, b->n_groups);
-    for (int g = 0; g < b->n_groups; g++)
-        printf(" %.2f", (double)b->groups[g].ratio);
+    for (int g = 0; g < b->n_groups; g++) printf(" %.2f", (double)b->groups[g].ratio);
     printf("); folded fp block vs original: max |diff| / max |out| = %.2e\n", rel);
     CHECK(rel < 1e-5);
     CHECK(llmq_awq_block_unbind(b, f) == LLMQ_OK);
@@ -168,8 +160,7 @@ static void test_fold(struct llmq_model *m, const char *label, int layer, int gr
     const int64_t C = D;
     float *H = malloc((size_t)(C * C) * sizeof(float));
     CHECK(H);
-    for (int64_t i = 0; i < C * C; i++)
-        H[i] = 1.0f;
+    for (int64_t i = 0; i < C * C; i++) H[i] = 1.0f;
     llmq_awq_scale_hessian(b, LLMQ_LIN_GATE, H);
     const float *s = llmq_awq_input_scales(b, LLMQ_LIN_GATE);
     CHECK(fabsf(H[1 * C + 2] - 1.0f / (s[1] * s[2])) <= 1e-6f * fabsf(H[1 * C + 2]));
@@ -219,8 +210,8 @@ struct plug {
     int64_t calls, bad;
 };
 
-static void plug_grid(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0, int64_t n,
-                      const float *s, const float *w, float *out) {
+static void plug_grid(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0, int64_t n, const float *s,
+                      const float *w, float *out) {
     (void)layer, (void)lin, (void)s;
     struct plug *p = user;
     p->calls++;
@@ -352,8 +343,7 @@ static void test_gram_loss(struct llmq_model *m, const char *label, const int32_
         const struct llmq_awq_group *g0 = &b[0]->groups[gi], *g1 = &b[1]->groups[gi];
         CHECK_EQ_INT(g0->best, g1->best);
         double worst = 0;
-        for (int i = 0; i < 20; i++)
-            worst = fmax(worst, fabs(g0->loss[i] - g1->loss[i]) / fmax(g0->loss[i], 1e-30));
+        for (int i = 0; i < 20; i++) worst = fmax(worst, fabs(g0->loss[i] - g1->loss[i]) / fmax(g0->loss[i], 1e-30));
         if (g0->prev == LLMQ_AWQ_PREV_V || g0->prev == LLMQ_AWQ_PREV_UP) {
             single++;
             printf("  %s layer %d group %d%s: ratio %.2f both ways, Gram vs output loss max rel diff %.2e\n", label,
@@ -440,12 +430,10 @@ static void write_qwen2(const char *dir) {
         const int64_t cnt = t[i].shape[0] * (t[i].nd > 1 ? t[i].shape[1] : 1);
         float *d = malloc((size_t)cnt * sizeof(float));
         CHECK(d);
-        for (int64_t j = 0; j < cnt; j++)
-            d[j] = t[i].base + frand(t[i].scale);
+        for (int64_t j = 0; j < cnt; j++) d[j] = t[i].base + frand(t[i].scale);
         // a few channels with large activations, as real models have (AWQ's premise)
         if (strcmp(t[i].name, "model.embed_tokens.weight") == 0)
-            for (int64_t r = 0; r < V; r++)
-                d[r * D + 3] *= 8.0f;
+            for (int64_t r = 0; r < V; r++) d[r * D + 3] *= 8.0f;
         CHECK(llmq_st_writer_write_tensor(w, t[i].name, d, (size_t)cnt * sizeof(float)) == LLMQ_OK);
         free(d);
     }

@@ -16,8 +16,10 @@ int main(void) {
         CHECK_CONTAINS(llmq_last_error(), "--device cuda: no CUDA device found: ");
         // the reason says what the machine lacks, not the runtime's "driver version is insufficient" alone
         CHECK(why && strncmp(why, "CUDA driver version", 19) != 0);
-        if (llmq_backend_cuda_compiled()) CHECK(strstr(why, "NVIDIA driver") || strstr(why, "cudaGetDeviceCount"));
-        else CHECK_CONTAINS(why, "built without CUDA");
+        if (llmq_backend_cuda_compiled())
+            CHECK(strstr(why, "NVIDIA driver") || strstr(why, "cudaGetDeviceCount"));
+        else
+            CHECK_CONTAINS(why, "built without CUDA");
     }
     for (int s = 0; s < LLMQ_STATUS_COUNT; s++) CHECK(strcmp(llmq_status_name((enum llmq_status)s), "unknown") != 0);
     CHECK(strcmp(llmq_status_name(LLMQ_ERR_TRUNCATED), "truncated") == 0);

@@ -91,7 +91,8 @@ static void test_stats(void) {
                       "One day, she saw a big red ball in the park. She ran to it and picked it up. Her mom smiled.";
     write_file(tpath("s.txt"), txt, strlen(txt));
     const char *src[] = {tpath("s.txt")};
-    struct llmq_calib_opts co = {.sources = src, .n_sources = 1, .nsamples = 5, .seqlen = 16, .seed = 7, .n_threads = 1};
+    struct llmq_calib_opts co = {
+        .sources = src, .n_sources = 1, .nsamples = 5, .seqlen = 16, .seed = 7, .n_threads = 1};
     struct llmq_calib_data d, d2;
     CHECK(llmq_calib_data_load(m, &co, &d) == LLMQ_OK);
     CHECK(llmq_calib_data_load(m, &co, &d2) == LLMQ_OK);
@@ -173,18 +174,21 @@ static void test_stats(void) {
         size_t cut;
         enum llmq_status want;
     } cases[] = {
-        {0, 'X', 0, LLMQ_ERR_MAGIC},     {8, 9, 0, LLMQ_ERR_VERSION},    {12, 2, 0, LLMQ_ERR_CORRUPT},
-        {16, 0, 0, LLMQ_ERR_CORRUPT},    {72, 0, 0, LLMQ_ERR_CORRUPT},   {79, 0x7f, 0, LLMQ_ERR_CORRUPT},
-        {0, 0, 1, LLMQ_ERR_TRUNCATED},   {0, 0, 40, LLMQ_ERR_TRUNCATED}, {0, 0, len - 50, LLMQ_ERR_TRUNCATED},
+        {0, 'X', 0, LLMQ_ERR_MAGIC},   {8, 9, 0, LLMQ_ERR_VERSION},    {12, 2, 0, LLMQ_ERR_CORRUPT},
+        {16, 0, 0, LLMQ_ERR_CORRUPT},  {72, 0, 0, LLMQ_ERR_CORRUPT},   {79, 0x7f, 0, LLMQ_ERR_CORRUPT},
+        {0, 0, 1, LLMQ_ERR_TRUNCATED}, {0, 0, 40, LLMQ_ERR_TRUNCATED}, {0, 0, len - 50, LLMQ_ERR_TRUNCATED},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         char *b = malloc(len + 8);
         memcpy(b, buf, len);
         size_t n = cases[c].cut ? len - cases[c].cut : len;
         if (!cases[c].cut) {
-            if (cases[c].off == 16) memset(b + 16, 0, 8); // n_layer 0
-            else if (cases[c].off == 72) memset(b + 72, 0, 8); // n_in 0
-            else b[cases[c].off] = (char)cases[c].val;
+            if (cases[c].off == 16)
+                memset(b + 16, 0, 8); // n_layer 0
+            else if (cases[c].off == 72)
+                memset(b + 72, 0, 8); // n_in 0
+            else
+                b[cases[c].off] = (char)cases[c].val;
         }
         write_file(tpath("bad.lcs"), b, n);
         free(b);

@@ -13,17 +13,19 @@ static void test_half(void) {
     for (uint32_t h = 0; h < 65536; h++) {
         float f = llmq_f16_to_f32((uint16_t)h);
         uint16_t back = llmq_f32_to_f16(f);
-        if (isnan(f)) CHECK(isnan(llmq_f16_to_f32(back)));
-        else CHECK_EQ_INT(back, h);
+        if (isnan(f))
+            CHECK(isnan(llmq_f16_to_f32(back)));
+        else
+            CHECK_EQ_INT(back, h);
     }
-    CHECK_EQ_INT(llmq_f32_to_f16(65520.0f), 0x7c00);      // rounds up to inf
-    CHECK_EQ_INT(llmq_f32_to_f16(65519.0f), 0x7bff);      // max half
+    CHECK_EQ_INT(llmq_f32_to_f16(65520.0f), 0x7c00);        // rounds up to inf
+    CHECK_EQ_INT(llmq_f32_to_f16(65519.0f), 0x7bff);        // max half
     CHECK_EQ_INT(llmq_f32_to_f16(1.0f + 0x1p-11f), 0x3c00); // tie -> even
-    CHECK_EQ_INT(llmq_f32_to_f16(0x1p-25f), 0);           // tie below smallest subnormal -> 0
+    CHECK_EQ_INT(llmq_f32_to_f16(0x1p-25f), 0);             // tie below smallest subnormal -> 0
     CHECK_EQ_INT(llmq_f32_to_f16(0x1.8p-25f), 1);
     CHECK_EQ_INT(llmq_f32_to_bf16(1.0f), 0x3f80);
     CHECK(llmq_bf16_to_f32(0x3f80) == 1.0f);
-    CHECK_EQ_INT(llmq_f32_to_bf16(1.00390625f), 0x3f80);  // tie -> even
+    CHECK_EQ_INT(llmq_f32_to_bf16(1.00390625f), 0x3f80); // tie -> even
 }
 
 static void test_dtype(void) {
@@ -39,9 +41,9 @@ static void test_dtype(void) {
 
 static void test_utf8(void) {
     CHECK(llmq_utf8_valid("h\xc3\xa9llo \xe2\x96\x81 \xf0\x9f\x98\x80", 15));
-    CHECK(!llmq_utf8_valid("\xc0\xaf", 2));         // overlong
-    CHECK(!llmq_utf8_valid("\xed\xa0\x80", 3));     // surrogate
-    CHECK(!llmq_utf8_valid("\xe2\x96", 2));         // truncated
+    CHECK(!llmq_utf8_valid("\xc0\xaf", 2));     // overlong
+    CHECK(!llmq_utf8_valid("\xed\xa0\x80", 3)); // surrogate
+    CHECK(!llmq_utf8_valid("\xe2\x96", 2));     // truncated
     CHECK(!llmq_utf8_valid("\xff", 1));
 }
 

@@ -7,11 +7,11 @@
 // independent oracles (gguf-py, safetensors, tokenizers) are in tests/py/test_convert_oracle.py.
 #include "harness.h"
 
-#include "formats/convert/convert.h"
 #include "calib/model/model.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "formats/convert/convert.h"
 #include "formats/ggml/quants.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
@@ -23,7 +23,12 @@
 #include <unistd.h>
 
 // CHECK that a call returns LLMQ_OK, showing the recorded error otherwise (logging is silenced).
-#define CHECK_OK(x) do { enum llmq_status s_ = (x); if (s_ != LLMQ_OK) fprintf(stderr, "%s\n", llmq_last_error()); CHECK(s_ == LLMQ_OK); } while (0)
+#define CHECK_OK(x)                                                                                                    \
+    do {                                                                                                               \
+        enum llmq_status s_ = (x);                                                                                     \
+        if (s_ != LLMQ_OK) fprintf(stderr, "%s\n", llmq_last_error());                                                 \
+        CHECK(s_ == LLMQ_OK);                                                                                          \
+    } while (0)
 
 static char tmpdir[] = "/tmp/llmq_test_convert_XXXXXX";
 
@@ -55,7 +60,8 @@ static void test_permutation(void) {
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < half; i++)
                 for (int64_t j = 0; j < 2; j++)
-                    memcpy(gg + ((h * half + i) * 2 + j) * C, hf + ((h * 2 + j) * half + i) * C, sizeof(float) * (size_t)C);
+                    memcpy(gg + ((h * half + i) * 2 + j) * C, hf + ((h * 2 + j) * half + i) * C,
+                           sizeof(float) * (size_t)C);
         for (int64_t r = 0; r < R; r++) {
             int64_t s = llmq_arch_qk_src_row(r, R, H, true); // to GGUF
             CHECK(memcmp(gg + r * C, hf + s * C, sizeof(float) * (size_t)C) == 0);
@@ -73,18 +79,51 @@ static void test_permutation(void) {
 // ---- handmade models ----------------------------------------------------------------------------
 
 struct spec {
-    const char *arch;  // "llama" / "qwen2"
+    const char *arch; // "llama" / "qwen2"
     int64_t n_embd, n_head, n_head_kv, n_ff, n_layer;
     bool tied, spm, llama3, q8_embd;
 };
 
-static const char *spm_tokens[] = {"<unk>", "<s>", "</s>", "<0x0A>", "<0x41>", "\xe2\x96\x81", "a", "b", "c",
-                                   "\xe2\x96\x81" "a", "ab", "\xe2\x96\x81" "ab", "abc", "bc", "\xc3\xa9", "<pad>", "[PAD16]"};
+static const char *spm_tokens[] = {"<unk>",
+                                   "<s>",
+                                   "</s>",
+                                   "<0x0A>",
+                                   "<0x41>",
+                                   "\xe2\x96\x81",
+                                   "a",
+                                   "b",
+                                   "c",
+                                   "\xe2\x96\x81"
+                                   "a",
+                                   "ab",
+                                   "\xe2\x96\x81"
+                                   "ab",
+                                   "abc",
+                                   "bc",
+                                   "\xc3\xa9",
+                                   "<pad>",
+                                   "[PAD16]"};
 static const int32_t spm_types[] = {2, 3, 3, 6, 6, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 5};
-static const char *bpe_tokens[] = {"<|endoftext|>", "<|im_start|>", "a", "b", "c", "\xc4\xa0", "ab", "abc", "\xc4\xa0" "a",
-                                   "\xc4\xa0" "ab", "1", "2", "<tool>", "\xc3\xa9"};
+static const char *bpe_tokens[] = {"<|endoftext|>",
+                                   "<|im_start|>",
+                                   "a",
+                                   "b",
+                                   "c",
+                                   "\xc4\xa0",
+                                   "ab",
+                                   "abc",
+                                   "\xc4\xa0"
+                                   "a",
+                                   "\xc4\xa0"
+                                   "ab",
+                                   "1",
+                                   "2",
+                                   "<tool>",
+                                   "\xc3\xa9"};
 static const int32_t bpe_types[] = {3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 1};
-static const char *bpe_merges[] = {"a b", "ab c", "\xc4\xa0 a", "\xc4\xa0" "a b"};
+static const char *bpe_merges[] = {"a b", "ab c", "\xc4\xa0 a",
+                                   "\xc4\xa0"
+                                   "a b"};
 #define NSPM ((int64_t)(sizeof(spm_tokens) / sizeof(spm_tokens[0])))
 #define NBPE ((int64_t)(sizeof(bpe_tokens) / sizeof(bpe_tokens[0])))
 
@@ -124,7 +163,8 @@ static void make_gguf(const char *path, const struct spec *s) {
         CHECK(llmq_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama") == LLMQ_OK);
         CHECK(llmq_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", spm_tokens, NULL, NSPM) == LLMQ_OK);
         CHECK(llmq_gguf_writer_set_arr(w, "tokenizer.ggml.scores", LLMQ_GGUF_TYPE_FLOAT32, scores, NSPM) == LLMQ_OK);
-        CHECK(llmq_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", LLMQ_GGUF_TYPE_INT32, spm_types, NSPM) == LLMQ_OK);
+        CHECK(llmq_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", LLMQ_GGUF_TYPE_INT32, spm_types, NSPM) ==
+              LLMQ_OK);
         CHECK(llmq_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1) == LLMQ_OK);
         CHECK(llmq_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2) == LLMQ_OK);
         CHECK(llmq_gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", 15) == LLMQ_OK);
@@ -132,7 +172,8 @@ static void make_gguf(const char *path, const struct spec *s) {
         CHECK(llmq_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2") == LLMQ_OK);
         CHECK(llmq_gguf_writer_set_str(w, "tokenizer.ggml.pre", s->llama3 ? "llama-bpe" : "smollm") == LLMQ_OK);
         CHECK(llmq_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", bpe_tokens, NULL, NBPE) == LLMQ_OK);
-        CHECK(llmq_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", LLMQ_GGUF_TYPE_INT32, bpe_types, NBPE) == LLMQ_OK);
+        CHECK(llmq_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", LLMQ_GGUF_TYPE_INT32, bpe_types, NBPE) ==
+              LLMQ_OK);
         CHECK(llmq_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", bpe_merges, NULL, 4) == LLMQ_OK);
         CHECK(llmq_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1) == LLMQ_OK);
         CHECK(llmq_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 0) == LLMQ_OK);
@@ -154,7 +195,8 @@ static void make_gguf(const char *path, const struct spec *s) {
     add_tensor(w, &bufs, &nb, "token_embd.weight", 2, V, s->n_embd, s->q8_embd ? LLMQ_DTYPE_Q8_0 : LLMQ_DTYPE_F32);
     for (int64_t l = 0; l < s->n_layer; l++) {
         char n[64];
-#define T(name, nd, a, b) (snprintf(n, sizeof(n), "blk.%lld.%s", (long long)l, name), add_tensor(w, &bufs, &nb, n, nd, a, b, LLMQ_DTYPE_F32))
+#define T(name, nd, a, b)                                                                                              \
+    (snprintf(n, sizeof(n), "blk.%lld.%s", (long long)l, name), add_tensor(w, &bufs, &nb, n, nd, a, b, LLMQ_DTYPE_F32))
         T("attn_norm.weight", 1, s->n_embd, 1);
         T("attn_q.weight", 2, q, s->n_embd);
         T("attn_k.weight", 2, kv, s->n_embd);
@@ -215,7 +257,8 @@ static void check_same_array(const struct llmq_gguf *a, const struct llmq_gguf *
         for (uint64_t j = 0; j < x->n; j++) {
             size_t lx, ly;
             const char *sx = llmq_gguf_kv_arr_str(x, j, &lx), *sy = llmq_gguf_kv_arr_str(y, j, &ly);
-            if (lx != ly || memcmp(sx, sy, lx)) fprintf(stderr, "%s[%llu]: '%.*s' vs '%.*s'\n", key, (unsigned long long)j, (int)lx, sx, (int)ly, sy);
+            if (lx != ly || memcmp(sx, sy, lx))
+                fprintf(stderr, "%s[%llu]: '%.*s' vs '%.*s'\n", key, (unsigned long long)j, (int)lx, sx, (int)ly, sy);
             CHECK(lx == ly && memcmp(sx, sy, lx) == 0);
         }
     } else {
@@ -303,15 +346,17 @@ static void round_trip(const char *name, const struct spec *s, uint64_t shard_by
     check_same_u32(a, b, "tokenizer.ggml.eos_token_id");
     check_same_u32(a, b, "tokenizer.ggml.padding_token_id");
     const char *arch = s->arch;
-    const char *keys[] = {"embedding_length", "feed_forward_length", "block_count", "attention.head_count",
-                          "attention.head_count_kv", "context_length", "rope.dimension_count"};
+    const char *keys[] = {"embedding_length",     "feed_forward_length",     "block_count",
+                          "attention.head_count", "attention.head_count_kv", "context_length",
+                          "rope.dimension_count"};
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         char k[128];
         snprintf(k, sizeof(k), "%s.%s", arch, keys[i]);
         check_same_u32(a, b, k);
     }
     const char *sa, *sb;
-    CHECK(llmq_gguf_get_str(a, "tokenizer.ggml.model", &sa) == LLMQ_OK && llmq_gguf_get_str(b, "tokenizer.ggml.model", &sb) == LLMQ_OK);
+    CHECK(llmq_gguf_get_str(a, "tokenizer.ggml.model", &sa) == LLMQ_OK &&
+          llmq_gguf_get_str(b, "tokenizer.ggml.model", &sb) == LLMQ_OK);
     CHECK(!strcmp(sa, sb));
     if (!s->spm) {
         CHECK(llmq_gguf_get_str(b, "tokenizer.ggml.pre", &sb) == LLMQ_OK);
@@ -331,8 +376,10 @@ static void round_trip(const char *name, const struct spec *s, uint64_t shard_by
     if (!s->spm) { // merges written as ["a", "b"] pairs (tokenizers >= 0.20) read back the same
         char cmd[1024], back2[64];
         snprintf(back2, sizeof(back2), "%s-pairs.gguf", name);
-        snprintf(cmd, sizeof(cmd), "sed -i -E 's/^( *)\"([^\" ]+) ([^\" ]+)\"(,?)$/\\1[\"\\2\", \"\\3\"]\\4/' %s/tokenizer.json && "
-                 "grep -q '\\[\"a\", \"b\"\\]' %s/tokenizer.json", tpath(hf), tpath(hf));
+        snprintf(cmd, sizeof(cmd),
+                 "sed -i -E 's/^( *)\"([^\" ]+) ([^\" ]+)\"(,?)$/\\1[\"\\2\", \"\\3\"]\\4/' %s/tokenizer.json && "
+                 "grep -q '\\[\"a\", \"b\"\\]' %s/tokenizer.json",
+                 tpath(hf), tpath(hf));
         CHECK(system(cmd) == 0);
         CHECK_OK(llmq_convert(tpath(hf), tpath(back2), &o, &st));
         CHECK(llmq_gguf_open(tpath(src), &a) == LLMQ_OK && llmq_gguf_open(tpath(back2), &b) == LLMQ_OK);
@@ -460,8 +507,10 @@ static void test_refusals(void) {
     CHECK(system(cmd) == 0);
     CHECK(llmq_convert(tpath("broken-hf"), tpath("broken.gguf"), &o, NULL) == LLMQ_ERR_CORRUPT);
     CHECK_CONTAINS(llmq_last_error(), "tokenizer.json");
-    snprintf(cmd, sizeof(cmd), "cp %s/tokenizer.json %s/tokenizer.json && sed -i 's/\"vocab_size\": 17/\"vocab_size\": 18/' %s/config.json",
-             tpath("r-hf"), tpath("broken-hf"), tpath("broken-hf"));
+    snprintf(
+        cmd, sizeof(cmd),
+        "cp %s/tokenizer.json %s/tokenizer.json && sed -i 's/\"vocab_size\": 17/\"vocab_size\": 18/' %s/config.json",
+        tpath("r-hf"), tpath("broken-hf"), tpath("broken-hf"));
     CHECK(system(cmd) == 0);
     CHECK(llmq_convert(tpath("broken-hf"), tpath("broken.gguf"), &o, NULL) == LLMQ_ERR_CORRUPT);
     CHECK_CONTAINS(llmq_last_error(), "model.embed_tokens.weight");
@@ -477,8 +526,8 @@ static void test_hf_bf16_mistral(void) {
     make_gguf(tpath("m.gguf"), &s);
     o.dtype = LLMQ_DTYPE_BF16;
     CHECK_OK(llmq_convert(tpath("m.gguf"), tpath("m-hf"), &o, NULL));
-    snprintf(cmd, sizeof(cmd), "sed -i 's/\"llama\"/\"mistral\"/; s/LlamaForCausalLM/MistralForCausalLM/' %s/config.json",
-             tpath("m-hf"));
+    snprintf(cmd, sizeof(cmd),
+             "sed -i 's/\"llama\"/\"mistral\"/; s/LlamaForCausalLM/MistralForCausalLM/' %s/config.json", tpath("m-hf"));
     CHECK(system(cmd) == 0);
     o = llmq_convert_default_opts();
     CHECK_OK(llmq_convert(tpath("m-hf"), tpath("m-back.gguf"), &o, NULL));

@@ -205,7 +205,8 @@ static void test_calib_named(void) {
     struct llmq_model *m;
     CHECK(llmq_model_load(model_path, &m) == LLMQ_OK);
     const char *src[] = {"wikitext-2-valid"};
-    struct llmq_calib_opts co = {.sources = src, .n_sources = 1, .nsamples = 2, .seqlen = 16, .seed = 1, .n_threads = 1};
+    struct llmq_calib_opts co = {
+        .sources = src, .n_sources = 1, .nsamples = 2, .seqlen = 16, .seed = 1, .n_threads = 1};
     struct llmq_calib_data cd;
     CHECK(llmq_calib_data_load(m, &co, &cd) == LLMQ_OK);
     CHECK(cd.src[0].kind == LLMQ_CALIB_NAMED);

@@ -19,8 +19,10 @@ static void test_exact_under_a_constant_rate(void) {
         done += i * i;
         llmq_eta_credit(&e, i * i);
         double want = rate * (total - done), got = llmq_eta_remaining(&e, t);
-        if (done < LLMQ_ETA_MIN_FRACTION * total) CHECK(got < 0); // item 1: 1 of 385 units, unknown yet
-        else CHECK(fabs(got - want) <= 1e-9 * (1 + want));
+        if (done < LLMQ_ETA_MIN_FRACTION * total)
+            CHECK(got < 0); // item 1: 1 of 385 units, unknown yet
+        else
+            CHECK(fabs(got - want) <= 1e-9 * (1 + want));
         // the extrapolation it replaces: elapsed since the setup began, per item; after item 2 that is
         // 32.5 s / 2 x 8 = 130 s against the true 190 s
         if (i == 2) CHECK(fabs((t - 0.0) / i * (10 - i) - want) > 50);
@@ -58,7 +60,7 @@ static void test_rate_change_tracked(void) {
     llmq_eta_credit(&e, 50);
     CHECK(fabs(llmq_eta_remaining(&e, 60) - 50) < 1e-9); // 1 s per unit so far
     llmq_eta_credit(&e, 25);                             // at 2 s per unit: 25 units in 50 s
-    double r = llmq_eta_remaining(&e, 110);               // 100 s for 75 units -> 25 units in 33.3 s
+    double r = llmq_eta_remaining(&e, 110);              // 100 s for 75 units -> 25 units in 33.3 s
     CHECK(fabs(r - 100.0 / 3.0) < 1e-9);
     llmq_eta_credit(&e, 25);
     CHECK(llmq_eta_remaining(&e, 160) == 0);

@@ -4,9 +4,9 @@
 #include "harness.h"
 
 #include "calib/eval/eval.h"
+#include "common/log.h"
 #include "common/sha256.h"
 #include "common/status.h"
-#include "common/log.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -18,9 +18,15 @@ static double urand(void) { // uniform [0, 1), xorshift64*
     return (double)((rng * 0x2545f4914f6cdd1dull) >> 11) / 9007199254740992.0;
 }
 
-#define CHECK_NEAR(a, b, tol) do { double a__ = (a), b__ = (b); if (!(fabs(a__ - b__) <= (tol))) { \
-    fprintf(stderr, "%s:%d: %s = %.17g, expected %s = %.17g (tol %g)\n", __FILE__, __LINE__, #a, a__, #b, b__, \
-            (double)(tol)); exit(1); } } while (0)
+#define CHECK_NEAR(a, b, tol)                                                                                          \
+    do {                                                                                                               \
+        double a__ = (a), b__ = (b);                                                                                   \
+        if (!(fabs(a__ - b__) <= (tol))) {                                                                             \
+            fprintf(stderr, "%s:%d: %s = %.17g, expected %s = %.17g (tol %g)\n", __FILE__, __LINE__, #a, a__, #b, b__, \
+                    (double)(tol));                                                                                    \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
 
 static void test_sha256(void) {
     uint8_t d[32];
@@ -123,7 +129,8 @@ static void test_plan(void) {
 // long-double references
 static long double ref_logz(const float *x, int64_t n) {
     long double m = x[0], s = 0;
-    for (int64_t i = 1; i < n; i++) if (x[i] > m) m = x[i];
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > m) m = x[i];
     for (int64_t i = 0; i < n; i++) s += expl((long double)x[i] - m);
     return m + logl(s);
 }
@@ -407,7 +414,7 @@ static void test_logits_file(void) {
     v = 0, expect_corrupt(good, n, 48, &v, 8, n, LLMQ_ERR_CORRUPT, "first scored position 0");
     u = 1, expect_corrupt(good, n, 16, &u, 4, n, LLMQ_ERR_CORRUPT, "protocol gptq"); // gptq needs first 0
     v = 4, expect_corrupt(good, n, 56, &v, 8, n, LLMQ_ERR_CORRUPT, "n_rows 4");
-    {   // llamacpp with n_ctx 2: first 1, no row to score (patched in place, then re-read)
+    { // llamacpp with n_ctx 2: first 1, no row to score (patched in place, then re-read)
         int64_t c2 = 2, f1 = 1, r0 = 0;
         memcpy(good + 32, &c2, 8);
         memcpy(good + 48, &f1, 8);
@@ -466,7 +473,7 @@ static void test_logits_file(void) {
     CHECK(llmq_logits_append(w, logits + 150, 1) == LLMQ_ERR_NUMERIC);
     logits[170] = 0;
     CHECK(llmq_logits_append(w, logits, 7) == LLMQ_ERR_ARG); // 3 + 7 > 9 rows
-    CHECK(llmq_logits_commit(w) == LLMQ_ERR_ARG); // 3 of 9 rows
+    CHECK(llmq_logits_commit(w) == LLMQ_ERR_ARG);            // 3 of 9 rows
     CHECK(access(wp, F_OK) != 0);
     CHECK(llmq_logits_create(wp, &hh, toks, &w) == LLMQ_OK);
     llmq_logits_abort(w);

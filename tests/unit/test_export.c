@@ -1,18 +1,18 @@
 // tests/unit/test_export.c — quant/export.h: the bit packers against hand-computed words and as
 // round trips (2..8 bits, 3-bit words straddled), then stories260K (llama GGUF, 5 blocks, 64 x 172
-// ffn) through RTN -> --format gptq 8-bit (one file, and sharded) -> calib/model/model.c loader: every linear comes back bit
-// for bit as W = f32(q - z) * f32(fp16(s)) in HF row order (q/k permutation undone); layers handed over out of order
-// give the same bytes; an existing output is refused (kept) and replaced with force; abort and failed finishes leave
-// nothing; bad bits / shapes / qlinears are refused naming the layer. The independent Python unpacker and SmolLM2 cases
-// are in tests/py/test_export_oracle.py.
+// ffn) through RTN -> --format gptq 8-bit (one file, and sharded) -> calib/model/model.c loader: every linear comes
+// back bit for bit as W = f32(q - z) * f32(fp16(s)) in HF row order (q/k permutation undone); layers handed over out of
+// order give the same bytes; an existing output is refused (kept) and replaced with force; abort and failed finishes
+// leave nothing; bad bits / shapes / qlinears are refused naming the layer. The independent Python unpacker and SmolLM2
+// cases are in tests/py/test_export_oracle.py.
 #include "harness.h"
 
-#include "formats/convert/convert.h"
 #include "calib/model/model.h"
 #include "common/dtype.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "formats/convert/convert.h"
 #include "quant/export.h"
 #include "quant/quantizer.h"
 
@@ -66,21 +66,18 @@ static void test_packing(void) {
     llmq_pack_bits(v, 1, 32, 3, w);
     CHECK(w[0] == 0xC0000000u && w[1] == 0x80000001u && w[2] == ((5u >> 1) | (6u << 29)));
     // 4 bits natural order: value j at bits 4j
-    for (int i = 0; i < 8; i++)
-        v[i] = (uint8_t)(i + 8);
+    for (int i = 0; i < 8; i++) v[i] = (uint8_t)(i + 8);
     llmq_pack_bits(v, 1, 8, 4, w);
     CHECK(w[0] == 0xFEDCBA98u);
     // round trips, with a stride
     for (int bits = 2; bits <= 8; bits++) {
         uint8_t in[64 * 3], out[64 * 3];
         uint32_t words[64];
-        for (int i = 0; i < 64 * 3; i++)
-            in[i] = (uint8_t)(rnd() & ((1u << bits) - 1));
+        for (int i = 0; i < 64 * 3; i++) in[i] = (uint8_t)(rnd() & ((1u << bits) - 1));
         llmq_pack_bits(in, 3, 64, bits, words);
         memset(out, 0xAA, sizeof out);
         llmq_unpack_bits(words, 64, bits, out, 3);
-        for (int i = 0; i < 64; i++)
-            CHECK_EQ_INT(out[3 * i], in[3 * i]);
+        for (int i = 0; i < 64; i++) CHECK_EQ_INT(out[3 * i], in[3 * i]);
         CHECK_EQ_INT(out[1], 0xAA);
     }
     enum llmq_export_format f;
@@ -266,8 +263,8 @@ static void test_stories_gptq(const char *stories) {
     CHECK_EQ_INT(llmq_export_fit_group(m, 4), 4);
     CHECK_EQ_INT(llmq_export_fit_group(m, 3), 2);
     CHECK_EQ_INT(llmq_export_fit_group(m, 1), 1);
-    CHECK(llmq_export_check(m, &(struct llmq_export_opts){.format = LLMQ_EXPORT_GPTQ, .q = {.bits = 8, .group_size = 64}})
-          == LLMQ_ERR_ARG);
+    CHECK(llmq_export_check(m, &(struct llmq_export_opts){.format = LLMQ_EXPORT_GPTQ,
+                                                          .q = {.bits = 8, .group_size = 64}}) == LLMQ_ERR_ARG);
     CHECK_CONTAINS(llmq_last_error(), "--group-size 4 tiles every linear");
 
     // fake: any width and group (64 does not tile the 172-wide ffn_down: a partial last group), f32

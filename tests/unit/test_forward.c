@@ -565,8 +565,8 @@ static void test_stories_as_hf(const struct llmq_model *g, const char *tmp) {
              " \"num_key_value_heads\": %lld, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0,"
              " \"vocab_size\": %lld, \"max_position_embeddings\": 512, \"tie_word_embeddings\": false,"
              " \"hidden_act\": \"silu\", \"rope_scaling\": null, \"head_dim\": null}",
-             (long long)D, (long long)hp->n_ff, (long long)hp->n_layer, (long long)hp->n_head,
-             (long long)hp->n_head_kv, (long long)hp->n_vocab);
+             (long long)D, (long long)hp->n_ff, (long long)hp->n_layer, (long long)hp->n_head, (long long)hp->n_head_kv,
+             (long long)hp->n_vocab);
     write_hf(dir, cfg, &fm, NULL);
     fake_free(&fm);
 
@@ -644,8 +644,9 @@ static void expect_fail(const char *path, enum llmq_status want, const char *msg
     llmq_log_set_level(LLMQ_LOG_SILENT);
     enum llmq_status st = llmq_model_load(path, &m);
     llmq_log_set_level(LLMQ_LOG_INFO);
-    if (st != want) fprintf(stderr, "%s: got %s (%s), expected %s\n", path, llmq_status_name(st), llmq_last_error(),
-                            llmq_status_name(want));
+    if (st != want)
+        fprintf(stderr, "%s: got %s (%s), expected %s\n", path, llmq_status_name(st), llmq_last_error(),
+                llmq_status_name(want));
     CHECK(st == want);
     CHECK(m == NULL);
     CHECK_CONTAINS(llmq_last_error(), msg1);

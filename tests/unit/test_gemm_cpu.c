@@ -34,7 +34,8 @@ static void check_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
             }
             double ref = beta == 0.0f ? 0.0 : (double)beta * C0[i * ldc + j], mag = fabs(ref);
             for (int64_t k = 0; k < K; k++) {
-                double p = (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (double)(tb ? B[j * ldb + k] : B[k * ldb + j]);
+                double p =
+                    (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (double)(tb ? B[j * ldb + k] : B[k * ldb + j]);
                 ref += alpha * p;
                 mag += fabs(alpha * p);
             }
@@ -82,12 +83,14 @@ int main(void) {
         float *big = calloc((size_t)(n * n), sizeof(float)), *out = calloc((size_t)(n * n), sizeof(float));
         CHECK(big && out);
         CHECK(llmq_gemm_on_device(LLMQ_BACKEND_CUDA, n, n, n));
-        CHECK(llmq_gemm_f32(LLMQ_BACKEND_CUDA, false, false, n, n, n, 1.0f, big, n, big, n, 0.0f, out, n) == LLMQ_ERR_DEVICE);
+        CHECK(llmq_gemm_f32(LLMQ_BACKEND_CUDA, false, false, n, n, n, 1.0f, big, n, big, n, 0.0f, out, n) ==
+              LLMQ_ERR_DEVICE);
         CHECK_CONTAINS(llmq_last_error(), "without CUDA");
         CHECK(llmq_syrk_f32_acc(LLMQ_BACKEND_CUDA, n, n, 1.0f, big, n, 0.0f, out, n) == LLMQ_ERR_DEVICE);
         double *bd = calloc((size_t)(n * n), sizeof(double)), *od = calloc((size_t)(n * n), sizeof(double));
         CHECK(bd && od);
-        CHECK(llmq_gemm_f64(LLMQ_BACKEND_CUDA, false, false, n, n, n, 1.0, bd, n, bd, n, 0.0, od, n) == LLMQ_ERR_DEVICE);
+        CHECK(llmq_gemm_f64(LLMQ_BACKEND_CUDA, false, false, n, n, n, 1.0, bd, n, bd, n, 0.0, od, n) ==
+              LLMQ_ERR_DEVICE);
         free(big), free(out), free(bd), free(od);
         llmq_gemm_cuda_release(); // a no-op without CUDA
     }

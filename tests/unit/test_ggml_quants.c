@@ -28,12 +28,15 @@ static void decode(enum llmq_dtype t, const void *src, int64_t n) {
 }
 
 static void test_layout(void) {
-    static const struct { enum llmq_dtype t; size_t size; } blocks[] = {
-        {LLMQ_DTYPE_Q4_0, sizeof(struct llmq_block_q4_0)},   {LLMQ_DTYPE_Q4_1, sizeof(struct llmq_block_q4_1)},
-        {LLMQ_DTYPE_Q5_0, sizeof(struct llmq_block_q5_0)},   {LLMQ_DTYPE_Q5_1, sizeof(struct llmq_block_q5_1)},
-        {LLMQ_DTYPE_Q8_0, sizeof(struct llmq_block_q8_0)},   {LLMQ_DTYPE_Q2_K, sizeof(struct llmq_block_q2_k)},
-        {LLMQ_DTYPE_Q3_K, sizeof(struct llmq_block_q3_k)},   {LLMQ_DTYPE_Q4_K, sizeof(struct llmq_block_q4_k)},
-        {LLMQ_DTYPE_Q5_K, sizeof(struct llmq_block_q5_k)},   {LLMQ_DTYPE_Q6_K, sizeof(struct llmq_block_q6_k)},
+    static const struct {
+        enum llmq_dtype t;
+        size_t size;
+    } blocks[] = {
+        {LLMQ_DTYPE_Q4_0, sizeof(struct llmq_block_q4_0)},     {LLMQ_DTYPE_Q4_1, sizeof(struct llmq_block_q4_1)},
+        {LLMQ_DTYPE_Q5_0, sizeof(struct llmq_block_q5_0)},     {LLMQ_DTYPE_Q5_1, sizeof(struct llmq_block_q5_1)},
+        {LLMQ_DTYPE_Q8_0, sizeof(struct llmq_block_q8_0)},     {LLMQ_DTYPE_Q2_K, sizeof(struct llmq_block_q2_k)},
+        {LLMQ_DTYPE_Q3_K, sizeof(struct llmq_block_q3_k)},     {LLMQ_DTYPE_Q4_K, sizeof(struct llmq_block_q4_k)},
+        {LLMQ_DTYPE_Q5_K, sizeof(struct llmq_block_q5_k)},     {LLMQ_DTYPE_Q6_K, sizeof(struct llmq_block_q6_k)},
         {LLMQ_DTYPE_IQ4_NL, sizeof(struct llmq_block_iq4_nl)}, {LLMQ_DTYPE_IQ4_XS, sizeof(struct llmq_block_iq4_xs)},
     };
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
@@ -104,7 +107,7 @@ static void test_legacy_blocks(void) {
 
 static void test_kquant_blocks(void) {
     struct llmq_block_q2_k q2 = {.d = F16_1, .dmin = F16_HALF};
-    memset(q2.qs, 0xE4, sizeof q2.qs); // 0b11100100: the j-th 2-bit field is j
+    memset(q2.qs, 0xE4, sizeof q2.qs);         // 0b11100100: the j-th 2-bit field is j
     memset(q2.scales, 0x21, sizeof q2.scales); // scale 1, min 2
     q2.scales[5] = 0x3F;                       // sub-block 5 (elements 80..95): scale 15, min 3
     decode(LLMQ_DTYPE_Q2_K, &q2, 256);
@@ -131,8 +134,8 @@ static void test_kquant_blocks(void) {
     q4.scales[1] = 0x80;               //              high bits of scale 2 (sub-block 1 scale 0)
     q4.scales[5] = 0x80;               //              high bits of min 2 (sub-block 1 min 0)
     decode(LLMQ_DTYPE_Q4_K, &q4, 256);
-    CHECK(out[0] == 2.75f);              // (0.5 * 2) * 3 - 0.25 * 1
-    CHECK(out[32] == 0.0f);              // sub-block 1: scale 0, min 0
+    CHECK(out[0] == 2.75f);               // (0.5 * 2) * 3 - 0.25 * 1
+    CHECK(out[32] == 0.0f);               // sub-block 1: scale 0, min 0
     CHECK(out[160] == 16.5f * 5 - 10.0f); // scale 33, min 40
 
     struct llmq_block_q5_k q5 = {.d = F16_HALF, .dmin = F16_QUARTER};
@@ -147,17 +150,17 @@ static void test_kquant_blocks(void) {
     memset(q6.qh, 0xE4, sizeof q6.qh); // high 2 bits = j
     for (int s = 0; s < 16; s++) q6.scales[s] = (int8_t)(s - 8);
     decode(LLMQ_DTYPE_Q6_K, &q6, 256);
-    CHECK(out[0] == 124.0f);        // (0.5 * -8) * (1 - 32)
-    CHECK(out[40] == 45.0f);        // j 1, s 2: (0.5 * -6) * (17 - 32)
-    CHECK(out[69] == -4.0f);        // j 2, s 4: (0.5 * -4) * (34 - 32)
-    CHECK(out[225] == 54.0f);       // j 3, s 14: (0.5 * 6) * (50 - 32)
+    CHECK(out[0] == 124.0f);  // (0.5 * -8) * (1 - 32)
+    CHECK(out[40] == 45.0f);  // j 1, s 2: (0.5 * -6) * (17 - 32)
+    CHECK(out[69] == -4.0f);  // j 2, s 4: (0.5 * -4) * (34 - 32)
+    CHECK(out[225] == 54.0f); // j 3, s 14: (0.5 * 6) * (50 - 32)
 
     struct llmq_block_iq4_xs xs = {.d = F16_1, .scales_h = 0x000A, .scales_l = {0x21, 0, 0, 0}};
     for (int j = 0; j < 128; j++) xs.qs[j] = (uint8_t)((j % 16) | (15 - j % 16) << 4);
     decode(LLMQ_DTYPE_IQ4_XS, &xs, 256);
     CHECK(out[0] == -127.0f && out[15] == 113.0f && out[16] == 113.0f); // scale 33 - 32 = 1
-    CHECK(out[32] == -254.0f);                                         // scale 2
-    CHECK(out[64] == 127.0f * 32);                                     // scale 0 - 32
+    CHECK(out[32] == -254.0f);                                          // scale 2
+    CHECK(out[64] == 127.0f * 32);                                      // scale 0 - 32
 }
 
 static void test_plain(void) {
@@ -186,8 +189,10 @@ static void test_plain(void) {
     llmq_bf16_to_f32_row(all, f, 65536);
     llmq_f32_to_bf16_row(f, back, 65536);
     for (int i = 0; i < 65536; i++) {
-        if (!isnan(f[i])) CHECK_EQ_INT(back[i], i);
-        else CHECK_EQ_INT(back[i], i | 0x40); // NaNs come back quiet
+        if (!isnan(f[i]))
+            CHECK_EQ_INT(back[i], i);
+        else
+            CHECK_EQ_INT(back[i], i | 0x40); // NaNs come back quiet
     }
 }
 

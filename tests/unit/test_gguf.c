@@ -45,8 +45,7 @@ static void bb_strn(struct bb *b, const char *s, size_t n) {
 }
 static void bb_str(struct bb *b, const char *s) { bb_strn(b, s, strlen(s)); }
 static void bb_zeros(struct bb *b, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        bb_u8(b, 0);
+    for (size_t i = 0; i < n; i++) bb_u8(b, 0);
 }
 static void bb_align(struct bb *b, size_t a) { bb_zeros(b, (a - b->n % a) % a); }
 
@@ -72,8 +71,7 @@ static void bb_kv_str(struct bb *b, const char *key, const char *v) {
 static void bb_ti(struct bb *b, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type, uint64_t off) {
     bb_str(b, name);
     bb_u32(b, n_dims);
-    for (uint32_t k = 0; k < n_dims; k++)
-        bb_len(b, ne[k]);
+    for (uint32_t k = 0; k < n_dims; k++) bb_len(b, ne[k]);
     bb_u32(b, type);
     bb_u64(b, off);
 }
@@ -476,8 +474,7 @@ static void write_round_file(const char *path, uint32_t alignment) {
         size_t n = llmq_gguf_writer_tensor_nbytes(w, t);
         uint8_t *buf = malloc(n + 1);
         CHECK(buf);
-        for (size_t i = 0; i < n; i++)
-            buf[i] = pattern(t, i);
+        for (size_t i = 0; i < n; i++) buf[i] = pattern(t, i);
         // in uneven chunks, to exercise streaming
         for (size_t done = 0; done < n;) {
             size_t k = n - done < 13 ? n - done : 13 + done % 7;
@@ -520,8 +517,7 @@ static void check_round_file(const char *path, uint32_t alignment) {
     int off = alignment ? 1 : 0;
     if (alignment) CHECK(strcmp(llmq_gguf_kv_at(g, 1)->key, "general.alignment") == 0);
     CHECK(strcmp(llmq_gguf_kv_at(g, 0)->key, order[0]) == 0);
-    for (int k = 1; k < 7; k++)
-        CHECK(strcmp(llmq_gguf_kv_at(g, k + off)->key, order[k]) == 0);
+    for (int k = 1; k < 7; k++) CHECK(strcmp(llmq_gguf_kv_at(g, k + off)->key, order[k]) == 0);
     CHECK_EQ_INT(llmq_gguf_n_kv(g), 29 + off);
     CHECK(llmq_gguf_kv_at(g, -1) == NULL && llmq_gguf_kv_at(g, 29 + off) == NULL);
 

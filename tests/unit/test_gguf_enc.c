@@ -8,11 +8,11 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "formats/ggml/quants.h"
 #include "formats/ggml/encode.h"
+#include "formats/ggml/quants.h"
 
 static const enum llmq_dtype block_types[] = {
-    LLMQ_DTYPE_Q4_0, LLMQ_DTYPE_Q4_1, LLMQ_DTYPE_Q5_0, LLMQ_DTYPE_Q5_1, LLMQ_DTYPE_Q8_0,  LLMQ_DTYPE_Q2_K,
+    LLMQ_DTYPE_Q4_0, LLMQ_DTYPE_Q4_1, LLMQ_DTYPE_Q5_0, LLMQ_DTYPE_Q5_1, LLMQ_DTYPE_Q8_0,   LLMQ_DTYPE_Q2_K,
     LLMQ_DTYPE_Q3_K, LLMQ_DTYPE_Q4_K, LLMQ_DTYPE_Q5_K, LLMQ_DTYPE_Q6_K, LLMQ_DTYPE_IQ4_NL, LLMQ_DTYPE_IQ4_XS,
 };
 #define N_BLOCK_TYPES (int)(sizeof block_types / sizeof block_types[0])
@@ -78,7 +78,7 @@ static void check_grid_contract(enum llmq_dtype t) {
             // set_code round trip on a few elements (all of them for the first block)
             for (int j = 0; j < blck; j += b == 0 ? 1 : 7) {
                 llmq_gguf_block_grid(t, blk, j, &g);
-                for (int c = 0; c < g.n_levels; c += g.n_levels > 32 ? 5 : 1) {
+                for (int c = 0; c<g.n_levels; c += g.n_levels> 32 ? 5 : 1) {
                     unsigned char mod[256];
                     memcpy(mod, blk, dt->size);
                     llmq_gguf_block_set_code(t, mod, j, c);
@@ -135,8 +135,8 @@ static void check_nearest_on(const struct llmq_gguf_grid *g, const char *what) {
     for (int i = 0; i < np; i++) {
         const int got = llmq_gguf_grid_nearest(g, probes[i]), want = nearest_brute(g, probes[i]);
         if (got != want) {
-            fprintf(stderr, "%s: nearest(%.9g) = %d, brute force %d (A %.9g B %.9g, %d levels)\n", what, probes[i],
-                    got, want, g->A, g->B, g->n_levels);
+            fprintf(stderr, "%s: nearest(%.9g) = %d, brute force %d (A %.9g B %.9g, %d levels)\n", what, probes[i], got,
+                    want, g->A, g->B, g->n_levels);
             CHECK(0);
         }
     }
@@ -256,15 +256,15 @@ static void check_fast_paths(void) {
                 switch (kind) {
                 case 0: xb[j] = 0.0f; break;
                 case 1: xb[j] = (rnd() & 1) ? -0.0f : 0.0f; break;
-                case 2: xb[j] = (rnd() & 1) ? s : -s; break;                        // equal magnitudes
-                case 3: xb[j] = s * (float)((int)(rnd() % 33) - 16); break;        // integers: exact .5 cases
+                case 2: xb[j] = (rnd() & 1) ? s : -s; break;                // equal magnitudes
+                case 3: xb[j] = s * (float)((int)(rnd() % 33) - 16); break; // integers: exact .5 cases
                 case 4: xb[j] = s * (float)((int)(rnd() % 255) - 127) / 2.0f; break;
                 case 5: xb[j] = j == 7 ? NAN : s * g; break;
                 case 6: xb[j] = j == 3 ? -INFINITY : s * g; break;
-                case 7: xb[j] = 1.5f * s; break;                                   // constant block
-                case 8: xb[j] = (j % 3 == 0) ? -0.0f : s * fabsf(g); break;        // min is -0.0
-                case 9: xb[j] = s * g; break;                                      // subnormals
-                case 10: xb[j] = s * g * g * g; break;                             // heavy tails
+                case 7: xb[j] = 1.5f * s; break;                            // constant block
+                case 8: xb[j] = (j % 3 == 0) ? -0.0f : s * fabsf(g); break; // min is -0.0
+                case 9: xb[j] = s * g; break;                               // subnormals
+                case 10: xb[j] = s * g * g * g; break;                      // heavy tails
                 default: xb[j] = s * g; break;
                 }
             }
@@ -275,12 +275,13 @@ static void check_fast_paths(void) {
         CHECK(llmq_dtype_nbytes(t, N, &rb));
         unsigned char *ref = malloc(rb * ROWS), *got = malloc(rb * ROWS);
         CHECK(ref && got);
-        for (int r = 0; r < ROWS; r++) CHECK(llmq_gguf_encode_row_ref(t, x + (size_t)r * N, ref + r * rb, N, NULL) == LLMQ_OK);
+        for (int r = 0; r < ROWS; r++)
+            CHECK(llmq_gguf_encode_row_ref(t, x + (size_t)r * N, ref + r * rb, N, NULL) == LLMQ_OK);
         CHECK(llmq_gguf_encode_rows(t, x, got, ROWS, N, NULL, 1) == LLMQ_OK);
         for (size_t k = 0; k < rb * ROWS; k++)
             if (got[k] != ref[k]) {
-                fprintf(stderr, "fast path %s differs from the reference at byte %zu (row %zu)\n", llmq_dtype_name(t), k,
-                        k / rb);
+                fprintf(stderr, "fast path %s differs from the reference at byte %zu (row %zu)\n", llmq_dtype_name(t),
+                        k, k / rb);
                 CHECK(0);
             }
         free(ref);

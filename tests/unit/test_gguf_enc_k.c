@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "common/dtype.h"
+#include "formats/ggml/encode.h"
 #include "formats/ggml/quants.h"
 #include "harness.h"
-#include "formats/ggml/encode.h"
 
 #define QK 256
 #define NB 8 // blocks per test row
@@ -111,7 +111,8 @@ static void check_grid_blocks(enum llmq_dtype t, const uint8_t *y, int nb) {
             const float v = llmq_gguf_grid_value(&g, code);
             if (!same_float(v, dec[ib * QK + e]) || !same_float(v, dec_ref[ib * QK + e])) {
                 fprintf(stderr, "%s block %d elem %d code %d: grid %.9g (A %.9g L %g B %.9g) decode %.9g ref %.9g\n",
-                        llmq_dtype_name(t), ib, e, code, v, g.A, g.L[code], g.B, dec[ib * QK + e], dec_ref[ib * QK + e]);
+                        llmq_dtype_name(t), ib, e, code, v, g.A, g.L[code], g.B, dec[ib * QK + e],
+                        dec_ref[ib * QK + e]);
                 CHECK(0);
             }
         }
@@ -161,10 +162,25 @@ static void check_set_code(enum llmq_dtype t, const uint8_t *block) {
     check_grid_blocks(t, b, 1);
 }
 
-enum dist { D_GAUSS, D_HEAVY, D_SMALL, D_SCALED, D_ZERO, D_CONST, D_NEG_CONST, D_TINY, D_SUBNORMAL, D_HUGE,
-            D_SPIKE, D_ALT, D_MIXED, D_POS, D_COUNT };
-static const char *DIST_NAMES[D_COUNT] = {"gauss", "heavy", "small", "scaled", "zero", "const", "neg_const",
-                                          "tiny", "subnormal", "huge", "spike", "alt", "mixed", "pos"};
+enum dist {
+    D_GAUSS,
+    D_HEAVY,
+    D_SMALL,
+    D_SCALED,
+    D_ZERO,
+    D_CONST,
+    D_NEG_CONST,
+    D_TINY,
+    D_SUBNORMAL,
+    D_HUGE,
+    D_SPIKE,
+    D_ALT,
+    D_MIXED,
+    D_POS,
+    D_COUNT
+};
+static const char *DIST_NAMES[D_COUNT] = {"gauss", "heavy",     "small", "scaled", "zero", "const", "neg_const",
+                                          "tiny",  "subnormal", "huge",  "spike",  "alt",  "mixed", "pos"};
 
 static void fill(enum dist d, float *x, int n) {
     for (int i = 0; i < n; i++) {
@@ -198,7 +214,8 @@ int main(void) {
         for (int d = 0; d < D_COUNT; d++) {
             for (int wi = 0; wi < 3; wi++) { // no importance, random positive, with zeros
                 fill((enum dist)d, x, NB * QK);
-                for (int i = 0; i < NB * QK; i++) imp[i] = wi == 1 ? unif() + 0.01f : wi == 2 ? (i % 3 ? unif() : 0) : 1;
+                for (int i = 0; i < NB * QK; i++)
+                    imp[i] = wi == 1 ? unif() + 0.01f : wi == 2 ? (i % 3 ? unif() : 0) : 1;
                 const float *w = wi ? imp : NULL;
                 memset(y, 0xAB, sizeof y);
                 CHECK(llmq_gguf_encode_row_ref(t, x, y, NB * QK, w) == LLMQ_OK);

@@ -7,10 +7,10 @@
 // tests/py/test_gguf_mix.py.
 #include "harness.h"
 
-#include "formats/convert/convert.h"
 #include "calib/model/model.h"
 #include "common/io.h"
 #include "common/log.h"
+#include "formats/convert/convert.h"
 #include "formats/ggml/encode.h"
 #include "quant/gguf_export.h"
 #include "quant/gguf_mix.h"
@@ -45,8 +45,8 @@ static void add(const char *name, int64_t rows, int64_t cols, int n_dims) {
 // A llama model in llama.cpp's file order: D hidden, F ffn, L blocks, kv rows of k/v, tied or not.
 static void model(int64_t D, int64_t F, int L, int64_t kv, bool tied) {
     char b[64];
-    static const char *const blk[] = {"attn_k", "attn_norm", "attn_output", "attn_q", "attn_v",
-                                       "ffn_down", "ffn_gate", "ffn_norm", "ffn_up"};
+    static const char *const blk[] = {"attn_k",   "attn_norm", "attn_output", "attn_q", "attn_v",
+                                      "ffn_down", "ffn_gate",  "ffn_norm",    "ffn_up"};
     nt = 0;
     if (!tied) add("output.weight", 32000, D, 2);
     add("output_norm.weight", 1, D, 1);
@@ -54,11 +54,16 @@ static void model(int64_t D, int64_t F, int L, int64_t kv, bool tied) {
     for (int l = 0; l < L; l++)
         for (int k = 0; k < 9; k++) {
             snprintf(b, sizeof b, "blk.%d.%s.weight", l, blk[k]);
-            if (k == 1 || k == 7) add(b, 1, D, 1);
-            else if (k == 0 || k == 4) add(b, kv, D, 2);
-            else if (k == 2 || k == 3) add(b, D, D, 2);
-            else if (k == 5) add(b, D, F, 2);
-            else add(b, F, D, 2);
+            if (k == 1 || k == 7)
+                add(b, 1, D, 1);
+            else if (k == 0 || k == 4)
+                add(b, kv, D, 2);
+            else if (k == 2 || k == 3)
+                add(b, D, D, 2);
+            else if (k == 5)
+                add(b, D, F, 2);
+            else
+                add(b, F, D, 2);
         }
 }
 
@@ -75,7 +80,8 @@ static enum llmq_dtype type_of(const char *fmt, int l) {
     return R[find(b)].type;
 }
 
-static void plan(enum llmq_gguf_ftype f, int64_t n_head, int64_t n_head_kv, int L, const struct llmq_gguf_mix_opts *base) {
+static void plan(enum llmq_gguf_ftype f, int64_t n_head, int64_t n_head_kv, int L,
+                 const struct llmq_gguf_mix_opts *base) {
     struct llmq_gguf_mix_opts o = base ? *base : llmq_gguf_mix_default_opts();
     struct llmq_gguf_mix_model mm = {.n_layer = L, .n_head = n_head, .n_head_kv = n_head_kv};
     o.ftype = f;
@@ -97,9 +103,9 @@ static void test_parse_and_order(void) {
     CHECK(llmq_gguf_ftype_default_type(LLMQ_GGUF_FTYPE_IQ4_XS) == LLMQ_DTYPE_IQ4_XS);
     CHECK(llmq_gguf_ftype_default_type((enum llmq_gguf_ftype)5) == LLMQ_DTYPE_INVALID);
     // llama_model_loader's weight_name_comparer
-    const char *in[] = {"blk.10.attn_k.weight", "blk.2.ffn_up.weight", "token_embd.weight", "output_norm.weight",
-                        "blk.2.attn_norm.weight", "output.weight", "rope_freqs.weight"};
-    const char *want[] = {"output.weight", "output_norm.weight", "rope_freqs.weight", "token_embd.weight",
+    const char *in[] = {"blk.10.attn_k.weight",   "blk.2.ffn_up.weight", "token_embd.weight", "output_norm.weight",
+                        "blk.2.attn_norm.weight", "output.weight",       "rope_freqs.weight"};
+    const char *want[] = {"output.weight",          "output_norm.weight",  "rope_freqs.weight",   "token_embd.weight",
                           "blk.2.attn_norm.weight", "blk.2.ffn_up.weight", "blk.10.attn_k.weight"};
     for (int i = 0; i < 7; i++)
         for (int j = i + 1; j < 7; j++) {
@@ -159,14 +165,16 @@ static void test_layer_rules(void) {
     im.have_imatrix = true;
     plan(LLMQ_GGUF_FTYPE_IQ4_XS, 32, 8, 32, NULL);
     CHECK(type_of("blk.%d.attn_v.weight", 9) == LLMQ_DTYPE_Q5_K);
-    CHECK(type_of("blk.%d.ffn_down.weight", 3) == LLMQ_DTYPE_Q5_K && type_of("blk.%d.ffn_down.weight", 4) == LLMQ_DTYPE_IQ4_XS);
+    CHECK(type_of("blk.%d.ffn_down.weight", 3) == LLMQ_DTYPE_Q5_K &&
+          type_of("blk.%d.ffn_down.weight", 4) == LLMQ_DTYPE_IQ4_XS);
     plan(LLMQ_GGUF_FTYPE_IQ4_XS, 32, 8, 32, &im);
     CHECK(type_of("blk.%d.ffn_down.weight", 3) == LLMQ_DTYPE_IQ4_XS);
     plan(LLMQ_GGUF_FTYPE_IQ4_XS, 32, 32, 32, NULL);
     CHECK(type_of("blk.%d.attn_v.weight", 9) == LLMQ_DTYPE_IQ4_XS);
     // Q4_0 / Q5_0 with an imatrix: Q4_1 / Q5_1 ffn_down below n/8
     plan(LLMQ_GGUF_FTYPE_Q4_0, 32, 8, 32, &im);
-    CHECK(type_of("blk.%d.ffn_down.weight", 3) == LLMQ_DTYPE_Q4_1 && type_of("blk.%d.ffn_down.weight", 4) == LLMQ_DTYPE_Q4_0);
+    CHECK(type_of("blk.%d.ffn_down.weight", 3) == LLMQ_DTYPE_Q4_1 &&
+          type_of("blk.%d.ffn_down.weight", 4) == LLMQ_DTYPE_Q4_0);
     CHECK(R[find("output.weight")].type == LLMQ_DTYPE_Q6_K);
     plan(LLMQ_GGUF_FTYPE_Q5_0, 32, 8, 32, NULL);
     CHECK(type_of("blk.%d.ffn_down.weight", 0) == LLMQ_DTYPE_Q5_0);
@@ -176,7 +184,8 @@ static void test_layer_rules(void) {
     model(1024, 2816, 80, 128, false);
     plan(LLMQ_GGUF_FTYPE_Q3_K_M, 64, 8, 80, NULL);
     for (int l = 0; l < 80; l++) CHECK(type_of("blk.%d.attn_v.weight", l) == LLMQ_DTYPE_Q5_K);
-    CHECK(type_of("blk.%d.ffn_down.weight", 4) == LLMQ_DTYPE_Q5_K && type_of("blk.%d.ffn_down.weight", 5) == LLMQ_DTYPE_Q4_K);
+    CHECK(type_of("blk.%d.ffn_down.weight", 4) == LLMQ_DTYPE_Q5_K &&
+          type_of("blk.%d.ffn_down.weight", 5) == LLMQ_DTYPE_Q4_K);
     plan(LLMQ_GGUF_FTYPE_Q3_K_M, 64, 64, 80, NULL); // 65B: no bump
     CHECK(type_of("blk.%d.attn_v.weight", 9) == LLMQ_DTYPE_Q4_K);
 }
@@ -194,7 +203,8 @@ static void test_fallbacks_tied_pure_overrides(void) {
     CHECK(R[find("token_embd.weight")].type == LLMQ_DTYPE_Q8_0); // Q6_K, then its fallback Q8_0
     CHECK(R[find("token_embd.weight")].wanted == LLMQ_DTYPE_Q6_K);
     plan(LLMQ_GGUF_FTYPE_Q3_K_S, 9, 3, 30, NULL);
-    CHECK(type_of("blk.%d.ffn_gate.weight", 0) == LLMQ_DTYPE_Q4_0 && type_of("blk.%d.ffn_down.weight", 0) == LLMQ_DTYPE_Q3_K);
+    CHECK(type_of("blk.%d.ffn_gate.weight", 0) == LLMQ_DTYPE_Q4_0 &&
+          type_of("blk.%d.ffn_down.weight", 0) == LLMQ_DTYPE_Q3_K);
     plan(LLMQ_GGUF_FTYPE_IQ4_XS, 9, 3, 30, NULL);
     CHECK(type_of("blk.%d.ffn_gate.weight", 0) == LLMQ_DTYPE_IQ4_NL);
     plan(LLMQ_GGUF_FTYPE_Q5_K_S, 9, 3, 30, NULL);
@@ -241,7 +251,8 @@ static void test_fallbacks_tied_pure_overrides(void) {
         CHECK(type_of("blk.%d.attn_v.weight", l) == (more_bits(l - 2, 32) ? LLMQ_DTYPE_Q6_K : LLMQ_DTYPE_Q4_K));
     o.n_overrides = 2;
     plan(LLMQ_GGUF_FTYPE_Q4_K_M, 32, 8, 32, &o);
-    CHECK(type_of("blk.%d.attn_v.weight", 0) == LLMQ_DTYPE_Q4_0 && type_of("blk.%d.attn_v.weight", 7) == LLMQ_DTYPE_Q8_0);
+    CHECK(type_of("blk.%d.attn_v.weight", 0) == LLMQ_DTYPE_Q4_0 &&
+          type_of("blk.%d.attn_v.weight", 7) == LLMQ_DTYPE_Q8_0);
     plan(LLMQ_GGUF_FTYPE_F16, 32, 8, 32, &o); // overrides only apply to a quantized default type
     CHECK(type_of("blk.%d.attn_v.weight", 0) == LLMQ_DTYPE_F16);
     struct llmq_gguf_tensor_type bad = {"attn_(v", LLMQ_DTYPE_Q8_0};

@@ -60,7 +60,7 @@ static void test_rtn(void) {
     const int64_t R = 7, C = 96;
     float W[7 * 96], D[7 * 96];
     for (int i = 0; i < R * C; i++) W[i] = frand();
-    for (int c = 0; c < C; c++) W[2 * C + c] = 0.0f;        // all-zero row -> range [-1, 1]
+    for (int c = 0; c < C; c++) W[2 * C + c] = 0.0f;                // all-zero row -> range [-1, 1]
     for (int c = 0; c < C; c++) W[3 * C + c] = fabsf(W[3 * C + c]); // all >= 0
     int bits_list[] = {2, 3, 4, 8}, groups[] = {32, -1, 64};
     for (int bi = 0; bi < 4; bi++)

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "formats/ggml/encode.h"
 #include "formats/ggml/quants.h"
 #include "harness.h"
-#include "formats/ggml/encode.h"
 #include "quant/gptq_gguf.h"
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -40,8 +40,8 @@ static void make_hessian(int64_t C, int64_t N, float *H) {
             X[n * C + c] = (c % 97 == 5) ? 0.0f : v * (1.0f + (float)(c % 7)); // dead columns, uneven scales
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)C, (int)C, (int)N, 2.0f / (float)N, X, (int)C, X,
-                (int)C, 0.0f, H, (int)C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)C, (int)C, (int)N, 2.0f / (float)N, X, (int)C, X, (int)C,
+                0.0f, H, (int)C);
     free(Bm);
     free(X);
 }
@@ -63,14 +63,14 @@ static double proxy(const float *W, const float *Q, const float *H, int64_t R, i
     return e;
 }
 
-static const enum llmq_dtype types[] = {LLMQ_DTYPE_Q4_0, LLMQ_DTYPE_Q4_1, LLMQ_DTYPE_Q5_0, LLMQ_DTYPE_Q5_1,
-                                        LLMQ_DTYPE_Q8_0, LLMQ_DTYPE_Q2_K, LLMQ_DTYPE_Q3_K, LLMQ_DTYPE_Q4_K,
+static const enum llmq_dtype types[] = {LLMQ_DTYPE_Q4_0, LLMQ_DTYPE_Q4_1, LLMQ_DTYPE_Q5_0,   LLMQ_DTYPE_Q5_1,
+                                        LLMQ_DTYPE_Q8_0, LLMQ_DTYPE_Q2_K, LLMQ_DTYPE_Q3_K,   LLMQ_DTYPE_Q4_K,
                                         LLMQ_DTYPE_Q5_K, LLMQ_DTYPE_Q6_K, LLMQ_DTYPE_IQ4_NL, LLMQ_DTYPE_IQ4_XS};
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 
 // Decodes R rows of blocks into D and checks D == W bit for bit.
-static void check_decodes_to(enum llmq_dtype t, const uint8_t *blocks, size_t rb, const float *W, int64_t R,
-                             int64_t C, float *D) {
+static void check_decodes_to(enum llmq_dtype t, const uint8_t *blocks, size_t rb, const float *W, int64_t R, int64_t C,
+                             float *D) {
     for (int64_t r = 0; r < R; r++) CHECK_EQ_INT(llmq_dequantize_row(t, blocks + r * rb, D + r * C, C), LLMQ_OK);
     for (int64_t i = 0; i < R * C; i++)
         if (llmq_f32_bits(D[i]) != llmq_f32_bits(W[i]) && !(D[i] == 0.0f && W[i] == 0.0f)) {
@@ -119,8 +119,9 @@ static void test_gptq_vs_rtn(bool with_importance, bool act_order) {
         memcpy(Hc, H, (size_t)(C * C) * sizeof(float));
         o.n_threads = 3;
         double loss3 = -2;
-        CHECK_EQ_INT(llmq_gptq_gguf_quantize("t", W3, Hc, R, C, t, with_importance ? imp : NULL, &o, blk3, &loss3, NULL),
-                     LLMQ_OK);
+        CHECK_EQ_INT(
+            llmq_gptq_gguf_quantize("t", W3, Hc, R, C, t, with_importance ? imp : NULL, &o, blk3, &loss3, NULL),
+            LLMQ_OK);
         CHECK(memcmp(blk, blk3, (size_t)R * rb) == 0);
         CHECK(memcmp(W, W3, (size_t)(R * C) * sizeof(float)) == 0);
         CHECK(loss == loss3);
@@ -175,8 +176,9 @@ static void test_identity(void) {
         for (int64_t c = 0; c < C; c++) ones[c] = 1.0f;
         for (int64_t r = 0; r < R; r++)
             for (int64_t c = 0; c < C; c += QK)
-                CHECK_EQ_INT(llmq_gguf_encode_row_ref(t, W0 + r * C + c, be + r * rb + (size_t)(c / QK) * bsz, QK, ones),
-                             LLMQ_OK);
+                CHECK_EQ_INT(
+                    llmq_gguf_encode_row_ref(t, W0 + r * C + c, be + r * rb + (size_t)(c / QK) * bsz, QK, ones),
+                    LLMQ_OK);
         free(ones);
         for (int64_t r = 0; r < R; r++) CHECK_EQ_INT(llmq_dequantize_row(t, be + r * rb, Q + r * C, C), LLMQ_OK);
         int64_t n_diff = 0;
@@ -188,9 +190,9 @@ static void test_identity(void) {
                 llmq_gguf_block_grid(t, pe, (int)(c % QK), &ge);
                 llmq_gguf_block_grid(t, pg, (int)(c % QK), &gg);
                 if (!(ge.A == gg.A && ge.B == gg.B && ge.n_levels == gg.n_levels && ge.L == gg.L)) {
-                    fprintf(stderr, "%s: (%lld, %lld): grid A %g / %g, B %g / %g, levels %d / %d\n",
-                            llmq_dtype_name(t), (long long)r, (long long)c, (double)ge.A, (double)gg.A, (double)ge.B,
-                            (double)gg.B, ge.n_levels, gg.n_levels);
+                    fprintf(stderr, "%s: (%lld, %lld): grid A %g / %g, B %g / %g, levels %d / %d\n", llmq_dtype_name(t),
+                            (long long)r, (long long)c, (double)ge.A, (double)gg.A, (double)ge.B, (double)gg.B,
+                            ge.n_levels, gg.n_levels);
                     CHECK(0);
                 }
                 const float w = W0[r * C + c];

@@ -28,11 +28,9 @@ static void write_st(const char *path, const char *header, size_t data_len) {
     size_t hn = strlen(header);
     uint8_t *buf = malloc(8 + hn + data_len + 1);
     CHECK(buf != NULL);
-    for (int i = 0; i < 8; i++)
-        buf[i] = (uint8_t)((uint64_t)hn >> (8 * i));
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hn >> (8 * i));
     memcpy(buf + 8, header, hn);
-    for (size_t i = 0; i < data_len; i++)
-        buf[8 + hn + i] = (uint8_t)(i * 7 + 3);
+    for (size_t i = 0; i < data_len; i++) buf[8 + hn + i] = (uint8_t)(i * 7 + 3);
     write_raw(path, buf, 8 + hn + data_len);
     free(buf);
 }
@@ -137,8 +135,7 @@ static const struct spec SPECS[] = {
 
 static size_t spec_nbytes(const struct spec *s) {
     int64_t n = 1;
-    for (int d = 0; d < s->n_dims; d++)
-        n *= s->shape[d];
+    for (int d = 0; d < s->n_dims; d++) n *= s->shape[d];
     return (size_t)n * llmq_dtype_traits(s->dtype)->size;
 }
 
@@ -186,8 +183,7 @@ static void check_specs(const struct llmq_st_model *m) {
         CHECK_EQ_INT(llmq_st_find(m, SPECS[k].name), k);
         CHECK_EQ_INT(t->dtype, SPECS[k].dtype);
         CHECK_EQ_INT(t->n_dims, SPECS[k].n_dims);
-        for (int d = 0; d < 4; d++)
-            CHECK_EQ_INT(t->shape[d], d < SPECS[k].n_dims ? SPECS[k].shape[d] : 1);
+        for (int d = 0; d < 4; d++) CHECK_EQ_INT(t->shape[d], d < SPECS[k].n_dims ? SPECS[k].shape[d] : 1);
         CHECK_EQ_INT(t->nbytes, spec_nbytes(&SPECS[k]));
         uint8_t *p = spec_data(k);
         CHECK(t->nbytes == 0 || memcmp(t->data, p, t->nbytes) == 0);
@@ -204,8 +200,7 @@ static void check_specs(const struct llmq_st_model *m) {
     CHECK(strcmp(llmq_st_metadata_key(m, 0), "format") == 0 && strcmp(llmq_st_metadata_value(m, 0), "pt") == 0);
     CHECK(strcmp(llmq_st_metadata_get(m, "llmq.n\xc3\xb6te"), "h\xc3\xa9llo \xe2\x9c\x93") == 0);
     CHECK(llmq_st_metadata_get(m, "nope") == NULL && llmq_st_metadata_key(m, 2) == NULL);
-    for (int s = 0; s < llmq_st_n_shards(m); s++)
-        CHECK_EQ_INT(llmq_st_shard(m, s)->data_start % 8, 0);
+    for (int s = 0; s < llmq_st_n_shards(m); s++) CHECK_EQ_INT(llmq_st_shard(m, s)->data_start % 8, 0);
 }
 
 static void test_roundtrip_single(void) {
@@ -262,8 +257,7 @@ static void test_roundtrip_sharded(void) {
     }
     CHECK_EQ_INT(sum, N_SPECS);
     // tensors keep declared order across shards: shard numbers never decrease
-    for (int k = 1; k < N_SPECS; k++)
-        CHECK(llmq_st_tensor_shard(m, k) >= llmq_st_tensor_shard(m, k - 1));
+    for (int k = 1; k < N_SPECS; k++) CHECK(llmq_st_tensor_shard(m, k) >= llmq_st_tensor_shard(m, k - 1));
     CHECK_EQ_INT(llmq_st_tensor_shard(m, llmq_st_find(m, "big")), n_shards - 1);
     llmq_st_free(m);
     m = open_ok(dir); // the directory resolves to the index
@@ -324,8 +318,7 @@ static void write_u8(const char *dir, uint64_t limit, int n_tensors, int64_t n, 
         snprintf(name, sizeof(name), "t%d", k);
         CHECK_EQ_INT(llmq_st_writer_add_tensor(w, name, LLMQ_DTYPE_U8, 1, &n), LLMQ_OK);
     }
-    for (int k = 0; k < n_tensors; k++)
-        CHECK_EQ_INT(llmq_st_writer_write(w, buf, (size_t)n), LLMQ_OK);
+    for (int k = 0; k < n_tensors; k++) CHECK_EQ_INT(llmq_st_writer_write(w, buf, (size_t)n), LLMQ_OK);
     CHECK_EQ_INT(llmq_st_writer_finish(w), LLMQ_OK);
 }
 
@@ -510,8 +503,7 @@ static void test_corrupt_files(void) {
     write_raw(p, raw, 5);
     EXPECT_FAIL(p, LLMQ_ERR_TRUNCATED, "shorter than the 8-byte");
     uint64_t n = 100000001; // one past the limit
-    for (int i = 0; i < 8; i++)
-        raw[i] = (uint8_t)(n >> (8 * i));
+    for (int i = 0; i < 8; i++) raw[i] = (uint8_t)(n >> (8 * i));
     write_raw(p, raw, 16);
     EXPECT_FAIL(p, LLMQ_ERR_OVERFLOW, "exceeds the limit");
     memset(raw, 0xff, 8); // 2^64 - 1: must not wrap 8 + N

@@ -39,8 +39,7 @@ static void check_ids(const struct llmq_tokenizer *t, const char *text, size_t l
     if (n != n_want)
         fprintf(stderr, "text \"%.*s\": %lld ids, want %lld\n", (int)len, text, (long long)n, (long long)n_want);
     CHECK_EQ_INT(n, n_want);
-    for (int64_t i = 0; i < n; i++)
-        CHECK_EQ_INT(ids[i], want[i]);
+    for (int64_t i = 0; i < n; i++) CHECK_EQ_INT(ids[i], want[i]);
     free(ids);
 }
 
@@ -104,8 +103,7 @@ static void test_decode(const struct llmq_tokenizer *t) {
         n_tok++;
     }
     CHECK_EQ_INT(n_tok, 256);
-    while (n_want > 0 && want[n_want - 1] == '\n')
-        n_want--;
+    while (n_want > 0 && want[n_want - 1] == '\n') n_want--;
     CHECK(n_out == n_want + 1 && out[0] == ' '); // " Once upon ..." (llama2.c drops the first space)
     CHECK(memcmp(out + 1, want, n_want) == 0);
     // and the text tokenizes back to the same ids, after BOS

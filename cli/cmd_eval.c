@@ -300,8 +300,8 @@ int cmd_eval(int argc, char **argv) {
         "  gptq      GPTQ/AWQ papers: rows joined with \"\\n\\n\", tokenized once, windows of --ctx tokens,\n"
         "            tail dropped, every next token scored.\n"
         "KLD modes print mean KLD, Δp and same-top-1 % like llama-perplexity --kl-divergence.\n"
-        "--base runs both models chunk by chunk on the same tokens (as --kld-base) and ends with the base's\n"
-        "PPL, the model's and the difference, absolute and in % (uncertainties paired over the tokens).\n"
+        "With --base both models run chunk by chunk on the same tokens (as with --kld-base); the output ends\n"
+        "with the base's PPL, the model's and the difference, absolute and in % (paired uncertainties).\n"
         "Progress with ETA goes to stderr; results to stdout. Exit status: 0 ok, 1 error, 2 usage.",
         flags,
         (int)(sizeof(flags) / sizeof(flags[0])),

@@ -205,7 +205,7 @@ def test_inspect_packed_dirs_count_logical_params(llmq_bin, smollm2, tmp_path, f
     weight = 8 x every byte / parameters."""
     out = tmp_path / "q"
     run([llmq_bin, "quantize", "--model", smollm2, "--method", "rtn", "--bits", bits, "--group-size", "64",
-         "--format", fmt, "--out", out, "--threads", "2", "--quiet"])
+         "--format", fmt, "--out", out, "--threads", "2", "--quiet", "--allow-requantize"])  # the input is Q4_1
     src = inspect_json(llmq_bin, smollm2)
     rep = inspect_json(llmq_bin, out)
     assert rep["packed_bits"] == bits

@@ -8,7 +8,7 @@
 #   tests/blas_kernels.sh BUILD_DIR      (a configured and built tree, e.g. .ci/run's build-ci-cpu)
 set -euo pipefail
 BUILD="${1:?usage: tests/blas_kernels.sh BUILD_DIR}"
-TESTS='^(py_test_(awq_oracle|gptq_oracle)|test_(gemm_cpu|forward|gptq_gguf))$'
+TESTS='^(py_test_(awq_oracle|gptq_oracle|emulate_oracle)|test_(gemm_cpu|forward|gptq_gguf))$'
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has() { for f in "$@"; do [[ "$flags" == *" $f "* ]] || return 1; done; }
 

@@ -1,6 +1,6 @@
 """A numpy port of AutoAWQ's per-block search (awq/quantize/quantizer.py), the oracle for quant/awq.c.
 
-Written from AutoAWQ's behaviour (REFERENCE §3), independent of llmq's code:
+Written from AutoAWQ's behaviour (awq/quantize/quantizer.py; the layouts in quant/awq.h), independent of llmq's code:
   pseudo_quantize      pseudo_quantize_tensor, zero point: per (row, group) in float32
                        scale = clamp(max - min, 1e-5) / maxq, zero = clamp(-round(min / scale), 0, maxq),
                        w' = (clamp(round(w / scale) + zero, 0, maxq) - zero) * scale  (round half to even)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/golden/tokenizer_<model>.json from llama.cpp's tokenizer (llama-cpp-python).
 
-Run by hand when llama_cpp is importable (the venv's; see tests/README):
+Run by hand when llama_cpp is importable (the venv's: tests/run.sh builds it):
     python tests/py/gen_golden_tokenizer.py [--data ../shared/datasets] [--cache ~/.cache/llmq]
 
 For SmolLM2-135M-Instruct.Q4_1.gguf and stories260K (the v3 GGUF: llama.cpp cannot read v1):

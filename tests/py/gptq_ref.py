@@ -1,5 +1,5 @@
 """Numpy port of the reference GPTQ `fasterquant` (IST-DASLab/gptq gptq.py + quant.py), written from
-the paper and REFERENCE §2 as the oracle for quant/gptq.c. float32 throughout, like torch.
+the paper (Frantar et al. 2022, Algorithm 1) as the oracle for quant/gptq.c. float32 throughout, like torch.
 
 Conventions that the reference leaves open and llmq fixes (the same choices here):
   * act-order permutation: argsort(diag H, descending) made STABLE (ties keep ascending index);

@@ -3,7 +3,7 @@
 tests/tools/export_tool RTN-quantizes SmolLM2-135M-Instruct (the Q4_1 GGUF; --layers 1 keeps the first
 block so each case writes ~60 MB, mostly the fp16 embeddings) and exports it, writing next to it a
 reference: the f32 weights every linear must decode to, W = f32(q - z) * f32(s) with s rounded to fp16 (awq, gptq) or kept in f32 (fake).
-unpack_ref.py (numpy, written from REFERENCE §4/§5) decodes the directory independently; llmq's own loader
+unpack_ref.py (numpy, written from the layouts documented in quant/export.h) decodes the directory independently; llmq's own loader
 (calib/model/model.c, `export_tool dequant`) decodes it too. All three must agree BIT FOR BIT, for AWQ (asym,
 sym) and GPTQ v1 (sym) / gptq_v2 (asym), 2/3/4/8 bits, act-order g_idx and per-channel groups.
 Also checked: tensor names / dtypes / shapes, config.json and quantize_config.json fields, provenance in

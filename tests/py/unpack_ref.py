@@ -1,5 +1,5 @@
 """Independent unpacker for AWQ "GEMM" and GPTQ (v1 / gptq_v2) safetensors directories, written from
-REFERENCE §4 / §5 (and, for 3 bits, AutoGPTQ's QuantLinear.pack 10/1/10/1/10 word scheme) with numpy
+the layouts of quant/export.h (AutoAWQ WQLinear_GEMM, AutoGPTQ / GPTQModel QuantLinear; and, for 3 bits, AutoGPTQ's QuantLinear.pack 10/1/10/1/10 word scheme) with numpy
 only — it shares no code with llmq's writer (quant/export.c) or loader (calib/model/model.c).
 
 Decoding rule (the one llmq's loader uses, so the comparison can be bit for bit):

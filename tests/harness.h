@@ -39,4 +39,20 @@ static inline const char *test_data_dir(void) {
     const char *d = getenv("LLMQ_DATA");
     return d && *d ? d : "../shared/datasets";
 }
+// `dir`/`name` in one of 8 rotating static buffers (valid until 8 more calls): a test's temp-file names.
+static inline char *test_path(const char *dir, const char *name) {
+    static char buf[8][512];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, sizeof(buf[0]), "%s/%s", dir, name);
+    return p;
+}
+
+// Writes n bytes of data to path; a failure is a failed check.
+static inline void test_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f);
+    CHECK(fwrite(data, 1, n, f) == n);
+    fclose(f);
+}
 #endif

@@ -13,32 +13,19 @@
 
 static char tmpdir[] = "/tmp/llmq_test_calib_XXXXXX";
 
-static char *tpath(const char *name) {
-    static char buf[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(buf[k], sizeof(buf[k]), "%s/%s", tmpdir, name);
-    return buf[k];
-}
-
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f);
-    CHECK(fwrite(data, 1, n, f) == n);
-    fclose(f);
-}
+static char *tpath(const char *name) { return test_path(tmpdir, name); }
 
 static void test_sources(void) {
     const char *txt = "Once upon a time there was a cat.\nIt sat.";
-    write_file(tpath("a.txt"), txt, strlen(txt));
+    test_write_file(tpath("a.txt"), txt, strlen(txt));
     const char *jl = "{\"text\": \"first text\"}\n\n{\"text\": \"second \\u00e9\", \"id\": 3}\n";
-    write_file(tpath("b.jsonl"), jl, strlen(jl));
+    test_write_file(tpath("b.jsonl"), jl, strlen(jl));
     gzFile gz = gzopen(tpath("c.jsonl.gz"), "wb");
     CHECK(gz);
     CHECK(gzwrite(gz, jl, (unsigned)strlen(jl)) == (int)strlen(jl));
     gzclose(gz);
     const char *badjl = "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n";
-    write_file(tpath("d.jsonl"), badjl, strlen(badjl));
+    test_write_file(tpath("d.jsonl"), badjl, strlen(badjl));
 
     char **t;
     int64_t n;
@@ -89,7 +76,7 @@ static void test_stats(void) {
     CHECK(llmq_model_load(model_path, &m) == LLMQ_OK);
     const char *txt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
                       "One day, she saw a big red ball in the park. She ran to it and picked it up. Her mom smiled.";
-    write_file(tpath("s.txt"), txt, strlen(txt));
+    test_write_file(tpath("s.txt"), txt, strlen(txt));
     const char *src[] = {tpath("s.txt")};
     struct llmq_calib_opts co = {
         .sources = src, .n_sources = 1, .nsamples = 5, .seqlen = 16, .seed = 7, .n_threads = 1};
@@ -190,7 +177,7 @@ static void test_stats(void) {
             else
                 b[cases[c].off] = (char)cases[c].val;
         }
-        write_file(tpath("bad.lcs"), b, n);
+        test_write_file(tpath("bad.lcs"), b, n);
         free(b);
         enum llmq_status st = llmq_calib_stats_load(tpath("bad.lcs"), &s2);
         if (st != cases[c].want) fprintf(stderr, "case %zu: got %s\n", c, llmq_status_name(st));
@@ -200,7 +187,7 @@ static void test_stats(void) {
     char *b = malloc(len + 8);
     memcpy(b, buf, len);
     memset(b + len, 0, 8);
-    write_file(tpath("bad.lcs"), b, len + 8);
+    test_write_file(tpath("bad.lcs"), b, len + 8);
     CHECK(llmq_calib_stats_load(tpath("bad.lcs"), &s2) == LLMQ_ERR_CORRUPT);
     free(b);
     free(buf);
@@ -229,7 +216,7 @@ static void test_stats(void) {
     CHECK_EQ_INT(nl, 19);
     CHECK(memcmp(b1 + 8, "blk.0.attn_q.weight", 19) == 0);
     // a truncated imatrix is refused
-    write_file(tpath("bad.dat"), b1, l1 / 2);
+    test_write_file(tpath("bad.dat"), b1, l1 / 2);
     llmq_calib_stats_free(&s2);
     llmq_log_set_level(LLMQ_LOG_SILENT);
     CHECK(llmq_calib_imatrix_load(tpath("bad.dat"), m, &s2) == LLMQ_ERR_TRUNCATED);

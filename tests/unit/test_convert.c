@@ -38,13 +38,7 @@ static float frand(void) { // xorshift64, uniform in [-1, 1)
     return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
-static char *tpath(const char *name) {
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
+static char *tpath(const char *name) { return test_path(tmpdir, name); }
 
 // ---- the permutation ----------------------------------------------------------------------------
 

@@ -16,20 +16,7 @@
 
 static char tmpdir[] = "/tmp/llmq_test_datasets_XXXXXX";
 
-static char *tpath(const char *name) {
-    static char buf[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(buf[k], sizeof(buf[k]), "%s/%s", tmpdir, name);
-    return buf[k];
-}
-
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f);
-    CHECK(fwrite(data, 1, n, f) == n);
-    fclose(f);
-}
+static char *tpath(const char *name) { return test_path(tmpdir, name); }
 
 static void write_gz(const char *path, const char *text) {
     gzFile gz = gzopen(path, "wb9");
@@ -68,15 +55,15 @@ static void test_gz_reader(const char *src) {
     CHECK(llmq_read_file(full, (size_t)1 << 30, &buf, &len) == LLMQ_OK);
     CHECK_EQ_INT(len, 1290590);
     free(buf);
-    write_file(tpath("cut.raw.gz"), gz, 100000);
+    test_write_file(tpath("cut.raw.gz"), gz, 100000);
     CHECK(llmq_read_file(tpath("cut.raw.gz"), (size_t)1 << 30, &buf, &len) == LLMQ_ERR_TRUNCATED);
     CHECK_CONTAINS(llmq_last_error(), "cut.raw.gz");
     CHECK_CONTAINS(llmq_last_error(), "truncated");
     CHECK(buf == NULL);
-    write_file(tpath("cut-header.raw.gz"), gz, 5); // not even a whole gzip header
+    test_write_file(tpath("cut-header.raw.gz"), gz, 5); // not even a whole gzip header
     CHECK(llmq_read_file(tpath("cut-header.raw.gz"), (size_t)1 << 30, &buf, &len) != LLMQ_OK);
     gz[n / 2] ^= 0x55; // the deflate stream or the CRC no longer checks
-    write_file(tpath("flip.raw.gz"), gz, n);
+    test_write_file(tpath("flip.raw.gz"), gz, n);
     CHECK(llmq_read_file(tpath("flip.raw.gz"), (size_t)1 << 30, &buf, &len) == LLMQ_ERR_CORRUPT);
     free(gz);
     write_gz(tpath("m1.gz"), "first member\n");
@@ -85,7 +72,7 @@ static void test_gz_reader(const char *src) {
     char *both = malloc(n + len);
     memcpy(both, a, n);
     memcpy(both + n, b, len);
-    write_file(tpath("both.txt.gz"), both, n + len);
+    test_write_file(tpath("both.txt.gz"), both, n + len);
     CHECK(llmq_read_file(tpath("both.txt.gz"), 1 << 20, &buf, &len) == LLMQ_OK);
     CHECK(strcmp(buf, "first member\nsecond member\n") == 0);
     free(buf);
@@ -151,7 +138,7 @@ static void test_own_manifest(void) {
     write_gz(tpath("p2.txt.gz"), p2);
     size_t n;
     char *gz = slurp(tpath("p2.txt.gz"), &n);
-    write_file(tpath("p2cut.txt.gz"), gz, n - 6); // the CRC / length trailer cut off
+    test_write_file(tpath("p2cut.txt.gz"), gz, n - 6); // the CRC / length trailer cut off
     free(gz);
     snprintf(man, sizeof(man),
              "name\tfile\tsha256\tlicence\tsource\tdata_file\n"
@@ -162,7 +149,7 @@ static void test_own_manifest(void) {
              "bad\tdata/not-here.raw.gz\t%064d\tx\ty\twikitext-2-raw/wiki.valid.raw\n"
              "gone\tno/such/file.txt\t%064d\tx\ty\n",
              sha12, sha12, shav, 0, 0);
-    write_file(tpath("manifest.tsv"), man, strlen(man));
+    test_write_file(tpath("manifest.tsv"), man, strlen(man));
     struct llmq_dataset d;
     CHECK(llmq_dataset_load("split", tpath("manifest.tsv"), 1 << 20, &d) == LLMQ_OK);
     CHECK_EQ_INT(d.n_parts, 2);

@@ -32,13 +32,7 @@ static char tmpdir[] = "/tmp/llmq_test_export_XXXXXX";
 static uint64_t rs = 88172645463325252ull;
 static uint64_t rnd(void) { return rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17; }
 
-static char *tpath(const char *name) {
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
+static char *tpath(const char *name) { return test_path(tmpdir, name); }
 
 static int n_entries(const char *dir) {
     DIR *d = opendir(dir);

@@ -276,13 +276,7 @@ static void test_fallbacks_tied_pure_overrides(void) {
 
 static char tmpdir[] = "/tmp/llmq_test_gguf_mix_XXXXXX";
 
-static char *tpath(const char *name) {
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
+static char *tpath(const char *name) { return test_path(tmpdir, name); }
 
 static bool same_file(const char *a, const char *b) {
     char *x = NULL, *y = NULL;

@@ -177,24 +177,11 @@ static enum llmq_status inspect_gguf(const char *path, long max_array, json_t *r
 // ---- safetensors / Hugging Face directory ----------------------------------------------------
 
 static enum llmq_status read_config(const char *dir, json_t **out) {
-    char *cfg_path = llmq_path_join(dir, "config.json"), *text = NULL;
-    size_t n = 0;
-    json_error_t jerr;
+    char *cfg_path = llmq_path_join(dir, "config.json");
     enum llmq_status st = LLMQ_OK;
     *out = NULL;
     if (!cfg_path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", dir);
-    if (!llmq_file_exists(cfg_path)) goto done; // no config: a bare safetensors checkpoint
-    st = llmq_read_file(cfg_path, 16u << 20, &text, &n);
-    if (st) goto done;
-    *out = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
-    if (!*out || !json_is_object(*out)) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: line %d column %d: %s", cfg_path, jerr.line, jerr.column,
-                         *out ? "not a JSON object" : jerr.text);
-        json_decref(*out);
-        *out = NULL;
-    }
-done:
-    free(text);
+    if (llmq_file_exists(cfg_path)) st = llmq_read_json_object(cfg_path, 16u << 20, out); // absent: bare safetensors
     free(cfg_path);
     return st;
 }

@@ -250,6 +250,24 @@ fail:
     return llmq_last_status();
 }
 
+enum llmq_status llmq_read_json_object(const char *path, size_t max_size, json_t **out) {
+    char *text = NULL;
+    size_t n = 0;
+    json_error_t err;
+    *out = NULL;
+    enum llmq_status st = llmq_read_file(path, max_size, &text, &n);
+    if (st) return st;
+    *out = json_loadb(text, n, JSON_REJECT_DUPLICATES, &err);
+    free(text);
+    if (!*out || !json_is_object(*out)) {
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: line %d column %d: %s", path, err.line, err.column,
+                         *out ? "not a JSON object" : err.text);
+        json_decref(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 enum llmq_status llmq_write_json(const char *path, const json_t *j, size_t dump_flags) {
     struct llmq_afile f;
     char *text = json_dumps(j, dump_flags);

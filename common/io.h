@@ -53,6 +53,10 @@ enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, s
 struct json_t;
 enum llmq_status llmq_write_json(const char *path, const struct json_t *j, size_t dump_flags);
 
+// Reads a JSON object (duplicate keys rejected) of at most max_size bytes from path into *out (owned:
+// json_decref). Not JSON or not an object: LLMQ_ERR_CORRUPT naming path, line and column; *out NULL.
+enum llmq_status llmq_read_json_object(const char *path, size_t max_size, struct json_t **out);
+
 bool llmq_is_dir(const char *path);
 bool llmq_file_exists(const char *path);
 // Joins dir and name with one '/', into a malloc'd string (NULL on OOM).

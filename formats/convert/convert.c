@@ -307,26 +307,14 @@ static enum llmq_status write_json(const char *dir, const char *name, const json
 }
 
 static enum llmq_status load_config(const char *dir, json_t **out) {
-    char *path = llmq_path_join(dir, "config.json"), *text = NULL;
-    size_t n;
-    json_error_t err;
+    char *path = llmq_path_join(dir, "config.json");
     enum llmq_status st;
     *out = NULL;
     if (!path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", dir);
-    if (!llmq_file_exists(path)) {
+    if (!llmq_file_exists(path))
         st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing: not a Hugging Face model directory", path);
-        goto done;
-    }
-    if ((st = llmq_read_file(path, MAX_CONFIG_BYTES, &text, &n))) goto done;
-    *out = json_loadb(text, n, JSON_REJECT_DUPLICATES, &err);
-    if (!*out || !json_is_object(*out)) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: line %d column %d: %s", path, err.line, err.column,
-                         *out ? "not a JSON object" : err.text);
-        json_decref(*out);
-        *out = NULL;
-    }
-done:
-    free(text);
+    else
+        st = llmq_read_json_object(path, MAX_CONFIG_BYTES, out);
     free(path);
     return st;
 }

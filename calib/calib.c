@@ -46,22 +46,6 @@ static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 
 
 // ---- files and the manifest ----------------------------------------------------------------------------
 
-static enum llmq_status sha256_file(const char *path, char hex[65]) {
-    struct llmq_mmap mm = {0};
-    enum llmq_status st = llmq_mmap_open(&mm, path);
-    if (st) return st;
-    uint8_t d[32];
-    llmq_sha256(mm.data, mm.size, d);
-    llmq_sha256_hex(d, hex);
-    llmq_mmap_close(&mm);
-    return LLMQ_OK;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 static void free_texts(char **t, int64_t n) {
     for (int64_t i = 0; t && i < n; i++) free(t[i]);
     free(t);
@@ -74,7 +58,7 @@ static enum llmq_status split_texts(const char *path, char *buf, size_t len, cha
     char **out = NULL;
     int64_t cnt = 0, cap = 0;
     enum llmq_status st = LLMQ_OK;
-    bool jsonl = ends_with(path, ".jsonl") || ends_with(path, ".jsonl.gz");
+    bool jsonl = llmq_ends_with(path, ".jsonl") || llmq_ends_with(path, ".jsonl.gz");
     if (!jsonl) {
         out = malloc(sizeof(*out));
         if (!out) goto nomem;
@@ -139,7 +123,7 @@ enum llmq_status llmq_calib_read_texts(const char *path, char ***texts, int64_t 
     *n = 0;
     char *buf = NULL;
     size_t len;
-    enum llmq_status st = sha256_file(path, sha256);
+    enum llmq_status st = llmq_file_sha256(path, sha256);
     if (st) return st;
     if ((st = llmq_read_file(path, MAX_TEXT_BYTES, &buf, &len))) return st;
     return split_texts(path, buf, len, texts, n);

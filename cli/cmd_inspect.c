@@ -260,11 +260,6 @@ done:
 
 // ---- totals and the text renderer --------------------------------------------------------------
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 // Bits per packed code of a GPTQ / AWQ directory (config.json quantization_config: "bits", AutoAWQ's
 // older "w_bit"), 0 when the model is not one.
 static int packed_bits(const json_t *rep) {
@@ -289,9 +284,10 @@ static void add_totals(json_t *rep) {
         const char *name = json_string_value(json_object_get(t, "name")),
                    *dt = json_string_value(json_object_get(t, "dtype"));
         json_int_t el = json_integer_value(json_object_get(t, "elements")), p = el;
-        if (bits && ends_with(name, ".qweight") && strcmp(dt, "I32") == 0)
+        if (bits && llmq_ends_with(name, ".qweight") && strcmp(dt, "I32") == 0)
             p = el * 32 / bits;
-        else if (bits && (ends_with(name, ".qzeros") || ends_with(name, ".scales") || ends_with(name, ".g_idx")))
+        else if (bits &&
+                 (llmq_ends_with(name, ".qzeros") || llmq_ends_with(name, ".scales") || llmq_ends_with(name, ".g_idx")))
             p = 0;
         if (bits) json_object_set_new(t, "params", json_integer(p));
         n_params += p;
@@ -446,7 +442,7 @@ int cmd_inspect(int argc, char **argv) {
     enum llmq_status st;
     if (S_ISDIR(sb.st_mode))
         st = inspect_safetensors(path, true, rep);
-    else if (starts_with_gguf_magic(path) || ends_with(path, ".gguf"))
+    else if (starts_with_gguf_magic(path) || llmq_ends_with(path, ".gguf"))
         st = inspect_gguf(path, max_array, rep);
     else
         st = inspect_safetensors(path, false, rep);

@@ -40,22 +40,6 @@ void openblas_set_num_threads(int n);
 
 #define MAX_TENSOR_TYPES 64
 
-// sha256 of a file, streamed (hex into out). false when it cannot be read.
-static bool file_sha256(const char *path, char out[65]) {
-    FILE *f = fopen(path, "rb");
-    struct llmq_sha256 h;
-    uint8_t buf[1 << 16], d[32];
-    size_t n;
-    if (!f) return false;
-    llmq_sha256_init(&h);
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) llmq_sha256_update(&h, buf, n);
-    bool ok = !ferror(f);
-    fclose(f);
-    llmq_sha256_final(&h, d);
-    llmq_sha256_hex(d, out);
-    return ok;
-}
-
 // --imatrix: llmq statistics (.lcs, magic "LLMQCALS") or a llama.cpp imatrix (GGUF or legacy .dat, told
 // apart by llmq_calib_imatrix_load).
 static enum llmq_status load_imatrix(const char *path, const struct llmq_model *m, struct llmq_calib_stats *s,
@@ -75,7 +59,7 @@ static enum llmq_status load_imatrix(const char *path, const struct llmq_model *
                         json_string(lcs    ? "llmq-stats"
                                     : gguf ? "llama.cpp-imatrix-gguf"
                                            : "llama.cpp-imatrix-dat"));
-    if (file_sha256(path, sha)) json_object_set_new(j, "sha256", json_string(sha));
+    if (!llmq_file_sha256(path, sha)) json_object_set_new(j, "sha256", json_string(sha));
     json_object_set_new(prov, "imatrix", j);
     return LLMQ_OK;
 }
@@ -188,11 +172,6 @@ done:
     llmq_calib_data_free(&d);
     llmq_model_free(m);
     return st ? 1 : 0;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 // --format when not given: gguf for a GGUF output, else the method's packed format where it holds the
@@ -315,7 +294,8 @@ int cmd_quantize(int argc, char **argv) {
     int n_pos;
     rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
-    if (!format) format = default_format(method, gguf_type || (out && ends_with(out, ".gguf")), bits, group, fallback);
+    if (!format)
+        format = default_format(method, gguf_type || (out && llmq_ends_with(out, ".gguf")), bits, group, fallback);
     bool gguf = strcmp(format, "gguf") == 0;
 
     struct llmq_quantize_opts o = llmq_quantize_default_opts();

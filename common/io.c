@@ -1,5 +1,6 @@
 // common/io.c — mmap inputs, atomic outputs, small-file reads, UTF-8 validation.
 #include "common/io.h"
+#include "common/sha256.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -151,9 +152,25 @@ void llmq_afile_abort(struct llmq_afile *f) {
     afile_free(f);
 }
 
-static bool ends_with(const char *s, const char *suffix) {
+bool llmq_ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+enum llmq_status llmq_file_sha256(const char *path, char hex[65]) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return llmq_errorf(LLMQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct llmq_sha256 h;
+    uint8_t buf[1 << 16], d[32];
+    size_t n;
+    llmq_sha256_init(&h);
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) llmq_sha256_update(&h, buf, n);
+    int err = ferror(f) ? errno : 0;
+    fclose(f);
+    if (err) return llmq_errorf(LLMQ_ERR_IO, "%s: read error: %s", path, strerror(err));
+    llmq_sha256_final(&h, d);
+    llmq_sha256_hex(d, hex);
+    return LLMQ_OK;
 }
 
 enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, size_t *out_size) {
@@ -161,7 +178,7 @@ enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, s
     size_t n = 0, cap = 0;
     gzFile gz = NULL;
     FILE *fp = NULL;
-    bool is_gz = ends_with(path, ".gz");
+    bool is_gz = llmq_ends_with(path, ".gz");
     *out = NULL;
     if (is_gz)
         gz = gzopen(path, "rb");

@@ -61,6 +61,11 @@ bool llmq_is_dir(const char *path);
 bool llmq_file_exists(const char *path);
 // Joins dir and name with one '/', into a malloc'd string (NULL on OOM).
 char *llmq_path_join(const char *dir, const char *name);
+// Whether s ends with suffix (byte comparison; "" is a suffix of every string).
+bool llmq_ends_with(const char *s, const char *suffix);
+// SHA-256 of a file's bytes as stored (a .gz is hashed compressed), streamed, as lower-case hex into
+// hex (65 bytes). Unreadable: LLMQ_ERR_IO naming path.
+enum llmq_status llmq_file_sha256(const char *path, char hex[65]);
 
 // Strict UTF-8 validation (no overlongs, no surrogates, max U+10FFFF).
 bool llmq_utf8_valid(const char *s, size_t n);

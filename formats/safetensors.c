@@ -89,11 +89,6 @@ static bool grow_array(void **p, int64_t *cap, int64_t n, size_t sz) {
     return true;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 static const char *base_name(const char *path) {
     const char *slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
@@ -571,7 +566,7 @@ static enum llmq_status resolve_dir(const char *dir, char **file, bool *is_index
     if (!(d = opendir(dir))) return llmq_errorf(LLMQ_ERR_IO, "%s: cannot read directory: %s", dir, strerror(errno));
     struct dirent *de;
     while ((de = readdir(d))) {
-        if (!ends_with(de->d_name, ".safetensors")) continue;
+        if (!llmq_ends_with(de->d_name, ".safetensors")) continue;
         free(p);
         if (!(p = llmq_path_join(dir, de->d_name))) {
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", dir);
@@ -624,7 +619,7 @@ enum llmq_status llmq_st_open(const char *path, struct llmq_st_model **out) {
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
             goto fail;
         }
-        is_index = ends_with(path, ".json");
+        is_index = llmq_ends_with(path, ".json");
     }
     st = is_index ? open_index(m, file) : open_single(m, file);
     if (st) goto fail;

@@ -762,19 +762,23 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
     return s;
 }
 
-static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_calib_data *d) {
+// The calibration record. full: the solvers' form; otherwise the subset (source, sha256, tokens per source;
+// nsamples, seqlen, seed, tokens_sha256) that rtn-into-GGUF files have carried in their llmq.* keys, kept
+// so their bytes stay the same.
+static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_calib_data *d, bool full) {
     if (!d->tokens) return json_null();
     json_t *c = json_object(), *srcs = json_array();
     for (int i = 0; i < d->n_src; i++) {
         const struct llmq_calib_source *s = &d->src[i];
         json_t *j = json_object();
         json_object_set_new(j, "source", json_string(s->arg));
-        json_object_set_new(j, "kind",
-                            json_string(s->kind == LLMQ_CALIB_SELF    ? "self"
-                                        : s->kind == LLMQ_CALIB_NAMED ? "named"
-                                                                      : "file"));
+        if (full)
+            json_object_set_new(j, "kind",
+                                json_string(s->kind == LLMQ_CALIB_SELF    ? "self"
+                                            : s->kind == LLMQ_CALIB_NAMED ? "named"
+                                                                          : "file"));
         if (s->sha256[0]) json_object_set_new(j, "sha256", json_string(s->sha256));
-        json_object_set_new(j, "texts", json_integer(s->n_texts));
+        if (full) json_object_set_new(j, "texts", json_integer(s->n_texts));
         json_object_set_new(j, "tokens", json_integer(s->n_tokens));
         json_array_append_new(srcs, j);
     }
@@ -782,15 +786,151 @@ static json_t *calib_json(const struct llmq_quantize_opts *o, const struct llmq_
     json_object_set_new(c, "nsamples", json_integer(d->n_seq));
     json_object_set_new(c, "seqlen", json_integer(d->seqlen));
     json_object_set_new(c, "seed", json_integer((json_int_t)o->calib.seed));
-    json_object_set_new(c, "tokens", json_integer(d->n_seq * d->seqlen));
-    json_object_set_new(c, "stream_tokens", json_integer(d->n_stream_tokens));
+    if (full) {
+        json_object_set_new(c, "tokens", json_integer(d->n_seq * d->seqlen));
+        json_object_set_new(c, "stream_tokens", json_integer(d->n_stream_tokens));
+    }
     json_object_set_new(c, "tokens_sha256", json_string(d->tokens_sha256));
     return c;
 }
 
+// The GGUF options as recorded: the writer-only runs' settings, and the keys a solver run adds after its own.
+static json_t *gguf_settings(const struct llmq_quantize_opts *o, const json_t *imatrix) {
+    const struct llmq_gguf_mix_opts *mx = &o->gguf.mix;
+    json_t *s = json_object(), *tt = json_array();
+    for (int i = 0; i < mx->n_overrides; i++) {
+        char buf[256];
+        snprintf(buf, sizeof(buf), "%s=%s", mx->overrides[i].regex, llmq_dtype_name(mx->overrides[i].type));
+        json_array_append_new(tt, json_string(buf));
+    }
+    json_object_set_new(s, "llmq_version", json_string(LLMQ_VERSION));
+    json_object_set_new(s, "method", json_string(llmq_qmethod_name(o->method)));
+    json_object_set_new(s, "format", json_string("gguf"));
+    json_object_set_new(s, "gguf_type", json_string(llmq_gguf_ftype_name(mx->ftype)));
+    json_object_set_new(s, "output_type",
+                        mx->output_type == LLMQ_DTYPE_COUNT ? json_null()
+                                                            : json_string(llmq_dtype_name(mx->output_type)));
+    json_object_set_new(s, "embedding_type",
+                        mx->embedding_type == LLMQ_DTYPE_COUNT ? json_null()
+                                                               : json_string(llmq_dtype_name(mx->embedding_type)));
+    json_object_set_new(s, "pure", json_boolean(mx->pure));
+    json_object_set_new(s, "tensor_types", tt);
+    if (llmq_qmethod_uses_gptq(o->method)) {
+        json_object_set_new(s, "damp", json_real(o->percdamp));
+        json_object_set_new(s, "act_order", json_boolean(o->act_order));
+    }
+    if (imatrix) json_object_set(s, "imatrix", (json_t *)imatrix);
+    return s;
+}
+
+// The provenance of a run, written into the output (GGUF llmq.* keys, the directory's config) and the
+// report's "settings": built here only. solvers: a gptq / awq / rtn-into-directory run (settings_json, the
+// full calibration record, then the GGUF keys it lacks); otherwise a writer-only GGUF run (gguf_settings,
+// then the short calibration record of the statistics it gathered, if any). The caller's own object
+// (o->gguf.provenance) fills in what is still missing.
+static json_t *provenance(const struct llmq_quantize_opts *o, const struct llmq_calib_data *d, const json_t *imatrix,
+                          bool solvers) {
+    json_t *p;
+    if (solvers) {
+        p = settings_json(o);
+        json_object_set_new(p, "calibration", calib_json(o, d, true));
+        if (o->to_gguf) {
+            json_t *g = gguf_settings(o, imatrix);
+            json_object_update_missing(p, g);
+            json_decref(g);
+        }
+    } else {
+        p = gguf_settings(o, imatrix);
+        if (d->tokens) json_object_set_new(p, "calibration", calib_json(o, d, false));
+    }
+    if (o->to_gguf && json_is_object(o->gguf.provenance)) json_object_update_missing(p, (json_t *)o->gguf.provenance);
+    return p;
+}
+
+// --imatrix: llmq statistics (.lcs) or a llama.cpp imatrix (GGUF or legacy .dat, told apart by
+// llmq_calib_imatrix_load); *rec: its provenance record {path, format, sha256}.
+static enum llmq_status load_imatrix(const char *path, const struct llmq_model *m, struct llmq_calib_stats *s,
+                                     json_t **rec) {
+    char magic[8] = {0}, sha[65];
+    FILE *f = fopen(path, "rb");
+    if (!f) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: cannot open the imatrix", path);
+    size_t n = fread(magic, 1, 8, f);
+    fclose(f);
+    bool lcs = n == 8 && memcmp(magic, "LLMQCALS", 8) == 0;
+    enum llmq_status st = lcs ? llmq_calib_stats_load(path, s) : llmq_calib_imatrix_load(path, m, s);
+    if (st) return st;
+    json_t *j = json_object();
+    json_object_set_new(j, "path", json_string(path));
+    bool gguf = n >= 4 && memcmp(magic, "GGUF", 4) == 0;
+    json_object_set_new(j, "format",
+                        json_string(lcs    ? "llmq-stats"
+                                    : gguf ? "llama.cpp-imatrix-gguf"
+                                           : "llama.cpp-imatrix-dat"));
+    if (!llmq_file_sha256(path, sha)) json_object_set_new(j, "sha256", json_string(sha));
+    *rec = j;
+    return LLMQ_OK;
+}
+
+// The writer alone (rtn into GGUF, and every dry run): the importance loaded or gathered, then
+// llmq_gguf_export_rtn or the plan.
+static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq_quantize_opts *o,
+                                   const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
+    struct llmq_gguf_export_opts go = o->gguf;
+    struct llmq_calib_data d = {0};
+    struct llmq_calib_stats s = {0};
+    json_t *prov = NULL, *rep = NULL;
+    enum llmq_status st = LLMQ_OK;
+    bool rtn = o->method == LLMQ_QMETHOD_RTN;
+    go.imatrix = imat;
+    if (!imat && (!rtn || o->calib.n_sources > 0)) {
+        if (o->gguf.dry_run || !rtn) {
+            // gptq / awq weight the encoders with their statistics, and a dry run gathers none: the file
+            // gets the imatrix mix (llama-quantize's Q4_0 / Q5_0 / IQ4_* ffn_down choices with --imatrix)
+            go.mix.have_imatrix = true;
+        } else { // rtn --calib: gather the importance on the fly
+            struct llmq_calib_opts co = o->calib;
+            co.n_threads = o->n_threads;
+            co.backend = o->backend;
+            if ((st = llmq_calib_data_load(m, &co, &d)) || (st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &s)))
+                goto done;
+            s.backend = o->backend;
+            if ((st = llmq_calib_run(m, &d, o->n_threads, o->micro_batch, &s))) goto done;
+            go.imatrix = &s;
+        }
+    }
+    prov = provenance(o, &d, imat_rec, false);
+    go.provenance = prov;
+    go.report = &rep;
+    if (go.n_threads < 1) go.n_threads = o->n_threads;
+    if (o->gguf.dry_run) {
+        struct llmq_gguf_export *e = NULL;
+        if ((st = llmq_gguf_export_begin(m, o->out_dir, &go, &e))) goto done;
+        FILE *f = o->plan ? o->plan : stdout;
+        llmq_gguf_export_print_plan(e, f);
+        fflush(f);
+        if ((st = llmq_gguf_export_finish(e))) goto done;
+    } else if ((st = llmq_gguf_export_rtn(m, o->out_dir, &go))) {
+        goto done;
+    }
+    if (rep && !json_object_get(rep, "settings")) json_object_set(rep, "settings", prov);
+    if (report) {
+        *report = rep;
+        rep = NULL;
+    }
+done:
+    json_decref(rep);
+    json_decref(prov);
+    llmq_calib_stats_free(&s);
+    llmq_calib_data_free(&d);
+    return st;
+}
+
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
-    if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN) // no solver: the writer does it all (quant/gguf_export.h)
-        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method rtn into --format gguf goes through llmq_gguf_export_rtn");
+    if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN && o->imatrix_path && o->calib.n_sources > 0)
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "quantize: --imatrix and --calib exclude each other with --method rtn (--calib gathers "
+                           "the importance)");
+    if (!o->to_gguf && o->imatrix_path) return llmq_errorf(LLMQ_ERR_ARG, "quantize: --imatrix needs --format gguf");
     if (o->to_gguf && o->static_groups)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --static-groups does not apply to --format gguf (with "
                                          "--act-order the block grids are static already)");
@@ -825,24 +965,21 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
     return llmq_export_check(m, &eo);
 }
 
-enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
-    if (report) *report = NULL;
-    struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
-    const struct llmq_hparams *hp = &m->hp;
-    enum llmq_status st = llmq_quantize_check(m, o);
-    json_t *prov = NULL, *rep = NULL, *gguf_rep = NULL;
-    if (st) return st;
-    int64_t Rmax = 0, Cmax = 0;
-    for (int64_t l = 0; l < hp->n_layer; l++)
+// Every linear's shape into *Rmax / *Cmax / r->params_total; a linear stored in a block type is refused unless
+// requantizing is allowed (every linear is re-encoded here, into GGUF too: gptq / awq hand their codes over
+// even where the type stays).
+static enum llmq_status scan_linears(struct run *r, int64_t *Rmax, int64_t *Cmax) {
+    const struct llmq_model *m = r->m;
+    const struct llmq_quantize_opts *o = r->o;
+    *Rmax = *Cmax = 0;
+    for (int64_t l = 0; l < m->hp.n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
             const struct llmq_tensor_view *v = m->layers[l].w[k];
             int64_t R = v->shape[0], C = v->shape[1];
-            Rmax = R > Rmax ? R : Rmax;
-            Cmax = C > Cmax ? C : Cmax;
-            r.params_total += R * C;
+            *Rmax = R > *Rmax ? R : *Rmax;
+            *Cmax = C > *Cmax ? C : *Cmax;
+            r->params_total += R * C;
             const struct llmq_dtype_traits *tr = llmq_dtype_traits(v->dtype);
-            // every linear is re-encoded here, into GGUF too (gptq / awq hand their codes over even
-            // where the type stays): refuse a block-type source unless allowed
             if (!(o->to_gguf ? o->gguf.allow_requantize : o->allow_requantize) && tr && tr->is_quant)
                 return llmq_errorf(LLMQ_ERR_ARG,
                                    "quantize: %s: blk.%lld.%s.weight is already quantized (%s); quantizing it again "
@@ -850,10 +987,172 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
                                    "it anyway",
                                    m->path, (long long)l, llmq_linear_gguf_name(k), llmq_dtype_name(v->dtype));
         }
-    openblas_set_num_threads(o->n_threads);
+    return LLMQ_OK;
+}
+
+// The work buffers for linears up to (Rmax, Cmax) and N calibration tokens of width D.
+static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax, int64_t N, int64_t D) {
+    const struct llmq_quantize_opts *o = r->o;
+    bool ok = true;
+#define ALLOC(p, n)                                                                                                    \
+    do {                                                                                                               \
+        (p) = malloc((size_t)(n) * sizeof(*(p)));                                                                      \
+        ok = ok && (p);                                                                                                \
+    } while (0)
+    ALLOC(r->W, Rmax * Cmax);
+    ALLOC(r->Q, Rmax * Cmax);
+    ALLOC(r->T, Rmax * Cmax);
+    ALLOC(r->H, Cmax * Cmax);
+    ALLOC(r->Hx, Cmax * Cmax);
+    if (r->have_calib) { // the activations: under --max-memory (common/spill.h)
+        ok = ok && (r->x = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs"));
+        ok = ok && (r->xt = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs (copy)"));
+    }
+    if (o->method == LLMQ_QMETHOD_GPTQ)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r->wq[k], Rmax * Cmax);
+    if (o->to_gguf) {
+        ALLOC(r->blk, 4 * Rmax * Cmax); // 4 bytes per element hold any type (F32 is the widest)
+        ALLOC(r->imp, Cmax);
+        ALLOC(r->fq_qw, Cmax);
+        for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) ALLOC(r->simp[k], Cmax);
+    }
+#undef ALLOC
+    return ok ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for the work buffers");
+}
+
+// The forward objects and block 0's input x = the embeddings of the N calibration tokens.
+static enum llmq_status embed_inputs(struct run *r, int64_t N, int64_t D) {
+    const struct llmq_quantize_opts *o = r->o;
+    int64_t mb_tokens = o->micro_batch * r->d.seqlen;
+    enum llmq_status st = llmq_forward_init(r->m, mb_tokens, o->n_threads, &r->f);
+    if (st) return st;
+    llmq_forward_set_backend(r->f, o->backend);
+    for (int64_t t0 = 0; t0 < N && !st; t0 += mb_tokens) {
+        int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
+        st = llmq_forward_embed(r->f, r->d.tokens + t0, n, r->x + t0 * D);
+    }
+    if (st) return st;
+    if ((o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) &&
+        (st = llmq_forward_init(r->m, N, o->n_threads, &r->fbig)))
+        return st;
+    if (r->fbig) llmq_forward_set_backend(r->fbig, o->backend);
+    return LLMQ_OK;
+}
+
+// The writer for the run: r->ge (GGUF) or r->e (a directory), with the provenance prov.
+static enum llmq_status begin_writer(struct run *r, const struct llmq_calib_stats *imat, json_t *prov,
+                                     json_t **gguf_rep) {
+    const struct llmq_quantize_opts *o = r->o;
+    if (o->to_gguf) {
+        struct llmq_gguf_export_opts go = o->gguf;
+        go.imatrix = imat;
+        go.mix.have_imatrix = go.mix.have_imatrix || !imat; // the solvers weight the encoders with their statistics
+        go.provenance = prov;
+        go.report = gguf_rep;
+        if (go.n_threads < 1) go.n_threads = o->n_threads;
+        return llmq_gguf_export_begin(r->m, o->out_dir, &go, &r->ge);
+    }
+    struct llmq_export_opts eo = o->out;
+    eo.q = o->q;
+    eo.desc_act = o->act_order;
+    eo.static_groups = o->static_groups;
+    eo.true_sequential = o->true_sequential;
+    eo.damp_percent = o->percdamp;
+    eo.provenance = prov;
+    return llmq_export_begin(r->m, o->out_dir, &eo, &r->e);
+}
+
+// The ETA's work model: every linear's data and solve cost plus the other tensors' elements.
+static void init_eta(struct run *r) {
+    const struct llmq_model *m = r->m;
+    struct llmq_awq_opts awq_default;
+    llmq_awq_opts_default(&awq_default);
+    bool awq = r->o->method == LLMQ_QMETHOD_AWQ || r->o->method == LLMQ_QMETHOD_AWQ_GPTQ;
+    r->eta_data_weight = awq ? 1.0 + awq_default.n_grid : 1.0;
+    r->eta_other = (double)llmq_tensor_nelements(m->tok_embd) +
+                   (m->output && m->output != m->tok_embd ? (double)llmq_tensor_nelements(m->output) : 0);
+    double work = r->eta_other;
+    for (int64_t l = 0; l < m->hp.n_layer; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            work += cost_data(r, v->shape[0], v->shape[1]) + cost_solve(r, v->shape[0], v->shape[1]);
+        }
+    r->eta_data_early = r->o->method != LLMQ_QMETHOD_RTN;
+    llmq_eta_init(&r->eta, work, llmq_now_s()); // the setup (calibration text, embeddings) is not in the rate
+}
+
+// The run's report (the totals line on stderr too).
+static json_t *make_report(struct run *r, json_t *prov, json_t *gguf_rep) {
+    const struct llmq_quantize_opts *o = r->o;
+    double secs = llmq_now_s() - r->t0, bpw = r->bits_total / (double)r->params_total;
+    int64_t bytes = 0;
+    if (o->to_gguf) {
+        struct stat sb;
+        if (!o->gguf.dry_run && stat(o->out_dir, &sb) == 0) bytes = (int64_t)sb.st_size;
+    } else {
+        bytes = dir_bytes(o->out_dir);
+    }
+    llmq_info("quantize: %lld linears, %.1f M weights, %.3f bits per weight (%s), output %.1f MB in %s, %.1f s",
+              (long long)json_array_size(r->layers), (double)r->params_total / 1e6, bpw,
+              o->to_gguf ? "the linears' GGUF blocks" : "codes + f16 scales + zeros", (double)bytes / 1e6, o->out_dir,
+              secs);
+    json_t *rep = json_object();
+    json_object_set(rep, "settings", prov);
+    json_object_set_new(rep, "model", json_string(r->m->path));
+    json_object_set_new(rep, "output", json_string(o->out_dir));
+    json_object_set_new(rep, "threads", json_integer(o->n_threads));
+    json_object_set(rep, "layers", r->layers);
+    json_t *tot = json_object();
+    json_object_set_new(tot, "linears", json_integer((json_int_t)json_array_size(r->layers)));
+    json_object_set_new(tot, "weights", json_integer(r->params_total));
+    json_object_set_new(tot, "bits_per_weight", json_real(bpw));
+    json_object_set_new(tot, "output_bytes", json_integer(bytes));
+    json_object_set_new(tot, "seconds", json_real(secs));
+    json_t *gt = gguf_rep ? json_object_get(gguf_rep, "totals") : NULL;
+    if (gt) { // the whole file's figures (as `--method rtn` reports them); the linears' own bits kept apart
+        json_object_set_new(tot, "linear_bits_per_weight", json_real(bpw));
+        const char *keys[] = {"tensors", "params", "bytes", "bits_per_weight", "file_bytes", "fallbacks"};
+        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            if (json_object_get(gt, keys[i])) json_object_set(tot, keys[i], json_object_get(gt, keys[i]));
+    }
+    json_object_set_new(rep, "totals", tot);
+    if (gguf_rep) json_object_set(rep, "gguf", gguf_rep);
+    return rep;
+}
+
+static void run_free(struct run *r) {
+    llmq_gguf_export_abort(r->ge);
+    llmq_export_abort(r->e);
+    llmq_qlinear_free(&r->held);
+    json_decref(r->layers);
+    llmq_calib_stats_free(&r->s);
+    llmq_calib_data_free(&r->d);
+    llmq_forward_free(r->fbig);
+    llmq_forward_free(r->f);
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) free(r->wq[k]);
+    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) free(r->simp[k]);
+    free(r->blk);
+    free(r->imp);
+    free(r->fq_qw);
+    llmq_big_free(r->x);
+    llmq_big_free(r->xt);
+    free(r->W);
+    free(r->Q);
+    free(r->T);
+    free(r->H);
+    free(r->Hx);
+}
+
+// The solvers' run: block by block, each linear through its method and into the writer.
+static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quantize_opts *o,
+                                    const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
+    struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
+    json_t *prov = NULL, *gguf_rep = NULL;
+    int64_t Rmax, Cmax, N = 0, D = m->hp.n_embd;
+    enum llmq_status st = scan_linears(&r, &Rmax, &Cmax);
+    if (st) return st;
     r.layers = json_array();
     r.t0 = llmq_now_s();
-    int64_t N = 0, D = hp->n_embd;
     if (o->calib.n_sources > 0) {
         struct llmq_calib_opts co = o->calib;
         co.n_threads = o->n_threads;
@@ -864,84 +1163,12 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
         llmq_info("quantize: calibration %lld x %lld tokens (sha256 %s)", (long long)r.d.n_seq, (long long)r.d.seqlen,
                   r.d.tokens_sha256);
     }
-    bool ok = true;
-#define ALLOC(p, n)                                                                                                    \
-    do {                                                                                                               \
-        (p) = malloc((size_t)(n) * sizeof(*(p)));                                                                      \
-        ok = ok && (p);                                                                                                \
-    } while (0)
-    ALLOC(r.W, Rmax * Cmax);
-    ALLOC(r.Q, Rmax * Cmax);
-    ALLOC(r.T, Rmax * Cmax);
-    ALLOC(r.H, Cmax * Cmax);
-    ALLOC(r.Hx, Cmax * Cmax);
-    if (r.have_calib) { // the activations: under --max-memory (common/spill.h)
-        ok = ok && (r.x = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs"));
-        ok = ok && (r.xt = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs (copy)"));
-    }
-    if (o->method == LLMQ_QMETHOD_GPTQ)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r.wq[k], Rmax * Cmax);
-    if (o->to_gguf) {
-        ALLOC(r.blk, 4 * Rmax * Cmax); // 4 bytes per element hold any type (F32 is the widest)
-        ALLOC(r.imp, Cmax);
-        ALLOC(r.fq_qw, Cmax);
-        for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) ALLOC(r.simp[k], Cmax);
-    }
-#undef ALLOC
-    if (!ok) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for the work buffers");
-        goto done;
-    }
-    if (r.have_calib) {
-        int64_t mb_tokens = o->micro_batch * r.d.seqlen;
-        if ((st = llmq_forward_init(m, mb_tokens, o->n_threads, &r.f))) goto done;
-        llmq_forward_set_backend(r.f, o->backend);
-        for (int64_t t0 = 0; t0 < N && !st; t0 += mb_tokens) {
-            int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
-            st = llmq_forward_embed(r.f, r.d.tokens + t0, n, r.x + t0 * D);
-        }
-        if (st) goto done;
-        if ((o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) &&
-            (st = llmq_forward_init(m, N, o->n_threads, &r.fbig)))
-            goto done;
-        if (r.fbig) llmq_forward_set_backend(r.fbig, o->backend);
-    }
-
-    prov = settings_json(o);
-    json_object_set_new(prov, "calibration", calib_json(o, &r.d));
-    if (o->to_gguf) {
-        struct llmq_gguf_export_opts go = o->gguf;
-        if (json_is_object(o->gguf.provenance)) // the caller's (e.g. the CLI's "imatrix", "tensor_types")
-            json_object_update_missing(prov, (json_t *)o->gguf.provenance);
-        go.provenance = prov;
-        go.report = &gguf_rep;
-        if (go.n_threads < 1) go.n_threads = o->n_threads;
-        if ((st = llmq_gguf_export_begin(m, o->out_dir, &go, &r.ge))) goto done;
-    }
-    struct llmq_export_opts eo = o->out;
-    eo.q = o->q;
-    eo.desc_act = o->act_order;
-    eo.static_groups = o->static_groups;
-    eo.true_sequential = o->true_sequential;
-    eo.damp_percent = o->percdamp;
-    eo.provenance = prov;
-    if (!o->to_gguf && (st = llmq_export_begin(m, o->out_dir, &eo, &r.e))) goto done;
-
-    struct llmq_awq_opts awq_default;
-    llmq_awq_opts_default(&awq_default);
-    r.eta_data_weight =
-        o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ ? 1.0 + awq_default.n_grid : 1.0;
-    r.eta_other = (double)llmq_tensor_nelements(m->tok_embd) +
-                  (m->output && m->output != m->tok_embd ? (double)llmq_tensor_nelements(m->output) : 0);
-    double work = r.eta_other;
-    for (int64_t l = 0; l < hp->n_layer; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *v = m->layers[l].w[k];
-            work += cost_data(&r, v->shape[0], v->shape[1]) + cost_solve(&r, v->shape[0], v->shape[1]);
-        }
-    r.eta_data_early = o->method != LLMQ_QMETHOD_RTN;
-    llmq_eta_init(&r.eta, work, llmq_now_s()); // the setup above (calibration text, embeddings) is not in the rate
-    for (int l = 0; l < hp->n_layer && !st; l++) {
+    if ((st = alloc_buffers(&r, Rmax, Cmax, N, D))) goto done;
+    if (r.have_calib && (st = embed_inputs(&r, N, D))) goto done;
+    prov = provenance(o, &r.d, imat_rec, true);
+    if ((st = begin_writer(&r, imat, prov, &gguf_rep))) goto done;
+    init_eta(&r);
+    for (int l = 0; l < m->hp.n_layer && !st; l++) {
         if (r.have_calib) {
             llmq_calib_stats_free(&r.s);
             if ((st = llmq_calib_stats_init(m, true, l, l + 1, &r.s))) break;
@@ -963,68 +1190,28 @@ enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quant
         st = llmq_export_finish(r.e);
         r.e = NULL;
     }
-    if (st) goto done;
-
-    double secs = llmq_now_s() - r.t0, bpw = r.bits_total / (double)r.params_total;
-    int64_t bytes = 0;
-    if (o->to_gguf) {
-        struct stat sb;
-        if (!o->gguf.dry_run && stat(o->out_dir, &sb) == 0) bytes = (int64_t)sb.st_size;
-    } else {
-        bytes = dir_bytes(o->out_dir);
-    }
-    llmq_info("quantize: %lld linears, %.1f M weights, %.3f bits per weight (%s), output %.1f MB in %s, %.1f s",
-              (long long)json_array_size(r.layers), (double)r.params_total / 1e6, bpw,
-              o->to_gguf ? "the linears' GGUF blocks" : "codes + f16 scales + zeros", (double)bytes / 1e6, o->out_dir,
-              secs);
-    rep = json_object();
-    json_object_set(rep, "settings", prov);
-    json_object_set_new(rep, "model", json_string(m->path));
-    json_object_set_new(rep, "output", json_string(o->out_dir));
-    json_object_set_new(rep, "threads", json_integer(o->n_threads));
-    json_object_set(rep, "layers", r.layers);
-    json_t *tot = json_object();
-    json_object_set_new(tot, "linears", json_integer((json_int_t)json_array_size(r.layers)));
-    json_object_set_new(tot, "weights", json_integer(r.params_total));
-    json_object_set_new(tot, "bits_per_weight", json_real(bpw));
-    json_object_set_new(tot, "output_bytes", json_integer(bytes));
-    json_object_set_new(tot, "seconds", json_real(secs));
-    json_t *gt = gguf_rep ? json_object_get(gguf_rep, "totals") : NULL;
-    if (gt) { // the whole file's figures (as `--method rtn` reports them); the linears' own bits kept apart
-        json_object_set_new(tot, "linear_bits_per_weight", json_real(bpw));
-        const char *keys[] = {"tensors", "params", "bytes", "bits_per_weight", "file_bytes", "fallbacks"};
-        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-            if (json_object_get(gt, keys[i])) json_object_set(tot, keys[i], json_object_get(gt, keys[i]));
-    }
-    json_object_set_new(rep, "totals", tot);
-    if (gguf_rep) json_object_set(rep, "gguf", gguf_rep);
-    if (report) {
-        *report = rep;
-        rep = NULL;
-    }
+    if (!st && report) *report = make_report(&r, prov, gguf_rep);
 done:
-    json_decref(rep);
     json_decref(gguf_rep);
-    llmq_gguf_export_abort(r.ge);
-    llmq_export_abort(r.e);
-    llmq_qlinear_free(&r.held);
     json_decref(prov);
-    json_decref(r.layers);
-    llmq_calib_stats_free(&r.s);
-    llmq_calib_data_free(&r.d);
-    llmq_forward_free(r.fbig);
-    llmq_forward_free(r.f);
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) free(r.wq[k]);
-    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) free(r.simp[k]);
-    free(r.blk);
-    free(r.imp);
-    free(r.fq_qw);
-    llmq_big_free(r.x);
-    llmq_big_free(r.xt);
-    free(r.W);
-    free(r.Q);
-    free(r.T);
-    free(r.H);
-    free(r.Hx);
+    run_free(&r);
+    return st;
+}
+
+enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
+    if (report) *report = NULL;
+    enum llmq_status st = llmq_quantize_check(m, o);
+    if (st) return st;
+    openblas_set_num_threads(o->n_threads);
+    struct llmq_calib_stats imat = {0};
+    json_t *imat_rec = NULL;
+    if (o->to_gguf && o->imatrix_path && (st = load_imatrix(o->imatrix_path, m, &imat, &imat_rec))) return st;
+    const struct llmq_calib_stats *ip = imat_rec ? &imat : NULL;
+    if (o->to_gguf && (o->method == LLMQ_QMETHOD_RTN || o->gguf.dry_run))
+        st = run_writer(m, o, ip, imat_rec, report);
+    else
+        st = run_solvers(m, o, ip, imat_rec, report);
+    json_decref(imat_rec);
+    llmq_calib_stats_free(&imat);
     return st;
 }

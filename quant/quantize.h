@@ -29,8 +29,10 @@
  *
  * ---- GGUF output (to_gguf: quant/gguf_export.h instead of quant/export.h) ---------------------------
  *   Every linear gets the type the writer's mix gives it (llmq_gguf_export_linear_type); q, the group
- *   size, act_order, static_groups and the fallback do not apply (act_order / static_groups: LLMQ_ERR_ARG;
- *   rtn: LLMQ_ERR_ARG, it is llmq_gguf_export_rtn alone). Importance: the writer's imatrix when it has one.
+ *   size, act_order, static_groups and the fallback do not apply (static_groups: LLMQ_ERR_ARG; rtn is the
+ *   writer alone, llmq_gguf_export_rtn). Importance: imatrix_path's when given, else (rtn) the statistics
+ *   gathered from the calibration, else (gptq, awq) the block statistics below; without any, rtn is
+ *   unweighted.
  *   gptq      the same true-sequential loop; each linear through llmq_gptq_gguf_quantize (quant/gptq_gguf.h)
  *             with importance = imatrix, else diag(H); its blocks go to llmq_gguf_export_linear_bytes and
  *             their decoding is the override for the following passes. rtn_err: the encoder alone with
@@ -83,6 +85,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum llmq_qmethod { LLMQ_QMETHOD_RTN, LLMQ_QMETHOD_GPTQ, LLMQ_QMETHOD_AWQ, LLMQ_QMETHOD_AWQ_GPTQ };
 
@@ -109,12 +112,18 @@ struct llmq_quantize_opts {
     int64_t micro_batch;           // sequences per forward call (8)
     int n_threads;
     enum llmq_backend backend;         // GEMM backend (kernels/gemm.h) of the forward passes, XᵀX, AWQ's search
-                                       // and the layer-error products; CPU by default. The GPTQ solver itself
-                                       // (quant/gptq.h) runs on the CPU.
+                                       // and the layer-error products, and of GPTQ's steps 5-7 into a directory
+                                       // format (quant/gptq.h); CPU by default. The GGUF encoders and GPTQ onto
+                                       // ggml blocks (quant/gptq_gguf.h) run on the CPU.
     struct llmq_export_opts out;       // format, force, ... (q, provenance filled in by the pipeline)
     const char *out_dir;               // the output directory, or the .gguf file when to_gguf
     bool to_gguf;                      // write a GGUF file (quant/gguf_export.h) instead of an HF directory
-    struct llmq_gguf_export_opts gguf; // its options (q, out are then unused)
+    struct llmq_gguf_export_opts gguf; // its options (q, out are then unused; imatrix and provenance are
+                                       // filled in by the pipeline, see "GGUF output")
+    const char *imatrix_path;          // to_gguf: the importance from this file: llmq statistics (.lcs, magic
+                                       // "LLMQCALS") or a llama-imatrix file (GGUF or legacy .dat); with rtn
+                                       // it excludes calibration (which gathers the importance instead)
+    FILE *plan;                        // to_gguf with gguf.dry_run: where the plan table goes (NULL: stdout)
 };
 
 // Defaults: rtn, 4 bits, G 128, asym, percdamp 0.01, true_sequential, micro_batch 8, 1 thread.
@@ -128,9 +137,12 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void);
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o);
 
 // Runs the whole pipeline on m (weights are only read; override views are restored before return)
-// and writes opts->out_dir. *report (may be NULL) receives a new JSON object: {"settings": ...,
-// "calibration": {...sources, sha256, tokens}, "layers": [{name, shape, method, err, loss, rtn_err,
-// seconds, ...}], "totals": {...}}. Errors: see the modules; one line naming the layer / tensor.
+// and writes opts->out_dir: the one entry for every method and format. rtn into GGUF and every
+// gguf.dry_run are the writer alone (llmq_gguf_export_rtn / the plan on o->plan), after the importance
+// is loaded (imatrix_path) or, for rtn with calibration, gathered (llmq_calib_run over every block); the
+// report is then the writer's, with "settings" added. *report (may be NULL) receives a new JSON object: {"settings":
+// ..., "calibration": {...sources, sha256, tokens}, "layers": [{name, shape, method, err, loss, rtn_err, seconds,
+// ...}], "totals": {...}}. Errors: see the modules; one line naming the layer / tensor.
 enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report);
 
 #endif // LLMQ_QUANT_QUANTIZE_H

@@ -9,13 +9,15 @@
  * column-major terms, Wᵀ[i2:, :] -= Hinv[i1:i2, i2:]ᵀ · Err1ᵀ: one cublasSgemm(N, N) on the same pointers.
  *
  * Bit-exactness with the C loops: built with -fmad=false (CMakeLists.txt) AND every fp32 operation
- * written as an explicit __f*_rn intrinsic, in the order of quant/gptq.c and quant/quantizer.c; min /
- * max are exact in any order (and the strict comparisons from +0 keep the same zero sign as the C loop).
+ * written as an explicit __f*_rn intrinsic, in the order of quant/gptq.c (the grid: kernels/gptq_grid.h,
+ * shared with the C code); min / max are exact in any order (and the strict comparisons from +0 keep the
+ * same zero sign as the C loop).
  */
 extern "C" {
 #include "kernels/gptq_cuda.h"
 }
 #include "kernels/cuda_common.h"
+#include "kernels/gptq_grid.h"
 
 #include <cublas_v2.h>
 #include <cusolverDn.h>
@@ -61,14 +63,6 @@ struct llmq_cuda_gptq {
 
 // ---- device math, the C code's operations one by one
 
-// llmq_quant_code: clamp(rint(w / scale) + zero, 0, maxq)
-__device__ __forceinline__ uint8_t quant_code(float w, float scale, float zero, int maxq) {
-    float q = __fadd_rn(rintf(__fdiv_rn(w, scale)), zero);
-    if (q < 0.0f) q = 0.0f;
-    if (q > (float)maxq) q = (float)maxq;
-    return (uint8_t)q;
-}
-
 // llmq_quant_params_gptq for each row r (one warp per row) over x = W[r * ldw + 0 .. n).
 __global__ void params_kernel(const float *W, int64_t ldw, int64_t R, int64_t n, int bits, bool sym, float *scales,
                               float *zeros, int64_t lds) {
@@ -88,18 +82,7 @@ __global__ void params_kernel(const float *W, int64_t ldw, int64_t R, int64_t n,
         if (b > xmax) xmax = b;
     }
     if (lane != 0) return;
-    const float maxq = (float)((1 << bits) - 1);
-    if (sym) {
-        if (-xmin > xmax) xmax = -xmin;
-        if (xmin < 0.0f) xmin = -xmax;
-    }
-    if (xmin == 0.0f && xmax == 0.0f) {
-        xmin = -1.0f;
-        xmax = 1.0f;
-    }
-    const float scale = __fdiv_rn(__fsub_rn(xmax, xmin), maxq);
-    scales[r * lds] = scale;
-    zeros[r * lds] = sym ? __fdiv_rn(__fadd_rn(maxq, 1.0f), 2.0f) : rintf(__fdiv_rn(-xmin, scale));
+    llmq_gptq_grid_params(xmin, xmax, bits, sym, &scales[r * lds], &zeros[r * lds]);
 }
 
 // The in-block loop (llmq_gptq_block_row), one warp per row. Lane l owns the block columns k ≡ l (mod
@@ -122,7 +105,7 @@ __global__ void block_kernel(float *W1, int64_t ldw, float *Err1, uint8_t *codes
         const float w = __shfl_sync(FULL_MASK, lane == owner ? w1[i] : 0.0f, owner);
         const int g = gcol[i];
         const float scale = s[g], zero = z[g], d = Hinv1[i * ldh + i];
-        const uint8_t code = quant_code(w, scale, zero, maxq);
+        const uint8_t code = llmq_gptq_grid_code(w, scale, zero, maxq);
         const float q = __fmul_rn(scale, __fsub_rn((float)code, zero)); // Q1[:, i]
         const float wq = __fsub_rn(w, q);
         const float e = __fdiv_rn(wq, d); // err1

@@ -2,8 +2,8 @@
  * kernels/gptq_cuda.h — steps 5-7 of GPTQ (quant/gptq.h) on a CUDA device: damping + Cholesky chain
  * (cuSOLVER), the lazy block loop (own kernels: dynamic group grid, in-block loop) and the lazy update
  * (cuBLAS sgemm, plain FP32). quant/gptq.c drives it (the damping retry policy, its warnings and
- * errors, steps 1-4 and 8 stay there); this module only moves numbers. It depends on common/ only, so
- * the grid rules of quant/quantizer.h are ported here, with the same fp32 operations in the same order.
+ * errors, steps 1-4 and 8 stay there); this module only moves numbers. It depends on common/ only; the
+ * grid rules are kernels/gptq_grid.h, the one header the C solver compiles too.
  *
  * Legend: R rows = out_features, C cols = in_features, G group size, NG groups per row, B blocksize.
  * All matrices are row-major fp32 on the host side; "processing order" = the columns after act-order.

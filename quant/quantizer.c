@@ -74,23 +74,13 @@ void llmq_qlinear_dequant(const struct llmq_qlinear *ql, float *W_out) {
 }
 
 void llmq_quant_params_gptq(const float *x, int64_t n, int64_t stride, int bits, bool sym, float *scale, float *zero) {
-    const float maxq = (float)((1 << bits) - 1);
     float xmin = 0.0f, xmax = 0.0f; // the range always includes 0
     for (int64_t i = 0; i < n; i++) {
         float v = x[i * stride];
         if (v < xmin) xmin = v;
         if (v > xmax) xmax = v;
     }
-    if (sym) {
-        if (-xmin > xmax) xmax = -xmin;
-        if (xmin < 0.0f) xmin = -xmax;
-    }
-    if (xmin == 0.0f && xmax == 0.0f) {
-        xmin = -1.0f;
-        xmax = 1.0f;
-    }
-    *scale = (xmax - xmin) / maxq;
-    *zero = sym ? (maxq + 1.0f) / 2.0f : rintf(-xmin / *scale);
+    llmq_gptq_grid_params(xmin, xmax, bits, sym, scale, zero);
 }
 
 void llmq_quant_params_awq(const float *x, int64_t n, int64_t stride, int bits, bool sym, float *scale, float *zero) {

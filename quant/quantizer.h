@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/gptq_grid.h"
 
 #define LLMQ_QBITS_MIN 2
 #define LLMQ_QBITS_MAX 8
@@ -83,12 +84,9 @@ void llmq_quant_params_gptq(const float *x /* (n) with stride */, int64_t n, int
 void llmq_quant_params_awq(const float *x /* (n) with stride */, int64_t n, int64_t stride, int bits, bool sym,
                            float *scale, float *zero);
 
-// One value on the grid: the code clamp(round(w / scale) + zero, 0, maxq).
+// One value on the grid: the code clamp(round(w / scale) + zero, 0, maxq) (kernels/gptq_grid.h).
 static inline uint8_t llmq_quant_code(float w, float scale, float zero, int maxq) {
-    float q = __builtin_rintf(w / scale) + zero;
-    if (q < 0.0f) q = 0.0f;
-    if (q > (float)maxq) q = (float)maxq;
-    return (uint8_t)q;
+    return llmq_gptq_grid_code(w, scale, zero, maxq);
 }
 
 // Round-to-nearest quantization of W (R, C) row-major with cfg and the GPTQ grid

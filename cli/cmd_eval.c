@@ -257,37 +257,144 @@ static enum llmq_status tokenize_text(const struct llmq_model *m, const struct t
     return LLMQ_OK;
 }
 
+// Eval's flags as parsed (NULL / 0 / -1: not given).
+struct eargs {
+    const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
+        *logits_dtype, *rows, *device, *emulate_name;
+    long ctx, chunks, threads;
+};
+
+// The flag combinations that are wrong whatever the files: NULL, or the usage message.
+static const char *check_flags(const struct eargs *a, enum llmq_eval_protocol *protocol, enum llmq_emulate *emulate,
+                               enum llmq_dtype dtype) {
+    if (!a->model_path) return "--model is required";
+    if (!a->text_arg && !a->kld_file) return "--ppl FILE is required (or --kld FILE)";
+    if (!llmq_eval_protocol_from_name(a->protocol_name, protocol)) return "--protocol must be llamacpp or gptq";
+    if (a->ctx < 0 || a->ctx == 1 || a->ctx > (1L << 20)) return "--ctx must be between 2 and 1048576";
+    if (a->chunks == 0 || a->chunks < -1) return "--chunks must be -1 (all) or at least 1";
+    if (a->threads < 1 || a->threads > 256) return "--threads must be between 1 and 256";
+    if ((a->base_path != NULL) + (a->kld_base != NULL) + (a->save_logits != NULL) + (a->kld_file != NULL) > 1)
+        return "--base, --kld-base, --save-logits and --kld exclude each other";
+    if (a->base_path && !a->text_arg) return "--base needs --ppl FILE";
+    if (dtype != LLMQ_DTYPE_F16 && dtype != LLMQ_DTYPE_F32) return "--logits-dtype must be f16 or f32";
+    if (strcmp(a->rows, "auto") && strcmp(a->rows, "on") && strcmp(a->rows, "off"))
+        return "--rows must be auto, on or off";
+    if (!llmq_emulate_from_name(a->emulate_name, emulate))
+        return "--emulate must be none, llamacpp-cpu or llamacpp-cpu-nofa";
+    return NULL;
+}
+
+// What one evaluation produced, for the printout and the JSON.
+struct outcome {
+    const struct llmq_model *m, *base;
+    struct llmq_logits_file *lf;
+    const struct text *text;
+    const struct llmq_eval_report *rep;
+    enum llmq_emulate emulate;
+    enum llmq_dtype dtype;
+    bool join;
+    const char *device;
+    char hex[65]; // sha256 of the text
+};
+
+// The results on stdout.
+static void print_results(const struct eargs *a, const struct outcome *o) {
+    printf("model:     %s\n", o->m->path);
+    if (o->base) printf("base:      %s\n", o->base->path);
+    if (o->lf) printf("base:      logits file %s\n", a->kld_file);
+    if (o->emulate) printf("emulate:   %s\n", llmq_emulate_name(o->emulate));
+    if (a->text_arg)
+        printf("text:      %s (%zu bytes%s, sha256 %s)\n", o->text->path, o->text->len, o->join ? ", rows joined" : "",
+               o->hex);
+    else
+        printf("text:      sha256 %s (from the logits file)\n", o->hex);
+    printf("protocol:  %s (ctx %lld, scored positions [%lld, %lld), BOS per chunk: %s)\n",
+           llmq_eval_protocol_name(o->rep->plan.protocol), (long long)o->rep->plan.n_ctx, (long long)o->rep->plan.first,
+           (long long)o->rep->plan.n_ctx - 1,
+           o->rep->plan.bos >= 0 ? "yes"
+           : o->lf               ? "as stored"
+                                 : "no");
+    if (a->base_path)
+        print_base_report(o->rep, o->base->path, o->m->path);
+    else
+        print_report(o->rep);
+    if (a->save_logits) printf("logits:    %s (%s)\n", a->save_logits, llmq_dtype_name(o->dtype));
+    fflush(stdout);
+}
+
+// --json: every figure.
+static enum llmq_status write_json(const struct eargs *a, const struct outcome *o) {
+    json_t *js = report_json(o->rep);
+    json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
+    json_object_set_new(js, "model", json_string(o->m->path));
+    json_object_set_new(js, "emulate", json_string(llmq_emulate_name(o->emulate)));
+    if (o->base) json_object_set_new(js, "base_model", json_string(o->base->path));
+    if (a->base_path) base_json(js, &o->rep->res);
+    if (o->text->dataset) json_object_set_new(js, "dataset", json_string(o->text->dataset));
+    if (o->lf) json_object_set_new(js, "kld_logits_file", json_string(a->kld_file));
+    if (a->save_logits) json_object_set_new(js, "saved_logits", json_string(a->save_logits));
+    json_object_set_new(js, "text", a->text_arg ? json_string(o->text->path) : json_null());
+    json_object_set_new(js, "text_bytes", a->text_arg ? json_integer((json_int_t)o->text->len) : json_null());
+    json_object_set_new(js, "text_sha256", json_string(o->hex));
+    json_object_set_new(js, "rows_joined", json_boolean(o->join));
+    json_object_set_new(js, "threads", json_integer(a->threads));
+    json_object_set_new(js, "device", json_string(o->device));
+    enum llmq_status st =
+        llmq_write_json(a->json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(js);
+    return st;
+}
+
+// --kld FILE: the logits file, whose protocol rules; a --ctx that differs from its context is a usage error
+// (*usage_late), found once the file is open.
+static enum llmq_status open_logits(const struct eargs *a, struct llmq_logits_file **lf,
+                                    enum llmq_eval_protocol *protocol, bool *usage_late) {
+    enum llmq_status st = llmq_logits_open(a->kld_file, lf);
+    if (st) return st;
+    *protocol = llmq_logits_header(*lf)->protocol;
+    if (a->ctx > 0 && a->ctx != llmq_logits_header(*lf)->n_ctx) {
+        fprintf(stderr, "llmq eval: --ctx %ld differs from the context %lld of %s\n", a->ctx,
+                (long long)llmq_logits_header(*lf)->n_ctx, a->kld_file);
+        *usage_late = true;
+        return LLMQ_ERR_ARG;
+    }
+    return LLMQ_OK;
+}
+
 int cmd_eval(int argc, char **argv) {
-    const char *model_path = NULL, *text_arg = NULL, *protocol_name = "llamacpp", *kld_base = NULL, *save_logits = NULL,
-               *kld_file = NULL, *json_path = NULL, *base_path = NULL, *logits_dtype = "f16", *rows = "auto",
-               *device = "auto", *emulate_name = "none";
-    long ctx = 0, chunks = -1, threads = sysconf(_SC_NPROCESSORS_ONLN);
-    if (threads < 1) threads = 1;
+    struct eargs a = {.protocol_name = "llamacpp",
+                      .logits_dtype = "f16",
+                      .rows = "auto",
+                      .device = "auto",
+                      .emulate_name = "none",
+                      .chunks = -1,
+                      .threads = sysconf(_SC_NPROCESSORS_ONLN)};
+    if (a.threads < 1) a.threads = 1;
     const struct cli_flag flags[] = {
-        {"model", CLI_STR, &model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
-        {"ppl", CLI_STR, &text_arg, NULL,
+        {"model", CLI_STR, &a.model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
+        {"ppl", CLI_STR, &a.text_arg, NULL,
          "text file (.txt, .raw, .gz), or a dataset name: wikitext-2 (= wikitext-2-test), wikitext-2-valid, ... "
          "(datasets/manifest.tsv; shipped with llmq, sha256-checked)"},
-        {"protocol", CLI_STR, &protocol_name, "llamacpp",
+        {"protocol", CLI_STR, &a.protocol_name, "llamacpp",
          "llamacpp: n_ctx chunks, BOS per chunk, second half scored; gptq: the papers' windows, all scored"},
-        {"ctx", CLI_INT, &ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
-        {"chunks", CLI_INT, &chunks, "-1 (all)", "evaluate only the first N chunks"},
-        {"threads", CLI_INT, &threads, "the number of CPUs", "threads for the forward pass and the scoring"},
-        {"device", CLI_STR, &device, "auto", CLI_DEVICE_HELP},
-        {"base", CLI_STR, &base_path, NULL,
+        {"ctx", CLI_INT, &a.ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
+        {"chunks", CLI_INT, &a.chunks, "-1 (all)", "evaluate only the first N chunks"},
+        {"threads", CLI_INT, &a.threads, "the number of CPUs", "threads for the forward pass and the scoring"},
+        {"device", CLI_STR, &a.device, "auto", CLI_DEVICE_HELP},
+        {"base", CLI_STR, &a.base_path, NULL,
          "also evaluate this base model on the same tokens and print both PPLs and the difference (absolute, %)"},
-        {"kld-base", CLI_STR, &kld_base, NULL, "KL divergence mode: run this base model next to --model"},
-        {"save-logits", CLI_STR, &save_logits, NULL, "write the scored positions' logits here (for a later --kld)"},
-        {"logits-dtype", CLI_STR, &logits_dtype, "f16", "element type of --save-logits: f16 or f32"},
-        {"kld", CLI_STR, &kld_file, NULL, "KL divergence mode against a --save-logits file (chunks come from it)"},
-        {"rows", CLI_STR, &rows, "auto",
+        {"kld-base", CLI_STR, &a.kld_base, NULL, "KL divergence mode: run this base model next to --model"},
+        {"save-logits", CLI_STR, &a.save_logits, NULL, "write the scored positions' logits here (for a later --kld)"},
+        {"logits-dtype", CLI_STR, &a.logits_dtype, "f16", "element type of --save-logits: f16 or f32"},
+        {"kld", CLI_STR, &a.kld_file, NULL, "KL divergence mode against a --save-logits file (chunks come from it)"},
+        {"rows", CLI_STR, &a.rows, "auto",
          "on: each line of the text is a dataset row, rows joined with \"\\n\\n\" (as the papers load "
          "wikitext-2-raw-v1); off: the file as is; auto: on for gptq, off for llamacpp"},
-        {"emulate", CLI_STR, &emulate_name, "none",
+        {"emulate", CLI_STR, &a.emulate_name, "none",
          "none: f32 arithmetic; llamacpp-cpu: round activations as llama.cpp's CPU backend does (8-bit "
          "Q8_0/Q8_1/Q8_K or f16 inputs per weight type, f16 KV cache, flash attention as llama-perplexity's "
          "default); llamacpp-cpu-nofa: the same with flash attention off (also Q and softmax in f16)"},
-        {"json", CLI_STR, &json_path, NULL, "also write every figure as JSON to this file"},
+        {"json", CLI_STR, &a.json_path, NULL, "also write every figure as JSON to this file"},
     };
     const struct cli_cmd cmd = {
         "eval",
@@ -313,30 +420,8 @@ int cmd_eval(int argc, char **argv) {
 
     enum llmq_eval_protocol protocol;
     enum llmq_emulate emulate = LLMQ_EMULATE_NONE;
-    enum llmq_dtype dtype = llmq_dtype_from_name(logits_dtype);
-    const char *usage = NULL;
-    if (!model_path)
-        usage = "--model is required";
-    else if (!text_arg && !kld_file)
-        usage = "--ppl FILE is required (or --kld FILE)";
-    else if (!llmq_eval_protocol_from_name(protocol_name, &protocol))
-        usage = "--protocol must be llamacpp or gptq";
-    else if (ctx < 0 || ctx == 1 || ctx > (1L << 20))
-        usage = "--ctx must be between 2 and 1048576";
-    else if (chunks == 0 || chunks < -1)
-        usage = "--chunks must be -1 (all) or at least 1";
-    else if (threads < 1 || threads > 256)
-        usage = "--threads must be between 1 and 256";
-    else if ((base_path != NULL) + (kld_base != NULL) + (save_logits != NULL) + (kld_file != NULL) > 1)
-        usage = "--base, --kld-base, --save-logits and --kld exclude each other";
-    else if (base_path && !text_arg)
-        usage = "--base needs --ppl FILE";
-    else if (dtype != LLMQ_DTYPE_F16 && dtype != LLMQ_DTYPE_F32)
-        usage = "--logits-dtype must be f16 or f32";
-    else if (strcmp(rows, "auto") && strcmp(rows, "on") && strcmp(rows, "off"))
-        usage = "--rows must be auto, on or off";
-    else if (!llmq_emulate_from_name(emulate_name, &emulate))
-        usage = "--emulate must be none, llamacpp-cpu or llamacpp-cpu-nofa";
+    enum llmq_dtype dtype = llmq_dtype_from_name(a.logits_dtype);
+    const char *usage = check_flags(&a, &protocol, &emulate, dtype);
     if (usage) {
         fprintf(stderr, "llmq eval: %s\nrun 'llmq eval --help' for the flags and their defaults\n", usage);
         return 2;
@@ -344,62 +429,50 @@ int cmd_eval(int argc, char **argv) {
 
     enum llmq_backend backend;
     char device_desc[320];
-    if ((rc = cli_device(device, &backend, device_desc, sizeof(device_desc)))) return rc;
+    if ((rc = cli_device(a.device, &backend, device_desc, sizeof(device_desc)))) return rc;
 
     struct llmq_model *m = NULL, *base = NULL;
     struct llmq_logits_file *lf = NULL;
     struct text text = {0};
     int32_t *ids = NULL;
     int64_t n_ids = 0;
-    json_t *js = NULL;
     enum llmq_status st = LLMQ_OK;
     struct llmq_eval_report rep;
     struct progress pr = {.tty = isatty(STDERR_FILENO) != 0};
-    char hex[65];
     bool usage_late = false;
 
-    if (kld_file) {
-        if ((st = llmq_logits_open(kld_file, &lf))) goto done;
-        protocol = llmq_logits_header(lf)->protocol;
-        if (ctx > 0 && ctx != llmq_logits_header(lf)->n_ctx) {
-            fprintf(stderr, "llmq eval: --ctx %ld differs from the context %lld of %s\n", ctx,
-                    (long long)llmq_logits_header(lf)->n_ctx, kld_file);
-            st = LLMQ_ERR_ARG;
-            usage_late = true; // conflicting flags, found once the file is open: a usage error
-            goto done;
-        }
-    }
-    bool join = strcmp(rows, "on") == 0 || (strcmp(rows, "auto") == 0 && protocol == LLMQ_EVAL_PROTOCOL_GPTQ);
-    if (text_arg && (st = load_text(text_arg, protocol, join, &text))) goto done;
-    if (lf && text_arg && memcmp(text.sha, llmq_logits_header(lf)->text_sha256, 32) != 0) {
+    if (a.kld_file && (st = open_logits(&a, &lf, &protocol, &usage_late))) goto done;
+    bool join = strcmp(a.rows, "on") == 0 || (strcmp(a.rows, "auto") == 0 && protocol == LLMQ_EVAL_PROTOCOL_GPTQ);
+    if (a.text_arg && (st = load_text(a.text_arg, protocol, join, &text))) goto done;
+    if (lf && a.text_arg && memcmp(text.sha, llmq_logits_header(lf)->text_sha256, 32) != 0) {
         st = llmq_errorf(LLMQ_ERR_ARG, "%s: the text (sha256 of %s%s) is not the one %s was computed on", text.path,
-                         text.path, join ? " with rows joined" : "", kld_file);
+                         text.path, join ? " with rows joined" : "", a.kld_file);
         goto done;
     }
-    if ((st = llmq_model_load(model_path, &m))) goto done;
-    if (base_path) kld_base = base_path; // the same run; only the report differs
-    if (kld_base && (st = llmq_model_load(kld_base, &base))) goto done;
+    if ((st = llmq_model_load(a.model_path, &m))) goto done;
+    if (a.base_path) a.kld_base = a.base_path; // the same run; only the report differs
+    if (a.kld_base && (st = llmq_model_load(a.kld_base, &base))) goto done;
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
 
     struct llmq_eval_opts o = {
         .protocol = protocol,
-        .n_ctx = ctx,
-        .max_chunks = chunks,
-        .n_threads = (int)threads,
+        .n_ctx = a.ctx,
+        .max_chunks = a.chunks,
+        .n_threads = (int)a.threads,
         .backend = backend,
         .emulate = emulate,
-        .save_logits = save_logits,
+        .save_logits = a.save_logits,
         .logits_dtype = dtype,
-        .text_sha256 = text_arg ? text.sha : NULL,
+        .text_sha256 = a.text_arg ? text.sha : NULL,
         .progress = on_progress,
         .progress_user = &pr,
     };
     int64_t n_chunks =
-        lf ? llmq_logits_header(lf)->n_chunks : n_ids / (ctx > 0 ? ctx : llmq_eval_protocol_default_ctx(protocol));
-    if (chunks > 0 && chunks < n_chunks) n_chunks = chunks;
+        lf ? llmq_logits_header(lf)->n_chunks : n_ids / (a.ctx > 0 ? a.ctx : llmq_eval_protocol_default_ctx(protocol));
+    if (a.chunks > 0 && a.chunks < n_chunks) n_chunks = a.chunks;
     pr.every = n_chunks / 20 > 1 ? n_chunks / 20 : 1;
     llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s%s%s", m->path, llmq_eval_protocol_name(protocol),
-              (long long)n_chunks, threads, base ? ", base " : "", base ? base->path : "",
+              (long long)n_chunks, a.threads, base ? ", base " : "", base ? base->path : "",
               emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
     if (lf)
         st = llmq_eval_kld_file(lf, m, &o, &rep);
@@ -412,50 +485,19 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
 
-    const uint8_t *sha = lf ? llmq_logits_header(lf)->text_sha256 : text.sha;
-    llmq_sha256_hex(sha, hex);
-    printf("model:     %s\n", m->path);
-    if (base) printf("base:      %s\n", base->path);
-    if (lf) printf("base:      logits file %s\n", kld_file);
-    if (emulate) printf("emulate:   %s\n", llmq_emulate_name(emulate));
-    if (text_arg)
-        printf("text:      %s (%zu bytes%s, sha256 %s)\n", text.path, text.len, join ? ", rows joined" : "", hex);
-    else
-        printf("text:      sha256 %s (from the logits file)\n", hex);
-    printf("protocol:  %s (ctx %lld, scored positions [%lld, %lld), BOS per chunk: %s)\n",
-           llmq_eval_protocol_name(rep.plan.protocol), (long long)rep.plan.n_ctx, (long long)rep.plan.first,
-           (long long)rep.plan.n_ctx - 1,
-           rep.plan.bos >= 0 ? "yes"
-           : lf              ? "as stored"
-                             : "no");
-    if (base_path)
-        print_base_report(&rep, base->path, m->path);
-    else
-        print_report(&rep);
-    if (save_logits) printf("logits:    %s (%s)\n", save_logits, llmq_dtype_name(dtype));
-    fflush(stdout);
-
-    if (json_path) {
-        js = report_json(&rep);
-        json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
-        json_object_set_new(js, "model", json_string(m->path));
-        json_object_set_new(js, "emulate", json_string(llmq_emulate_name(emulate)));
-        if (base) json_object_set_new(js, "base_model", json_string(base->path));
-        if (base_path) base_json(js, &rep.res);
-        if (text.dataset) json_object_set_new(js, "dataset", json_string(text.dataset));
-        if (lf) json_object_set_new(js, "kld_logits_file", json_string(kld_file));
-        if (save_logits) json_object_set_new(js, "saved_logits", json_string(save_logits));
-        json_object_set_new(js, "text", text_arg ? json_string(text.path) : json_null());
-        json_object_set_new(js, "text_bytes", text_arg ? json_integer((json_int_t)text.len) : json_null());
-        json_object_set_new(js, "text_sha256", json_string(hex));
-        json_object_set_new(js, "rows_joined", json_boolean(join));
-        json_object_set_new(js, "threads", json_integer(threads));
-        json_object_set_new(js, "device", json_string(device_desc));
-        if ((st = llmq_write_json(json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))))
-            goto done;
-    }
+    struct outcome out = {.m = m,
+                          .base = base,
+                          .lf = lf,
+                          .text = &text,
+                          .rep = &rep,
+                          .emulate = emulate,
+                          .dtype = dtype,
+                          .join = join,
+                          .device = device_desc};
+    llmq_sha256_hex(lf ? llmq_logits_header(lf)->text_sha256 : text.sha, out.hex);
+    print_results(&a, &out);
+    if (a.json_path && (st = write_json(&a, &out))) goto done;
 done:
-    json_decref(js);
     free(ids);
     free(text.data);
     free(text.path);

@@ -4,6 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
+char *openblas_get_config(void);
+char *openblas_get_corename(void);
+
 struct command {
     const char *name;
     int (*fn)(int argc, char **argv);
@@ -26,7 +29,7 @@ static void print_help(FILE *out) {
     fprintf(out, "usage: llmq COMMAND [flags]\n\ncommands:\n");
     for (int i = 0; i < n_commands; i++) fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "\n'llmq COMMAND --help' lists every flag of a command with its default.\n");
-    fprintf(out, "  --help     print this help\n  --version  print the version\n");
+    fprintf(out, "  --help     print this help\n  --version  print the version and the OpenBLAS kernels in use\n");
 }
 
 int main(int argc, char **argv) {
@@ -40,6 +43,9 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--version") == 0) {
         printf("llmq %s\n", LLMQ_VERSION);
+        // the CPU kernels in use decide float32 summation order, so they belong to a run's description
+        printf("%s; kernels in use: %s (OPENBLAS_CORETYPE chooses others)\n", openblas_get_config(),
+               openblas_get_corename());
         return 0;
     }
     for (int i = 0; i < n_commands; i++)

@@ -4,9 +4,9 @@ GPTQModel's kernels, as users load them) and compute what llmq computes from the
 For each case: `llmq quantize` SmolLM2-135M into a directory; transformers (in the separate venv named by
 LLMQ_HF_PYTHON, tests/requirements-hf.txt) loads it on the CPU in float32 and returns the logits of one
 96-token wikitext sequence (tests/py/hf_load_logits.py); llmq's forward pass (tests/tools/forward_logits)
-reads the same directory. A packing, zero-point, g_idx or config mistake moves the logits by as much as
-the quantization itself does, so the check is that the two agree far more closely than the quantized model
-agrees with the unquantized one:
+reads the same directory (one transformers process loads every case's directory). A packing, zero-point,
+g_idx or config mistake moves the logits by as much as the quantization itself does, so the check is that
+the two agree far more closely than the quantized model agrees with the unquantized one:
     rms(hf - llmq) < 0.02 and < 0.1 * rms(llmq - base), max |hf - llmq| < 0.25, top-1 agreement >= 98%.
 (Measured with transformers 5.24 / gptqmodel 7.7: rms 0.003-0.007, 29-750x below the quantization
 effect.) Heavy tier; skipped when LLMQ_HF_PYTHON is unset (tests/run.sh sets it with LLMQ_WITH_HF=1,
@@ -54,25 +54,39 @@ def seq(tool, smollm2, data_dir, tmp_path_factory):
     return dict(dir=d, ids=ids_file, base=np.fromfile(base, np.float32))
 
 
+@pytest.fixture(scope="module")
+def hf(llmq_bin, tool, smollm2, seq):
+    """Every case quantized by llmq and read by llmq's forward pass, then all of them loaded by one
+    transformers process (importing torch once instead of once per case)."""
+    args = []
+    for case, (flags, _, _) in CASES.items():
+        out = seq["dir"] / case
+        run([llmq_bin, "quantize", "--model", smollm2, "--group-size", "64", "--out", out, "--threads", "2",
+             "--allow-requantize"] + flags)  # the input is Q4_1
+        run([tool("forward_logits"), out, seq["ids"], seq["dir"] / f"{case}.llmq.f32", 2])
+        args += [out, seq["dir"] / f"{case}.hf.f32"]
+    r = run([HF_PYTHON, os.path.join(os.path.dirname(__file__), "hf_load_logits.py"), seq["ids"], "float32"] + args,
+            env=dict(os.environ, OMP_NUM_THREADS="2"))
+    infos = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(infos) == len(CASES), r.stdout
+    return {case: info for case, info in zip(CASES, infos)}
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_transformers_loads_and_agrees(llmq_bin, tool, smollm2, seq, case):
-    flags, method, ckpt = CASES[case]
+def test_transformers_loads_and_agrees(seq, hf, case):
+    _, method, ckpt = CASES[case]
     out = seq["dir"] / case
-    run([llmq_bin, "quantize", "--model", smollm2, "--group-size", "64", "--out", out, "--threads", "2",
-         "--allow-requantize"] + flags)  # the input is Q4_1
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == method
     if ckpt:
         assert qc["checkpoint_format"] == ckpt
 
-    ours, theirs = seq["dir"] / f"{case}.llmq.f32", seq["dir"] / f"{case}.hf.f32"
-    run([tool("forward_logits"), out, seq["ids"], ours, 2])
-    r = run([HF_PYTHON, os.path.join(os.path.dirname(__file__), "hf_load_logits.py"), out, seq["ids"], theirs,
-             "float32"], env=dict(os.environ, OMP_NUM_THREADS="2"))
-    info = json.loads(r.stdout.strip().splitlines()[-1])
+    info = hf[case]
+    assert "error" not in info, f"transformers did not load {out}:\n{info.get('error')}"
     assert info["quant_method"] == method
     assert info["linear_classes"], "transformers replaced no linear layer with a quantized one"
 
+    ours, theirs = seq["dir"] / f"{case}.llmq.f32", seq["dir"] / f"{case}.hf.f32"
     a, b, base = np.fromfile(theirs, np.float32), np.fromfile(ours, np.float32), seq["base"]
     assert a.shape == b.shape == base.shape
     n_vocab = info["n_vocab"]

@@ -70,11 +70,8 @@
  * forwards — and runs at that floor (the matmuls are the forward's threaded sgemms or one
  * multi-threaded cblas_sgemm per candidate; quantizing candidates and the loss are < 5%); the clip
  * search is ~11 x 2 x T x (weights of v, o, gate, up, down) flops in dgemm, independent of N.
- * Measured (bench/awq_speed.c, SmolLM2-135M f32 block 3, 16 x 512 tokens, g64, 2 threads on a
- * shared 2-core machine at load ~8): fp block forward 1.39 s, scale search 30.7 s (22.1x), clip
- * search 2.0 s; block output MSE with the AWQ grid: RTN 0.0552, AWQ 0.0252 (46%). The scale search
- * grows linearly with N (AutoAWQ's 128 x 512 tokens: ~8x that, ~4 min per SmolLM2 block on 2
- * cores); a driver that wants it cheaper passes fewer sequences in x.
+ * The scale search grows linearly with N; a driver that wants it cheaper passes fewer sequences in x
+ * (timings per block: bench/awq_speed.c, figures in bench/README.md).
  *
  * Group sizes that do not tile (e.g. stories260K's 172-wide ffn_down with G = 64; AutoAWQ would
  * fail): the linears with that C are searched with one group per row (G = C) for w_mean, the

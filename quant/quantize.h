@@ -47,10 +47,9 @@
  *   awq+gptq  the same search, then llmq_gptq_gguf_quantize on the scaled weights with H' and imp / s².
  *   F32 / F16 / BF16 linears (the mix's last resort): handed over as f32, converted by the writer
  *             (method "convert").
- *   Calibration size: GPTQ fits H; with few tokens per input column it overfits (measured on SmolLM2
- *   with 8 x 256 tokens: err 0.3-0.4 x rtn_err in sample, 0.8-1.7 x on other text for ffn_down, whose
- *   1536 columns are close to the token count). Use tens of thousands of tokens (e.g. 32 x 512 or
- *   more) or a larger --damp when the data is short.
+ *   Calibration size: GPTQ fits H, so with few tokens per input column it overfits: its in-sample err
+ *   (below rtn_err) says nothing about other text (bench/README.md, "GPTQ into GGUF and the calibration
+ *   size"). Use tens of thousands of tokens (e.g. 32 x 512 or more) or a larger --damp when data is short.
  *   Report: each layer row also has "type"; "totals" the writer's figures (tensors, bytes, whole-file
  *   bits_per_weight, fallbacks) plus linear_bits_per_weight; "gguf" the writer's own report.
  *

@@ -27,8 +27,8 @@
  * are used in place from the mapping — or a chunk of >= 4096 rows of the output head); activations
  * for max_tokens tokens (normed input, q, k, v, attention output, gate, up, sub-block output; plus the hidden state of
  * llmq_forward_logits, allocated by its first call); RoPE tables and one (64, seqlen) score block
- * per thread, grown to the longest sequence seen. Logits go to the caller's buffer.
- * Measured (SmolLM2-135M Q4_1, 94 MB file, 512 tokens, last logits only): 130 MB peak RSS.
+ * per thread, grown to the longest sequence seen. Logits go to the caller's buffer (peak RSS measured:
+ * bench/README.md, forward_speed).
  *
  * Legend: n tokens in a call, D n_embd, V n_vocab, F n_ff, H / Hkv / Dh as in calib/model/model.h.
  *

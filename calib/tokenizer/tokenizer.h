@@ -84,8 +84,7 @@
  * A tokenizer owns copies of everything it needs (the GGUF reader may be freed after loading). It is
  * immutable after loading: calls on one tokenizer from several threads are safe; nothing is cached
  * globally. Texts up to 2^31 - 1 bytes per call; vocabularies up to 2^24 tokens, 2^26 merges, token
- * texts up to 1 MiB. Speed (2-core machine, bench/tokenize_speed.sh, wiki.test.raw 1.29 MB):
- * SmolLM2 ~2-4 M tokens/s, stories260K ~2-3 M tokens/s, 3-12x llama.cpp's.
+ * texts up to 1 MiB. Speed against llama.cpp's: bench/tokenize_speed.sh, figures in bench/README.md.
  */
 #ifndef LLMQ_TOKENIZER_H
 #define LLMQ_TOKENIZER_H

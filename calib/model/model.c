@@ -169,10 +169,10 @@ static enum llmq_status check_hparams(const struct llmq_model *m, const char *wh
     if (!(hp->rope_theta > 0.0f) || !isfinite(hp->rope_theta))
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope theta %g must be positive (%s)", src_name(m),
                            (double)hp->rope_theta, where);
-    if (hp->rope_llama3.enabled) {
-        float factor = hp->rope_llama3.factor, lo = hp->rope_llama3.low_freq_factor;
-        float hi = hp->rope_llama3.high_freq_factor;
-        if (!(factor > 0) || !(lo > 0) || !(hi > lo) || hp->rope_llama3.original_max_pos < 1)
+    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) {
+        float factor = hp->rope_scaling.factor, lo = hp->rope_scaling.low_freq_factor;
+        float hi = hp->rope_scaling.high_freq_factor;
+        if (!(factor > 0) || !(lo > 0) || !(hi > lo) || hp->rope_scaling.original_max_pos < 1)
             return llmq_errorf(LLMQ_ERR_CORRUPT,
                                "%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor "
                                "and original_max_position_embeddings >= 1 (%s)",
@@ -721,11 +721,11 @@ static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparam
         enum llmq_status st = cfg_num(x, c->file, full, &v[i]);
         if (st) return st;
     }
-    hp->rope_llama3.enabled = true;
-    hp->rope_llama3.factor = (float)v[0];
-    hp->rope_llama3.low_freq_factor = (float)v[1];
-    hp->rope_llama3.high_freq_factor = (float)v[2];
-    hp->rope_llama3.original_max_pos = (int64_t)v[3];
+    hp->rope_scaling.type = LLMQ_ROPE_SCALING_LLAMA3;
+    hp->rope_scaling.factor = (float)v[0];
+    hp->rope_scaling.low_freq_factor = (float)v[1];
+    hp->rope_scaling.high_freq_factor = (float)v[2];
+    hp->rope_scaling.original_max_pos = (int64_t)v[3];
     return LLMQ_OK;
 }
 

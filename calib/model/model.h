@@ -135,7 +135,7 @@ enum llmq_status llmq_model_weight_f32(const struct llmq_tensor_view *w, float *
 enum llmq_status llmq_model_rows_f32(const struct llmq_tensor_view *w, int64_t r0, int64_t n, float *dst);
 
 // The per-pair RoPE frequency divisors ff (Dh/2): pair i rotates by pos * theta^(-2i/Dh) / ff[i].
-// From the GGUF rope_freqs.weight tensor when there is one, else computed from hp.rope_llama3 as
+// From the GGUF rope_freqs.weight tensor when there is one, else computed from hp.rope_scaling as
 // llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters do, else all 1.
 void llmq_model_rope_freq_factors(const struct llmq_model *m, float *ff);
 // (The same computation from hyper-parameters alone: llmq_rope_llama3_factors, formats/llama/arch.h.)

@@ -625,7 +625,8 @@ static void test_random_models(const char *tmp) {
     {
         struct llmq_model *m = NULL;
         CHECK(llmq_model_load(dir, &m) == LLMQ_OK);
-        CHECK(m->hp.rope_llama3.enabled && !m->hp.tied_embeddings && m->output != m->tok_embd);
+        CHECK(m->hp.rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3 && !m->hp.tied_embeddings &&
+              m->output != m->tok_embd);
         float ff[4];
         llmq_model_rope_freq_factors(m, ff);
         // wavelengths 6.3, 167, 4467, 1.2e5 against the band [200/4, 200/1]: kept, smoothed, x8, x8

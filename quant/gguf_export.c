@@ -182,7 +182,7 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
     ADD(m->tok_embd, K_TOK_EMBD, -1, -1, "%s", TN(LLMQ_T_TOK_EMBD, 0));
     ADD(m->output_norm, K_OUT_NORM, -1, -1, "%s", TN(LLMQ_T_OUTPUT_NORM, 0));
     if (!hp->tied_embeddings) ADD(m->output, K_OUTPUT, -1, -1, "%s", TN(LLMQ_T_OUTPUT, 0));
-    if (hp->rope_llama3.enabled) { // convert_hf_to_gguf.py writes the factors as a tensor
+    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) { // convert_hf_to_gguf.py writes the factors as a tensor
         int64_t n = hp->head_dim / 2;
         if (!(e->rope_gen = malloc((size_t)n * sizeof(float))))
             return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");

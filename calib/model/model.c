@@ -1,8 +1,8 @@
 /*
  * calib/model/model.c — loading a LLaMA-family model from GGUF or an HF directory (see calib/model/model.h).
  *
- * Mirrors llama.cpp's llama_model_loader / llm_load_hparams for the GGUF keys it reads, and
- * transformers' LlamaConfig / MistralConfig / Qwen2Config defaults for config.json.
+ * The hyper-parameters come from the readers of formats/llama/arch.h (both formats); this file adds
+ * what the forward pass cannot run (check_forward) and n_vocab from the HF embedding.
  */
 #include "calib/model/model.h"
 
@@ -19,10 +19,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-
-#define MAX_LAYERS 4096
-#define MAX_DIM (1LL << 24)          // any single hyper-parameter
-#define MAX_CONFIG_BYTES (16u << 20) // config.json
 
 // ---------------------------------------------------------------------------------------------
 // Weight conversion
@@ -139,45 +135,13 @@ static enum llmq_status get_tensor(const struct llmq_model *m, const char *name,
     return LLMQ_OK;
 }
 
-// Hyper-parameter sanity: the forward pass and every shape check rely on these.
-static enum llmq_status check_hparams(const struct llmq_model *m, const char *where) {
-    const struct llmq_hparams *hp = &m->hp;
-    struct {
-        const char *name;
-        int64_t v;
-    } dims[] = {{"n_embd", hp->n_embd},  {"n_ff", hp->n_ff},           {"n_layer", hp->n_layer},
-                {"n_head", hp->n_head},  {"n_head_kv", hp->n_head_kv}, {"head_dim", hp->head_dim},
-                {"n_vocab", hp->n_vocab}};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i].v < 1 || dims[i].v > MAX_DIM)
-            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s = %lld is out of range [1, %lld] (%s)", src_name(m),
-                               dims[i].name, (long long)dims[i].v, (long long)MAX_DIM, where);
-    if (hp->n_layer > MAX_LAYERS)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld layers is more than %d (%s)", src_name(m),
-                           (long long)hp->n_layer, MAX_LAYERS, where);
-    if (hp->n_head % hp->n_head_kv != 0)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: n_head %lld is not a multiple of n_head_kv %lld (%s)", src_name(m),
-                           (long long)hp->n_head, (long long)hp->n_head_kv, where);
-    if (hp->head_dim % 2 != 0)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: head_dim %lld is odd (RoPE needs pairs) (%s)", src_name(m),
-                           (long long)hp->head_dim, where);
-    if (hp->n_head * hp->head_dim > MAX_DIM)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: n_head x head_dim is too large (%s)", src_name(m), where);
-    if (!(hp->rms_eps > 0.0f) || !isfinite(hp->rms_eps))
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rms norm epsilon %g must be positive (%s)", src_name(m),
-                           (double)hp->rms_eps, where);
-    if (!(hp->rope_theta > 0.0f) || !isfinite(hp->rope_theta))
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope theta %g must be positive (%s)", src_name(m),
-                           (double)hp->rope_theta, where);
-    if (hp->rope_llama3.enabled) {
-        float factor = hp->rope_llama3.factor, lo = hp->rope_llama3.low_freq_factor;
-        float hi = hp->rope_llama3.high_freq_factor;
-        if (!(factor > 0) || !(lo > 0) || !(hi > lo) || hp->rope_llama3.original_max_pos < 1)
-            return llmq_errorf(LLMQ_ERR_CORRUPT,
-                               "%s: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor "
-                               "and original_max_position_embeddings >= 1 (%s)",
-                               src_name(m), where);
-    }
+// What the forward pass (calib/model/forward.c) cannot run, though the hyper-parameter readers accept it.
+static enum llmq_status check_forward(const struct llmq_hparams *hp, const char *file) {
+    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: linear rope scaling is not supported (only none or llama3)",
+                           file);
+    if (hp->attn_bias)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: attention_bias = true (an o_proj bias) is not supported", file);
     return LLMQ_OK;
 }
 
@@ -447,7 +411,7 @@ static enum llmq_status parse_quant(struct llmq_model *m, json_t *root, const ch
     }
     if (awq ? b != 4 : (b != 2 && b != 3 && b != 4 && b != 8))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s with %lld bits is not supported", file, mt, (long long)b);
-    if (g == 0 || g < -1 || g > MAX_DIM || (awq && g < 1))
+    if (g == 0 || g < -1 || g > LLMQ_HPARAMS_MAX_DIM || (awq && g < 1))
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: group_size %lld is out of range", file, (long long)g);
     struct llmq_model_quant *q = calloc(1, sizeof *q);
     if (!q || !(q->views = calloc((size_t)m->hp.n_layer * LLMQ_LIN_COUNT, sizeof *q->views))) {
@@ -532,100 +496,16 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
 // GGUF
 // ---------------------------------------------------------------------------------------------
 
-static enum llmq_status gguf_i64(const struct llmq_gguf *g, const char *arch, const char *suffix, bool required,
-                                 int64_t def, int64_t *out) {
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    if (!required && !llmq_gguf_find_kv(g, key)) {
-        *out = def;
-        return LLMQ_OK;
-    }
-    return llmq_gguf_get_i64(g, key, out);
-}
-
-static enum llmq_status gguf_f32(const struct llmq_gguf *g, const char *arch, const char *suffix, bool required,
-                                 float def, float *out) {
-    char key[128];
-    double v;
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    if (!required && !llmq_gguf_find_kv(g, key)) {
-        *out = def;
-        return LLMQ_OK;
-    }
-    enum llmq_status st = llmq_gguf_get_f64(g, key, &v);
-    if (st == LLMQ_OK) *out = (float)v;
-    return st;
-}
-
 static enum llmq_status load_gguf(struct llmq_model *m) {
     struct llmq_gguf *g = NULL;
     struct llmq_hparams *hp = &m->hp;
-    const char *arch = NULL;
     enum llmq_status st = llmq_gguf_open(m->path, &g);
     if (st) return st;
     m->gguf = g;
     m->from_gguf = true;
-    if ((st = llmq_gguf_get_str(g, "general.architecture", &arch))) return st;
-    if (strcmp(arch, "llama") == 0) {
-        hp->arch = LLMQ_ARCH_LLAMA;
-        hp->rope_type = LLMQ_ROPE_NORM;
-    } else if (strcmp(arch, "mistral") == 0) {
-        hp->arch = LLMQ_ARCH_MISTRAL;
-        hp->rope_type = LLMQ_ROPE_NORM;
-    } else if (strcmp(arch, "qwen2") == 0) {
-        hp->arch = LLMQ_ARCH_QWEN2;
-        hp->rope_type = LLMQ_ROPE_NEOX;
-        hp->qkv_bias = true;
-    } else {
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: general.architecture \"%s\" is not supported (llmq runs llama, mistral, qwen2)",
-                           m->path, arch);
-    }
+    if ((st = llmq_hparams_from_gguf(g, 0, hp))) return st;
     m->arch_name = llmq_arch_name(hp->arch);
-    int64_t rope_dims = 0, value_len = 0;
-    if ((st = gguf_i64(g, arch, "embedding_length", true, 0, &hp->n_embd))) return st;
-    if ((st = gguf_i64(g, arch, "feed_forward_length", true, 0, &hp->n_ff))) return st;
-    if ((st = gguf_i64(g, arch, "block_count", true, 0, &hp->n_layer))) return st;
-    if ((st = gguf_i64(g, arch, "attention.head_count", true, 0, &hp->n_head))) return st;
-    if ((st = gguf_i64(g, arch, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv))) return st;
-    if ((st = gguf_i64(g, arch, "context_length", false, 0, &hp->n_ctx_train))) return st;
-    if (hp->n_head < 1)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s.attention.head_count = %lld must be >= 1", m->path, arch,
-                           (long long)hp->n_head);
-    if ((st = gguf_i64(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head, &hp->head_dim))) return st;
-    if ((st = gguf_i64(g, arch, "attention.value_length", false, hp->head_dim, &value_len))) return st;
-    if ((st = gguf_i64(g, arch, "rope.dimension_count", false, hp->head_dim, &rope_dims))) return st;
-    if ((st = gguf_f32(g, arch, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_eps))) return st;
-    if ((st = gguf_f32(g, arch, "rope.freq_base", false, 10000.0f, &hp->rope_theta))) return st;
-    if (value_len != hp->head_dim)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s.attention.value_length %lld != key_length %lld", m->path, arch,
-                           (long long)value_len, (long long)hp->head_dim);
-    if (rope_dims != hp->head_dim)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: %s.rope.dimension_count %lld != head_dim %lld (partial RoPE is not supported)", m->path,
-                           arch, (long long)rope_dims, (long long)hp->head_dim);
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    if (llmq_gguf_find_kv(g, key)) {
-        const char *type = NULL;
-        if ((st = llmq_gguf_get_str(g, key, &type))) return st;
-        if (strcmp(type, "none") != 0)
-            return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                               "%s: %s = \"%s\" is not supported (only none, or llama3 factors "
-                               "in rope_freqs.weight)",
-                               m->path, key, type);
-    }
-    // n_vocab: the embedding's first dim (the tokenizer may be smaller; llama.cpp uses the tokens array).
-    const struct llmq_gguf_tensor *te = llmq_gguf_find_tensor(g, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->gguf);
-    if (!te) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor token_embd.weight", m->path);
-    hp->n_vocab = te->view.n_dims == 2 ? te->view.shape[0] : 0;
-    int64_t kv_vocab;
-    snprintf(key, sizeof key, "%s.vocab_size", arch);
-    if (llmq_gguf_find_kv(g, key) && llmq_gguf_get_i64(g, key, &kv_vocab) == LLMQ_OK && kv_vocab != hp->n_vocab)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s = %lld but token_embd.weight has %lld rows", m->path, key,
-                           (long long)kv_vocab, (long long)hp->n_vocab);
-    hp->tied_embeddings = llmq_gguf_find_tensor(g, llmq_tensor_name_of(LLMQ_T_OUTPUT)->gguf) == NULL;
-    if ((st = check_hparams(m, "GGUF metadata"))) return st;
+    if ((st = check_forward(hp, m->path))) return st;
     const struct llmq_gguf_tensor *rf = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_FREQS);
     if (rf) {
         const struct llmq_tensor_view *v = NULL;
@@ -645,201 +525,47 @@ static enum llmq_status load_gguf(struct llmq_model *m) {
 // HF directory
 // ---------------------------------------------------------------------------------------------
 
-struct cfg {
-    json_t *root;
-    const char *file; // path of config.json
-};
-
-// A key that is absent or null counts as absent.
-static json_t *cfg_get(const struct cfg *c, const char *key) {
-    json_t *v = json_object_get(c->root, key);
-    return v && !json_is_null(v) ? v : NULL;
-}
-
-static enum llmq_status cfg_int(const struct cfg *c, const char *key, bool required, int64_t def, int64_t *out) {
-    json_t *v = cfg_get(c, key);
-    if (!v) {
-        if (required) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, key);
-        *out = def;
-        return LLMQ_OK;
-    }
-    if (!json_is_integer(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not an integer", c->file, key);
-    *out = (int64_t)json_integer_value(v);
-    return LLMQ_OK;
-}
-
-static enum llmq_status cfg_num(const json_t *v, const char *file, const char *key, double *out) {
-    if (!json_is_number(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not a number", file, key);
-    *out = json_number_value(v);
-    return LLMQ_OK;
-}
-
-static enum llmq_status cfg_float(const struct cfg *c, const char *key, bool required, double def, float *out) {
-    json_t *v = cfg_get(c, key);
-    double d = 0.0;
-    if (!v) {
-        if (required) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, key);
-        *out = (float)def;
-        return LLMQ_OK;
-    }
-    enum llmq_status st = cfg_num(v, c->file, key, &d);
-    if (st == LLMQ_OK) *out = (float)d;
-    return st;
-}
-
-static enum llmq_status cfg_bool(const struct cfg *c, const char *key, bool def, bool *out) {
-    json_t *v = cfg_get(c, key);
-    if (!v) {
-        *out = def;
-        return LLMQ_OK;
-    }
-    if (!json_is_boolean(v)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not a boolean", c->file, key);
-    *out = json_is_true(v);
-    return LLMQ_OK;
-}
-
-static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparams *hp) {
-    json_t *rs = cfg_get(c, "rope_scaling");
-    if (!rs) return LLMQ_OK;
-    if (!json_is_object(rs)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"rope_scaling\" is not an object", c->file);
-    json_t *t = json_object_get(rs, "rope_type");
-    if (!t) t = json_object_get(rs, "type");
-    if (!t || !json_is_string(t))
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling has no string \"rope_type\"", c->file);
-    const char *type = json_string_value(t);
-    if (strcmp(type, "default") == 0) return LLMQ_OK;
-    if (strcmp(type, "llama3") != 0)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (only llama3)", c->file,
-                           type);
-    const char *keys[4] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
-    double v[4];
-    char full[96];
-    for (int i = 0; i < 4; i++) {
-        json_t *x = json_object_get(rs, keys[i]);
-        snprintf(full, sizeof full, "rope_scaling.%s", keys[i]);
-        if (!x) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"%s\"", c->file, full);
-        enum llmq_status st = cfg_num(x, c->file, full, &v[i]);
-        if (st) return st;
-    }
-    hp->rope_llama3.enabled = true;
-    hp->rope_llama3.factor = (float)v[0];
-    hp->rope_llama3.low_freq_factor = (float)v[1];
-    hp->rope_llama3.high_freq_factor = (float)v[2];
-    hp->rope_llama3.original_max_pos = (int64_t)v[3];
-    return LLMQ_OK;
-}
-
 static enum llmq_status load_hf(struct llmq_model *m) {
     struct llmq_hparams *hp = &m->hp;
-    struct cfg c = {0};
-    char *text = NULL, *cfg_path = NULL, *tok_path = NULL;
-    size_t size = 0;
-    json_error_t jerr;
-    enum llmq_status st = LLMQ_OK;
+    json_t *cfg = NULL;
+    char *cfg_path = NULL, *tok_path = NULL;
+    enum llmq_status st;
     struct llmq_st_model *stm = NULL;
+    const char *emb_name = llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf;
 
-    cfg_path = llmq_path_join(m->path, "config.json");
-    tok_path = llmq_path_join(m->path, "tokenizer.json");
-    if (!cfg_path || !tok_path) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", m->path);
-        goto done;
-    }
-    c.file = cfg_path;
-    if (!llmq_file_exists(cfg_path)) {
-        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no config.json (not a Hugging Face model directory)", m->path);
-        goto done;
-    }
-    if ((st = llmq_read_file(cfg_path, MAX_CONFIG_BYTES, &text, &size))) goto done;
-    c.root = json_loadb(text, size, JSON_REJECT_DUPLICATES, &jerr);
-    if (!c.root) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: bad JSON at line %d: %s", cfg_path, jerr.line, jerr.text);
-        goto done;
-    }
-    if (!json_is_object(c.root)) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: not a JSON object", cfg_path);
-        goto done;
-    }
-    json_t *mt = cfg_get(&c, "model_type");
-    if (!mt) {
-        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"model_type\"", cfg_path);
-        goto done;
-    }
-    if (!json_is_string(mt)) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"model_type\" is not a string", cfg_path);
-        goto done;
-    }
-    const char *type = json_string_value(mt);
-    if (strcmp(type, "llama") == 0)
-        hp->arch = LLMQ_ARCH_LLAMA;
-    else if (strcmp(type, "mistral") == 0)
-        hp->arch = LLMQ_ARCH_MISTRAL;
-    else if (strcmp(type, "qwen2") == 0)
-        hp->arch = LLMQ_ARCH_QWEN2;
-    else {
-        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                         "%s: model_type \"%s\" is not supported (llmq runs llama, mistral, qwen2)", cfg_path, type);
-        goto done;
-    }
+    if ((st = llmq_hf_config_load(m->path, &cfg, &cfg_path))) goto done;
+    if ((st = llmq_hparams_from_hf_config(cfg_path, cfg, 0, hp))) goto done;
     m->arch_name = llmq_arch_name(hp->arch);
-    hp->rope_type = LLMQ_ROPE_NEOX;
-    hp->qkv_bias = hp->arch == LLMQ_ARCH_QWEN2;
-    json_t *act = cfg_get(&c, "hidden_act");
-    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
-        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", cfg_path);
-        goto done;
-    }
-    bool attn_bias = false, mlp_bias = false;
-    int64_t vocab_cfg = 0;
-    if ((st = cfg_int(&c, "hidden_size", true, 0, &hp->n_embd))) goto done;
-    if ((st = cfg_int(&c, "intermediate_size", true, 0, &hp->n_ff))) goto done;
-    if ((st = cfg_int(&c, "num_hidden_layers", true, 0, &hp->n_layer))) goto done;
-    if ((st = cfg_int(&c, "num_attention_heads", true, 0, &hp->n_head))) goto done;
-    if ((st = cfg_int(&c, "num_key_value_heads", false, hp->n_head, &hp->n_head_kv))) goto done;
-    if (hp->n_head < 1) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: num_attention_heads = %lld must be >= 1", cfg_path,
-                         (long long)hp->n_head);
-        goto done;
-    }
-    if ((st = cfg_int(&c, "head_dim", false, hp->n_embd / hp->n_head, &hp->head_dim))) goto done;
-    if ((st = cfg_int(&c, "vocab_size", false, 0, &vocab_cfg))) goto done;
-    if ((st = cfg_int(&c, "max_position_embeddings", false, 0, &hp->n_ctx_train))) goto done;
-    if ((st = cfg_float(&c, "rms_norm_eps", false, 1e-6, &hp->rms_eps))) goto done;
-    if ((st = cfg_float(&c, "rope_theta", false, 10000.0, &hp->rope_theta))) goto done;
-    if ((st = cfg_bool(&c, "tie_word_embeddings", false, &hp->tied_embeddings))) goto done;
-    if ((st = cfg_bool(&c, "attention_bias", false, &attn_bias))) goto done;
-    if ((st = cfg_bool(&c, "mlp_bias", false, &mlp_bias))) goto done;
-    if ((st = cfg_rope_scaling(&c, hp))) goto done;
-    if ((attn_bias && hp->arch != LLMQ_ARCH_QWEN2) || mlp_bias) {
-        st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s is not supported", cfg_path,
-                         mlp_bias ? "mlp_bias = true" : "attention_bias = true");
-        goto done;
-    }
+    if ((st = check_forward(hp, cfg_path))) goto done;
 
     if ((st = llmq_st_open(m->path, &stm))) goto done;
     m->st = stm;
-    const struct llmq_tensor_view *emb = llmq_st_get(stm, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf);
+    const struct llmq_tensor_view *emb = llmq_st_get(stm, emb_name);
     if (!emb) {
-        st =
-            llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", m->path, llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf);
+        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", m->path, emb_name);
         goto done;
     }
+    int64_t vocab_cfg = hp->n_vocab; // 0: config.json has no vocab_size
     hp->n_vocab = emb->n_dims == 2 ? emb->shape[0] : vocab_cfg;
     if (vocab_cfg && vocab_cfg != hp->n_vocab) {
         st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: vocab_size = %lld but %s has %lld rows", cfg_path, (long long)vocab_cfg,
-                         llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf, (long long)hp->n_vocab);
+                         emb_name, (long long)hp->n_vocab);
         goto done;
     }
-    if ((st = check_hparams(m, "config.json"))) goto done;
-    if ((st = parse_quant(m, c.root, cfg_path))) goto done;
+    if ((st = llmq_hparams_check(hp, cfg_path))) goto done;
+    if ((st = parse_quant(m, cfg, cfg_path))) goto done;
     if ((st = bind_tensors(m, true))) goto done;
+    if (!(tok_path = llmq_path_join(m->path, "tokenizer.json"))) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", m->path);
+        goto done;
+    }
     if (llmq_file_exists(tok_path)) {
         if ((st = llmq_tokenizer_load_hf(m->path, &m->tok))) goto done;
     } else {
         llmq_warn("%s: no tokenizer.json: the model has no tokenizer", m->path);
     }
 done:
-    json_decref(c.root);
-    free(text);
+    json_decref(cfg);
     free(cfg_path);
     free(tok_path);
     return st;

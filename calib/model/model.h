@@ -18,25 +18,17 @@
  *   Names and shapes: the table of formats/llama/arch.h (GGUF and HF spelling of every tensor).
  *
  * ---- Hyper-parameters ---------------------------------------------------------------------------
- *   GGUF: general.architecture "llama" (mistral files from llama.cpp say "llama" too) or "qwen2";
- *     <arch>.embedding_length, .feed_forward_length, .block_count, .attention.head_count,
- *     .attention.head_count_kv (default head_count), .attention.key_length (default D/H),
- *     .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000), .context_length,
- *     .rope.dimension_count (must equal Dh when present); .rope.scaling.type absent or "none"
- *     (others refused); llama3 scaling comes as the tensor rope_freqs.weight (Dh/2 f32 divisors
- *     written by convert_hf_to_gguf.py), which becomes model->rope_freqs;
- *     n_vocab is the first dim of token_embd.weight (checked against tokenizer.ggml.tokens).
- *     rope_type: NORM for llama (llama.cpp permutes q/k rows so adjacent pairs rotate), NEOX for qwen2.
- *   HF config.json: model_type "llama" | "mistral" | "qwen2"; hidden_size, intermediate_size,
- *     num_hidden_layers, num_attention_heads, num_key_value_heads (default num_attention_heads),
- *     head_dim (default hidden_size / num_attention_heads), rms_norm_eps, rope_theta (default
- *     10000), vocab_size, max_position_embeddings, tie_word_embeddings (default false), rope_scaling
- *     (null, or {"rope_type" | "type": "llama3", factor, low_freq_factor, high_freq_factor,
- *     original_max_position_embeddings}; other rope types are refused), hidden_act (must be
- *     "silu"), attention_bias / mlp_bias (must be false, except qwen2's q/k/v biases).
- *     sliding_window (mistral, qwen2) is ignored: attention is fully causal, which is exact for
- *     sequences no longer than the window. rope_type: always NEOX.
- *     Weights: model.safetensors, model.safetensors.index.json, or the only *.safetensors file.
+ *   Read by formats/llama/arch.h (llmq_hparams_from_gguf / llmq_hparams_from_hf_config: every key, its
+ *   default and its checks are in its "Hyper-parameters" table), with n_ctx_train 0 when the file does
+ *   not say. On top of that, the loader:
+ *     refuses linear rope scaling and attention_bias (an o_proj bias): LLMQ_ERR_UNSUPPORTED;
+ *     GGUF: takes llama3 scaling from the tensor rope_freqs.weight (Dh/2 f32 divisors written by
+ *     convert_hf_to_gguf.py), which becomes model->rope_freqs;
+ *     HF: takes n_vocab from model.embed_tokens.weight (vocab_size, when present, must agree); the
+ *     weights from model.safetensors, model.safetensors.index.json, or the only *.safetensors file.
+ *   sliding_window (mistral, qwen2) is ignored: attention is fully causal, which is exact for
+ *   sequences no longer than the window. rope_type: NORM for a GGUF llama / mistral (llama.cpp
+ *   permutes q/k rows so adjacent pairs rotate), NEOX otherwise.
  *
  * ---- Quantized HF directories (the outputs of `llmq quantize`, AutoAWQ, AutoGPTQ, GPTQModel) ---
  *   config.json "quantization_config" decides (absent or null: a plain model, which includes
@@ -135,7 +127,7 @@ enum llmq_status llmq_model_weight_f32(const struct llmq_tensor_view *w, float *
 enum llmq_status llmq_model_rows_f32(const struct llmq_tensor_view *w, int64_t r0, int64_t n, float *dst);
 
 // The per-pair RoPE frequency divisors ff (Dh/2): pair i rotates by pos * theta^(-2i/Dh) / ff[i].
-// From the GGUF rope_freqs.weight tensor when there is one, else computed from hp.rope_llama3 as
+// From the GGUF rope_freqs.weight tensor when there is one, else computed from hp.rope_scaling as
 // llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters do, else all 1.
 void llmq_model_rope_freq_factors(const struct llmq_model *m, float *ff);
 // (The same computation from hyper-parameters alone: llmq_rope_llama3_factors, formats/llama/arch.h.)

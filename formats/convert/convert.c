@@ -33,8 +33,7 @@
 
 #define CHUNK_FLOATS (1 << 20)      // rows are converted in chunks of about 4 MiB of f32
 #define RAW_CHUNK_BYTES (16u << 20) // same-dtype copies go out in pieces of this size
-#define MAX_CONFIG_BYTES (16u << 20)
-#define MAX_LAYERS 4096
+#define N_CTX_ABSENT 2048           // context_length / max_position_embeddings absent: written as 2048
 
 struct llmq_convert_opts llmq_convert_default_opts(void) {
     return (struct llmq_convert_opts){.to = LLMQ_CONVERT_TO_AUTO,
@@ -43,24 +42,6 @@ struct llmq_convert_opts llmq_convert_default_opts(void) {
                                       .force = false,
                                       .progress = false};
 }
-
-// ============================================================================ hyper-parameters ====
-
-enum arch { ARCH_LLAMA, ARCH_QWEN2 }; // GGUF architectures (HF mistral is written as llama)
-enum rope_scale { SCALE_NONE, SCALE_LINEAR, SCALE_LLAMA3 };
-
-struct hp {
-    enum arch arch;
-    const char *hf_type; // HF model_type of the input ("llama", "mistral", "qwen2"), or NULL (GGUF input)
-    int64_t n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_ctx;
-    float rms_eps, rope_theta;
-    bool tied, attn_bias;
-    enum rope_scale scale;
-    float factor, low_freq_factor, high_freq_factor; // SCALE_LINEAR: factor; SCALE_LLAMA3: all
-    int64_t orig_ctx;                                // SCALE_LLAMA3
-};
-
-static const char *arch_name(enum arch a) { return a == ARCH_QWEN2 ? "qwen2" : "llama"; }
 
 // ============================================================================ tensor names ====
 // The table of formats/llama/arch.h: entry e = enum llmq_tensor_role.
@@ -76,9 +57,9 @@ static int map_name(const char *name, bool to_hf, int64_t n_layer, char *out, si
 }
 
 // Rows permuted between the formats for table entry e (q/k weights and biases of llama): its heads, else 0.
-static int64_t qk_heads(const struct hp *hp, int e) {
+static int64_t qk_heads(const struct llmq_hparams *hp, int e) {
     const struct llmq_tensor_name *t = llmq_tensor_name_of(e);
-    if (hp->arch != ARCH_LLAMA || !t->qk_rows) return 0;
+    if (!llmq_arch_qk_permuted(hp->arch) || !t->qk_rows) return 0;
     return t->linear == LLMQ_LIN_Q ? hp->n_head : hp->n_head_kv;
 }
 
@@ -287,65 +268,12 @@ done:
 
 // ============================================================================ JSON helpers ====
 
-// The double nearest to the shortest decimal that reads back as f: 1e-05f gives 1e-05, not
-// 9.99999975e-06, so config.json looks like the ones transformers writes (dumped with 9 digits).
-static json_t *json_f32(float f) {
-    char buf[32];
-    for (int p = 1; p <= 9; p++) {
-        snprintf(buf, sizeof(buf), "%.*g", p, (double)f);
-        if (strtof(buf, NULL) == f) break;
-    }
-    return json_real(strtod(buf, NULL));
-}
-
 static enum llmq_status write_json(const char *dir, const char *name, const json_t *j) {
     char *path = llmq_path_join(dir, name);
     if (!path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", dir);
     enum llmq_status st = llmq_write_json(path, j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     free(path);
     return st;
-}
-
-static enum llmq_status load_config(const char *dir, json_t **out) {
-    char *path = llmq_path_join(dir, "config.json");
-    enum llmq_status st;
-    *out = NULL;
-    if (!path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", dir);
-    if (!llmq_file_exists(path))
-        st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing: not a Hugging Face model directory", path);
-    else
-        st = llmq_read_json_object(path, MAX_CONFIG_BYTES, out);
-    free(path);
-    return st;
-}
-
-// config.json integer key: required (NOT_FOUND if absent), or def when absent / null.
-static enum llmq_status cfg_int(const char *path, const json_t *cfg, const char *key, bool required, int64_t def,
-                                int64_t *out) {
-    const json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v)) {
-        if (required) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key %s", path, key);
-        *out = def;
-        return LLMQ_OK;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1LL << 40))
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s is not a non-negative integer", path, key);
-    *out = json_integer_value(v);
-    return LLMQ_OK;
-}
-
-static enum llmq_status cfg_num(const char *path, const json_t *cfg, const char *key, bool required, double def,
-                                float *out) {
-    const json_t *v = json_object_get(cfg, key);
-    if (!v || json_is_null(v)) {
-        if (required) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key %s", path, key);
-        *out = (float)def;
-        return LLMQ_OK;
-    }
-    if (!json_is_number(v) || !isfinite(json_number_value(v)))
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s is not a number", path, key);
-    *out = (float)json_number_value(v);
-    return LLMQ_OK;
 }
 
 // ============================================================================ output paths ====
@@ -436,42 +364,9 @@ done:
 
 // ============================================================================ GGUF input ====
 
-static enum llmq_status gguf_key_i64(const struct llmq_gguf *g, const char *arch, const char *suffix, bool required,
-                                     int64_t def, int64_t *out) {
-    char key[128];
-    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
-    if (!llmq_gguf_find_kv(g, key) && !required) {
-        *out = def;
-        return LLMQ_OK;
-    }
-    enum llmq_status st = llmq_gguf_get_i64(g, key, out);
-    if (!st && (*out < 0 || *out > (1LL << 40)))
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s = %lld is out of range", llmq_gguf_path(g), key, (long long)*out);
-    return st;
-}
-
-static enum llmq_status gguf_key_f32(const struct llmq_gguf *g, const char *arch, const char *suffix, bool required,
-                                     float def, float *out) {
-    char key[128];
-    double d;
-    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
-    const struct llmq_gguf_kv *kv = llmq_gguf_find_kv(g, key);
-    if (!kv && !required) {
-        *out = def;
-        return LLMQ_OK;
-    }
-    if (kv && kv->type == LLMQ_GGUF_TYPE_FLOAT32) { // keep the exact bits
-        memcpy(out, kv->data, 4);
-        return LLMQ_OK;
-    }
-    enum llmq_status st = llmq_gguf_get_f64(g, key, &d);
-    if (!st) *out = (float)d;
-    return st;
-}
-
 // Recovers llama3 rope-scaling parameters from a rope_freqs.weight tensor (low_freq_factor fixed to
 // 1, the rest fitted), accepted only when calib/model/model.h regenerates the tensor from them.
-static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_view *t, struct hp *hp) {
+static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_view *t, struct llmq_hparams *hp) {
     int64_t half = hp->head_dim / 2;
     enum llmq_status st = LLMQ_OK;
     float *ff = malloc((size_t)half * sizeof(float)), *re = malloc((size_t)half * sizeof(float));
@@ -488,7 +383,7 @@ static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_vi
     float factor = 1.0f;
     for (int64_t i = 0; i < half; i++) factor = ff[i] > factor ? ff[i] : factor;
     if (factor == 1.0f) { // all ones: no scaling at all
-        hp->scale = SCALE_NONE;
+        hp->rope_scaling.type = LLMQ_ROPE_SCALING_NONE;
         goto done;
     }
     // band points: 1 < ff < factor, s = (1/ff - 1/factor) / (1 - 1/factor) = L / ((hi - 1) wavelen) - 1 / (hi - 1)
@@ -500,21 +395,21 @@ static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_vi
         double x = freq / (2.0 * M_PI), y = (1.0 / ff[i] - 1.0 / factor) / (1.0 - 1.0 / factor);
         sx += x, sy += y, sxx += x * x, sxy += x * y, n++;
     }
-    struct llmq_hparams mh = {.head_dim = hp->head_dim, .rope_theta = hp->rope_theta};
-    mh.rope_llama3.enabled = true;
-    mh.rope_llama3.factor = factor;
-    mh.rope_llama3.low_freq_factor = 1.0f;
+    struct llmq_hparams mh = *hp;
+    mh.rope_scaling.type = LLMQ_ROPE_SCALING_LLAMA3;
+    mh.rope_scaling.factor = factor;
+    mh.rope_scaling.low_freq_factor = 1.0f;
     double a = 0, b = 0;
     if (n >= 2 && n * sxx - sx * sx != 0) {
         a = (n * sxy - sx * sy) / (n * sxx - sx * sx);
         b = -(sy - a * sx) / n;
     }
     if (a > 0 && b > 0) {
-        mh.rope_llama3.high_freq_factor = (float)(round((1.0 + 1.0 / b) * 1000.0) / 1000.0);
-        mh.rope_llama3.original_max_pos = (int64_t)llround(a / b);
+        mh.rope_scaling.high_freq_factor = (float)(round((1.0 + 1.0 / b) * 1000.0) / 1000.0);
+        mh.rope_scaling.original_max_pos = (int64_t)llround(a / b);
     } else { // too few band points to fit: Llama 3.1's values
-        mh.rope_llama3.high_freq_factor = 4.0f;
-        mh.rope_llama3.original_max_pos = 8192;
+        mh.rope_scaling.high_freq_factor = 4.0f;
+        mh.rope_scaling.original_max_pos = 8192;
     }
     llmq_rope_llama3_factors(&mh, re);
     for (int64_t i = 0; i < half; i++)
@@ -525,84 +420,34 @@ static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_vi
                              path, (long long)i, (double)ff[i], (double)re[i]);
             goto done;
         }
-    hp->scale = SCALE_LLAMA3;
-    hp->factor = factor;
-    hp->low_freq_factor = 1.0f;
-    hp->high_freq_factor = mh.rope_llama3.high_freq_factor;
-    hp->orig_ctx = mh.rope_llama3.original_max_pos;
+    hp->rope_scaling = mh.rope_scaling;
 done:
     free(ff);
     free(re);
     return st;
 }
 
-static enum llmq_status hp_from_gguf(const struct llmq_gguf *g, struct hp *hp) {
-    const char *path = llmq_gguf_path(g), *arch = NULL;
-    enum llmq_status st;
-    memset(hp, 0, sizeof(*hp));
-    if ((st = llmq_gguf_get_str(g, "general.architecture", &arch))) return st;
-    if (strcmp(arch, "llama") == 0)
-        hp->arch = ARCH_LLAMA;
-    else if (strcmp(arch, "qwen2") == 0)
-        hp->arch = ARCH_QWEN2;
-    else
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: architecture \"%s\" is not supported (llama, qwen2)", path, arch);
-    if ((st = gguf_key_i64(g, arch, "embedding_length", true, 0, &hp->n_embd)) ||
-        (st = gguf_key_i64(g, arch, "feed_forward_length", true, 0, &hp->n_ff)) ||
-        (st = gguf_key_i64(g, arch, "block_count", true, 0, &hp->n_layer)) ||
-        (st = gguf_key_i64(g, arch, "attention.head_count", true, 0, &hp->n_head)) ||
-        (st = gguf_key_i64(g, arch, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv)) ||
-        (st = gguf_key_i64(g, arch, "context_length", false, 2048, &hp->n_ctx)) ||
-        (st = gguf_key_f32(g, arch, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_eps)) ||
-        (st = gguf_key_f32(g, arch, "rope.freq_base", false, 10000.0f, &hp->rope_theta)))
-        return st;
-    if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_layer > MAX_LAYERS ||
-        hp->n_head % hp->n_head_kv != 0)
-        return llmq_errorf(
-            LLMQ_ERR_CORRUPT, "%s: inconsistent hyper-parameters (embd %lld, layers %lld, heads %lld / %lld)", path,
-            (long long)hp->n_embd, (long long)hp->n_layer, (long long)hp->n_head, (long long)hp->n_head_kv);
-    int64_t vlen, rdim;
-    if ((st = gguf_key_i64(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head, &hp->head_dim)) ||
-        (st = gguf_key_i64(g, arch, "attention.value_length", false, hp->head_dim, &vlen)) ||
-        (st = gguf_key_i64(g, arch, "rope.dimension_count", false, hp->head_dim, &rdim)))
-        return st;
-    if (vlen != hp->head_dim || rdim != hp->head_dim || hp->head_dim <= 0 || hp->head_dim % 2)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: head dims key %lld / value %lld / rope %lld: HF %s needs them equal and even", path,
-                           (long long)hp->head_dim, (long long)vlen, (long long)rdim, arch);
-    char key[128];
-    snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
-    const struct llmq_gguf_kv *kv = llmq_gguf_find_kv(g, key);
-    const char *stype = kv ? llmq_gguf_kv_as_str(kv, NULL) : NULL;
-    if (stype && strcmp(stype, "linear") == 0) {
-        hp->scale = SCALE_LINEAR;
-        if ((st = gguf_key_f32(g, arch, "rope.scaling.factor", true, 1.0f, &hp->factor))) return st;
-    } else if (stype && strcmp(stype, "none") != 0) {
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s \"%s\" is not supported (none, linear, llama3)", path, key,
-                           stype);
-    } else if (kv && !stype) {
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s is not a string", path, key);
-    }
-    const struct llmq_gguf_tensor *te = llmq_gguf_find_tensor(g, "token_embd.weight");
-    if (!te) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor token_embd.weight", path);
-    if (te->view.n_dims != 2 || te->view.shape[1] != hp->n_embd)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: token_embd.weight is not (n_vocab, %lld)", path,
-                           (long long)hp->n_embd);
-    hp->n_vocab = te->view.shape[0];
-    hp->tied = llmq_gguf_find_tensor(g, "output.weight") == NULL;
-    hp->attn_bias = hp->arch == ARCH_LLAMA && llmq_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
-    const struct llmq_gguf_tensor *rf = llmq_gguf_find_tensor(g, "rope_freqs.weight");
-    if (rf) {
-        if (hp->scale != SCALE_NONE)
-            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_freqs.weight together with %s", path, key);
-        if ((st = fit_llama3(path, &rf->view, hp))) return st;
-    }
-    return LLMQ_OK;
+// The converter's reading of a GGUF (formats/llama/arch.h llmq_hparams_from_gguf): context_length
+// absent means 2048; general.architecture "mistral" is refused (llama.cpp writes mistral models as
+// "llama"); a rope_freqs.weight tensor becomes llama3 rope_scaling (fit_llama3).
+static enum llmq_status hp_from_gguf(const struct llmq_gguf *g, struct llmq_hparams *hp) {
+    const char *path = llmq_gguf_path(g);
+    enum llmq_status st = llmq_hparams_from_gguf(g, N_CTX_ABSENT, hp);
+    if (st) return st;
+    if (hp->arch == LLMQ_ARCH_MISTRAL)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: architecture \"%s\" is not supported (llama, qwen2)", path,
+                           llmq_arch_name(hp->arch));
+    const struct llmq_gguf_tensor *rf = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_FREQS);
+    if (!rf) return LLMQ_OK;
+    if (hp->rope_scaling.type != LLMQ_ROPE_SCALING_NONE)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_freqs.weight together with %s.rope.scaling.type", path,
+                           llmq_arch_name(hp->arch));
+    return fit_llama3(path, &rf->view, hp);
 }
 
 // Expected shape (outermost first) of table entry i, for the checks of both directions. Returns
 // n_dims, 0 for an entry that does not belong to hp (a bias the architecture lacks).
-static int expected_shape(const struct hp *hp, int i, int64_t *shape) {
+static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) {
     int64_t D = hp->n_embd, F = hp->n_ff, q = hp->n_head * hp->head_dim, kv = hp->n_head_kv * hp->head_dim;
     // (out, in) of each linear; a bias is (out)
     const int64_t lin[LLMQ_LIN_COUNT][2] = {{q, D}, {kv, D}, {kv, D}, {D, q}, {F, D}, {F, D}, {D, F}};
@@ -616,7 +461,7 @@ static int expected_shape(const struct hp *hp, int i, int64_t *shape) {
     case LLMQ_T_BIAS_K:
     case LLMQ_T_BIAS_V:
     case LLMQ_T_BIAS_O: {
-        bool has = hp->arch == ARCH_QWEN2 ? i != LLMQ_T_BIAS_O : hp->attn_bias;
+        bool has = hp->qkv_bias ? i != LLMQ_T_BIAS_O : hp->attn_bias;
         return has ? (shape[0] = lin[i - LLMQ_T_BIAS_Q][0], 1) : 0;
     }
     default:
@@ -626,13 +471,14 @@ static int expected_shape(const struct hp *hp, int i, int64_t *shape) {
     }
 }
 
-static enum llmq_status check_shape(const char *path, const struct llmq_tensor_view *v, const struct hp *hp, int i) {
+static enum llmq_status check_shape(const char *path, const struct llmq_tensor_view *v, const struct llmq_hparams *hp,
+                                    int i) {
     int64_t shape[LLMQ_MAX_DIMS];
     int nd = expected_shape(hp, i, shape);
     char got[64];
     if (nd == 0)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s does not belong to a %s model", path, v->name,
-                           hp->hf_type ? hp->hf_type : arch_name(hp->arch));
+                           llmq_arch_name(hp->arch));
     bool ok = v->n_dims == nd;
     for (int d = 0; ok && d < nd; d++) ok = v->shape[d] == shape[d];
     if (!ok) {
@@ -646,11 +492,11 @@ static enum llmq_status check_shape(const char *path, const struct llmq_tensor_v
 }
 
 // Every tensor the model needs must be there (tracked per table entry and block).
-static enum llmq_status check_complete(const char *path, const struct hp *hp, const bool *seen, bool to_hf) {
+static enum llmq_status check_complete(const char *path, const struct llmq_hparams *hp, const bool *seen, bool to_hf) {
     for (int i = 0; i < N_NAMES; i++) {
         int64_t shape[LLMQ_MAX_DIMS];
         if (!expected_shape(hp, i, shape)) continue;
-        if (i == LLMQ_T_OUTPUT && hp->tied) continue;
+        if (i == LLMQ_T_OUTPUT && hp->tied_embeddings) continue;
         for (int64_t l = 0; l < (llmq_tensor_name_of(i)->per_block ? hp->n_layer : 1); l++)
             if (!seen[(size_t)l * N_NAMES + (size_t)i]) {
                 char nm[128];
@@ -715,48 +561,9 @@ static const char *torch_dtype(enum llmq_dtype d) {
     return d == LLMQ_DTYPE_F16 ? "float16" : d == LLMQ_DTYPE_BF16 ? "bfloat16" : "float32";
 }
 
-static json_t *hf_config_json(const struct hp *hp, const struct cv_vocab *v, enum llmq_dtype dtype) {
-    bool qwen = hp->arch == ARCH_QWEN2;
-    json_t *c = json_object();
-    json_object_set_new(c, "architectures", json_pack("[s]", qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
-    json_object_set_new(c, "model_type", json_string(qwen ? "qwen2" : "llama"));
-    if (!qwen) json_object_set_new(c, "attention_bias", json_boolean(hp->attn_bias));
-    json_object_set_new(c, "attention_dropout", json_real(0.0));
-    if (v->special[CV_BOS] >= 0) json_object_set_new(c, "bos_token_id", json_integer(v->special[CV_BOS]));
-    if (v->special[CV_EOS] >= 0) json_object_set_new(c, "eos_token_id", json_integer(v->special[CV_EOS]));
-    json_object_set_new(c, "head_dim", json_integer(hp->head_dim));
-    json_object_set_new(c, "hidden_act", json_string("silu"));
-    json_object_set_new(c, "hidden_size", json_integer(hp->n_embd));
-    json_object_set_new(c, "initializer_range", json_real(0.02));
-    json_object_set_new(c, "intermediate_size", json_integer(hp->n_ff));
-    json_object_set_new(c, "max_position_embeddings", json_integer(hp->n_ctx));
-    if (qwen) json_object_set_new(c, "max_window_layers", json_integer(hp->n_layer));
-    if (!qwen) json_object_set_new(c, "mlp_bias", json_false());
-    json_object_set_new(c, "num_attention_heads", json_integer(hp->n_head));
-    json_object_set_new(c, "num_hidden_layers", json_integer(hp->n_layer));
-    json_object_set_new(c, "num_key_value_heads", json_integer(hp->n_head_kv));
-    if (v->special[CV_PAD] >= 0) json_object_set_new(c, "pad_token_id", json_integer(v->special[CV_PAD]));
-    if (!qwen) json_object_set_new(c, "pretraining_tp", json_integer(1));
-    json_object_set_new(c, "rms_norm_eps", json_f32(hp->rms_eps));
-    if (hp->scale == SCALE_LINEAR)
-        json_object_set_new(c, "rope_scaling",
-                            json_pack("{s:s, s:o}", "rope_type", "linear", "factor", json_f32(hp->factor)));
-    else if (hp->scale == SCALE_LLAMA3)
-        json_object_set_new(c, "rope_scaling",
-                            json_pack("{s:o, s:o, s:o, s:I, s:s}", "factor", json_f32(hp->factor), "high_freq_factor",
-                                      json_f32(hp->high_freq_factor), "low_freq_factor", json_f32(hp->low_freq_factor),
-                                      "original_max_position_embeddings", (json_int_t)hp->orig_ctx, "rope_type",
-                                      "llama3"));
-    else
-        json_object_set_new(c, "rope_scaling", json_null());
-    json_object_set_new(c, "rope_theta", json_f32(hp->rope_theta));
-    if (qwen) json_object_set_new(c, "sliding_window", json_null());
-    json_object_set_new(c, "tie_word_embeddings", json_boolean(hp->tied));
-    json_object_set_new(c, "torch_dtype", json_string(torch_dtype(dtype)));
-    json_object_set_new(c, "use_cache", json_true());
-    if (qwen) json_object_set_new(c, "use_sliding_window", json_false());
-    json_object_set_new(c, "vocab_size", json_integer(hp->n_vocab));
-    return c;
+static json_t *hf_config_json(const struct llmq_hparams *hp, const struct cv_vocab *v, enum llmq_dtype dtype) {
+    return llmq_hparams_to_hf_config(hp, v->special[CV_BOS], v->special[CV_EOS], v->special[CV_PAD],
+                                     torch_dtype(dtype));
 }
 
 static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace, const struct llmq_convert_opts *o,
@@ -765,7 +572,7 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
     struct llmq_st_writer *sw = NULL;
     struct cv_vocab v = {0};
     struct plan p = {0};
-    struct hp hp;
+    struct llmq_hparams hp;
     json_t *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL;
     char *tmp = NULL;
     bool *seen = NULL, tmp_made = false;
@@ -795,7 +602,7 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
         int e = map_name(tv->name, true, hp.n_layer, j->name, sizeof(j->name), &layer);
         if (e < 0) {
             st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has no Hugging Face name (not a %s tensor)", in,
-                             tv->name, arch_name(hp.arch));
+                             tv->name, llmq_arch_name(hp.arch));
             goto done;
         }
         if ((st = check_shape(in, tv, &hp, e))) goto done;
@@ -808,7 +615,7 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
         if ((st = job_check(in, j))) goto done;
     }
     if ((st = check_complete(in, &hp, seen, true))) goto done;
-    if ((st = cv_vocab_to_hf(&v, in, hp.n_ctx, &tok, &tok_cfg))) goto done;
+    if ((st = cv_vocab_to_hf(&v, in, hp.n_ctx_train, &tok, &tok_cfg))) goto done;
     cfg = hf_config_json(&hp, &v, o->dtype);
     gen = json_pack("{s:b}", "_from_model_config", 1);
     if (v.special[CV_BOS] >= 0) json_object_set_new(gen, "bos_token_id", json_integer(v.special[CV_BOS]));
@@ -862,108 +669,26 @@ done:
 
 // ============================================================================ HF -> GGUF ====
 
-static enum llmq_status hp_from_hf(const char *path, const json_t *cfg, struct hp *hp) {
-    enum llmq_status st;
-    memset(hp, 0, sizeof(*hp));
-    const char *mt = json_string_value(json_object_get(cfg, "model_type"));
-    const char *a0 = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
-    if (!mt && a0)
-        mt = !strcmp(a0, "LlamaForCausalLM")     ? "llama"
-             : !strcmp(a0, "MistralForCausalLM") ? "mistral"
-             : !strcmp(a0, "Qwen2ForCausalLM")   ? "qwen2"
-                                                 : a0;
-    if (!mt) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key model_type", path);
-    if (!strcmp(mt, "llama") || !strcmp(mt, "mistral"))
-        hp->arch = ARCH_LLAMA;
-    else if (!strcmp(mt, "qwen2"))
-        hp->arch = ARCH_QWEN2;
-    else
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (llama, mistral, qwen2)", path,
-                           mt);
-    hp->hf_type = !strcmp(mt, "llama") ? "llama" : !strcmp(mt, "mistral") ? "mistral" : "qwen2";
-    if ((st = cfg_int(path, cfg, "hidden_size", true, 0, &hp->n_embd)) ||
-        (st = cfg_int(path, cfg, "intermediate_size", true, 0, &hp->n_ff)) ||
-        (st = cfg_int(path, cfg, "num_hidden_layers", true, 0, &hp->n_layer)) ||
-        (st = cfg_int(path, cfg, "num_attention_heads", true, 0, &hp->n_head)) ||
-        (st = cfg_int(path, cfg, "num_key_value_heads", false, hp->n_head, &hp->n_head_kv)) ||
-        (st = cfg_int(path, cfg, "vocab_size", true, 0, &hp->n_vocab)) ||
-        (st = cfg_int(path, cfg, "max_position_embeddings", false, 2048, &hp->n_ctx)) ||
-        (st = cfg_num(path, cfg, "rms_norm_eps", false, 1e-6, &hp->rms_eps)) || // transformers' default
-        (st = cfg_num(path, cfg, "rope_theta", false, 10000.0, &hp->rope_theta)))
-        return st;
-    if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_layer > MAX_LAYERS ||
-        hp->n_head % hp->n_head_kv != 0 || hp->n_vocab <= 0)
-        return llmq_errorf(
-            LLMQ_ERR_CORRUPT, "%s: inconsistent hyper-parameters (hidden %lld, layers %lld, heads %lld / %lld)", path,
-            (long long)hp->n_embd, (long long)hp->n_layer, (long long)hp->n_head, (long long)hp->n_head_kv);
-    if ((st = cfg_int(path, cfg, "head_dim", false, hp->n_embd / hp->n_head, &hp->head_dim))) return st;
-    if (hp->head_dim <= 0 || hp->head_dim % 2)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: head_dim %lld is not a positive even number", path,
-                           (long long)hp->head_dim);
-    const json_t *tie = json_object_get(cfg, "tie_word_embeddings");
-    hp->tied = json_is_true(tie); // transformers' default for llama / mistral / qwen2 configs: false
-    if (tie && !json_is_boolean(tie))
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tie_word_embeddings is not a boolean", path);
-    hp->attn_bias = hp->arch == ARCH_LLAMA && json_is_true(json_object_get(cfg, "attention_bias"));
-    if (json_is_true(json_object_get(cfg, "mlp_bias")))
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: mlp_bias is not supported", path);
-    const json_t *rs = json_object_get(cfg, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        const char *type = json_string_value(json_object_get(rs, "rope_type"));
-        if (!type) type = json_string_value(json_object_get(rs, "type"));
-        if (!json_is_object(rs) || !type)
-            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling has no rope_type", path);
-        if (!strcmp(type, "linear")) {
-            hp->scale = SCALE_LINEAR;
-            if ((st = cfg_num(path, rs, "factor", true, 1.0, &hp->factor))) return st;
-        } else if (!strcmp(type, "llama3")) {
-            hp->scale = SCALE_LLAMA3;
-            if ((st = cfg_num(path, rs, "factor", true, 0, &hp->factor)) ||
-                (st = cfg_num(path, rs, "low_freq_factor", true, 0, &hp->low_freq_factor)) ||
-                (st = cfg_num(path, rs, "high_freq_factor", true, 0, &hp->high_freq_factor)) ||
-                (st = cfg_int(path, rs, "original_max_position_embeddings", true, 0, &hp->orig_ctx)))
-                return st;
-            if (!(hp->high_freq_factor > hp->low_freq_factor) || hp->low_freq_factor <= 0 || hp->orig_ctx <= 0)
-                return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling llama3 parameters out of range", path);
-        } else if (strcmp(type, "default") != 0) {
-            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (linear, llama3)",
-                               path, type);
-        }
-    }
-    return LLMQ_OK;
+// The converter's reading of an HF directory's config.json into *cfg (owned) and *hp
+// (formats/llama/arch.h llmq_hparams_from_hf_config): max_position_embeddings absent means 2048, and
+// vocab_size is required (the GGUF vocabulary is padded to it).
+static enum llmq_status hp_from_hf(const char *dir, json_t **cfg, struct llmq_hparams *hp) {
+    char *path = NULL;
+    enum llmq_status st = llmq_hf_config_load(dir, cfg, &path);
+    if (!st) st = llmq_hparams_from_hf_config(path, *cfg, N_CTX_ABSENT, hp);
+    if (!st && hp->n_vocab == 0) st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"vocab_size\"", path);
+    free(path);
+    return st;
 }
 
-static enum llmq_status gguf_hparams(struct llmq_gguf_writer *w, const struct hp *hp, const char *name,
-                                     enum llmq_dtype dtype) {
-    const char *a = arch_name(hp->arch);
-    char k[128];
-    enum llmq_status st;
-#define KEY(suffix) (snprintf(k, sizeof(k), "%s.%s", a, suffix), k)
-    if ((st = llmq_gguf_writer_set_str(w, "general.architecture", a)) ||
-        (st = llmq_gguf_writer_set_str(w, "general.type", "model")) ||
-        (st = llmq_gguf_writer_set_str(w, "general.name", name)) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)hp->n_ctx)) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)hp->n_embd)) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)hp->n_ff)) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)hp->n_layer)) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)hp->n_head)) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)hp->n_head_kv)) ||
-        (st = llmq_gguf_writer_set_f32(w, KEY("rope.freq_base"), hp->rope_theta)) ||
-        (st = llmq_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), hp->rms_eps)))
-        return st;
-    if (hp->head_dim != hp->n_embd / hp->n_head &&
-        ((st = llmq_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hp->head_dim)) ||
-         (st = llmq_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hp->head_dim))))
-        return st;
-    if ((dtype != LLMQ_DTYPE_COUNT && (st = llmq_gguf_writer_set_u32(w, "general.file_type", file_type_of(dtype)))) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)hp->n_vocab)) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hp->head_dim)))
-        return st;
-    if (hp->scale == SCALE_LINEAR && ((st = llmq_gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear")) ||
-                                      (st = llmq_gguf_writer_set_f32(w, KEY("rope.scaling.factor"), hp->factor))))
-        return st;
-#undef KEY
-    return LLMQ_OK;
+// general.name of a GGUF made from HF directory in: the directory's name. Returns buf.
+static const char *dir_name(const char *in, char *buf, size_t size) {
+    size_t len = strlen(in);
+    while (len > 1 && in[len - 1] == '/') len--;
+    const char *base = in + len;
+    while (base > in && base[-1] != '/') base--;
+    snprintf(buf, size, "%.*s", (int)(in + len - base), base);
+    return buf;
 }
 
 static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct llmq_convert_opts *o,
@@ -972,36 +697,28 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
     struct llmq_gguf_writer *w = NULL;
     struct cv_vocab v = {0};
     struct plan p = {0};
-    struct hp hp;
+    struct llmq_hparams hp;
     json_t *cfg = NULL;
-    char *cfg_path = llmq_path_join(in, "config.json");
     bool *seen = NULL;
     enum llmq_status st;
 
     // ---- plan
-    if (!cfg_path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
-    if ((st = load_config(in, &cfg)) || (st = hp_from_hf(cfg_path, cfg, &hp))) goto done;
+    if ((st = hp_from_hf(in, &cfg, &hp))) goto done;
     if ((st = llmq_st_open(in, &m))) goto done;
     if ((st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v))) goto done;
     if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
         goto done;
     }
-    if (hp.scale == SCALE_LLAMA3) { // convert_hf_to_gguf.py writes the factors as a tensor, first
-        struct llmq_hparams mh = {.head_dim = hp.head_dim, .rope_theta = hp.rope_theta};
+    if (hp.rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) { // convert_hf_to_gguf.py writes the factors as a tensor
         struct job *j = plan_add(&p);
-        mh.rope_llama3.enabled = true;
-        mh.rope_llama3.factor = hp.factor;
-        mh.rope_llama3.low_freq_factor = hp.low_freq_factor;
-        mh.rope_llama3.high_freq_factor = hp.high_freq_factor;
-        mh.rope_llama3.original_max_pos = hp.orig_ctx;
         if (!j || !(p.rope_freqs = malloc((size_t)(hp.head_dim / 2) * sizeof(float)))) {
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
             goto done;
         }
-        llmq_rope_llama3_factors(&mh, p.rope_freqs);
+        llmq_rope_llama3_factors(&hp, p.rope_freqs);
         j->gen = p.rope_freqs;
-        snprintf(j->name, sizeof(j->name), "rope_freqs.weight");
+        snprintf(j->name, sizeof(j->name), "%s", LLMQ_GGUF_ROPE_FREQS);
         j->dtype = LLMQ_DTYPE_F32;
         j->n_dims = 1;
         j->shape[0] = hp.head_dim / 2;
@@ -1015,10 +732,10 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
         int e = map_name(tv->name, false, hp.n_layer, gname, sizeof(gname), &layer);
         if (e < 0) {
             st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has no GGUF name (not a %s tensor)", in, tv->name,
-                             hp.hf_type);
+                             llmq_arch_name(hp.arch));
             goto done;
         }
-        if (e == LLMQ_T_OUTPUT && hp.tied) continue; // tied: the embedding is the head
+        if (e == LLMQ_T_OUTPUT && hp.tied_embeddings) continue; // tied: the embedding is the head
         if ((st = check_shape(in, tv, &hp, e))) goto done;
         if (seen[(size_t)(layer < 0 ? 0 : layer) * N_NAMES + (size_t)e]) {
             st = llmq_errorf(LLMQ_ERR_DUPLICATE, "%s: tensor %s given twice", in, tv->name);
@@ -1044,17 +761,14 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
     if ((st = check_complete(in, &hp, seen, false))) goto done;
 
     // ---- write
-    char name[256]; // general.name: the directory's name
-    size_t len = strlen(in);
-    while (len > 1 && in[len - 1] == '/') len--;
-    const char *base = in + len;
-    while (base > in && base[-1] != '/') base--;
-    snprintf(name, sizeof(name), "%.*s", (int)(in + len - base), base);
+    char name[256];
     if (!(w = llmq_gguf_writer_init())) {
         st = LLMQ_ERR_NOMEM;
         goto done;
     }
-    if ((st = gguf_hparams(w, &hp, name, o->dtype)) || (st = cv_vocab_write_gguf(&v, w))) goto done;
+    if ((st = llmq_hparams_to_gguf(w, &hp, dir_name(in, name, sizeof name), file_type_of(o->dtype))) ||
+        (st = cv_vocab_write_gguf(&v, w)))
+        goto done;
     for (int64_t i = 0; i < p.n; i++)
         if ((st = llmq_gguf_writer_add_tensor(w, p.jobs[i].name, p.jobs[i].dtype, p.jobs[i].n_dims, p.jobs[i].shape)))
             goto done;
@@ -1070,29 +784,20 @@ done:
     free(seen);
     llmq_st_free(m);
     json_decref(cfg);
-    free(cfg_path);
     return st;
 }
 
 enum llmq_status llmq_convert_hf_gguf_kvs(const char *in, struct llmq_gguf_writer *w) {
     struct cv_vocab v = {0};
-    struct hp hp;
+    struct llmq_hparams hp;
     json_t *cfg = NULL;
-    char *cfg_path = llmq_path_join(in, "config.json");
-    char name[256]; // general.name: the directory's name, as hf_to_gguf writes it
-    size_t len = strlen(in);
+    char name[256];
     enum llmq_status st;
-    if (!cfg_path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
-    while (len > 1 && in[len - 1] == '/') len--;
-    const char *base = in + len;
-    while (base > in && base[-1] != '/') base--;
-    snprintf(name, sizeof(name), "%.*s", (int)(in + len - base), base);
-    if (!(st = load_config(in, &cfg)) && !(st = hp_from_hf(cfg_path, cfg, &hp)) &&
-        !(st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v)) && !(st = gguf_hparams(w, &hp, name, LLMQ_DTYPE_COUNT)))
+    if (!(st = hp_from_hf(in, &cfg, &hp)) && !(st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v)) &&
+        !(st = llmq_hparams_to_gguf(w, &hp, dir_name(in, name, sizeof name), -1)))
         st = cv_vocab_write_gguf(&v, w);
     cv_vocab_free(&v);
     json_decref(cfg);
-    free(cfg_path);
     return st;
 }
 
@@ -1213,12 +918,12 @@ enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq
                                    "chat_template.json"};
     struct llmq_gguf *g = NULL;
     struct cv_vocab v = {0};
-    struct hp hp;
+    struct llmq_hparams hp;
     json_t *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL;
     enum llmq_status st = LLMQ_OK;
 
     if (llmq_is_dir(in)) {
-        if ((st = load_config(in, &cfg))) goto done;
+        if ((st = llmq_hf_config_load(in, &cfg, NULL))) goto done;
         for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)
             if ((st = copy_side_file(in, dir, copied[i]))) goto done;
         json_object_del(cfg, "quantization_config");
@@ -1230,7 +935,7 @@ enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq
                              (long long)v.n, (long long)hp.n_vocab);
             goto done;
         }
-        if ((st = cv_vocab_to_hf(&v, in, hp.n_ctx, &tok, &tok_cfg))) goto done;
+        if ((st = cv_vocab_to_hf(&v, in, hp.n_ctx_train, &tok, &tok_cfg))) goto done;
         cfg = hf_config_json(&hp, &v, dtype);
         gen = json_pack("{s:b}", "_from_model_config", 1);
         if (v.special[CV_BOS] >= 0) json_object_set_new(gen, "bos_token_id", json_integer(v.special[CV_BOS]));

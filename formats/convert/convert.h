@@ -21,7 +21,11 @@
  *
  * Architectures: GGUF "llama" (llama, mistral, stories260K, SmolLM2) and "qwen2" (q/k/v biases, no
  * permutation: NEOX RoPE in both formats); HF model_type "llama", "mistral" (written as GGUF
- * "llama", as llama.cpp does) and "qwen2". Anything else: LLMQ_ERR_UNSUPPORTED naming it.
+ * "llama", as llama.cpp does) and "qwen2". Anything else (GGUF "mistral" included):
+ * LLMQ_ERR_UNSUPPORTED naming it.
+ * Hyper-parameters: read and written by formats/llama/arch.h ("Hyper-parameters": the GGUF keys and
+ * config.json keys, defaults and checks); here an absent context length is written as 2048 and HF
+ * vocab_size is required.
  *
  * ---- The q/k permutation ----------------------------------------------------------------------
  * HF applies RoPE to the two halves of a head (rotate_half); llama.cpp's "llama" rotates adjacent

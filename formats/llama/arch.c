@@ -82,16 +82,26 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 }
 const char *llmq_linear_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_short[l] : "?"; }
 
-const char *llmq_arch_name(enum llmq_arch a) {
-    switch (a) {
-    case LLMQ_ARCH_LLAMA: return "llama";
-    case LLMQ_ARCH_MISTRAL: return "mistral";
-    case LLMQ_ARCH_QWEN2: return "qwen2";
-    }
-    return "?";
+static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
+    [LLMQ_ARCH_LLAMA] = {"llama", "LlamaForCausalLM", "llama", true, false},
+    [LLMQ_ARCH_MISTRAL] = {"mistral", "MistralForCausalLM", "llama", true, false},
+    [LLMQ_ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true},
+};
+
+const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a) {
+    LLMQ_ASSERT((unsigned)a < LLMQ_ARCH_COUNT);
+    return &archs[a];
 }
 
-bool llmq_arch_qk_permuted(enum llmq_arch a) { return a == LLMQ_ARCH_LLAMA || a == LLMQ_ARCH_MISTRAL; }
+const char *llmq_arch_name(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT ? archs[a].name : "?"; }
+
+int llmq_arch_find(const char *s, bool hf_class) {
+    for (int a = 0; a < LLMQ_ARCH_COUNT; a++)
+        if (strcmp(s, hf_class ? archs[a].hf_class : archs[a].name) == 0) return a;
+    return -1;
+}
+
+bool llmq_arch_qk_permuted(enum llmq_arch a) { return llmq_arch_info_of(a)->qk_permuted; }
 
 int64_t llmq_arch_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_gguf) {
     LLMQ_ASSERT(n_head > 0 && n_rows % (2 * n_head) == 0 && r >= 0 && r < n_rows);
@@ -103,11 +113,11 @@ int64_t llmq_arch_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_
 void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff) {
     int64_t half = hp->head_dim / 2;
     for (int64_t i = 0; i < half; i++) ff[i] = 1.0f;
-    if (!hp->rope_llama3.enabled) return;
+    if (hp->rope_scaling.type != LLMQ_ROPE_SCALING_LLAMA3) return;
     // convert_hf_to_gguf.py LlamaModel (rope_type "llama3"): wavelengths beyond the original
     // context are slowed down by `factor`, short ones kept, the band between interpolated.
-    double factor = hp->rope_llama3.factor, lo = hp->rope_llama3.low_freq_factor;
-    double hi = hp->rope_llama3.high_freq_factor, old_ctx = (double)hp->rope_llama3.original_max_pos;
+    double factor = hp->rope_scaling.factor, lo = hp->rope_scaling.low_freq_factor;
+    double hi = hp->rope_scaling.high_freq_factor, old_ctx = (double)hp->rope_scaling.original_max_pos;
     double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
     for (int64_t i = 0; i < half; i++) {
         float freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->head_dim);

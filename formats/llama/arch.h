@@ -6,9 +6,11 @@
  *
  * What it is: facts about the architectures, shared by the model loader (calib/model/model.h), the
  * converter (formats/convert/convert.h), the calibration files (calib/calib.h) and the quantized-model
- * writers (quant/export.h, quant/gguf_export.h). Adding a family means adding its entry here (and its
- * forward-pass differences in calib/model/forward.c), nothing else.
- * What it is not: no file reading or writing, no compute.
+ * writers (quant/export.h, quant/gguf_export.h); and the one reader and writer of the hyper-parameters
+ * in both formats (formats/llama/hparams.c: GGUF <arch>.* keys, HF config.json). Adding a family means
+ * adding its entry here (and its forward-pass differences in calib/model/forward.c), nothing else.
+ * What it is not: no compute; the only file it reads is config.json (llmq_hf_config_load): the GGUF
+ * functions take an open file or writer (formats/gguf.h).
  *
  * ---- Tensors (shapes outermost-first, W[out, in]; in GGUF the dims are stored reversed) -------
  *   GGUF name                  HF name                                        shape
@@ -35,15 +37,61 @@
  *   is written unpermuted and rotates halves (NEOX). Within each head of hd = n_rows / n_head rows:
  *     GGUF row h*hd + k  <-  HF row   h*hd + (k % 2) * hd/2 + k / 2
  *     HF row   h*hd + k  <-  GGUF row h*hd + 2 * (k % (hd/2)) + k / (hd/2)
+ *
+ * ---- Hyper-parameters (struct llmq_hparams) ---------------------------------------------------------
+ *   field            GGUF key (<arch>.*)                  config.json key                  absent
+ *   arch             general.architecture                 model_type (else architectures[0])  required
+ *   n_embd           embedding_length                     hidden_size                      required
+ *   n_ff             feed_forward_length                  intermediate_size                required
+ *   n_layer          block_count                          num_hidden_layers                required
+ *   n_head           attention.head_count                 num_attention_heads              required
+ *   n_head_kv        attention.head_count_kv              num_key_value_heads              n_head
+ *   head_dim         attention.key_length (= value_length, head_dim                         n_embd / n_head
+ *                    = rope.dimension_count: no partial RoPE)
+ *   n_ctx_train      context_length                       max_position_embeddings          the caller's
+ *   rms_eps          attention.layer_norm_rms_epsilon     rms_norm_eps                     required / 1e-6
+ *   rope_theta       rope.freq_base                       rope_theta                       10000
+ *   rope_scaling     rope.scaling.type "none" | "linear"  rope_scaling null | {"rope_type" (or "type"):
+ *                    (+ rope.scaling.factor); llama3:     "default" | "linear" (factor) | "llama3" (factor,
+ *                    the tensor rope_freqs.weight, left   low_freq_factor, high_freq_factor,
+ *                    to the caller (type NONE)            original_max_position_embeddings)}
+ *   n_vocab          rows of token_embd.weight (checked   vocab_size                       0 (HF only)
+ *                    against vocab_size when present)
+ *   tied_embeddings  no output.weight tensor              tie_word_embeddings              false
+ *   attn_bias        a blk.0.attn_q.bias tensor           attention_bias                   false
+ *                    (not for qkv_bias families)          (not for qkv_bias families)
+ *   qkv_bias, rope_type: from the family (struct llmq_arch_info); rope_type NORM only for a GGUF whose q/k
+ *   rows are permuted. config.json also: hidden_act must be "silu", mlp_bias must be false. null counts as
+ *   absent in config.json. Keys as llama.cpp's gguf-py (gguf/constants.py Keys.LLM / Keys.Attention /
+ *   Keys.Rope) and transformers' LlamaConfig / MistralConfig / Qwen2Config (defaults) state them.
+ *   Checks (llmq_hparams_check, run by both readers): every dim in [1, 2^24], n_layer <= 4096, n_head a
+ *   multiple of n_head_kv, head_dim even, n_head * head_dim <= 2^24, rms_eps and rope_theta finite and
+ *   positive, scaling factors positive, llama3 low_freq_factor < high_freq_factor and
+ *   original_max_position_embeddings >= 1; integer keys outside [0, 2^40] are refused while reading.
+ *   Errors name the file and the key: a missing required key LLMQ_ERR_NOT_FOUND, a wrong type or a value
+ *   out of range LLMQ_ERR_CORRUPT, an unknown family / scaling type / hidden_act / partial RoPE / mlp_bias
+ *   LLMQ_ERR_UNSUPPORTED.
  */
 #ifndef LLMQ_FORMATS_LLAMA_ARCH_H
 #define LLMQ_FORMATS_LLAMA_ARCH_H
+
+#include "common/status.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-enum llmq_arch { LLMQ_ARCH_LLAMA, LLMQ_ARCH_MISTRAL, LLMQ_ARCH_QWEN2 };
+enum llmq_arch { LLMQ_ARCH_LLAMA, LLMQ_ARCH_MISTRAL, LLMQ_ARCH_QWEN2, LLMQ_ARCH_COUNT };
+#define LLMQ_ARCH_NAMES "llama, mistral, qwen2" // the families, for messages
+
+// One row per family.
+struct llmq_arch_info {
+    const char *name;      // HF model_type and the GGUF general.architecture read ("mistral")
+    const char *hf_class;  // HF architectures[0] ("MistralForCausalLM")
+    const char *gguf_name; // general.architecture written (convert_hf_to_gguf.py writes mistral as "llama")
+    bool qk_permuted;      // GGUF stores q/k rows permuted (see "Q/K row permutation"): RoPE NORM there
+    bool qkv_bias;         // q, k and v projections always carry biases
+};
 
 // How RoPE pairs the dimensions of one head of Dh values.
 enum llmq_rope_type {
@@ -51,18 +99,31 @@ enum llmq_rope_type {
     LLMQ_ROPE_NEOX, // halves (i, i + Dh/2): HF rotate_half, and qwen2 in both formats
 };
 
+enum llmq_rope_scaling {
+    LLMQ_ROPE_SCALING_NONE,
+    LLMQ_ROPE_SCALING_LINEAR, // positions divided by factor (the forward pass refuses it; the converter carries it)
+    LLMQ_ROPE_SCALING_LLAMA3, // per-pair frequency divisors (Llama 3.1+): llmq_rope_llama3_factors
+};
+
+// See "Hyper-parameters" for where each field comes from.
 struct llmq_hparams {
     enum llmq_arch arch;
     int64_t n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_ctx_train;
     float rms_eps, rope_theta;
     enum llmq_rope_type rope_type;
     struct {
-        bool enabled; // llama3 frequency scaling (Llama 3.1+)
-        float factor, low_freq_factor, high_freq_factor;
-        int64_t original_max_pos;
-    } rope_llama3;
-    bool tied_embeddings, qkv_bias;
+        enum llmq_rope_scaling type;
+        float factor;                            // LINEAR, LLAMA3
+        float low_freq_factor, high_freq_factor; // LLAMA3
+        int64_t original_max_pos;                // LLAMA3: original_max_position_embeddings
+    } rope_scaling;
+    bool tied_embeddings;
+    bool qkv_bias;  // q, k, v biases (the family's: qwen2)
+    bool attn_bias; // attention_bias of the other families: q, k, v and o biases (the forward pass refuses them)
 };
+
+#define LLMQ_HPARAMS_MAX_DIM (1LL << 24) // any single dimension
+#define LLMQ_HPARAMS_MAX_LAYERS 4096
 
 // The seven linear layers of a block, in the order used everywhere (hooks, calibration, quant).
 enum llmq_linear {
@@ -122,7 +183,10 @@ const char *llmq_linear_hf_name(enum llmq_linear l);
 char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *buf, size_t size);
 const char *llmq_linear_name(enum llmq_linear l); // short: "q", "k", "v", "o", "gate", "up", "down"
 
-const char *llmq_arch_name(enum llmq_arch a); // "llama", "mistral", "qwen2"
+const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a); // never NULL for a < LLMQ_ARCH_COUNT
+const char *llmq_arch_name(enum llmq_arch a);                     // "llama", "mistral", "qwen2"
+// The family named s (an llmq_arch_info name, or with hf_class its HF class name); -1 when none is.
+int llmq_arch_find(const char *s, bool hf_class);
 
 // True when the GGUF form of architecture a stores q/k rows permuted relative to HF (llama, mistral).
 bool llmq_arch_qk_permuted(enum llmq_arch a);
@@ -131,9 +195,48 @@ bool llmq_arch_qk_permuted(enum llmq_arch a);
 // GGUF (to_gguf) or GGUF -> HF; see "Q/K row permutation". n_rows must be a multiple of 2 * n_head.
 int64_t llmq_arch_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_gguf);
 
-// The per-pair RoPE frequency divisors ff (Dh/2) of llama3 scaling (hp->rope_llama3; all 1 when it
-// is disabled), as llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters
+// The per-pair RoPE frequency divisors ff (Dh/2) of llama3 scaling (hp->rope_scaling; all 1 for any
+// other type), as llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters
 // compute them: pair i rotates by pos * theta^(-2i/Dh) / ff[i].
 void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff);
+
+// ---- Reading and writing the hyper-parameters (formats/llama/hparams.c) --------------------------
+struct llmq_gguf;
+struct llmq_gguf_writer;
+struct json_t;
+
+// Reads *hp from an open GGUF: the keys of "Hyper-parameters", n_vocab / tied_embeddings / attn_bias
+// from its tensor directory; n_ctx_absent when context_length is absent. Then llmq_hparams_check.
+// A rope_freqs.weight tensor is left to the caller (rope_scaling stays NONE). On failure logs one
+// line naming the file and the key and returns the status (see "Hyper-parameters"); *hp is then partial.
+enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx_absent, struct llmq_hparams *hp);
+
+// Reads <dir>/config.json (a JSON object of at most 16 MiB) into *cfg (owned: json_decref) and, when
+// path is not NULL, its path into *path (owned: free). Absent: LLMQ_ERR_NOT_FOUND "<dir>: no config.json
+// ..."; not JSON / not an object: LLMQ_ERR_CORRUPT naming line and column (common/io.h).
+enum llmq_status llmq_hf_config_load(const char *dir, struct json_t **cfg, char **path);
+
+// Reads *hp from a parsed config.json (file: its path, for messages); n_ctx_absent when
+// max_position_embeddings is absent; n_vocab 0 when vocab_size is absent (the caller takes it from the
+// embedding or refuses the model). Then llmq_hparams_check (of n_vocab only when present). Failure: as
+// llmq_hparams_from_gguf.
+enum llmq_status llmq_hparams_from_hf_config(const char *file, const struct json_t *cfg, int64_t n_ctx_absent,
+                                             struct llmq_hparams *hp);
+
+// The checks of "Hyper-parameters" on a complete *hp; the first failure is LLMQ_ERR_CORRUPT naming file.
+enum llmq_status llmq_hparams_check(const struct llmq_hparams *hp, const char *file);
+
+// Writes general.architecture (the family's gguf_name), general.type "model", general.name = name,
+// the <arch>.* keys of hp, and general.file_type = file_type unless it is negative, in the order of
+// llama.cpp's convert_hf_to_gguf.py (key_length / value_length only when head_dim != n_embd / n_head,
+// rope.scaling.* only for LINEAR; LLAMA3 is the caller's rope_freqs.weight tensor).
+enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *name,
+                                      int64_t file_type);
+
+// A new config.json object for hp as transformers writes it for the family (llama or qwen2 keys),
+// with bos / eos / pad token ids where they are >= 0 and torch_dtype; floats as their shortest
+// decimal. Owned by the caller (json_decref); NULL when out of memory.
+struct json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,
+                                         const char *torch_dtype);
 
 #endif // LLMQ_FORMATS_LLAMA_ARCH_H

@@ -181,8 +181,9 @@ static void make_gguf(const char *path, const struct spec *s) {
     int64_t q = s->n_head * hd, kv = s->n_head_kv * hd;
     if (s->llama3) {
         struct llmq_hparams mh = {.head_dim = hd, .rope_theta = 500000.0f};
-        mh.rope_llama3.enabled = true, mh.rope_llama3.factor = 8.0f, mh.rope_llama3.low_freq_factor = 1.0f;
-        mh.rope_llama3.high_freq_factor = 4.0f, mh.rope_llama3.original_max_pos = 8192;
+        mh.rope_scaling.type = LLMQ_ROPE_SCALING_LLAMA3, mh.rope_scaling.factor = 8.0f;
+        mh.rope_scaling.low_freq_factor = 1.0f, mh.rope_scaling.high_freq_factor = 4.0f;
+        mh.rope_scaling.original_max_pos = 8192;
         add_tensor(w, &bufs, &nb, "rope_freqs.weight", 1, hd / 2, 1, LLMQ_DTYPE_F32);
         llmq_rope_llama3_factors(&mh, bufs[nb - 1]);
     }

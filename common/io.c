@@ -2,8 +2,10 @@
 #include "common/io.h"
 #include "common/sha256.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <jansson.h>
 #include <libgen.h>
 #include <string.h>
@@ -150,6 +152,50 @@ void llmq_afile_abort(struct llmq_afile *f) {
     if (f->fp) fclose(f->fp);
     unlink(f->tmp_path);
     afile_free(f);
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    remove(p); // keep going: remove as much as possible
+    return 0;
+}
+
+void llmq_remove_tree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static bool dir_is_empty(const char *path) {
+    DIR *d = opendir(path);
+    struct dirent *e;
+    bool empty = d != NULL;
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+    if (d) closedir(d);
+    return empty;
+}
+
+enum llmq_status llmq_output_check(const char *in, const char *out, bool dir, bool force, bool *exists) {
+    struct stat so, si;
+    *exists = false;
+    if (lstat(out, &so) != 0) {
+        if (errno == ENOENT) return LLMQ_OK;
+        return llmq_errorf(LLMQ_ERR_IO, "%s: %s", out, strerror(errno));
+    }
+    *exists = true;
+    if (in && stat(in, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: the output is the input", out);
+    if (!force) return llmq_errorf(LLMQ_ERR_ARG, "%s: exists (use --force to replace it)", out);
+    if (!dir && !S_ISREG(so.st_mode))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is not a regular file: not replaced", out);
+    if (dir) {
+        char *cfg = llmq_path_join(out, "config.json");
+        bool ok = S_ISDIR(so.st_mode) && cfg && (llmq_file_exists(cfg) || dir_is_empty(out));
+        free(cfg);
+        if (!ok)
+            return llmq_errorf(LLMQ_ERR_ARG,
+                               "%s: exists and is neither a model directory (config.json) nor empty: not "
+                               "replaced",
+                               out);
+    }
+    return LLMQ_OK;
 }
 
 bool llmq_ends_with(const char *s, const char *suffix) {

@@ -61,6 +61,13 @@ bool llmq_is_dir(const char *path);
 bool llmq_file_exists(const char *path);
 // Joins dir and name with one '/', into a malloc'd string (NULL on OOM).
 char *llmq_path_join(const char *dir, const char *name);
+// Removes a file or directory tree, best effort (symbolic links are removed, not followed).
+void llmq_remove_tree(const char *path);
+// The rule for every output path: out may not be the input; an existing out is refused (LLMQ_ERR_ARG,
+// "use --force") unless force, and even then only a regular file (dir false) or a directory holding
+// config.json or nothing (dir true) is replaced, anything else refused rather than deleted.
+// *exists: whether out exists.
+enum llmq_status llmq_output_check(const char *in, const char *out, bool dir, bool force, bool *exists);
 // Whether s ends with suffix (byte comparison; "" is a suffix of every string).
 bool llmq_ends_with(const char *s, const char *suffix);
 // SHA-256 of a file's bytes as stored (a .gz is hashed compressed), streamed, as lower-case hex into

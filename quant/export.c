@@ -1,7 +1,7 @@
 // quant/export.c — AWQ GEMM / GPTQ / fake-quant HF directories, streamed (contracts in quant/export.h).
 // Mirrors AutoAWQ WQLinear_GEMM.from_linear (+ packing_utils) and AutoGPTQ / GPTQModel
-// QuantLinear.pack for the tensor layouts; formats/convert/convert.h supplies the HF side files, the output
-// directory handling and the GGUF q/k row order.
+// QuantLinear.pack for the tensor layouts; formats/hf/hfdir.h supplies the HF side files, the output
+// directory handling; formats/llama/arch.h the GGUF q/k row order.
 //
 // Legend: R rows = out_features, C cols = in_features, G group size, ng groups per row, b bits.
 //
@@ -10,8 +10,9 @@
 #include "quant/export.h"
 
 #include "common/dtype.h"
+#include "common/io.h"
 #include "common/log.h"
-#include "formats/convert/convert.h"
+#include "formats/hf/hfdir.h"
 #include "formats/safetensors.h"
 
 #include <stdio.h>
@@ -523,7 +524,7 @@ static void export_free(struct llmq_export *e) {
 void llmq_export_abort(struct llmq_export *e) {
     if (!e) return;
     llmq_st_writer_abort(e->sw);
-    if (e->tmp) llmq_convert_remove_tree(e->tmp);
+    if (e->tmp) llmq_remove_tree(e->tmp);
     export_free(e);
 }
 
@@ -587,10 +588,9 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out_dir);
         goto fail;
     }
-    if ((st = llmq_convert_hf_prepare(m->path, out_dir, o->force, &e->tmp, &e->replace))) goto fail;
-    if ((st = llmq_convert_hf_side(m->path, e->tmp, e->dtype, extra))) goto fail;
-    if (qc && o->format == LLMQ_EXPORT_GPTQ && (st = llmq_convert_write_json(e->tmp, "quantize_config.json", qc)))
-        goto fail;
+    if ((st = llmq_hf_stage_prepare(m->path, out_dir, o->force, &e->tmp, &e->replace))) goto fail;
+    if ((st = llmq_hf_side_files(m->path, e->tmp, e->dtype, extra))) goto fail;
+    if (qc && o->format == LLMQ_EXPORT_GPTQ && (st = llmq_hf_write_json(e->tmp, "quantize_config.json", qc))) goto fail;
 
     // ---- declare every tensor, in stream order
     if ((st = llmq_st_writer_init(e->tmp, o->max_shard_bytes, &e->sw)) ||
@@ -691,7 +691,7 @@ enum llmq_status llmq_export_finish(struct llmq_export *e) {
     st = llmq_st_writer_finish(e->sw);
     e->sw = NULL;
     if (st) goto fail;
-    if ((st = llmq_convert_hf_publish(e->tmp, e->out, e->replace))) goto fail;
+    if ((st = llmq_hf_stage_publish(e->tmp, e->out, e->replace))) goto fail;
     free(e->tmp);
     e->tmp = NULL;
     export_free(e);

@@ -59,11 +59,11 @@
  *   - Files: config.json, generation_config.json (when the input has / implies one), the tokenizer
  *     files (copied from an HF input: tokenizer.json, tokenizer_config.json, special_tokens_map.json,
  *     tokenizer.model, vocab.json, merges.txt, chat_template.jinja when present; rebuilt from a GGUF
- *     vocabulary by formats/convert/convert.h llmq_convert_hf_side), model.safetensors or shards + index
+ *     vocabulary by formats/hf/hfdir.h llmq_hf_side_files), model.safetensors or shards + index
  *     (opts->max_shard_bytes), quantize_config.json (gptq only).
  *   - Non-quantized tensors: F16 for awq / gptq ("torch_dtype":"float16"), the fake dtype for fake.
  *     lm_head.weight is written only when the embeddings are not tied.
- *   - HF tensor names; a GGUF llama model's q/k row permutation is undone (formats/convert/convert.h
+ *   - HF tensor names; a GGUF llama model's q/k row permutation is undone (formats/llama/arch.h
  *     llmq_arch_qk_src_row): whole output rows move, so codes, scales and zeros of a row move
  *     together; g_idx (per input column) is unaffected.
  *   - Provenance: config.json gets a top-level "llmq" object = {"format": "awq"|"gptq"|"fake",
@@ -99,7 +99,7 @@
  *   qlinear whose R, C, bits, group_size or sym differ from the export's; C % G != 0; R or C not a
  *   multiple of the packing; act-order g_idx for awq; finish with a linear missing),
  *   LLMQ_ERR_UNSUPPORTED (awq with bits != 4 or G = -1, gptq with bits not in {2,3,4,8}, a model
- *   tensor dtype that cannot be decoded), LLMQ_ERR_IO / _NOMEM, plus what formats/convert/convert.h and
+ *   tensor dtype that cannot be decoded), LLMQ_ERR_IO / _NOMEM, plus what formats/hf/hfdir.h and
  *   formats/safetensors.h return. Shape checks for every linear run in llmq_export_begin, so a
  *   format that cannot hold the model fails before anything is written. An llmq_export_layer call
  *   refused for its arguments (range, twice, a mismatching qlinear, a non-integer zero point, a

@@ -8,10 +8,10 @@
 #include "common/eta.h"
 #include "common/io.h"
 #include "common/log.h"
-#include "formats/convert/convert.h"
 #include "formats/ggml/encode.h"
 #include "formats/ggml/quants.h"
 #include "formats/gguf.h"
+#include "formats/hf/hfdir.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -284,7 +284,7 @@ static enum llmq_status write_kvs(struct llmq_gguf_export *e) {
     if (e->m->from_gguf)
         st = llmq_gguf_writer_copy_kvs(w, e->m->gguf, except);
     else
-        st = llmq_convert_hf_gguf_kvs(e->m->path, w);
+        st = llmq_hf_gguf_kvs(e->m->path, -1, w);
     if (st || (st = llmq_gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
         (st = llmq_gguf_writer_set_u32(w, "general.file_type", (uint32_t)e->o.mix.ftype)))
         return st;

@@ -16,8 +16,8 @@
  *     split.{no,count,tensors.count}; then general.quantization_version = u32 2 and
  *     general.file_type = u32 ftype (gguf_set_val_u32 removes a key and appends it: both move to the
  *     end, as in llama.cpp's output); then, unless no_provenance, the llmq.* keys below.
- *     An HF input gets the KVs `llmq convert` writes for it (formats/convert/convert.h
- *     llmq_convert_hf_gguf_kvs: general.*, <arch>.*, tokenizer.ggml.*) the same way.
+ *     An HF input gets the KVs `llmq convert` writes for it (formats/hf/hfdir.h
+ *     llmq_hf_gguf_kvs: general.*, <arch>.*, tokenizer.ggml.*) the same way.
  *   Tensors: every tensor of the input (GGUF: every tensor in the file, also ones llmq's model does
  *     not use; HF: the model's tensors under their GGUF names, rope_freqs.weight generated for
  *     llama3 rope scaling, no output.weight when tied), in llama.cpp's order (llmq_gguf_mix_name_cmp:
@@ -76,7 +76,7 @@
  *   out == input, an already quantized tensor without allow_requantize, layer / which out of range or
  *   given twice, finish with a hand-over refused earlier), LLMQ_ERR_UNSUPPORTED (a type llmq cannot write, an
  *   input dtype that cannot be decoded, statistics of another model shape), what gguf_mix.h,
- *   formats/ggml/encode.h, formats/gguf.h and formats/convert/convert.h return. A hand-over refused for its
+ *   formats/ggml/encode.h, formats/gguf.h and formats/hf/hfdir.h return. A hand-over refused for its
  *   arguments changes nothing; a failure while
  *   encoding or writing poisons the export (later calls return the same status). The caller ends
  *   with finish (which aborts when anything failed) or abort.

@@ -1,7 +1,7 @@
 // formats/convert/convert.c — `llmq convert`: GGUF <-> Hugging Face directory, GGUF -> GGUF at f32/f16/bf16.
 // Contracts in formats/convert/convert.h. Mirrors llama.cpp's convert_hf_to_gguf.py (LlamaModel / Qwen2Model:
 // the keys written, the q/k permute, the llama3 rope_freqs tensor) and its inverse; the tokenizer
-// half lives in formats/convert/vocab.c.
+// half lives in formats/hf/vocab.c, the HF directory's non-tensor files and staging in formats/hf/hfdir.c.
 //
 // Every direction runs in two phases: plan (open the input, read every hyper-parameter, map and
 // check every tensor, build the vocabulary and the JSON files) and write (create the temporary
@@ -13,9 +13,10 @@
 
 #include "common/io.h"
 #include "common/log.h"
-#include "formats/convert/vocab.h"
 #include "formats/ggml/quants.h"
 #include "formats/gguf.h"
+#include "formats/hf/hfdir.h"
+#include "formats/hf/vocab.h"
 #include "formats/llama/arch.h"
 #include "formats/safetensors.h"
 
@@ -33,7 +34,6 @@
 
 #define CHUNK_FLOATS (1 << 20)      // rows are converted in chunks of about 4 MiB of f32
 #define RAW_CHUNK_BYTES (16u << 20) // same-dtype copies go out in pieces of this size
-#define N_CTX_ABSENT 2048           // context_length / max_position_embeddings absent: written as 2048
 
 struct llmq_convert_opts llmq_convert_default_opts(void) {
     return (struct llmq_convert_opts){.to = LLMQ_CONVERT_TO_AUTO,
@@ -266,184 +266,7 @@ done:
     return st;
 }
 
-// ============================================================================ JSON helpers ====
-
-static enum llmq_status write_json(const char *dir, const char *name, const json_t *j) {
-    char *path = llmq_path_join(dir, name);
-    if (!path) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", dir);
-    enum llmq_status st = llmq_write_json(path, j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
-    free(path);
-    return st;
-}
-
-// ============================================================================ output paths ====
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    remove(p); // keep going: remove as much as possible
-    return 0;
-}
-
-static void remove_tree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static bool dir_is_empty(const char *path) {
-    DIR *d = opendir(path);
-    struct dirent *e;
-    bool empty = d != NULL;
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
-    if (d) closedir(d);
-    return empty;
-}
-
-// Refuses an existing output unless force, and with force anything but a file (GGUF) or a model
-// directory (HF); refuses out == in.
-static enum llmq_status check_output(const char *in, const char *out, bool to_hf, bool force, bool *exists) {
-    struct stat so, si;
-    *exists = false;
-    if (lstat(out, &so) != 0) {
-        if (errno == ENOENT) return LLMQ_OK;
-        return llmq_errorf(LLMQ_ERR_IO, "%s: %s", out, strerror(errno));
-    }
-    *exists = true;
-    if (stat(in, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: the output is the input", out);
-    if (!force) return llmq_errorf(LLMQ_ERR_ARG, "%s: exists (use --force to replace it)", out);
-    if (!to_hf && !S_ISREG(so.st_mode))
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is not a regular file: not replaced", out);
-    if (to_hf) {
-        char *cfg = llmq_path_join(out, "config.json");
-        bool ok = S_ISDIR(so.st_mode) && cfg && (llmq_file_exists(cfg) || dir_is_empty(out));
-        free(cfg);
-        if (!ok)
-            return llmq_errorf(LLMQ_ERR_ARG,
-                               "%s: exists and is neither a model directory (config.json) nor empty: not "
-                               "replaced",
-                               out);
-    }
-    return LLMQ_OK;
-}
-
-// Renames the finished temporary directory onto out (moving an old out aside first and removing it
-// after), then syncs the parent directory.
-static enum llmq_status publish_dir(const char *tmp, const char *out, bool replace) {
-    size_t n = strlen(out) + 32;
-    char *old = malloc(n), *parent = strdup(out);
-    enum llmq_status st = LLMQ_OK;
-    if (!old || !parent) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
-        goto done;
-    }
-    snprintf(old, n, "%s.old.%ld", out, (long)getpid());
-    if (replace && rename(out, old) != 0) {
-        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot move aside: %s", out, strerror(errno));
-        goto done;
-    }
-    if (rename(tmp, out) != 0) {
-        int e = errno;
-        if (replace) rename(old, out);
-        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot rename %s into place: %s", out, tmp, strerror(e));
-        goto done;
-    }
-    if (replace) remove_tree(old);
-    char *slash = strrchr(parent, '/');
-    if (slash == parent)
-        slash[1] = '\0';
-    else if (slash)
-        *slash = '\0';
-    FILE *d = fopen(slash ? parent : ".", "r");
-    if (d) {
-        fsync(fileno(d));
-        fclose(d);
-    }
-done:
-    free(old);
-    free(parent);
-    return st;
-}
-
 // ============================================================================ GGUF input ====
-
-// Recovers llama3 rope-scaling parameters from a rope_freqs.weight tensor (low_freq_factor fixed to
-// 1, the rest fitted), accepted only when calib/model/model.h regenerates the tensor from them.
-static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_view *t, struct llmq_hparams *hp) {
-    int64_t half = hp->head_dim / 2;
-    enum llmq_status st = LLMQ_OK;
-    float *ff = malloc((size_t)half * sizeof(float)), *re = malloc((size_t)half * sizeof(float));
-    if (!ff || !re) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
-        goto done;
-    }
-    if (llmq_tensor_nelements(t) != half || !llmq_dtype_traits(t->dtype)->can_dequant ||
-        (st = llmq_dequantize_row(t->dtype, t->data, ff, half))) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_freqs.weight: expected %lld decodable values", path,
-                         (long long)half);
-        goto done;
-    }
-    float factor = 1.0f;
-    for (int64_t i = 0; i < half; i++) factor = ff[i] > factor ? ff[i] : factor;
-    if (factor == 1.0f) { // all ones: no scaling at all
-        hp->rope_scaling.type = LLMQ_ROPE_SCALING_NONE;
-        goto done;
-    }
-    // band points: 1 < ff < factor, s = (1/ff - 1/factor) / (1 - 1/factor) = L / ((hi - 1) wavelen) - 1 / (hi - 1)
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    int n = 0;
-    for (int64_t i = 0; i < half; i++) {
-        if (!(ff[i] > 1.0f && ff[i] < factor)) continue;
-        double freq = 1.0 / pow(hp->rope_theta, (double)(2 * i) / (double)hp->head_dim);
-        double x = freq / (2.0 * M_PI), y = (1.0 / ff[i] - 1.0 / factor) / (1.0 - 1.0 / factor);
-        sx += x, sy += y, sxx += x * x, sxy += x * y, n++;
-    }
-    struct llmq_hparams mh = *hp;
-    mh.rope_scaling.type = LLMQ_ROPE_SCALING_LLAMA3;
-    mh.rope_scaling.factor = factor;
-    mh.rope_scaling.low_freq_factor = 1.0f;
-    double a = 0, b = 0;
-    if (n >= 2 && n * sxx - sx * sx != 0) {
-        a = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-        b = -(sy - a * sx) / n;
-    }
-    if (a > 0 && b > 0) {
-        mh.rope_scaling.high_freq_factor = (float)(round((1.0 + 1.0 / b) * 1000.0) / 1000.0);
-        mh.rope_scaling.original_max_pos = (int64_t)llround(a / b);
-    } else { // too few band points to fit: Llama 3.1's values
-        mh.rope_scaling.high_freq_factor = 4.0f;
-        mh.rope_scaling.original_max_pos = 8192;
-    }
-    llmq_rope_llama3_factors(&mh, re);
-    for (int64_t i = 0; i < half; i++)
-        if (fabsf(re[i] - ff[i]) > 1e-6f * fabsf(ff[i])) {
-            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                             "%s: rope_freqs.weight does not follow llama3 rope scaling (value %lld: %g, fitted %g): "
-                             "config.json cannot express it",
-                             path, (long long)i, (double)ff[i], (double)re[i]);
-            goto done;
-        }
-    hp->rope_scaling = mh.rope_scaling;
-done:
-    free(ff);
-    free(re);
-    return st;
-}
-
-// The converter's reading of a GGUF (formats/llama/arch.h llmq_hparams_from_gguf): context_length
-// absent means 2048; general.architecture "mistral" is refused (llama.cpp writes mistral models as
-// "llama"); a rope_freqs.weight tensor becomes llama3 rope_scaling (fit_llama3).
-static enum llmq_status hp_from_gguf(const struct llmq_gguf *g, struct llmq_hparams *hp) {
-    const char *path = llmq_gguf_path(g);
-    enum llmq_status st = llmq_hparams_from_gguf(g, N_CTX_ABSENT, hp);
-    if (st) return st;
-    if (hp->arch == LLMQ_ARCH_MISTRAL)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: architecture \"%s\" is not supported (llama, qwen2)", path,
-                           llmq_arch_name(hp->arch));
-    const struct llmq_gguf_tensor *rf = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_FREQS);
-    if (!rf) return LLMQ_OK;
-    if (hp->rope_scaling.type != LLMQ_ROPE_SCALING_NONE)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_freqs.weight together with %s.rope.scaling.type", path,
-                           llmq_arch_name(hp->arch));
-    return fit_llama3(path, &rf->view, hp);
-}
 
 // Expected shape (outermost first) of table entry i, for the checks of both directions. Returns
 // n_dims, 0 for an entry that does not belong to hp (a bias the architecture lacks).
@@ -557,35 +380,21 @@ done:
 
 // ============================================================================ GGUF -> HF ====
 
-static const char *torch_dtype(enum llmq_dtype d) {
-    return d == LLMQ_DTYPE_F16 ? "float16" : d == LLMQ_DTYPE_BF16 ? "bfloat16" : "float32";
-}
-
-static json_t *hf_config_json(const struct llmq_hparams *hp, const struct cv_vocab *v, enum llmq_dtype dtype) {
-    return llmq_hparams_to_hf_config(hp, v->special[CV_BOS], v->special[CV_EOS], v->special[CV_PAD],
-                                     torch_dtype(dtype));
-}
-
 static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace, const struct llmq_convert_opts *o,
                                    struct llmq_convert_stats *stats) {
     struct llmq_gguf *g = NULL;
     struct llmq_st_writer *sw = NULL;
-    struct cv_vocab v = {0};
+    struct llmq_hf_files files = {0};
     struct plan p = {0};
     struct llmq_hparams hp;
-    json_t *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL;
     char *tmp = NULL;
     bool *seen = NULL, tmp_made = false;
     enum llmq_status st;
 
     // ---- plan
-    if ((st = llmq_gguf_open(in, &g)) || (st = hp_from_gguf(g, &hp))) goto done;
-    if ((st = cv_vocab_from_gguf(g, &v))) goto done;
-    if (v.n != hp.n_vocab) {
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld tokens but token_embd.weight has %lld rows", in, (long long)v.n,
-                         (long long)hp.n_vocab);
+    if ((st = llmq_gguf_open(in, &g)) || (st = llmq_hf_hparams_from_gguf(g, &hp)) ||
+        (st = llmq_hf_files_from_gguf(g, &hp, o->dtype, &files)))
         goto done;
-    }
     if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
         goto done;
@@ -615,29 +424,11 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
         if ((st = job_check(in, j))) goto done;
     }
     if ((st = check_complete(in, &hp, seen, true))) goto done;
-    if ((st = cv_vocab_to_hf(&v, in, hp.n_ctx_train, &tok, &tok_cfg))) goto done;
-    cfg = hf_config_json(&hp, &v, o->dtype);
-    gen = json_pack("{s:b}", "_from_model_config", 1);
-    if (v.special[CV_BOS] >= 0) json_object_set_new(gen, "bos_token_id", json_integer(v.special[CV_BOS]));
-    if (v.special[CV_EOS] >= 0) json_object_set_new(gen, "eos_token_id", json_integer(v.special[CV_EOS]));
-    if (v.special[CV_PAD] >= 0) json_object_set_new(gen, "pad_token_id", json_integer(v.special[CV_PAD]));
 
     // ---- write into <out>.tmp.<pid>/, then publish
-    size_t tl = strlen(out) + 32;
-    if (!(tmp = malloc(tl))) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
-        goto done;
-    }
-    snprintf(tmp, tl, "%s.tmp.%ld", out, (long)getpid());
-    remove_tree(tmp); // a leftover of a crashed run with our pid
-    if (mkdir(tmp, 0755) != 0) {
-        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto done;
-    }
+    if ((st = llmq_hf_stage_create(out, &tmp))) goto done;
     tmp_made = true;
-    if ((st = write_json(tmp, "config.json", cfg)) || (st = write_json(tmp, "generation_config.json", gen)) ||
-        (st = write_json(tmp, "tokenizer.json", tok)) || (st = write_json(tmp, "tokenizer_config.json", tok_cfg)))
-        goto done;
+    if ((st = llmq_hf_files_write(&files, tmp, true))) goto done;
     if ((st = llmq_st_writer_init(tmp, o->max_shard_bytes, &sw)) ||
         (st = llmq_st_writer_set_metadata(sw, "format", "pt")))
         goto done;
@@ -650,46 +441,20 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
     st = llmq_st_writer_finish(sw);
     sw = NULL;
     if (st) goto done;
-    if ((st = publish_dir(tmp, out, replace))) goto done;
+    if ((st = llmq_hf_stage_publish(tmp, out, replace))) goto done;
     tmp_made = false;
 done:
     llmq_st_writer_abort(sw);
-    if (tmp_made) remove_tree(tmp);
+    if (tmp_made) llmq_remove_tree(tmp);
     free(tmp);
     free(seen);
-    json_decref(cfg);
-    json_decref(gen);
-    json_decref(tok);
-    json_decref(tok_cfg);
-    cv_vocab_free(&v);
+    llmq_hf_files_free(&files);
     plan_free(&p);
     llmq_gguf_free(g);
     return st;
 }
 
 // ============================================================================ HF -> GGUF ====
-
-// The converter's reading of an HF directory's config.json into *cfg (owned) and *hp
-// (formats/llama/arch.h llmq_hparams_from_hf_config): max_position_embeddings absent means 2048, and
-// vocab_size is required (the GGUF vocabulary is padded to it).
-static enum llmq_status hp_from_hf(const char *dir, json_t **cfg, struct llmq_hparams *hp) {
-    char *path = NULL;
-    enum llmq_status st = llmq_hf_config_load(dir, cfg, &path);
-    if (!st) st = llmq_hparams_from_hf_config(path, *cfg, N_CTX_ABSENT, hp);
-    if (!st && hp->n_vocab == 0) st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing key \"vocab_size\"", path);
-    free(path);
-    return st;
-}
-
-// general.name of a GGUF made from HF directory in: the directory's name. Returns buf.
-static const char *dir_name(const char *in, char *buf, size_t size) {
-    size_t len = strlen(in);
-    while (len > 1 && in[len - 1] == '/') len--;
-    const char *base = in + len;
-    while (base > in && base[-1] != '/') base--;
-    snprintf(buf, size, "%.*s", (int)(in + len - base), base);
-    return buf;
-}
 
 static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct llmq_convert_opts *o,
                                    struct llmq_convert_stats *stats) {
@@ -703,7 +468,7 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
     enum llmq_status st;
 
     // ---- plan
-    if ((st = hp_from_hf(in, &cfg, &hp))) goto done;
+    if ((st = llmq_hf_hparams_from_dir(in, &cfg, &hp))) goto done;
     if ((st = llmq_st_open(in, &m))) goto done;
     if ((st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v))) goto done;
     if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool)))) {
@@ -766,7 +531,7 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
         st = LLMQ_ERR_NOMEM;
         goto done;
     }
-    if ((st = llmq_hparams_to_gguf(w, &hp, dir_name(in, name, sizeof name), file_type_of(o->dtype))) ||
+    if ((st = llmq_hparams_to_gguf(w, &hp, llmq_hf_model_name(in, name, sizeof name), file_type_of(o->dtype))) ||
         (st = cv_vocab_write_gguf(&v, w)))
         goto done;
     for (int64_t i = 0; i < p.n; i++)
@@ -783,20 +548,6 @@ done:
     cv_vocab_free(&v);
     free(seen);
     llmq_st_free(m);
-    json_decref(cfg);
-    return st;
-}
-
-enum llmq_status llmq_convert_hf_gguf_kvs(const char *in, struct llmq_gguf_writer *w) {
-    struct cv_vocab v = {0};
-    struct llmq_hparams hp;
-    json_t *cfg = NULL;
-    char name[256];
-    enum llmq_status st;
-    if (!(st = hp_from_hf(in, &cfg, &hp)) && !(st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v)) &&
-        !(st = llmq_hparams_to_gguf(w, &hp, dir_name(in, name, sizeof name), -1)))
-        st = cv_vocab_write_gguf(&v, w);
-    cv_vocab_free(&v);
     json_decref(cfg);
     return st;
 }
@@ -837,7 +588,7 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
     }
     if (in_hf && to == LLMQ_CONVERT_TO_HF)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: HF -> HF conversion is not supported (convert to GGUF)", in);
-    if ((st = check_output(in, out, to == LLMQ_CONVERT_TO_HF, opts->force, &exists))) return st;
+    if ((st = llmq_output_check(in, out, to == LLMQ_CONVERT_TO_HF, opts->force, &exists))) return st;
     if (in_hf)
         st = hf_to_gguf(in, out, opts, stats);
     else if (to == LLMQ_CONVERT_TO_GGUF)
@@ -845,117 +596,5 @@ enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq
     else
         st = gguf_to_hf(in, out, exists, opts, stats);
     stats->seconds = llmq_now_s() - t0;
-    return st;
-}
-
-// ===================================================== pieces for other HF writers (export) ====
-
-void llmq_convert_remove_tree(const char *path) { remove_tree(path); }
-
-enum llmq_status llmq_convert_write_json(const char *dir, const char *name, const json_t *j) {
-    return write_json(dir, name, j);
-}
-
-enum llmq_status llmq_convert_hf_publish(const char *tmp, const char *out, bool replace) {
-    return publish_dir(tmp, out, replace);
-}
-
-enum llmq_status llmq_convert_hf_prepare(const char *in, const char *out, bool force, char **tmp, bool *replace) {
-    enum llmq_status st;
-    *tmp = NULL;
-    *replace = false;
-    if ((st = check_output(in, out, true, force, replace))) return st;
-    size_t tl = strlen(out) + 32;
-    char *t = malloc(tl);
-    if (!t) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
-    snprintf(t, tl, "%s.tmp.%ld", out, (long)getpid());
-    remove_tree(t); // a leftover of a crashed run with our pid
-    if (mkdir(t, 0755) != 0) {
-        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot create: %s", t, strerror(errno));
-        free(t);
-        return st;
-    }
-    *tmp = t;
-    return LLMQ_OK;
-}
-
-// Copies in_dir/name to out_dir/name when it exists (atomically).
-static enum llmq_status copy_side_file(const char *in_dir, const char *out_dir, const char *name) {
-    char *src = llmq_path_join(in_dir, name), *dst = llmq_path_join(out_dir, name), *data = NULL;
-    struct llmq_afile f = {0};
-    size_t n = 0;
-    enum llmq_status st = LLMQ_OK;
-    if (!src || !dst) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in_dir);
-        goto done;
-    }
-    if (!llmq_file_exists(src)) goto done;
-    if ((st = llmq_read_file(src, 1u << 30, &data, &n))) goto done;
-    if ((st = llmq_afile_open(&f, dst))) goto done;
-    if ((st = llmq_afile_write(&f, data, n))) {
-        llmq_afile_abort(&f);
-        goto done;
-    }
-    st = llmq_afile_commit(&f);
-done:
-    free(data);
-    free(src);
-    free(dst);
-    return st;
-}
-
-enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq_dtype dtype,
-                                      const json_t *config_extra) {
-    static const char *copied[] = {"generation_config.json",
-                                   "tokenizer.json",
-                                   "tokenizer_config.json",
-                                   "special_tokens_map.json",
-                                   "added_tokens.json",
-                                   "tokenizer.model",
-                                   "vocab.json",
-                                   "merges.txt",
-                                   "chat_template.jinja",
-                                   "chat_template.json"};
-    struct llmq_gguf *g = NULL;
-    struct cv_vocab v = {0};
-    struct llmq_hparams hp;
-    json_t *cfg = NULL, *gen = NULL, *tok = NULL, *tok_cfg = NULL;
-    enum llmq_status st = LLMQ_OK;
-
-    if (llmq_is_dir(in)) {
-        if ((st = llmq_hf_config_load(in, &cfg, NULL))) goto done;
-        for (size_t i = 0; i < sizeof copied / sizeof copied[0]; i++)
-            if ((st = copy_side_file(in, dir, copied[i]))) goto done;
-        json_object_del(cfg, "quantization_config");
-        json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype(dtype)));
-    } else {
-        if ((st = llmq_gguf_open(in, &g)) || (st = hp_from_gguf(g, &hp)) || (st = cv_vocab_from_gguf(g, &v))) goto done;
-        if (v.n != hp.n_vocab) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld tokens but token_embd.weight has %lld rows", in,
-                             (long long)v.n, (long long)hp.n_vocab);
-            goto done;
-        }
-        if ((st = cv_vocab_to_hf(&v, in, hp.n_ctx_train, &tok, &tok_cfg))) goto done;
-        cfg = hf_config_json(&hp, &v, dtype);
-        gen = json_pack("{s:b}", "_from_model_config", 1);
-        if (v.special[CV_BOS] >= 0) json_object_set_new(gen, "bos_token_id", json_integer(v.special[CV_BOS]));
-        if (v.special[CV_EOS] >= 0) json_object_set_new(gen, "eos_token_id", json_integer(v.special[CV_EOS]));
-        if (v.special[CV_PAD] >= 0) json_object_set_new(gen, "pad_token_id", json_integer(v.special[CV_PAD]));
-        if ((st = write_json(dir, "generation_config.json", gen)) || (st = write_json(dir, "tokenizer.json", tok)) ||
-            (st = write_json(dir, "tokenizer_config.json", tok_cfg)))
-            goto done;
-    }
-    if (config_extra && json_object_update(cfg, (json_t *)config_extra) != 0) {
-        st = llmq_errorf(LLMQ_ERR_ARG, "%s: config.json additions are not a JSON object", dir);
-        goto done;
-    }
-    st = write_json(dir, "config.json", cfg);
-done:
-    json_decref(cfg);
-    json_decref(gen);
-    json_decref(tok);
-    json_decref(tok_cfg);
-    cv_vocab_free(&v);
-    llmq_gguf_free(g);
     return st;
 }

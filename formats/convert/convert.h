@@ -92,8 +92,8 @@
  * hyper-parameters, malformed tokenizer arrays or JSON), LLMQ_ERR_NOT_FOUND (missing key / file /
  * tensor), plus what formats/gguf.h and formats/safetensors.h return for damaged files.
  */
-#ifndef LLMQ_CALIB_CONVERT_H
-#define LLMQ_CALIB_CONVERT_H
+#ifndef LLMQ_FORMATS_CONVERT_H
+#define LLMQ_FORMATS_CONVERT_H
 
 #include "common/dtype.h"
 #include "common/status.h"
@@ -134,40 +134,7 @@ struct llmq_convert_opts llmq_convert_default_opts(void);
 enum llmq_status llmq_convert(const char *in, const char *out, const struct llmq_convert_opts *opts,
                               struct llmq_convert_stats *stats);
 
-// The KVs `llmq convert` writes for the HF directory `in` (general.*, <arch>.*, tokenizer.ggml.*, in
-// its order) into w, without general.file_type (quant/gguf_export.c sets it). Errors as llmq_convert.
-struct llmq_gguf_writer;
-enum llmq_status llmq_convert_hf_gguf_kvs(const char *in, struct llmq_gguf_writer *w);
+// The pieces of an HF directory that the quantized-model writers share with the converter (the GGUF keys
+// of an HF directory, the non-tensor files, the output staging) are formats/hf/hfdir.h.
 
-// ---- Pieces shared with other writers of HF directories (quant/export.c) ------------------------
-
-// Prepares an HF output directory as "Output" describes: refuses out == in and an existing out
-// unless force (then only a directory holding config.json, or an empty one), then creates the
-// empty directory "<out>.tmp.<pid>" (a leftover of a crashed run with the same pid is removed).
-// *tmp (owned: free()) names it; *replace tells llmq_convert_hf_publish to replace an existing out.
-enum llmq_status llmq_convert_hf_prepare(const char *in, const char *out, bool force, char **tmp, bool *replace);
-
-// Renames the finished tmp onto out (an existing out is moved aside first and removed after the
-// rename succeeded), then fsyncs the parent directory. On failure tmp is left to the caller.
-enum llmq_status llmq_convert_hf_publish(const char *tmp, const char *out, bool replace);
-
-// Removes a file or directory tree, best effort (symbolic links are removed, not followed).
-void llmq_convert_remove_tree(const char *path);
-
-// Writes j as dir/name (2-space indent, key order kept, floats with 9 digits), atomically.
-enum llmq_status llmq_convert_write_json(const char *dir, const char *name, const json_t *j);
-
-/*
- * Writes the non-tensor files of an HF directory for the model at `in` into dir:
- *   GGUF input: config.json, generation_config.json, tokenizer.json and tokenizer_config.json built
- *     exactly as GGUF -> HF builds them (see "Tokenizer");
- *   HF input: config.json read back, and generation_config.json, tokenizer.json,
- *     tokenizer_config.json, special_tokens_map.json, added_tokens.json, tokenizer.model,
- *     vocab.json, merges.txt, chat_template.jinja / .json copied byte for byte when present.
- * config.json gets "torch_dtype" for dtype, loses any "quantization_config" of the input, and then
- * every key of config_extra (an object, or NULL) set over it. Errors as llmq_convert.
- */
-enum llmq_status llmq_convert_hf_side(const char *in, const char *dir, enum llmq_dtype dtype,
-                                      const json_t *config_extra);
-
-#endif // LLMQ_CALIB_CONVERT_H
+#endif // LLMQ_FORMATS_CONVERT_H

@@ -285,6 +285,6 @@ int main(void) {
         return 1;
     }
     test_stories_gptq(stories);
-    llmq_convert_remove_tree(tmpdir);
+    llmq_remove_tree(tmpdir);
     return 0;
 }

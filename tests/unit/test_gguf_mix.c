@@ -401,6 +401,6 @@ int main(void) {
     }
     CHECK(mkdtemp(tmpdir));
     test_export(stories);
-    llmq_convert_remove_tree(tmpdir);
+    llmq_remove_tree(tmpdir);
     return 0;
 }

@@ -1,8 +1,8 @@
-// formats/convert/vocab.c — the tokenizer half of `llmq convert`: GGUF tokenizer.ggml.* <-> Hugging Face
+// formats/hf/vocab.c — the tokenizer half of `llmq convert`: GGUF tokenizer.ggml.* <-> Hugging Face
 // tokenizer.json / tokenizer_config.json. The mapping is documented in formats/convert/convert.h ("Tokenizer");
 // the names of llama.cpp's pre-tokenizer types and their patterns follow llama.cpp's llama-vocab.cpp,
 // the tokenizer.json layout the one the `tokenizers` library writes.
-#include "formats/convert/vocab.h"
+#include "formats/hf/vocab.h"
 
 #include "common/io.h"
 #include "common/log.h"

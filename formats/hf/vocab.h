@@ -1,11 +1,11 @@
 /*
- * formats/convert/vocab.h — PRIVATE to calib/convert*.c: the vocabulary of a model in GGUF terms, read
- * from GGUF metadata or from tokenizer.json (+ tokenizer_config.json), and written as either.
- * The mapping between the two is documented in formats/convert/convert.h ("Tokenizer"); this header only
- * declares the shared structure and the four entry points used by formats/convert/convert.c.
+ * formats/hf/vocab.h — PRIVATE to formats/convert/convert.c and formats/hf/hfdir.c: the vocabulary of a model in GGUF
+ * terms, read from GGUF metadata or from tokenizer.json (+ tokenizer_config.json), and written as either. The mapping
+ * between the two is documented in formats/convert/convert.h ("Tokenizer"); this header only declares the shared
+ * structure and the four entry points those two use.
  */
-#ifndef LLMQ_CALIB_CONVERT_VOCAB_H
-#define LLMQ_CALIB_CONVERT_VOCAB_H
+#ifndef LLMQ_FORMATS_HF_VOCAB_H
+#define LLMQ_FORMATS_HF_VOCAB_H
 
 #include "common/status.h"
 #include "formats/gguf.h"
@@ -68,4 +68,4 @@ enum llmq_status cv_vocab_write_gguf(const struct cv_vocab *v, struct llmq_gguf_
 enum llmq_status cv_vocab_to_hf(const struct cv_vocab *v, const char *src, int64_t n_ctx, json_t **tokenizer_json,
                                 json_t **tokenizer_config);
 
-#endif // LLMQ_CALIB_CONVERT_VOCAB_H
+#endif // LLMQ_FORMATS_HF_VOCAB_H

@@ -53,6 +53,6 @@ static inline void test_write_file(const char *path, const void *data, size_t n)
     FILE *f = fopen(path, "wb");
     CHECK(f);
     CHECK(fwrite(data, 1, n, f) == n);
-    fclose(f);
+    CHECK(fclose(f) == 0);
 }
 #endif

@@ -1,12 +1,15 @@
 /*
  * tests/harness.h — the ten-line test harness. A test is a main() calling CHECK*; the process
- * exits 1 on the first failed check (after printing file:line), 77 to tell ctest "skipped".
+ * exits 1 on the first failed check (after printing file:line), 77 to tell ctest "skipped". It brings
+ * tests/util.h (the random streams) with it.
  */
 #ifndef LLMQ_TEST_HARNESS_H
 #define LLMQ_TEST_HARNESS_H
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "util.h"
 
 #define TEST_SKIP 77
 #define CHECK(x)                                                                                                       \
@@ -54,5 +57,24 @@ static inline void test_write_file(const char *path, const void *data, size_t n)
     CHECK(f);
     CHECK(fwrite(data, 1, n, f) == n);
     CHECK(fclose(f) == 0);
+}
+
+// X (N, C) = Z·B + 0.3·noise with Z (N, 8) and B (8, C) uniform in [-1, 1) from *s: calibration inputs whose
+// columns are strongly correlated (rank 8 plus noise), as a real layer's are. Draws B, then per row z and
+// the noise.
+static inline void test_correlated_x(uint64_t *s, int64_t N, int64_t C, float *X) {
+    float *B = malloc((size_t)(8 * C) * sizeof *B);
+    CHECK(B);
+    for (int64_t i = 0; i < 8 * C; i++) B[i] = test_frand(s);
+    for (int64_t n = 0; n < N; n++) {
+        float z[8];
+        for (int k = 0; k < 8; k++) z[k] = test_frand(s);
+        for (int64_t c = 0; c < C; c++) {
+            float v = 0.3f * test_frand(s);
+            for (int k = 0; k < 8; k++) v += z[k] * B[k * C + c];
+            X[n * C + c] = v;
+        }
+    }
+    free(B);
 }
 #endif

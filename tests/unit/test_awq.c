@@ -364,12 +364,7 @@ static void test_gram_loss(struct llmq_model *m, const char *label, const int32_
 // ---------------------------------------------------------------------------------------------
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static float frand(float scale) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return scale * ((float)(rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
-}
+static float frand(float scale) { return scale * test_frand(&rng); } // uniform [-scale, scale)
 
 static void write_qwen2(const char *dir) {
     const int64_t D = 32, F = 64, L = 2, V = 64;

@@ -33,9 +33,8 @@
 static char tmpdir[] = "/tmp/llmq_test_convert_XXXXXX";
 
 static uint64_t rng = 88172645463325252ull;
-static float frand(void) { // xorshift64, uniform in [-1, 1)
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+static float frand(void) { // uniform in [-1, 1)
+    return (float)((double)(test_xorshift64(&rng) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 static char *tpath(const char *name) { return test_path(tmpdir, name); }

@@ -13,10 +13,7 @@
 #include <unistd.h>
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double urand(void) { // uniform [0, 1), xorshift64*
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return (double)((rng * 0x2545f4914f6cdd1dull) >> 11) / 9007199254740992.0;
-}
+static double urand(void) { return (double)(test_xorshift64s(&rng) >> 11) / 9007199254740992.0; } // [0, 1)
 
 #define CHECK_NEAR(a, b, tol)                                                                                          \
     do {                                                                                                               \

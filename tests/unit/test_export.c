@@ -30,7 +30,7 @@
 
 static char tmpdir[] = "/tmp/llmq_test_export_XXXXXX";
 static uint64_t rs = 88172645463325252ull;
-static uint64_t rnd(void) { return rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17; }
+static uint64_t rnd(void) { return test_xorshift64(&rs); }
 
 static char *tpath(const char *name) { return test_path(tmpdir, name); }
 

@@ -441,12 +441,7 @@ static void write_hf(const char *dir, const char *config, const struct fake_mode
 }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float frand(float scale) { // deterministic, uniform in [-scale, scale)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return scale * ((float)(rng_state >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
-}
+static float frand(float scale) { return scale * test_frand(&rng_state); } // uniform in [-scale, scale)
 
 // A random LLaMA-family model in HF naming.
 static void fake_random(struct fake_model *fm, int64_t D, int64_t F, int64_t L, int64_t H, int64_t Hkv, int64_t Dh,

@@ -788,7 +788,7 @@ static void test_prefixes_and_flips(void) {
         bb_put(&b, buf, n);
         int flips = 1 + it % 4;
         for (int k = 0; k < flips; k++) {
-            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            test_xorshift64(&rng);
             size_t pos = (size_t)(rng % header);
             b.p[pos] ^= (uint8_t)(1u << ((rng >> 32) % 8));
         }

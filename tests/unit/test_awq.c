@@ -447,7 +447,7 @@ static void rm_dir(const char *dir) {
 
 int main(void) {
     char stories[1024], wiki[1024], smol[1024];
-    snprintf(stories, sizeof stories, "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
+    test_stories260k(stories, sizeof stories, "tinyllamas-stories-260k-f32.gguf");
     snprintf(wiki, sizeof wiki, "%s/wikitext-2-raw/wiki.valid.raw", test_data_dir());
     const char *cache = getenv("LLMQ_CACHE");
     if (cache && *cache)

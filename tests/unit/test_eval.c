@@ -479,9 +479,7 @@ static void test_logits_file(void) {
     llmq_logits_close(NULL);
     llmq_log_set_level(LLMQ_LOG_INFO);
 
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    test_remove_tree(tmpdir);
 }
 
 int main(void) {

@@ -769,22 +769,12 @@ static void test_bad_models(const char *tmp) {
     llmq_gguf_free(src);
 }
 
-static void rm_rf(const char *dir) {
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
-}
-
 int main(void) {
-    const char *data = test_data_dir();
-    snprintf(stories, sizeof stories, "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", data);
-    snprintf(ref_logits, sizeof ref_logits, "%s/models/stories260K/reference_logits_pos0-3.txt", data);
-    snprintf(greedy_ids, sizeof greedy_ids, "%s/models/stories260K/expected_greedy_ids.txt", data);
-    snprintf(greedy_txt, sizeof greedy_txt, "%s/models/stories260K/expected_greedy.txt", data);
-    if (!llmq_file_exists(stories)) {
-        fprintf(stderr, "%s is missing (set LLMQ_DATA)\n", stories);
-        return 1;
-    }
+    test_stories260k(stories, sizeof stories, "tinyllamas-stories-260k-f32.gguf");
+    test_stories260k(ref_logits, sizeof ref_logits, "reference_logits_pos0-3.txt");
+    test_stories260k(greedy_ids, sizeof greedy_ids, "expected_greedy_ids.txt");
+    test_stories260k(greedy_txt, sizeof greedy_txt, "expected_greedy.txt");
+    test_need_file(stories);
     char tmp[] = "/tmp/llmq_test_forward.XXXXXX";
     CHECK(mkdtemp(tmp));
 
@@ -797,7 +787,7 @@ int main(void) {
     llmq_model_free(m);
     test_random_models(tmp);
     test_bad_models(tmp);
-    rm_rf(tmp);
+    test_remove_tree(tmp);
     printf("test_forward: OK\n");
     return 0;
 }

@@ -678,8 +678,8 @@ static void test_round_trip(void) {
 
 static void test_stories_v1_v3(void) {
     char p1[1024], p3[1024];
-    snprintf(p1, sizeof(p1), "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
-    snprintf(p3, sizeof(p3), "%s/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf", test_data_dir());
+    test_stories260k(p1, sizeof p1, "tinyllamas-stories-260k-f32.gguf");
+    test_stories260k(p3, sizeof p3, "tinyllamas-stories-260k-f32.v3.gguf");
     struct llmq_gguf *a = NULL, *b = NULL;
     CHECK_EQ_INT(llmq_gguf_open(p1, &a), LLMQ_OK);
     CHECK_EQ_INT(llmq_gguf_open(p3, &b), LLMQ_OK);

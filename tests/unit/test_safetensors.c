@@ -47,17 +47,6 @@ static char *make_dir(const char *tag) {
     return copy;
 }
 
-static int count_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    CHECK(d != NULL);
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
-
 // Removes the files of a flat directory and the directory itself.
 static void remove_dir(char *dir) {
     DIR *d = opendir(dir);
@@ -178,7 +167,7 @@ static void test_roundtrip_single(void) {
     int n_shards = 0;
     write_specs(dir, 0, &n_shards);
     CHECK_EQ_INT(n_shards, 1);
-    CHECK_EQ_INT(count_entries(dir), 1); // model.safetensors only: no index, no temporaries
+    CHECK_EQ_INT(test_count_entries(dir), 1); // model.safetensors only: no index, no temporaries
     char *file = join(dir, LLMQ_ST_SINGLE_NAME);
     struct llmq_st_model *m = open_ok(file);
     check_specs(m);
@@ -205,7 +194,7 @@ static void test_roundtrip_sharded(void) {
     int n_shards = 0;
     write_specs(dir, 100, &n_shards); // "big" (8448 bytes) exceeds the limit: a shard of its own
     CHECK(n_shards >= 4);
-    CHECK_EQ_INT(count_entries(dir), n_shards + 1);
+    CHECK_EQ_INT(test_count_entries(dir), n_shards + 1);
     char *index = join(dir, LLMQ_ST_INDEX_NAME);
     struct llmq_st_model *m = open_ok(index);
     check_specs(m);
@@ -299,20 +288,20 @@ static void test_rewrite_removes_stale(void) {
     write_text(other, "{}");
     write_text(lookalike, "x");
     write_u8(dir, 16, 5, 10, 1); // 5 shards + index
-    CHECK_EQ_INT(count_entries(dir), 2 + 6);
+    CHECK_EQ_INT(test_count_entries(dir), 2 + 6);
     write_u8(dir, 32, 4, 10, 2); // 2 shards: the old 5-shard files go
-    CHECK_EQ_INT(count_entries(dir), 2 + 3);
+    CHECK_EQ_INT(test_count_entries(dir), 2 + 3);
     struct llmq_st_model *m = open_ok(dir);
     CHECK_EQ_INT(llmq_st_n_tensors(m), 4);
     CHECK_EQ_INT(*(const uint8_t *)llmq_st_tensor(m, 3)->data, 2);
     llmq_st_free(m);
     write_u8(dir, 0, 3, 10, 3); // one file: the shards and the index go
-    CHECK_EQ_INT(count_entries(dir), 2 + 1);
+    CHECK_EQ_INT(test_count_entries(dir), 2 + 1);
     m = open_ok(dir);
     CHECK_EQ_INT(llmq_st_n_tensors(m), 3);
     llmq_st_free(m);
     write_u8(dir, 10, 2, 10, 4); // sharded again: model.safetensors goes
-    CHECK_EQ_INT(count_entries(dir), 2 + 3);
+    CHECK_EQ_INT(test_count_entries(dir), 2 + 3);
     m = open_ok(dir);
     CHECK_EQ_INT(llmq_st_n_shards(m), 2);
     llmq_st_free(m);
@@ -365,9 +354,9 @@ static void test_writer_failures(void) {
     CHECK_EQ_INT(llmq_st_writer_add_tensor(w, "b", LLMQ_DTYPE_F32, 2, shape), LLMQ_OK);
     CHECK_EQ_INT(llmq_st_writer_write_tensor(w, "a", buf, sizeof(buf)), LLMQ_OK);
     CHECK_EQ_INT(llmq_st_writer_write(w, buf, 4), LLMQ_OK);
-    CHECK(count_entries(dir) >= 1); // temporaries exist while writing...
+    CHECK(test_count_entries(dir) >= 1); // temporaries exist while writing...
     llmq_st_writer_abort(w);
-    CHECK_EQ_INT(count_entries(dir), 0); // ...and are gone after abort
+    CHECK_EQ_INT(test_count_entries(dir), 0); // ...and are gone after abort
     llmq_st_writer_abort(NULL);
 
     // finish with a tensor incomplete: ARG, nothing left
@@ -378,7 +367,7 @@ static void test_writer_failures(void) {
     CHECK_EQ_INT(llmq_st_writer_write(w, buf, 8), LLMQ_OK);
     CHECK_EQ_INT(llmq_st_writer_finish(w), LLMQ_ERR_ARG);
     CHECK_CONTAINS(llmq_last_error(), "'b': only 8 of 24 bytes");
-    CHECK_EQ_INT(count_entries(dir), 0);
+    CHECK_EQ_INT(test_count_entries(dir), 0);
 
     // declaration errors are rejected one by one and do not poison the writer
     CHECK_EQ_INT(llmq_st_writer_init(dir, 0, &w), LLMQ_OK);
@@ -415,14 +404,14 @@ static void test_writer_failures(void) {
     CHECK_CONTAINS(llmq_last_error(), "'a' comes next");
     CHECK_EQ_INT(llmq_st_writer_write_tensor(w, "a", buf, sizeof(buf)), LLMQ_ERR_ARG); // poisoned
     CHECK_EQ_INT(llmq_st_writer_finish(w), LLMQ_ERR_ARG);
-    CHECK_EQ_INT(count_entries(dir), 0);
+    CHECK_EQ_INT(test_count_entries(dir), 0);
 
     CHECK_EQ_INT(llmq_st_writer_init(dir, 0, &w), LLMQ_OK);
     CHECK_EQ_INT(llmq_st_writer_add_tensor(w, "a", LLMQ_DTYPE_F32, 2, shape), LLMQ_OK);
     CHECK_EQ_INT(llmq_st_writer_write_tensor(w, "a", buf, 20), LLMQ_ERR_ARG); // wrong size
     CHECK_CONTAINS(llmq_last_error(), "20 bytes given, 24 declared");
     llmq_st_writer_abort(w);
-    CHECK_EQ_INT(count_entries(dir), 0);
+    CHECK_EQ_INT(test_count_entries(dir), 0);
 
     CHECK_EQ_INT(llmq_st_writer_init(dir, 0, &w), LLMQ_OK);
     CHECK_EQ_INT(llmq_st_writer_add_tensor(w, "a", LLMQ_DTYPE_F32, 2, shape), LLMQ_OK);
@@ -430,7 +419,7 @@ static void test_writer_failures(void) {
     CHECK_EQ_INT(llmq_st_writer_write(w, buf, 1), LLMQ_ERR_ARG); // past the last byte
     CHECK_CONTAINS(llmq_last_error(), "past the last declared tensor");
     CHECK_EQ_INT(llmq_st_writer_finish(w), LLMQ_ERR_ARG);
-    CHECK_EQ_INT(count_entries(dir), 0);
+    CHECK_EQ_INT(test_count_entries(dir), 0);
 
     // an existing checkpoint survives a failed rewrite untouched
     CHECK_EQ_INT(llmq_st_writer_init(dir, 0, &w), LLMQ_OK);
@@ -445,7 +434,7 @@ static void test_writer_failures(void) {
     CHECK_EQ_INT(llmq_st_writer_write(w, buf, 3), LLMQ_OK);
     CHECK_EQ_INT(llmq_st_writer_finish(w), LLMQ_ERR_ARG);
     CHECK(stat(file, &after) == 0 && after.st_size == before.st_size && after.st_ino == before.st_ino);
-    CHECK_EQ_INT(count_entries(dir), 1);
+    CHECK_EQ_INT(test_count_entries(dir), 1);
     CHECK(unlink(file) == 0);
 
     // no such output directory

@@ -63,20 +63,23 @@ static void remove_dir(char *dir) {
     free(dir);
 }
 
-// Opening `path` fails with status `st`; the message names `file` and contains `word`.
-static void expect_fail_at(const char *path, enum llmq_status st, const char *file, const char *word, int line) {
+// Opening `path` fails with status `st`; the message names `file` and contains `word`. `what` names the case.
+static void expect_fail_at(const char *path, enum llmq_status st, const char *file, const char *word,
+                           const char *what) {
     struct llmq_st_model *m = (struct llmq_st_model *)&m; // must be reset to NULL
     llmq_clear_error();
     enum llmq_status got = llmq_st_open(path, &m);
-    if (got != st) fprintf(stderr, "line %d: %s: got %s (%s)\n", line, path, llmq_status_name(got), llmq_last_error());
+    if (got != st) fprintf(stderr, "%s: %s: got %s (%s)\n", what, path, llmq_status_name(got), llmq_last_error());
     CHECK_EQ_INT(got, st);
     CHECK(m == NULL);
     CHECK_EQ_INT(llmq_last_status(), st);
     CHECK_CONTAINS(llmq_last_error(), file);
     CHECK_CONTAINS(llmq_last_error(), word);
 }
-#define EXPECT_FAIL(path, st, word) expect_fail_at(path, st, path, word, __LINE__)
-#define EXPECT_FAIL_FILE(path, st, file, word) expect_fail_at(path, st, file, word, __LINE__)
+#define LINE_STR_(x) #x
+#define LINE_STR(x) LINE_STR_(x)
+#define EXPECT_FAIL(path, st, word) expect_fail_at(path, st, path, word, "line " LINE_STR(__LINE__))
+#define EXPECT_FAIL_FILE(path, st, file, word) expect_fail_at(path, st, file, word, "line " LINE_STR(__LINE__))
 
 static struct llmq_st_model *open_ok(const char *path) {
     struct llmq_st_model *m = NULL;
@@ -474,111 +477,91 @@ static void test_corrupt_files(void) {
     test_write_file(p, raw, 28);
     EXPECT_FAIL(p, LLMQ_ERR_TRUNCATED, "past the end of the file");
 
-    // --- the header text
-    write_st(p, "{\"a\xff\":1}", 0);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "UTF-8");
-    write_st(p, "{\"\xed\xa0\x80\":1}", 0); // an encoded surrogate
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "UTF-8");
-    write_st(p, "", 0);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "does not start with '{'");
-    write_st(p, " {}", 0);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "does not start with '{'");
-    write_st(p, "[]", 0);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "does not start with '{'");
-    write_st(p, "{" T_A, 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "not valid JSON");
-    write_st(p, "{}x", 0);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "not valid JSON");
     {
         static const char nul_pad[] = "\x08\0\0\0\0\0\0\0{}\0\0\0\0\0\0"; // NUL is not padding
         test_write_file(p, nul_pad, 16);
         EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "not valid JSON");
     }
-    write_st(p, "{\"a\\u0000b\":{}}", 0);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "not valid JSON");
-    write_st(p, "{" T_A "," T_A "}", 16);
-    EXPECT_FAIL(p, LLMQ_ERR_DUPLICATE, "duplicate key");
-    CHECK_CONTAINS(llmq_last_error(), "'\"a\"'");
 
-    // --- __metadata__
-    write_st(p, "{\"__metadata__\":{\"k\":1}," T_A "}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "non-string value");
-    write_st(p, "{\"__metadata__\":[\"k\"]," T_A "}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "\"__metadata__\" is not a JSON object");
-    write_st(p, "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}," T_A "}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_DUPLICATE, "duplicate key");
-
-    // --- entry structure and types
-    write_st(p, "{\"a\":[1,2]}", 0);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "entry is not a JSON object");
-    write_st(p, "{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "\"dtype\"");
-    write_st(p, "{\"a\":{\"dtype\":4,\"shape\":[2],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "\"dtype\"");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "\"shape\"");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "\"shape\"");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "\"data_offsets\"");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "\"data_offsets\"");
-
-    // --- shape
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "shape[0] is not a non-negative integer");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,2.0],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "shape[1] is not a non-negative integer");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "shape[0]");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_OVERFLOW, "element count overflows");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_OVERFLOW, "too large for int64");
-    write_st(p, "{\"a\":{\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_OVERFLOW, "overflow the byte size");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,2],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_UNSUPPORTED, "5 dims");
-
-    // --- dtype
-    write_st(p, "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[8],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_UNSUPPORTED, "unsupported dtype \"F8_E4M3\"");
-    CHECK_CONTAINS(llmq_last_error(), "'w'");
-    write_st(p, "{\"w\":{\"dtype\":\"f32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_UNSUPPORTED, "\"f32\"");
-
-    // --- data_offsets
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "begin > end");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "not non-negative integers");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,\"8\"]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "not non-negative integers");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", 12);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "size mismatch");
-    write_st(p, "{" T_A "}", 5);
-    EXPECT_FAIL(p, LLMQ_ERR_TRUNCATED, "past the end of the data section");
-    CHECK_CONTAINS(llmq_last_error(), "'a'");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[9223372036854775800,9223372036854775807]}}",
-             8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "size mismatch");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[9223372036854775799,9223372036854775807]}}",
-             8);
-    EXPECT_FAIL(p, LLMQ_ERR_TRUNCATED, "past the end of the data section");
-
-    // --- coverage of the data section
-    write_st(p, "{" T_A ",\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4,8]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "overlaps tensor 'a'");
-    write_st(p, "{" T_A ",\"b\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[4,4]}}", 8);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "overlaps");
-    write_st(p, "{" T_A ",\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[12,16]}}", 16);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "gap of 4 unused bytes at data offset 8");
-    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "gap of 4 unused bytes at data offset 0");
-    write_st(p, "{" T_A "}", 9);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "1 trailing byte(s)");
-    write_st(p, "{}", 1);
-    EXPECT_FAIL(p, LLMQ_ERR_CORRUPT, "trailing byte(s)");
+    // a header each: a file of it and data_len pattern bytes is refused with status st, the message holding word
+    // (and word2 when set)
+    static const struct {
+        const char *header;
+        size_t data_len;
+        enum llmq_status st;
+        const char *word, *word2;
+    } bad[] = {
+        // --- the header text
+        {"{\"a\xff\":1}", 0, LLMQ_ERR_CORRUPT, "UTF-8", NULL},
+        {"{\"\xed\xa0\x80\":1}", 0, LLMQ_ERR_CORRUPT, "UTF-8", NULL}, // an encoded surrogate
+        {"", 0, LLMQ_ERR_CORRUPT, "does not start with '{'", NULL},
+        {" {}", 0, LLMQ_ERR_CORRUPT, "does not start with '{'", NULL},
+        {"[]", 0, LLMQ_ERR_CORRUPT, "does not start with '{'", NULL},
+        {"{" T_A, 8, LLMQ_ERR_CORRUPT, "not valid JSON", NULL},
+        {"{}x", 0, LLMQ_ERR_CORRUPT, "not valid JSON", NULL},
+        {"{\"a\\u0000b\":{}}", 0, LLMQ_ERR_CORRUPT, "not valid JSON", NULL},
+        {"{" T_A "," T_A "}", 16, LLMQ_ERR_DUPLICATE, "duplicate key", "'\"a\"'"},
+        // --- __metadata__
+        {"{\"__metadata__\":{\"k\":1}," T_A "}", 8, LLMQ_ERR_CORRUPT, "non-string value", NULL},
+        {"{\"__metadata__\":[\"k\"]," T_A "}", 8, LLMQ_ERR_CORRUPT, "\"__metadata__\" is not a JSON object", NULL},
+        {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}," T_A "}", 8, LLMQ_ERR_DUPLICATE, "duplicate key", NULL},
+        // --- entry structure and types
+        {"{\"a\":[1,2]}", 0, LLMQ_ERR_CORRUPT, "entry is not a JSON object", NULL},
+        {"{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_CORRUPT, "\"dtype\"", NULL},
+        {"{\"a\":{\"dtype\":4,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_CORRUPT, "\"dtype\"", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_CORRUPT, "\"shape\"", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_CORRUPT, "\"shape\"", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, LLMQ_ERR_CORRUPT, "\"data_offsets\"", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4,8]}}", 8, LLMQ_ERR_CORRUPT, "\"data_offsets\"",
+         NULL},
+        // --- shape
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_CORRUPT,
+         "shape[0] is not a non-negative integer", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,2.0],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_CORRUPT,
+         "shape[1] is not a non-negative integer", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_CORRUPT, "shape[0]", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_OVERFLOW,
+         "element count overflows", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_OVERFLOW,
+         "too large for int64", NULL},
+        {"{\"a\":{\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_OVERFLOW,
+         "overflow the byte size", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,2],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_UNSUPPORTED, "5 dims",
+         NULL},
+        // --- dtype
+        {"{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[8],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_UNSUPPORTED,
+         "unsupported dtype \"F8_E4M3\"", "'w'"},
+        {"{\"w\":{\"dtype\":\"f32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, LLMQ_ERR_UNSUPPORTED, "\"f32\"", NULL},
+        // --- data_offsets
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, LLMQ_ERR_CORRUPT, "begin > end", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 8, LLMQ_ERR_CORRUPT,
+         "not non-negative integers", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,\"8\"]}}", 8, LLMQ_ERR_CORRUPT,
+         "not non-negative integers", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", 12, LLMQ_ERR_CORRUPT, "size mismatch",
+         NULL},
+        {"{" T_A "}", 5, LLMQ_ERR_TRUNCATED, "past the end of the data section", "'a'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[9223372036854775800,9223372036854775807]}}", 8,
+         LLMQ_ERR_CORRUPT, "size mismatch", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[9223372036854775799,9223372036854775807]}}", 8,
+         LLMQ_ERR_TRUNCATED, "past the end of the data section", NULL},
+        // --- coverage of the data section
+        {"{" T_A ",\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4,8]}}", 8, LLMQ_ERR_CORRUPT,
+         "overlaps tensor 'a'", NULL},
+        {"{" T_A ",\"b\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[4,4]}}", 8, LLMQ_ERR_CORRUPT, "overlaps",
+         NULL},
+        {"{" T_A ",\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[12,16]}}", 16, LLMQ_ERR_CORRUPT,
+         "gap of 4 unused bytes at data offset 8", NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, LLMQ_ERR_CORRUPT,
+         "gap of 4 unused bytes at data offset 0", NULL},
+        {"{" T_A "}", 9, LLMQ_ERR_CORRUPT, "1 trailing byte(s)", NULL},
+        {"{}", 1, LLMQ_ERR_CORRUPT, "trailing byte(s)", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_st(p, bad[i].header, bad[i].data_len);
+        expect_fail_at(p, bad[i].st, p, bad[i].word, bad[i].header);
+        if (bad[i].word2) CHECK_CONTAINS(llmq_last_error(), bad[i].word2);
+    }
 
     struct llmq_st_model *m;
     // --- valid corner cases: padding, zero-size tensors sharing an offset, tensors out of data order
@@ -633,38 +616,36 @@ static void test_corrupt_index(void) {
     CHECK_EQ_INT(llmq_st_total_bytes(m), 11);
     llmq_st_free(m);
 
-    write_text(ix, "{\"weight_map\":{\"a\":\"" S1 "\",");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "not valid JSON");
-    write_text(ix, "[]");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "weight_map");
-    write_text(ix, "{\"metadata\":{}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "no \"weight_map\" object");
-    write_text(ix, "{\"weight_map\":[\"" S1 "\"]}");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "no \"weight_map\" object");
-    write_text(ix, "{\"weight_map\":{\"a\":1}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "not a string");
-    write_text(ix, "{\"weight_map\":{\"a\":\"" S1 "\",\"a\":\"" S2 "\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_DUPLICATE, "duplicate key");
-    write_text(ix, "{\"weight_map\":{\"a\":\"../" S1 "\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "not a plain file name");
-    write_text(ix, "{\"weight_map\":{\"a\":\"/etc/passwd\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "not a plain file name");
-    write_text(ix, "{\"weight_map\":{\"a\":\"sub/x.safetensors\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "not a plain file name");
-    write_text(ix, "{\"weight_map\":{\"a\":\"..\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "not a plain file name");
-    write_text(ix, "{\"weight_map\":{\"a\":\"\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_CORRUPT, "not a plain file name");
-
-    // a shard that does not exist
-    write_text(ix, "{\"weight_map\":{\"a\":\"" S1 "\",\"b\":\"model-00003-of-00002.safetensors\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_NOT_FOUND, "model-00003-of-00002.safetensors listed in weight_map not found");
-    // a listed tensor missing from its shard
-    write_text(ix, "{\"weight_map\":{\"a\":\"" S1 "\",\"b\":\"" S2 "\",\"c\":\"" S2 "\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_NOT_FOUND, "tensor 'c' is listed in weight_map for " S2 " but not found");
-    // a tensor the index places in the other shard
-    write_text(ix, "{\"weight_map\":{\"a\":\"" S2 "\",\"b\":\"" S1 "\"}}");
-    EXPECT_FAIL(ix, LLMQ_ERR_NOT_FOUND, "(it is in " S1 ")");
+    // an index text each, refused with status st, the message holding word
+    static const struct {
+        const char *index;
+        enum llmq_status st;
+        const char *word;
+    } bad[] = {
+        {"{\"weight_map\":{\"a\":\"" S1 "\",", LLMQ_ERR_CORRUPT, "not valid JSON"},
+        {"[]", LLMQ_ERR_CORRUPT, "weight_map"},
+        {"{\"metadata\":{}}", LLMQ_ERR_CORRUPT, "no \"weight_map\" object"},
+        {"{\"weight_map\":[\"" S1 "\"]}", LLMQ_ERR_CORRUPT, "no \"weight_map\" object"},
+        {"{\"weight_map\":{\"a\":1}}", LLMQ_ERR_CORRUPT, "not a string"},
+        {"{\"weight_map\":{\"a\":\"" S1 "\",\"a\":\"" S2 "\"}}", LLMQ_ERR_DUPLICATE, "duplicate key"},
+        {"{\"weight_map\":{\"a\":\"../" S1 "\"}}", LLMQ_ERR_CORRUPT, "not a plain file name"},
+        {"{\"weight_map\":{\"a\":\"/etc/passwd\"}}", LLMQ_ERR_CORRUPT, "not a plain file name"},
+        {"{\"weight_map\":{\"a\":\"sub/x.safetensors\"}}", LLMQ_ERR_CORRUPT, "not a plain file name"},
+        {"{\"weight_map\":{\"a\":\"..\"}}", LLMQ_ERR_CORRUPT, "not a plain file name"},
+        {"{\"weight_map\":{\"a\":\"\"}}", LLMQ_ERR_CORRUPT, "not a plain file name"},
+        // a shard that does not exist
+        {"{\"weight_map\":{\"a\":\"" S1 "\",\"b\":\"model-00003-of-00002.safetensors\"}}", LLMQ_ERR_NOT_FOUND,
+         "model-00003-of-00002.safetensors listed in weight_map not found"},
+        // a listed tensor missing from its shard
+        {"{\"weight_map\":{\"a\":\"" S1 "\",\"b\":\"" S2 "\",\"c\":\"" S2 "\"}}", LLMQ_ERR_NOT_FOUND,
+         "tensor 'c' is listed in weight_map for " S2 " but not found"},
+        // a tensor the index places in the other shard
+        {"{\"weight_map\":{\"a\":\"" S2 "\",\"b\":\"" S1 "\"}}", LLMQ_ERR_NOT_FOUND, "(it is in " S1 ")"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_text(ix, bad[i].index);
+        expect_fail_at(ix, bad[i].st, ix, bad[i].word, bad[i].index);
+    }
     // a shard tensor the index does not list
     write_text(ix, "{\"weight_map\":{\"a\":\"" S1 "\"}}");
     write_shard(dir, S1, H_AB, 11);

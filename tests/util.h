@@ -3,7 +3,8 @@
  * the unit tests (through harness.h), the helper programs in tests/tools/ and the benchmarks in bench/:
  *   - the deterministic random streams every test and benchmark draws its inputs from. Each caller keeps
  *     its own state (any non-zero seed), so that one test's inputs do not depend on another's draws;
- *   - writing a raw buffer to PREFIX.EXT, the layout the pytest oracles and bench scripts read back.
+ *   - writing a raw buffer to a file (test_save, test_write_raw: PREFIX.EXT), the layout the pytest oracles and
+ *     bench scripts read back.
  */
 #ifndef LLMQ_TEST_UTIL_H
 #define LLMQ_TEST_UTIL_H
@@ -30,13 +31,26 @@ static inline uint64_t test_xorshift64s(uint64_t *s) {
 // Uniform in [-1, 1) on a grid of 2^-23 (the top 24 bits of test_xorshift64: exact in float).
 static inline float test_frand(uint64_t *s) { return (float)((test_xorshift64(s) >> 40) * (1.0 / (1 << 23))) - 1.0f; }
 
-// Writes n bytes of p to PREFIX.EXT; 0 on success, 1 when the file cannot be opened, written or closed.
+// Writes n bytes of p to `path`; 0 on success, 1 after one line on stderr naming the path when the file cannot be
+// opened, written or closed.
+static inline int test_save(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "%s: cannot open for writing\n", path);
+        return 1;
+    }
+    int bad = fwrite(p, 1, n, f) != n;
+    if ((fclose(f) != 0) | bad) {
+        fprintf(stderr, "%s: write failed\n", path);
+        return 1;
+    }
+    return 0;
+}
+
+// test_save into PREFIX.EXT (the raw files of the GPTQ tool and benchmark).
 static inline int test_write_raw(const char *prefix, const char *ext, const void *p, size_t n) {
     char path[4096];
     snprintf(path, sizeof path, "%s.%s", prefix, ext);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 1;
-    int bad = fwrite(p, 1, n, f) != n;
-    return (fclose(f) != 0) | bad;
+    return test_save(path, p, n);
 }
 #endif

@@ -72,6 +72,17 @@ static float *block_input(struct llmq_forward *f, const struct llmq_model *m, co
     return x;
 }
 
+// (n_seq * seqlen, D): the fp output of block `layer` for its input x (x is not changed).
+static float *block_output(struct llmq_forward *f, const struct llmq_model *m, const float *x, int layer, int64_t n_seq,
+                           int64_t seqlen) {
+    const size_t bytes = (size_t)(n_seq * seqlen * m->hp.n_embd) * sizeof(float);
+    float *ref = malloc(bytes);
+    CHECK(ref);
+    memcpy(ref, x, bytes);
+    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    return ref;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. sub-block pieces == block
 // ---------------------------------------------------------------------------------------------
@@ -120,11 +131,9 @@ static void test_fold(struct llmq_model *m, const char *label, int layer, int gr
     const int64_t n_seq = 2, seqlen = 48, N = n_seq * seqlen, D = m->hp.n_embd;
     struct llmq_forward *f = NULL;
     CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
-    float *x = block_input(f, m, NULL, layer, n_seq, seqlen);
-    float *ref = malloc((size_t)(N * D) * sizeof(float)), *y = malloc((size_t)(N * D) * sizeof(float));
-    CHECK(ref && y);
-    memcpy(ref, x, (size_t)(N * D) * sizeof(float));
-    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    float *x = block_input(f, m, NULL, layer, n_seq, seqlen), *ref = block_output(f, m, x, layer, n_seq, seqlen);
+    float *y = malloc((size_t)(N * D) * sizeof(float));
+    CHECK(y);
 
     struct llmq_awq_opts o;
     llmq_awq_opts_default(&o);
@@ -289,14 +298,10 @@ static double quantized_block_mse(struct llmq_model *m, struct llmq_forward *f, 
 
 static void test_awq_beats_rtn(struct llmq_model *m, const char *label, const int32_t *ids, int layer, int64_t n_seq,
                                int64_t seqlen, int group, int bits) {
-    const int64_t N = n_seq * seqlen, D = m->hp.n_embd;
+    const int64_t N = n_seq * seqlen;
     struct llmq_forward *f = NULL;
     CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
-    float *x = block_input(f, m, ids, layer, n_seq, seqlen);
-    float *ref = malloc((size_t)(N * D) * sizeof(float));
-    CHECK(ref);
-    memcpy(ref, x, (size_t)(N * D) * sizeof(float));
-    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    float *x = block_input(f, m, ids, layer, n_seq, seqlen), *ref = block_output(f, m, x, layer, n_seq, seqlen);
     struct llmq_awq_opts o;
     llmq_awq_opts_default(&o);
     o.group_size = group;

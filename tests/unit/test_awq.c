@@ -450,6 +450,19 @@ static void rm_dir(const char *dir) {
     rmdir(dir);
 }
 
+// The checks of sections 1-3 on model m: the pieces on pieces_seq sequences of pieces_len synthetic tokens; on block
+// `layer` with groups of `group` columns: folding (want_groups scale groups), the plugged quantizer, AWQ < RTN at 3
+// bits and the Gram-form loss, both on 2 sequences of `seqlen` synthetic tokens.
+static void test_model(struct llmq_model *m, const char *label, int64_t pieces_seq, int64_t pieces_len, int layer,
+                       int group, int want_groups, int64_t seqlen) {
+    test_pieces(m, label, pieces_seq, pieces_len);
+    test_fold(m, label, layer, group, want_groups);
+    test_plugged_quantizer(m, label, layer, group);
+    test_awq_beats_rtn(m, label, NULL, layer, 2, seqlen, group, 3);
+    test_gram_loss(m, label, NULL, layer, 2, seqlen, group, false);
+    test_gram_loss(m, label, NULL, layer, 2, seqlen, group, true);
+}
+
 int main(void) {
     char stories[1024], wiki[1024], smol[1024];
     test_stories260k(stories, sizeof stories, "tinyllamas-stories-260k-f32.gguf");
@@ -459,18 +472,10 @@ int main(void) {
         snprintf(smol, sizeof smol, "%s/smollm2-f32.gguf", cache);
     else
         snprintf(smol, sizeof smol, "%s/.cache/llmq/smollm2-f32.gguf", getenv("HOME") ? getenv("HOME") : ".");
-    if (!llmq_file_exists(stories)) {
-        fprintf(stderr, "%s is missing (set LLMQ_DATA)\n", stories);
-        return 1;
-    }
+    test_need_file(stories);
     struct llmq_model *m = NULL;
     CHECK(llmq_model_load(stories, &m) == LLMQ_OK);
-    test_pieces(m, "stories260K", 2, 40);
-    test_fold(m, "stories260K", 2, 4, 3);
-    test_plugged_quantizer(m, "stories260K", 2, 4);
-    test_awq_beats_rtn(m, "stories260K", NULL, 2, 2, 64, 4, 3);
-    test_gram_loss(m, "stories260K", NULL, 2, 2, 64, 4, false);
-    test_gram_loss(m, "stories260K", NULL, 2, 2, 64, 4, true);
+    test_model(m, "stories260K", 2, 40, 2, 4, 3, 64);
     llmq_model_free(m);
 
     char tmp[] = "/tmp/llmq_test_awq.XXXXXX";
@@ -480,12 +485,7 @@ int main(void) {
     write_qwen2(dir);
     CHECK(llmq_model_load(dir, &m) == LLMQ_OK);
     CHECK(m->hp.qkv_bias && m->hp.n_head == m->hp.n_head_kv);
-    test_pieces(m, "random qwen2 (bias, no GQA)", 3, 17);
-    test_fold(m, "random qwen2 (bias, no GQA)", 1, 8, 4);
-    test_plugged_quantizer(m, "random qwen2 (bias, no GQA)", 1, 8);
-    test_awq_beats_rtn(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, 3);
-    test_gram_loss(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, false);
-    test_gram_loss(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, true);
+    test_model(m, "random qwen2 (bias, no GQA)", 3, 17, 1, 8, 4, 32);
     llmq_model_free(m);
     rm_dir(dir);
     rmdir(tmp);

@@ -21,6 +21,7 @@
 #   bench_final_ppl FILE   print the PPL of the line "Final estimate: PPL = X ..." that starts a line of FILE
 #                          (the summary of `llmq eval --ppl`); nothing when there is none
 #   median                 print the median of the numbers on stdin, one a line
+# shellcheck shell=bash disable=SC2034 # the variables are for the scripts that source this file
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$SRC/build}"
 CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
@@ -50,6 +51,7 @@ bench_tmpdir() {
   local d
   d="$(mktemp -d ${2:+"$2"})"
   printf -v "$1" '%s' "$d"
+  # shellcheck disable=SC2064 # the path is expanded now, on purpose
   trap "rm -rf $(printf %q "$d")" EXIT
 }
 

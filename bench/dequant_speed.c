@@ -10,6 +10,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "formats/ggml/quants.h"
+#include "tests/util.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -39,12 +40,7 @@ static const struct {
 };
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
+static uint32_t rnd(void) { return (uint32_t)(test_xorshift64(&rng) >> 16); }
 static float rnd_normalish(void) { // sum of uniforms, roughly N(0, 1)
     float s = 0;
     for (int i = 0; i < 4; i++) s += (float)rnd() / 4294967296.0f;

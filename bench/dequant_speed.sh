@@ -8,22 +8,12 @@
 # Prints one table on stdout: per type the median GB/s of f32 output for llmq fast, llmq reference
 # and numpy, and the ratio llmq fast / numpy. numpy is pinned to one thread as well.
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-PY="${LLMQ_PYTHON:-$HOME/.cache/llmq/venv/bin/python}"
+. "$(dirname "$0")/lib.sh"
 MB="${1:-64}"
 REPS="${2:-7}"
 
-if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
-  cmake -S "$SRC" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-if ! grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD_DIR/CMakeCache.txt"; then
-  echo "warning: $BUILD_DIR is not a Release build: numbers will be low" >&2
-fi
-cmake --build "$BUILD_DIR" --target bench_dequant_speed -j"$(nproc)" >/dev/null
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+bench_build bench_dequant_speed
+bench_tmpdir WORK
 TYPE_ARGS=()
 if [[ -n "${TYPES:-}" ]]; then TYPE_ARGS=(--types "$TYPES"); fi
 echo "llmq: bench_dequant_speed --mb $MB --reps $REPS ..." >&2

@@ -14,9 +14,7 @@
 #   the comparison leans in llama.cpp's favour.
 # Prints the median tokens/s of REPS runs of each and the ratio llmq / llama.cpp.
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-PY="${LLMQ_PYTHON:-$HOME/.cache/llmq/venv/bin/python}"
+. "$(dirname "$0")/lib.sh"
 MODEL="${1:-$HOME/.cache/llmq/SmolLM2-135M-Instruct.Q4_1.gguf}"
 CHUNKS="${2:-4}"
 THREADS="${3:-$(nproc)}"
@@ -24,20 +22,13 @@ CTX="${4:-512}"
 REPS="${REPS:-3}"
 TEXT="${TEXT:-$SRC/../shared/datasets/wikitext-2-raw/wiki.test.raw}"
 
-if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
-  cmake -S "$SRC" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-if ! grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$BUILD_DIR/CMakeCache.txt"; then
-  echo "warning: $BUILD_DIR is not a Release build: numbers will be low" >&2
-fi
-cmake --build "$BUILD_DIR" --target llmq -j"$(nproc)" >/dev/null
+bench_build llmq
 "$PY" -c "import llama_cpp" 2>/dev/null || { echo "error: llama_cpp is not importable by $PY" >&2; exit 1; }
 
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+bench_tmpdir WORK
 echo "model $MODEL, $CHUNKS chunks of $CTX, $THREADS threads, $REPS runs each" >&2
 for i in $(seq "$REPS"); do
-  "$BUILD_DIR/llmq" eval --model "$MODEL" --ppl "$TEXT" --ctx "$CTX" --chunks "$CHUNKS" --threads "$THREADS" \
+  "$LLMQ" eval --model "$MODEL" --ppl "$TEXT" --ctx "$CTX" --chunks "$CHUNKS" --threads "$THREADS" \
     --json "$WORK/llmq_$i.json" >/dev/null 2>"$WORK/llmq_$i.log"
   echo "llmq run $i: $(grep -o '"tokens_per_s": [0-9.]*' "$WORK/llmq_$i.json")" >&2
 done

@@ -11,22 +11,17 @@
 # backend does, flash attention on as llama-perplexity's default) and its gap as two more columns.
 # Environment: TYPES (default: every supported mix), CHUNKS, THREADS, EMULATE, BUILD_DIR, LLMQ_CACHE, LLMQ_DATA.
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
-export LLMQ_DATA="${LLMQ_DATA:-$SRC/../shared/datasets}"
+. "$(dirname "$0")/lib.sh"
 CHUNKS="${CHUNKS:-20}"
 THREADS="${THREADS:-$(nproc)}"
 EMULATE="${EMULATE:-0}"
 TYPES="${TYPES:-F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_0 Q5_1 Q4_K_M Q4_K_S Q4_0 Q4_1 Q3_K_L Q3_K_M Q3_K_S Q2_K IQ4_NL IQ4_XS}"
-LLMQ="$BUILD_DIR/llmq"
-[[ -x "$LLMQ" ]] || { echo "error: $LLMQ not built" >&2; exit 1; }
+bench_need_llmq
 BASE="$CACHE/smollm2-f32.gguf"
-[[ -f "$BASE" ]] || "$LLMQ" convert --model "$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" --dtype f32 --out "$BASE"
+bench_smollm2_f32 "$BASE"
 TEST="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
 TOOLS="$("$SRC/bench/llama_tools.sh")"
-WORK="$(mktemp -d /tmp/llmq_gguf_gap.XXXXXX)"
-trap 'rm -rf "$WORK"' EXIT
+bench_tmpdir WORK /tmp/llmq_gguf_gap.XXXXXX
 lcpp_chunks=(); [[ "$CHUNKS" != -1 ]] && lcpp_chunks=(--chunks "$CHUNKS")
 echo "base $BASE; wiki.test llamacpp ctx 512, chunks $CHUNKS; threads $THREADS" >&2
 if [[ "$EMULATE" == 1 ]]; then
@@ -42,13 +37,13 @@ for t in $TYPES; do
     >"$WORK/l.txt" 2>&1 || { echo "$t: llama-perplexity failed to load or run it:" >&2; tail -3 "$WORK/l.txt" >&2; continue; }
   lp=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/l.txt")
   "$LLMQ" eval --model "$q" --ppl "$TEST" --chunks "$CHUNKS" --threads "$THREADS" >"$WORK/m.txt" 2>/dev/null
-  mp=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/m.txt")
+  mp=$(bench_final_ppl "$WORK/m.txt")
   row=$(printf '%-8s %9.2f %12.4f %12.4f %8.3f%%' "$t" "$(echo "$(stat -c %s "$q") / 1048576" | bc -l)" "$lp" "$mp" \
     "$(echo "100 * ($lp - $mp) / $mp" | bc -l)")
   if [[ "$EMULATE" == 1 ]]; then
     "$LLMQ" eval --model "$q" --ppl "$TEST" --chunks "$CHUNKS" --threads "$THREADS" --emulate llamacpp-cpu \
       >"$WORK/e.txt" 2>/dev/null
-    ep=$(sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/e.txt")
+    ep=$(bench_final_ppl "$WORK/e.txt")
     row+=$(printf ' %12.4f %8.3f%%' "$ep" "$(echo "100 * ($lp - $ep) / $ep" | bc -l)")
   fi
   echo "$row"

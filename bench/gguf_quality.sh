@@ -16,10 +16,7 @@
 #   e.g. llmq-gptq-ao, llmq-awq+gptq-ao, adds --act-order), THREADS,
 #   BUILD_DIR, LLMQ_CACHE, LLMQ_DATA, WORK (resumable like bench/quality.sh: finished rows are kept).
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
-export LLMQ_DATA="${LLMQ_DATA:-$SRC/../shared/datasets}"
+. "$(dirname "$0")/lib.sh"
 if [[ "${1:-}" == "--quick" ]]; then
   NSAMPLES="${NSAMPLES:-16}"; SEQLEN="${SEQLEN:-512}"; CHUNKS="${CHUNKS:-10}"; TYPES="${TYPES:-Q4_K_M Q4_0}"
 else
@@ -28,10 +25,10 @@ fi
 TYPES="${TYPES:-Q4_K_M Q3_K_M Q2_K Q4_0}"
 VARIANTS="${VARIANTS:-lcpp lcpp-imat llmq-imat llmq-gptq llmq-awq llmq-awq+gptq}"
 THREADS="${THREADS:-$(nproc)}"
-LLMQ="$BUILD_DIR/llmq"
-[[ -x "$LLMQ" ]] || { echo "error: $LLMQ not built" >&2; exit 1; }
+PY="${PYTHON:-$CACHE/venv/bin/python}" # PYTHON, as bench/llama_tools.sh reads it (not LLMQ_PYTHON)
+bench_need_llmq
 BASE="$CACHE/smollm2-f32.gguf"
-[[ -f "$BASE" ]] || "$LLMQ" convert --model "$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" --dtype f32 --out "$BASE"
+bench_smollm2_f32 "$BASE"
 VALID="$LLMQ_DATA/wikitext-2-raw/wiki.valid.raw"
 TEST="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
 WORK="${WORK:-$(mktemp -d /tmp/llmq_gguf_quality.XXXXXX)}"
@@ -56,7 +53,7 @@ if [[ ! -f "$WORK/imat_llmq.lcs" ]]; then
     >"$WORK/imat_llmq.log" 2>&1
 fi
 
-jget() { "${PYTHON:-$CACHE/venv/bin/python}" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$@"; }
+jget() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$@"; }
 for t in $TYPES; do
   for v in $VARIANTS; do
     key="${t}_${v}"; out="$WORK/$key.gguf"
@@ -89,7 +86,7 @@ printf '%-8s %-14s %9s %10s %10s %9s\n' type variant MiB PPL KLD "quant s"
 for t in $TYPES; do
   for v in $VARIANTS; do
     f="$WORK/${t}_${v}.json"; [[ -f "$f" ]] || continue
-    "${PYTHON:-$CACHE/venv/bin/python}" -c 'import json,sys; d=json.load(open(sys.argv[1]));
+    "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1]));
 print("%-8s %-14s %9.2f %10.4f %10.6f %9.1f" % (d["type"], d["variant"], d["bytes"]/2**20, d["ppl"], d["kld"], d["quantize_s"]))' "$f"
   done
 done

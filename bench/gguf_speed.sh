@@ -9,24 +9,16 @@
 # Prints, per type, the median seconds of each, the ratio llama.cpp / llmq (>1: llmq faster), and whether
 # the two files are byte-identical (llmq runs with --no-provenance so they can be).
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
-PY="${PYTHON:-$CACHE/venv/bin/python}"
+. "$(dirname "$0")/lib.sh"
+PY="${PYTHON:-$CACHE/venv/bin/python}" # PYTHON, as bench/llama_tools.sh reads it (not LLMQ_PYTHON)
 REPS="${1:-3}"
 THREADS="${THREADS:-$(nproc)}"
 TYPES="${TYPES:-Q8_0 Q4_0 Q4_K_M}"
-LLMQ="$BUILD_DIR/llmq"
 MODEL="${MODEL:-$CACHE/smollm2-f32.gguf}"
-[[ -x "$LLMQ" ]] || { echo "error: $LLMQ not built" >&2; exit 1; }
-if [[ ! -f "$MODEL" ]]; then
-  "$LLMQ" convert --model "$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" --dtype f32 --out "$MODEL"
-fi
-WORK="$(mktemp -d /tmp/llmq_gguf_speed.XXXXXX)"
-trap 'rm -rf "$WORK"' EXIT
+bench_need_llmq
+bench_smollm2_f32 "$MODEL"
+bench_tmpdir WORK /tmp/llmq_gguf_speed.XXXXXX
 echo "input $MODEL ($(du -m "$MODEL" | cut -f1) MB), threads $THREADS, median of $REPS" >&2
-
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 printf '%-8s %10s %12s %8s %10s\n' type "llmq s" "llama.cpp s" ratio identical
 for t in $TYPES; do

@@ -23,23 +23,10 @@
 #include "common/log.h"
 #include "kernels/backend.h"
 #include "quant/gptq.h"
+#include "tests/util.h"
 
 static uint64_t rng_state;
-static float frand(void) { // uniform [-1, 1)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / (1 << 23))) - 1.0f;
-}
-
-static int dump(const char *prefix, const char *ext, const void *p, size_t n) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s.%s", prefix, ext);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 1;
-    int bad = fwrite(p, 1, n, f) != n;
-    return (fclose(f) != 0) | bad;
-}
+static float frand(void) { return test_frand(&rng_state); } // uniform [-1, 1)
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -112,8 +99,8 @@ int main(int argc, char **argv) {
                 (blasint)C, B, (blasint)C, 0.0f, H, (blasint)C);
     for (int64_t c = 0; c < C; c++) H[c * C + c] += 0.05f * s[c] * s[c];
     for (int64_t i = 0; i < R * C; i++) W[i] = 0.02f * (frand() + frand() + frand());
-    if (prefix &&
-        (dump(prefix, "W", W, (size_t)(R * C) * sizeof *W) || dump(prefix, "H", H, (size_t)(C * C) * sizeof *H))) {
+    if (prefix && (test_write_raw(prefix, "W", W, (size_t)(R * C) * sizeof *W) ||
+                   test_write_raw(prefix, "H", H, (size_t)(C * C) * sizeof *H))) {
         fprintf(stderr, "bench_gptq_speed: cannot write %s.*\n", prefix);
         return 1;
     }
@@ -138,7 +125,7 @@ int main(int argc, char **argv) {
         double t0 = llmq_now_s();
         if (llmq_gptq_quantize("bench", Wc, Hc, R, C, &o, &ql, &loss, NULL)) return 1;
         t[r] = llmq_now_s() - t0;
-        if (prefix && r == 0 && dump(prefix, "llmq.q", ql.q, (size_t)(R * C))) return 1;
+        if (prefix && r == 0 && test_write_raw(prefix, "llmq.q", ql.q, (size_t)(R * C))) return 1;
         llmq_qlinear_free(&ql);
     }
     qsort(t, (size_t)reps, sizeof *t, cmp_double);

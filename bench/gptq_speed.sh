@@ -14,22 +14,15 @@
 # llmq-cpu and llmq-cpu / llmq-cuda, and the fraction of integer codes on which llmq-cpu and llmq-cuda
 # agree with numpy (they differ only through float32 rounding of Cholesky / GEMM).
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-PY="${LLMQ_PYTHON:-$HOME/.cache/llmq/venv/bin/python}"
+. "$(dirname "$0")/lib.sh"
 SHAPES="${1:-4096x4096 4096x11008}"
 THREADS="${THREADS:-$(nproc)}"
 GROUP="${GROUP:-128}"
 DEVICE="${DEVICE:-auto}"
 export OPENBLAS_NUM_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
 
-if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
-  cmake -S "$SRC" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-cmake --build "$BUILD_DIR" --target bench_gptq_speed -j"$(nproc)" >/dev/null
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+bench_build bench_gptq_speed
+bench_tmpdir WORK
 BENCH="$BUILD_DIR/bench/bench_gptq_speed"
 CUDA=0
 case "$DEVICE" in

@@ -18,10 +18,7 @@
 #   results.tsv columns: method, bits, PPL, quantize s, peak RSS kB, and the source tree's commit when the row
 #   started (`git describe --always --dirty`; BUILD_DIR must have been built from it — not checked).
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
-export LLMQ_DATA="${LLMQ_DATA:-$SRC/../shared/datasets}"
+. "$(dirname "$0")/lib.sh"
 QUICK=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
 if [[ $QUICK == 1 ]]; then
@@ -32,23 +29,20 @@ fi
 THREADS="${THREADS:-$(nproc)}"
 BITS="${BITS:-4 3}"
 METHODS="${METHODS:-rtn gptq gptq-ao awq awq+gptq}"
-LLMQ="$BUILD_DIR/llmq"
-[[ -x "$LLMQ" ]] || { echo "error: $LLMQ not built (cmake --build $BUILD_DIR)" >&2; exit 1; }
+bench_need_llmq
 BASE="$CACHE/smollm2-f32.gguf"
-if [[ ! -f "$BASE" ]]; then
-  "$LLMQ" convert --model "$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" --dtype f32 --out "$BASE"
-fi
+bench_smollm2_f32 "$BASE"
 TEST="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
 WORK="${WORK:-$(mktemp -d /tmp/llmq_quality.XXXXXX)}"
 mkdir -p "$WORK"
 COMMIT=$(git -C "$SRC" describe --always --dirty 2>/dev/null || echo unknown)
 echo "source $COMMIT; base $BASE; calibration wikitext-2-valid ${NSAMPLES}x${SEQLEN} seed 0; eval $TEST llamacpp ctx 512, chunks $CHUNKS; group 64; threads $THREADS; logs in $WORK" >&2
 
-final() { [[ -f "$1" ]] && sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$1"; }
+final() { [[ -f "$1" ]] && bench_final_ppl "$1"; }
 ppl() { # model log -> PPL
   if [[ -n "$(final "$2")" ]]; then final "$2"; return; fi
   "$LLMQ" eval --model "$1" --ppl "$TEST" --protocol llamacpp --chunks "$CHUNKS" --threads "$THREADS" >"$2" 2>"$2.err"
-  sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p' "$2"
+  bench_final_ppl "$2"
 }
 
 BASE_PPL=$(ppl "$BASE" "$WORK/base.txt")

@@ -8,18 +8,13 @@
 # Environment: METHODS ("gptq awq"), NSAMPLES ("8 16 32 64"), SEQLEN (128), THREADS (nproc),
 #   BUILD_DIR (default <repo>/build), LLMQ_CACHE, LLMQ_DATA, MAX_MEMORY (passed as --max-memory when set).
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
-export LLMQ_DATA="${LLMQ_DATA:-$SRC/../shared/datasets}"
+. "$(dirname "$0")/lib.sh"
 METHODS="${METHODS:-gptq awq}"; NSAMPLES="${NSAMPLES:-8 16 32 64}"; SEQLEN="${SEQLEN:-128}"
 THREADS="${THREADS:-$(nproc)}"
-LLMQ="$BUILD_DIR/llmq"
-[[ -x "$LLMQ" ]] || { echo "error: $LLMQ not built" >&2; exit 1; }
+bench_need_llmq
 BASE="$CACHE/smollm2-f32.gguf"
-[[ -f "$BASE" ]] || "$LLMQ" convert --model "$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" --dtype f32 --out "$BASE"
-W="$(mktemp -d)"
-trap 'rm -rf "$W"' EXIT
+bench_smollm2_f32 "$BASE"
+bench_tmpdir W
 MM=()
 [[ -n "${MAX_MEMORY:-}" ]] && MM=(--max-memory "$MAX_MEMORY")
 printf '%-6s %9s %9s %12s %9s\n' method nsamples tokens peak_rss_MB seconds

@@ -10,27 +10,21 @@
 # Prints one table: tokens, median tokens/s of llmq and of llama.cpp, the ratio, and whether the
 # two id sequences are identical.
 set -euo pipefail
-SRC="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$SRC/build}"
-PY="${LLMQ_PYTHON:-$HOME/.cache/llmq/venv/bin/python}"
-DATA="${LLMQ_DATA:-$SRC/../shared/datasets}"
-CACHE="${LLMQ_CACHE:-$HOME/.cache/llmq}"
-TEXT="${TEXT:-$DATA/wikitext-2-raw/wiki.test.raw}"
+. "$(dirname "$0")/lib.sh"
+TEXT="${TEXT:-$LLMQ_DATA/wikitext-2-raw/wiki.test.raw}"
 REPS="${1:-7}"
 shift || true
 MODELS=("$@")
 if [[ ${#MODELS[@]} -eq 0 ]]; then
-  MODELS=("$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" "$DATA/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf")
+  MODELS=("$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" "$LLMQ_DATA/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf")
 fi
-if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
-  cmake -S "$SRC" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-cmake --build "$BUILD_DIR" --target bench_tokenize_speed tokenize_tool -j"$(nproc)" >/dev/null
+bench_build bench_tokenize_speed tokenize_tool
+bench_tmpdir WORK
 printf "%-44s %9s %14s %14s %7s %s\n" model tokens "llmq tok/s" "llama.cpp tok/s" ratio identical
 for m in "${MODELS[@]}"; do
   read -r n_llmq _ tps_llmq _ < <("$BUILD_DIR/bench/bench_tokenize_speed" "$m" "$TEXT" "$REPS")
-  "$BUILD_DIR/tests/tokenize_tool" "$m" "$TEXT" 2>/dev/null >"${TMPDIR:-/tmp}/tokspeed_llmq.$$"
-  "$PY" - "$m" "$TEXT" "$REPS" "$n_llmq" "$tps_llmq" "${TMPDIR:-/tmp}/tokspeed_llmq.$$" <<'PYEOF'
+  "$BUILD_DIR/tests/tokenize_tool" "$m" "$TEXT" 2>/dev/null >"$WORK/llmq.ids"
+  "$PY" - "$m" "$TEXT" "$REPS" "$n_llmq" "$tps_llmq" "$WORK/llmq.ids" <<'PYEOF'
 import statistics, sys, time
 import llama_cpp
 model, text, reps, n_llmq, tps_llmq, ids_file = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
@@ -45,5 +39,4 @@ tps = len(ids) / statistics.median(secs)
 same = open(ids_file).read().split() == [str(i) for i in ids]
 print("%-44s %9d %14.0f %14.0f %6.2fx %s" % (model.split("/")[-1], n_llmq, tps_llmq, tps, tps_llmq / tps, "yes" if same else "NO"))
 PYEOF
-  rm -f "${TMPDIR:-/tmp}/tokspeed_llmq.$$"
 done

@@ -23,12 +23,7 @@
 #include <stdint.h>
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static double urand(void) { // [-1, 1)
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / (double)(1ull << 52) - 1.0;
-}
+static double urand(void) { return (double)(test_xorshift64(&rng) >> 11) / (double)(1ull << 52) - 1.0; } // [-1, 1)
 
 #define SENTINEL 12345.0f
 

@@ -50,7 +50,7 @@ int main(void) {
         return TEST_SKIP;
     }
     char model[1024], text[1024];
-    snprintf(model, sizeof model, "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
+    test_stories260k(model, sizeof model, "tinyllamas-stories-260k-f32.gguf");
     snprintf(text, sizeof text, "%s/wikitext-2-raw/wiki.valid.raw", test_data_dir());
     if (!bin || access(bin, X_OK) != 0 || access(model, R_OK) != 0 || access(text, R_OK) != 0) {
         fprintf(stderr, "skipped: needs $LLMQ_BIN, %s and %s\n", model, text);

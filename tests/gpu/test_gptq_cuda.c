@@ -25,12 +25,7 @@
 #include "quant/quantizer.h"
 
 static uint64_t rng_state = 0x853c49e6748fea9bull;
-static float frand(void) { // uniform [-1, 1)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / (1 << 23))) - 1.0f;
-}
+static float frand(void) { return test_frand(&rng_state); } // uniform [-1, 1)
 static int irand(int n) { return (int)((frand() + 1.0f) * 0.5f * (float)n) % n; }
 
 // ---- 1. bit-exact hooks

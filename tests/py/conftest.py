@@ -113,6 +113,67 @@ def smollm2():
     return p
 
 
+def ggml_quantizer(types):
+    """quantize(tname, rows, imatrix=None) -> the bytes of ggml_quantize_chunk (what llama-quantize writes) from
+    llama-cpp-python's libggml-base.so through ctypes, for rows (nrows, n) f32 and an optional importance (n,);
+    types: tname -> (ggml type id, block elements, block bytes). Skips the calling test when llama_cpp is not
+    importable."""
+    import ctypes
+
+    import numpy as np
+    try:
+        import llama_cpp
+    except ImportError as e:
+        pytest.skip(f"llama_cpp not importable ({e}): no ggml oracle")
+    lib = ctypes.CDLL(str(pathlib.Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
+
+    def quantize(tname, rows, imatrix=None):
+        tid, blck, size = types[tname]
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        nrows, n = rows.shape
+        dst = np.zeros(nrows * n // blck * size, dtype=np.uint8)
+        imp = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
+        lib.ggml_quantize_init(tid)
+        got = lib.ggml_quantize_chunk(tid, rows.ctypes.data, dst.ctypes.data, 0, nrows, n,
+                                      None if imp is None else imp.ctypes.data)
+        assert got == dst.size
+        return dst.tobytes()
+    return quantize
+
+
+def gguf_first_blocks(src, dst, n_blocks):
+    """Writes GGUF `dst` (gguf-py) with the tensors of `src` except those of blocks >= n_blocks, every KV copied
+    but {arch}.block_count = n_blocks; tensor types and bytes unchanged. Returns dst."""
+    import re
+
+    import gguf
+    import numpy as np
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, n_blocks if name == f"{arch}.block_count" else field.contents(), vtype, sub_type=sub)
+    for t in reader.tensors:
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        if m and int(m.group(1)) >= n_blocks:
+            continue
+        shape = [int(x) for x in reversed(t.shape.tolist())]
+        w.add_tensor(t.name, np.asarray(t.data).reshape(shape), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 def run(cmd, check=True, **kw):
     """Run a command, return CompletedProcess with text output; on failure show its stderr."""
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)

@@ -78,20 +78,30 @@ def compare_topk(got, ref):
     return float(diff.max()), agree
 
 
+def check_golden(label, got, ref, tol, top1):
+    """llmq's logits `got` against a golden section: within tol at llama.cpp's top-K ids, top-1 agreement >= top1."""
+    d, agree = compare_topk(got, ref)
+    print(f"{label} vs llama.cpp golden: max |diff| at top-{gg.TOP_K} = {d:.3g}, top-1 agreement {agree:.3f}")
+    assert d < tol, f"llmq {label} logits differ from llama.cpp by {d} (> {tol})"
+    assert agree >= top1
+
+
+def check_live(label, got, ref, tol, top1):
+    """llmq's logits `got` against llama.cpp's `ref`, all of them: within tol, top-1 agreement >= top1."""
+    d = np.abs(got - ref)
+    agree = float(np.mean(got.argmax(1) == ref.argmax(1)))
+    print(f"{label} vs llama.cpp, all logits of {len(ref)} positions: max {d.max():.3g}, mean {d.mean():.3g}, "
+          f"top-1 agreement {agree:.3f}")
+    assert d.max() < tol
+    assert agree >= top1
+
+
 def test_golden_f32(golden, smollm2_f32, llmq_logits):
-    got = llmq_logits(smollm2_f32, golden["tokens"])
-    d, agree = compare_topk(got, golden["f32"])
-    print(f"f32 vs llama.cpp golden: max |diff| at top-{gg.TOP_K} = {d:.3g}, top-1 agreement {agree:.3f}")
-    assert d < F32_TOL, f"llmq f32 logits differ from llama.cpp by {d} (> {F32_TOL})"
-    assert agree == 1.0
+    check_golden("f32", llmq_logits(smollm2_f32, golden["tokens"]), golden["f32"], F32_TOL, 1.0)
 
 
 def test_golden_q4_1(golden, smollm2, llmq_logits):
-    got = llmq_logits(smollm2, golden["tokens"])
-    d, agree = compare_topk(got, golden["q4_1"])
-    print(f"Q4_1 vs llama.cpp golden: max |diff| at top-{gg.TOP_K} = {d:.3g}, top-1 agreement {agree:.3f}")
-    assert d < Q41_TOL, f"llmq Q4_1 logits differ from llama.cpp by {d} (> {Q41_TOL})"
-    assert agree >= Q41_TOP1
+    check_golden("Q4_1", llmq_logits(smollm2, golden["tokens"]), golden["q4_1"], Q41_TOL, Q41_TOP1)
 
 
 def test_threads_do_not_change_results(golden, smollm2, llmq_logits):
@@ -108,22 +118,10 @@ def test_llama_cpp_tokens_match_golden(golden, smollm2, data_dir):
 @needs_llama_cpp
 def test_llama_cpp_live_f32(golden, smollm2_f32, llmq_logits):
     ref = gg.llama_cpp_logits(smollm2_f32, golden["tokens"])
-    got = llmq_logits(smollm2_f32, golden["tokens"])
-    d = np.abs(got - ref)
-    agree = float(np.mean(got.argmax(1) == ref.argmax(1)))
-    print(f"f32 vs llama.cpp, all logits of {len(ref)} positions: max {d.max():.3g}, mean {d.mean():.3g}, "
-          f"top-1 agreement {agree:.3f}")
-    assert d.max() < F32_TOL
-    assert agree == 1.0
+    check_live("f32", llmq_logits(smollm2_f32, golden["tokens"]), ref, F32_TOL, 1.0)
 
 
 @needs_llama_cpp
 def test_llama_cpp_live_q4_1(golden, smollm2, llmq_logits):
     ref = gg.llama_cpp_logits(smollm2, golden["tokens"])
-    got = llmq_logits(smollm2, golden["tokens"])
-    d = np.abs(got - ref)
-    agree = float(np.mean(got.argmax(1) == ref.argmax(1)))
-    print(f"Q4_1 vs llama.cpp, all logits of {len(ref)} positions: max {d.max():.3g}, mean {d.mean():.3g}, "
-          f"top-1 agreement {agree:.3f}")
-    assert d.max() < Q41_TOL
-    assert agree >= Q41_TOP1
+    check_live("Q4_1", llmq_logits(smollm2, golden["tokens"]), ref, Q41_TOL, Q41_TOP1)

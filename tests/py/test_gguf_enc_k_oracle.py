@@ -12,13 +12,12 @@ The oracle is ggml_quantize_chunk of llama-cpp-python's libggml-base.so through 
 llama_cpp is not importable). A mismatch prints the first differing block, the field (d, dmin,
 scales, qs, qh, hmask, ql) and byte, the decoded super-block scales and the block's inputs.
 """
-import ctypes
 import pathlib
 
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import ggml_quantizer, run
 
 gguf = pytest.importorskip("gguf")
 
@@ -37,26 +36,8 @@ ROWS = 48
 
 @pytest.fixture(scope="module")
 def ggml():
-    try:
-        import llama_cpp
-    except ImportError as e:
-        pytest.skip(f"llama_cpp not importable ({e}): no ggml oracle")
-    lib = ctypes.CDLL(str(pathlib.Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
-    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
-    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-
-    def quantize(tname, rows, imatrix=None):
-        tid, size, _ = K_TYPES[tname]
-        rows = np.ascontiguousarray(rows, dtype=np.float32)
-        nrows, n = rows.shape
-        dst = np.zeros(nrows * n // QK_K * size, dtype=np.uint8)
-        imp = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
-        got = lib.ggml_quantize_chunk(tid, rows.ctypes.data, dst.ctypes.data, 0, nrows, n,
-                                      None if imp is None else imp.ctypes.data)
-        assert got == dst.size
-        return dst.tobytes()
-    return quantize
+    """ggml_quantize_chunk of llama-cpp-python's libggml-base.so for the k-quants, or skip."""
+    return ggml_quantizer({name: (tid, QK_K, size) for name, (tid, size, _) in K_TYPES.items()})
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,11 @@ tiny 1e-30 and huge 1e30 magnitudes, mixed signs over six decades, values on a h
 real rows of several SmolLM2 tensors (~/.cache/llmq/smollm2-f32.gguf). A mismatch names the input,
 row and block, and prints the block's values and both encodings.
 """
-import ctypes
-import pathlib
 
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import ggml_quantizer, run
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
@@ -114,28 +112,7 @@ def encode(tool, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ggml():
     """ggml_quantize_chunk of llama-cpp-python's libggml-base.so, or skip."""
-    try:
-        import llama_cpp
-    except ImportError as e:  # the gguf-py and thread checks still run
-        pytest.skip(f"llama_cpp not importable ({e}): no ggml oracle")
-    lib = ctypes.CDLL(str(pathlib.Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
-    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
-    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
-
-    def quantize(tname, rows, imatrix=None):
-        tid, blck, size = TYPES[tname]
-        rows = np.ascontiguousarray(rows, dtype=np.float32)
-        nrows, n = rows.shape
-        dst = np.zeros(nrows * n // blck * size, dtype=np.uint8)
-        imp = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
-        lib.ggml_quantize_init(tid)
-        got = lib.ggml_quantize_chunk(tid, rows.ctypes.data, dst.ctypes.data, 0, nrows, n,
-                                      None if imp is None else imp.ctypes.data)
-        assert got == dst.size
-        return dst.tobytes()
-    return quantize
+    return ggml_quantizer(TYPES)
 
 
 def random_imatrix(n, seed):

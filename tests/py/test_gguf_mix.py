@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import gguf
 
-from conftest import run
+from conftest import gguf_first_blocks, run
 
 FTYPES = {"Q8_0": 7, "Q6_K": 18, "Q5_K_M": 17, "Q5_K_S": 16, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "Q4_K_S": 14,
           "Q4_0": 2, "Q4_1": 3, "Q3_K_L": 13, "Q3_K_M": 12, "Q3_K_S": 11, "Q2_K": 10, "IQ4_NL": 25, "IQ4_XS": 30,
@@ -54,26 +54,7 @@ def smollm2_f32():
 @pytest.fixture(scope="module")
 def smol8(smollm2_f32, work):
     """SmolLM2 f32 with only blocks 0..7 (block_count 8), every KV kept."""
-    dst = work / "smol8.gguf"
-    r = gguf.GGUFReader(str(smollm2_f32))
-    arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(str(dst), arch)
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        v = 8 if k == f"{arch}.block_count" else f.contents()
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(k, v, f.types[0], sub)
-    for t in r.tensors:
-        m = re.match(r"blk\.(\d+)\.", t.name)
-        if m and int(m.group(1)) >= 8:
-            continue
-        w.add_tensor(t.name, np.array(t.data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return gguf_first_blocks(smollm2_f32, work / "smol8.gguf", 8)
 
 
 @pytest.fixture(scope="module")

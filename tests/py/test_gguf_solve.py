@@ -30,7 +30,7 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import gguf_first_blocks, run
 
 try:
     import llama_cpp  # noqa: F401
@@ -50,27 +50,7 @@ def smol4(tmp_path_factory):
     cache = pathlib.Path(os.environ.get("LLMQ_CACHE", pathlib.Path.home() / ".cache" / "llmq"))
     src = cache / "smollm2-f32.gguf"
     assert src.exists(), f"{src} missing: see README (llmq convert of SmolLM2 to f32)"
-    dst = tmp_path_factory.mktemp("smol4") / "smollm2-4l-f32.gguf"
-    reader = gguf.GGUFReader(str(src))
-    arch = reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(str(dst), arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(name, N_LAYERS if name == f"{arch}.block_count" else field.contents(), vtype, sub_type=sub)
-    for t in reader.tensors:
-        m = re.match(r"blk\.(\d+)\.", t.name)
-        if m and int(m.group(1)) >= N_LAYERS:
-            continue
-        shape = [int(x) for x in reversed(t.shape.tolist())]
-        w.add_tensor(t.name, np.asarray(t.data).reshape(shape), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return gguf_first_blocks(src, tmp_path_factory.mktemp("smol4") / "smollm2-4l-f32.gguf", N_LAYERS)
 
 
 def quantize(llmq_bin, model, out, method, gguf_type, cal, data_dir):

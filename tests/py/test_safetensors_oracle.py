@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 from conftest import run
 
-# ---------------------------------------------------------------- the demo set (st_write_demo.c) ----
+# ------------------------------------------------ the demo set (st_write_demo.c, tests/tensor_specs.h) ----
 # name, safetensors dtype, shape — in declared order; values: v = (i*37 + k*11) % 97 - 48.
 DEMO = [
     ("model.embed_tokens.weight", "F32", [7, 5]),
@@ -34,7 +34,9 @@ DEMO = [
     ("empty", "F16", [0, 4]),
     ("i8", "I8", [9]),
     ("u8", "U8", [10]),
+    ("empty2", "I64", [0]),
     ("bool", "BOOL", [11]),
+    ("na\u00efve.\u00fc", "U8", [2]),
     ("layers.0.na\u00efve \u2713", "BF16", [2]),
     ("big", "F32", [64, 33]),
 ]

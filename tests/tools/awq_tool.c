@@ -22,6 +22,7 @@
 #include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "quant/awq.h"
+#include "util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,17 +50,7 @@ static void hook(void *user, int layer, enum llmq_linear which, const float *in,
 static int dump(const char *dir, const char *name, const float *p, int64_t n) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *fp = fopen(path, "wb");
-    if (!fp) {
-        fprintf(stderr, "%s: cannot open for writing\n", path);
-        return 1;
-    }
-    size_t ok = fwrite(p, sizeof(float), (size_t)n, fp);
-    if (fclose(fp) != 0 || ok != (size_t)n) {
-        fprintf(stderr, "%s: write failed\n", path);
-        return 1;
-    }
-    return 0;
+    return test_save(path, p, (size_t)n * sizeof(float));
 }
 
 int main(int argc, char **argv) {

@@ -21,6 +21,7 @@
 #include "formats/safetensors.h"
 #include "quant/export.h"
 #include "quant/quantizer.h"
+#include "util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,12 +33,7 @@ static const char *hf_lin[LLMQ_LIN_COUNT] = {"self_attn.q_proj", "self_attn.k_pr
                                              "mlp.down_proj"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng(void) { // xorshift64*
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
-}
+static uint64_t rng(void) { return test_xorshift64s(&rng_state); }
 
 static int usage(void) {
     fprintf(stderr, "usage: export_tool quantize MODEL OUT awq|gptq|fake BITS GROUP sym|asym [--act-order] "

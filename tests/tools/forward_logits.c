@@ -11,6 +11,7 @@
 #include "calib/model/forward.h"
 #include "calib/model/model.h"
 #include "common/io.h"
+#include "util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +35,6 @@ int main(int argc, char **argv) {
     float *logits = NULL;
     struct llmq_model *m = NULL;
     struct llmq_forward *f = NULL;
-    FILE *fp = NULL;
     int rc = 1;
     if (llmq_read_file(argv[2], 1u << 28, &text, &size) != LLMQ_OK) goto done;
     for (char *p = text, *e;; p = e) {
@@ -57,22 +57,10 @@ int main(int argc, char **argv) {
     logits = malloc((size_t)((n - first) * m->hp.n_vocab) * sizeof(float));
     if (!logits) goto done;
     if (llmq_forward_logits(f, ids, n, first, logits) != LLMQ_OK) goto done;
-    fp = fopen(argv[3], "wb");
-    if (!fp) {
-        fprintf(stderr, "%s: cannot open for writing\n", argv[3]);
-        goto done;
-    }
-    size_t count = (size_t)((n - first) * m->hp.n_vocab);
-    if (fwrite(logits, sizeof(float), count, fp) != count || fclose(fp) != 0) {
-        fp = NULL;
-        fprintf(stderr, "%s: write failed\n", argv[3]);
-        goto done;
-    }
-    fp = NULL;
+    if (test_save(argv[3], logits, (size_t)((n - first) * m->hp.n_vocab) * sizeof(float))) goto done;
     printf("%lld %lld\n", (long long)n, (long long)m->hp.n_vocab);
     rc = 0;
 done:
-    if (fp) fclose(fp);
     free(logits);
     free(ids);
     free(text);

@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "quant/gptq.h"
 #include "quant/quantizer.h"
+#include "util.h"
 
 static void *read_raw(const char *path, size_t n) {
     FILE *f = fopen(path, "rb");
@@ -29,15 +30,6 @@ static void *read_raw(const char *path, size_t n) {
     }
     fclose(f);
     return p;
-}
-
-static int write_raw(const char *prefix, const char *ext, const void *p, size_t n) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s.%s", prefix, ext);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 1;
-    int bad = fwrite(p, 1, n, f) != n;
-    return fclose(f) != 0 || bad;
 }
 
 int main(int argc, char **argv) {
@@ -105,12 +97,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (rtn) llmq_qlinear_dequant(&ql, W);
-    int bad = write_raw(prefix, "q", ql.q, (size_t)(R * C));
-    bad |= write_raw(prefix, "scales", ql.scales, (size_t)(R * ql.n_groups) * sizeof(float));
-    bad |= write_raw(prefix, "zeros", ql.zeros, (size_t)(R * ql.n_groups) * sizeof(float));
-    bad |= write_raw(prefix, "gidx", ql.g_idx, (size_t)C * sizeof(int32_t));
-    bad |= write_raw(prefix, "Q", W, (size_t)(R * C) * sizeof(float));
-    if (!rtn) bad |= write_raw(prefix, "Hinv", H, (size_t)(C * C) * sizeof(float));
+    int bad = test_write_raw(prefix, "q", ql.q, (size_t)(R * C));
+    bad |= test_write_raw(prefix, "scales", ql.scales, (size_t)(R * ql.n_groups) * sizeof(float));
+    bad |= test_write_raw(prefix, "zeros", ql.zeros, (size_t)(R * ql.n_groups) * sizeof(float));
+    bad |= test_write_raw(prefix, "gidx", ql.g_idx, (size_t)C * sizeof(int32_t));
+    bad |= test_write_raw(prefix, "Q", W, (size_t)(R * C) * sizeof(float));
+    if (!rtn) bad |= test_write_raw(prefix, "Hinv", H, (size_t)(C * C) * sizeof(float));
     if (bad) {
         fprintf(stderr, "gptq_tool: cannot write outputs under %s\n", prefix);
         return 1;

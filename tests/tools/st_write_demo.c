@@ -3,12 +3,15 @@
 //
 //   st_write_demo OUT_DIR MAX_SHARD_BYTES     (0: one model.safetensors; else sharded + index)
 //
-// The set: every safetensors dtype, a scalar, zero-size tensors, 1..4 dims, a UTF-8 name, and one
-// larger tensor streamed in 100-byte pieces. Element i of tensor k has the integer value
+// The set: tests/tensor_specs.h st_demo_specs() (every safetensors dtype, a scalar, zero-size tensors,
+// 1..4 dims, UTF-8 names), the one tests/unit/test_safetensors.c round-trips; its "big" is streamed in
+// 100-byte pieces. Element i of tensor k has the integer value
 //   v = (i * 37 + k * 11) % 97 - 48        (in [-48, 48])
 // stored as: F64/F32/F16/BF16 v * 0.5 (exact in every float type), I64 v * 1000000007, I32 v * 100003,
 // I16 v * 300, I8 v, U8 v + 148, BOOL v > 0. The oracle recomputes the same values with numpy.
 // Exit status: 0 ok, 1 library error (message on stderr), 2 usage error.
+#include "tensor_specs.h"
+
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -18,36 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct demo {
-    const char *name;
-    enum llmq_dtype dtype;
-    int n_dims;
-    int64_t shape[4];
-};
-
-static const struct demo DEMO[] = {
-    {"model.embed_tokens.weight", LLMQ_DTYPE_F32, 2, {7, 5}},
-    {"f64", LLMQ_DTYPE_F64, 1, {3}},
-    {"f16", LLMQ_DTYPE_F16, 3, {2, 3, 4}},
-    {"bf16", LLMQ_DTYPE_BF16, 2, {4, 4}},
-    {"i64", LLMQ_DTYPE_I64, 1, {5}},
-    {"i32", LLMQ_DTYPE_I32, 4, {1, 1, 1, 3}},
-    {"scalar", LLMQ_DTYPE_F32, 0, {0}},
-    {"i16", LLMQ_DTYPE_I16, 1, {6}},
-    {"empty", LLMQ_DTYPE_F16, 2, {0, 4}},
-    {"i8", LLMQ_DTYPE_I8, 1, {9}},
-    {"u8", LLMQ_DTYPE_U8, 1, {10}},
-    {"bool", LLMQ_DTYPE_BOOL, 1, {11}},
-    {"layers.0.na\xc3\xafve \xe2\x9c\x93", LLMQ_DTYPE_BF16, 1, {2}},
-    {"big", LLMQ_DTYPE_F32, 2, {64, 33}},
-};
-#define N_DEMO ((int)(sizeof(DEMO) / sizeof(DEMO[0])))
-
-static int64_t n_elements(const struct demo *d) {
-    int64_t n = 1;
-    for (int i = 0; i < d->n_dims; i++) n *= d->shape[i];
-    return n;
-}
+static const struct test_tensor_spec *DEMO; // tests/tensor_specs.h st_demo_specs(), set by main
+static int N_DEMO;
 
 // Element i of tensor k, encoded little-endian (llmq targets little-endian hosts) into out.
 static size_t encode(int k, int64_t i, uint8_t *out) {
@@ -103,6 +78,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "st_write_demo: bad MAX_SHARD_BYTES '%s'\n", argv[2]);
         return 2;
     }
+    DEMO = st_demo_specs(&N_DEMO);
     struct llmq_st_writer *w = NULL;
     uint8_t *buf = NULL;
     enum llmq_status st = llmq_st_writer_init(argv[1], limit, &w);
@@ -112,7 +88,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < N_DEMO; k++)
         if ((st = llmq_st_writer_add_tensor(w, DEMO[k].name, DEMO[k].dtype, DEMO[k].n_dims, DEMO[k].shape))) goto fail;
     for (int k = 0; k < N_DEMO; k++) {
-        int64_t n = n_elements(&DEMO[k]);
+        int64_t n = test_spec_numel(&DEMO[k]);
         size_t esize = llmq_dtype_traits(DEMO[k].dtype)->size, nbytes = (size_t)n * esize;
         free(buf);
         if (!(buf = malloc(nbytes + 8))) {

@@ -125,11 +125,7 @@ int main(void) {
     test_half();
     test_tables();
     char path[1024];
-    snprintf(path, sizeof path, "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
-    if (!llmq_file_exists(path)) {
-        fprintf(stderr, "%s is missing (set LLMQ_DATA)\n", path);
-        return 1;
-    }
+    test_need_file(test_stories260k(path, sizeof path, "tinyllamas-stories-260k-f32.gguf"));
     test_forward(path);
     printf("test_actq: OK\n");
     return 0;

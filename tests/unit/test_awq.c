@@ -72,6 +72,17 @@ static float *block_input(struct llmq_forward *f, const struct llmq_model *m, co
     return x;
 }
 
+// (n_seq * seqlen, D): the fp output of block `layer` for its input x (x is not changed).
+static float *block_output(struct llmq_forward *f, const struct llmq_model *m, const float *x, int layer, int64_t n_seq,
+                           int64_t seqlen) {
+    const size_t bytes = (size_t)(n_seq * seqlen * m->hp.n_embd) * sizeof(float);
+    float *ref = malloc(bytes);
+    CHECK(ref);
+    memcpy(ref, x, bytes);
+    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    return ref;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. sub-block pieces == block
 // ---------------------------------------------------------------------------------------------
@@ -120,11 +131,9 @@ static void test_fold(struct llmq_model *m, const char *label, int layer, int gr
     const int64_t n_seq = 2, seqlen = 48, N = n_seq * seqlen, D = m->hp.n_embd;
     struct llmq_forward *f = NULL;
     CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
-    float *x = block_input(f, m, NULL, layer, n_seq, seqlen);
-    float *ref = malloc((size_t)(N * D) * sizeof(float)), *y = malloc((size_t)(N * D) * sizeof(float));
-    CHECK(ref && y);
-    memcpy(ref, x, (size_t)(N * D) * sizeof(float));
-    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    float *x = block_input(f, m, NULL, layer, n_seq, seqlen), *ref = block_output(f, m, x, layer, n_seq, seqlen);
+    float *y = malloc((size_t)(N * D) * sizeof(float));
+    CHECK(y);
 
     struct llmq_awq_opts o;
     llmq_awq_opts_default(&o);
@@ -289,14 +298,10 @@ static double quantized_block_mse(struct llmq_model *m, struct llmq_forward *f, 
 
 static void test_awq_beats_rtn(struct llmq_model *m, const char *label, const int32_t *ids, int layer, int64_t n_seq,
                                int64_t seqlen, int group, int bits) {
-    const int64_t N = n_seq * seqlen, D = m->hp.n_embd;
+    const int64_t N = n_seq * seqlen;
     struct llmq_forward *f = NULL;
     CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
-    float *x = block_input(f, m, ids, layer, n_seq, seqlen);
-    float *ref = malloc((size_t)(N * D) * sizeof(float));
-    CHECK(ref);
-    memcpy(ref, x, (size_t)(N * D) * sizeof(float));
-    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    float *x = block_input(f, m, ids, layer, n_seq, seqlen), *ref = block_output(f, m, x, layer, n_seq, seqlen);
     struct llmq_awq_opts o;
     llmq_awq_opts_default(&o);
     o.group_size = group;
@@ -364,12 +369,7 @@ static void test_gram_loss(struct llmq_model *m, const char *label, const int32_
 // ---------------------------------------------------------------------------------------------
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static float frand(float scale) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return scale * ((float)(rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
-}
+static float frand(float scale) { return scale * test_frand(&rng); } // uniform [-scale, scale)
 
 static void write_qwen2(const char *dir) {
     const int64_t D = 32, F = 64, L = 2, V = 64;
@@ -450,27 +450,32 @@ static void rm_dir(const char *dir) {
     rmdir(dir);
 }
 
+// The checks of sections 1-3 on model m: the pieces on pieces_seq sequences of pieces_len synthetic tokens; on block
+// `layer` with groups of `group` columns: folding (want_groups scale groups), the plugged quantizer, AWQ < RTN at 3
+// bits and the Gram-form loss, both on 2 sequences of `seqlen` synthetic tokens.
+static void test_model(struct llmq_model *m, const char *label, int64_t pieces_seq, int64_t pieces_len, int layer,
+                       int group, int want_groups, int64_t seqlen) {
+    test_pieces(m, label, pieces_seq, pieces_len);
+    test_fold(m, label, layer, group, want_groups);
+    test_plugged_quantizer(m, label, layer, group);
+    test_awq_beats_rtn(m, label, NULL, layer, 2, seqlen, group, 3);
+    test_gram_loss(m, label, NULL, layer, 2, seqlen, group, false);
+    test_gram_loss(m, label, NULL, layer, 2, seqlen, group, true);
+}
+
 int main(void) {
     char stories[1024], wiki[1024], smol[1024];
-    snprintf(stories, sizeof stories, "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
+    test_stories260k(stories, sizeof stories, "tinyllamas-stories-260k-f32.gguf");
     snprintf(wiki, sizeof wiki, "%s/wikitext-2-raw/wiki.valid.raw", test_data_dir());
     const char *cache = getenv("LLMQ_CACHE");
     if (cache && *cache)
         snprintf(smol, sizeof smol, "%s/smollm2-f32.gguf", cache);
     else
         snprintf(smol, sizeof smol, "%s/.cache/llmq/smollm2-f32.gguf", getenv("HOME") ? getenv("HOME") : ".");
-    if (!llmq_file_exists(stories)) {
-        fprintf(stderr, "%s is missing (set LLMQ_DATA)\n", stories);
-        return 1;
-    }
+    test_need_file(stories);
     struct llmq_model *m = NULL;
     CHECK(llmq_model_load(stories, &m) == LLMQ_OK);
-    test_pieces(m, "stories260K", 2, 40);
-    test_fold(m, "stories260K", 2, 4, 3);
-    test_plugged_quantizer(m, "stories260K", 2, 4);
-    test_awq_beats_rtn(m, "stories260K", NULL, 2, 2, 64, 4, 3);
-    test_gram_loss(m, "stories260K", NULL, 2, 2, 64, 4, false);
-    test_gram_loss(m, "stories260K", NULL, 2, 2, 64, 4, true);
+    test_model(m, "stories260K", 2, 40, 2, 4, 3, 64);
     llmq_model_free(m);
 
     char tmp[] = "/tmp/llmq_test_awq.XXXXXX";
@@ -480,12 +485,7 @@ int main(void) {
     write_qwen2(dir);
     CHECK(llmq_model_load(dir, &m) == LLMQ_OK);
     CHECK(m->hp.qkv_bias && m->hp.n_head == m->hp.n_head_kv);
-    test_pieces(m, "random qwen2 (bias, no GQA)", 3, 17);
-    test_fold(m, "random qwen2 (bias, no GQA)", 1, 8, 4);
-    test_plugged_quantizer(m, "random qwen2 (bias, no GQA)", 1, 8);
-    test_awq_beats_rtn(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, 3);
-    test_gram_loss(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, false);
-    test_gram_loss(m, "random qwen2 (bias, no GQA)", NULL, 1, 2, 32, 8, true);
+    test_model(m, "random qwen2 (bias, no GQA)", 3, 17, 1, 8, 4, 32);
     llmq_model_free(m);
     rm_dir(dir);
     rmdir(tmp);

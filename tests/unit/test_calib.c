@@ -71,7 +71,7 @@ static void grab_hook(void *user, int layer, enum llmq_linear which, const float
 
 static void test_stats(void) {
     char model_path[512];
-    snprintf(model_path, sizeof(model_path), "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
+    test_stories260k(model_path, sizeof model_path, "tinyllamas-stories-260k-f32.gguf");
     struct llmq_model *m;
     CHECK(llmq_model_load(model_path, &m) == LLMQ_OK);
     const char *txt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
@@ -233,9 +233,7 @@ int main(void) {
     CHECK(mkdtemp(tmpdir));
     test_sources();
     test_stats();
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    test_remove_tree(tmpdir);
     printf("test_calib: ok\n");
     return 0;
 }

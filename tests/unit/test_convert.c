@@ -16,26 +16,16 @@
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
 
-#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-// CHECK that a call returns LLMQ_OK, showing the recorded error otherwise (logging is silenced).
-#define CHECK_OK(x)                                                                                                    \
-    do {                                                                                                               \
-        enum llmq_status s_ = (x);                                                                                     \
-        if (s_ != LLMQ_OK) fprintf(stderr, "%s\n", llmq_last_error());                                                 \
-        CHECK(s_ == LLMQ_OK);                                                                                          \
-    } while (0)
-
 static char tmpdir[] = "/tmp/llmq_test_convert_XXXXXX";
 
 static uint64_t rng = 88172645463325252ull;
-static float frand(void) { // xorshift64, uniform in [-1, 1)
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+static float frand(void) { // uniform in [-1, 1)
+    return (float)((double)(test_xorshift64(&rng) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 static char *tpath(const char *name) { return test_path(tmpdir, name); }
@@ -428,17 +418,6 @@ static void test_gguf_dtypes(void) {
 
 // ---- refusals and corrupt inputs ----------------------------------------------------------------
 
-static int count_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int n = 0;
-    CHECK(d);
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
-
 static void test_refusals(void) {
     struct spec s = {"llama", 16, 2, 1, 24, 2, false, true, false, false};
     struct llmq_convert_opts o = llmq_convert_default_opts();
@@ -476,7 +455,7 @@ static void test_refusals(void) {
     CHECK(llmq_convert(tpath("nothing"), tpath("x-hf"), &o, NULL) == LLMQ_ERR_NOT_FOUND);
 
     // corrupt inputs: the error names the problem and nothing is written
-    int before = count_entries(tmpdir);
+    int before = test_count_entries(tmpdir);
     struct spec bad = s;
     bad.arch = "gpt-j"; // an architecture we do not convert
     make_gguf(tpath("bad-arch.gguf"), &bad);
@@ -509,7 +488,7 @@ static void test_refusals(void) {
     CHECK(system(cmd) == 0);
     CHECK(llmq_convert(tpath("broken-hf"), tpath("broken.gguf"), &o, NULL) == LLMQ_ERR_CORRUPT);
     CHECK_CONTAINS(llmq_last_error(), "model.embed_tokens.weight");
-    CHECK_EQ_INT(count_entries(tmpdir), before); // no output, no temporary left behind
+    CHECK_EQ_INT(test_count_entries(tmpdir), before); // no output, no temporary left behind
 }
 
 // An HF directory in bf16 whose config says "mistral": back to GGUF f32, architecture "llama", every
@@ -547,12 +526,6 @@ static void test_hf_bf16_mistral(void) {
     llmq_gguf_free(b);
 }
 
-static void rm_rf(const char *dir) {
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
-}
-
 int main(void) {
     llmq_log_set_level(LLMQ_LOG_SILENT);
     CHECK(mkdtemp(tmpdir));
@@ -568,7 +541,7 @@ int main(void) {
     test_gguf_dtypes();
     test_hf_bf16_mistral();
     test_refusals();
-    rm_rf(tmpdir);
+    test_remove_tree(tmpdir);
     printf("test_convert: ok\n");
     return 0;
 }

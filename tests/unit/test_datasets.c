@@ -184,7 +184,7 @@ static void test_own_manifest(void) {
 // A named calibration source: kind NAMED, the repository's file, the manifest's sha256 (of the text).
 static void test_calib_named(void) {
     char model_path[512];
-    snprintf(model_path, sizeof(model_path), "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
+    test_stories260k(model_path, sizeof model_path, "tinyllamas-stories-260k-f32.gguf");
     if (!llmq_file_exists(model_path)) {
         fprintf(stderr, "test_datasets: %s missing: the calibration case was not run\n", model_path);
         return;
@@ -213,9 +213,7 @@ int main(void) {
     test_own_manifest();
     test_calib_named();
     test_shipped(src); // last: it unsets LLMQ_DATA
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    test_remove_tree(tmpdir);
     printf("test_datasets: ok\n");
     return 0;
 }

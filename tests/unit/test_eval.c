@@ -13,10 +13,7 @@
 #include <unistd.h>
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double urand(void) { // uniform [0, 1), xorshift64*
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return (double)((rng * 0x2545f4914f6cdd1dull) >> 11) / 9007199254740992.0;
-}
+static double urand(void) { return (double)(test_xorshift64s(&rng) >> 11) / 9007199254740992.0; } // [0, 1)
 
 #define CHECK_NEAR(a, b, tol)                                                                                          \
     do {                                                                                                               \
@@ -482,9 +479,7 @@ static void test_logits_file(void) {
     llmq_logits_close(NULL);
     llmq_log_set_level(LLMQ_LOG_INFO);
 
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    test_remove_tree(tmpdir);
 }
 
 int main(void) {

@@ -16,33 +16,15 @@
 #include "quant/export.h"
 #include "quant/quantizer.h"
 
-#include <dirent.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CHECK_OK(x)                                                                                                    \
-    do {                                                                                                               \
-        enum llmq_status s_ = (x);                                                                                     \
-        if (s_ != LLMQ_OK) fprintf(stderr, "%s\n", llmq_last_error());                                                 \
-        CHECK(s_ == LLMQ_OK);                                                                                          \
-    } while (0)
-
 static char tmpdir[] = "/tmp/llmq_test_export_XXXXXX";
 static uint64_t rs = 88172645463325252ull;
-static uint64_t rnd(void) { return rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17; }
+static uint64_t rnd(void) { return test_xorshift64(&rs); }
 
 static char *tpath(const char *name) { return test_path(tmpdir, name); }
-
-static int n_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int n = 0;
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    if (d) closedir(d);
-    return n;
-}
 
 static void test_packing(void) {
     uint8_t c[8] = {0, 1, 2, 3, 4, 5, 6, 7}, back[64];
@@ -108,16 +90,6 @@ static enum llmq_status export_all(const struct llmq_model *m, const char *out, 
     return llmq_export_finish(e);
 }
 
-static bool same_file(const char *a, const char *b) {
-    char *x = NULL, *y = NULL;
-    size_t nx = 0, ny = 0;
-    bool same = llmq_read_file(a, 1u << 30, &x, &nx) == LLMQ_OK && llmq_read_file(b, 1u << 30, &y, &ny) == LLMQ_OK &&
-                nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
 static void test_stories_gptq(const char *stories) {
     struct llmq_model *m = NULL, *back = NULL;
     CHECK_OK(llmq_model_load(stories, &m));
@@ -173,7 +145,7 @@ static void test_stories_gptq(const char *stories) {
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/model.safetensors", tpath("g8"));
     snprintf(b, sizeof b, "%s/model.safetensors", tpath("g8rev"));
-    CHECK(same_file(a, b));
+    CHECK(test_same_file(a, b));
 
     // an existing output: refused and kept; replaced with force
     struct stat st0, st1;
@@ -190,15 +162,15 @@ static void test_stories_gptq(const char *stories) {
     o.force = false;
 
     // abort and an unfinished export leave nothing; a missing linear is named
-    int before = n_entries(tmpdir);
+    int before = test_count_entries(tmpdir);
     struct llmq_export *e = NULL;
     CHECK_OK(llmq_export_begin(m, tpath("aborted"), &o, &e));
-    CHECK_EQ_INT(n_entries(tmpdir), before + 1); // the .tmp.<pid> directory
+    CHECK_EQ_INT(test_count_entries(tmpdir), before + 1); // the .tmp.<pid> directory
     llmq_export_abort(e);
-    CHECK_EQ_INT(n_entries(tmpdir), before);
+    CHECK_EQ_INT(test_count_entries(tmpdir), before);
     CHECK(export_all(m, tpath("missing"), &o, false, 3) == LLMQ_ERR_ARG);
     CHECK_CONTAINS(llmq_last_error(), "without model.layers.3.self_attn.q_proj");
-    CHECK_EQ_INT(n_entries(tmpdir), before);
+    CHECK_EQ_INT(test_count_entries(tmpdir), before);
 
     // a qlinear that does not match the export, twice handed over, out-of-range layer
     CHECK_OK(llmq_export_begin(m, tpath("bad"), &o, &e));
@@ -221,7 +193,7 @@ static void test_stories_gptq(const char *stories) {
     llmq_qlinear_free(&ql);
     free(W);
     CHECK(llmq_export_finish(e) == LLMQ_ERR_ARG); // linears missing
-    CHECK_EQ_INT(n_entries(tmpdir), before);
+    CHECK_EQ_INT(test_count_entries(tmpdir), before);
 
     // formats that cannot hold the model: refused at begin, naming layer and shape
     struct {
@@ -250,7 +222,7 @@ static void test_stories_gptq(const char *stories) {
         CHECK(llmq_export_begin(m, tpath("refused"), &ob, &e) == bad[i].st);
         CHECK(e == NULL);
         CHECK_CONTAINS(llmq_last_error(), bad[i].msg);
-        CHECK_EQ_INT(n_entries(tmpdir), before);
+        CHECK_EQ_INT(test_count_entries(tmpdir), before);
     }
     // the group size suggested instead: the largest power of two <= the asked one dividing 64 and 172
     CHECK_EQ_INT(llmq_export_fit_group(m, 128), 4);
@@ -279,11 +251,7 @@ int main(void) {
     CHECK(mkdtemp(tmpdir));
     test_packing();
     char stories[1024];
-    snprintf(stories, sizeof stories, "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
-    if (!llmq_file_exists(stories)) {
-        fprintf(stderr, "%s missing\n", stories);
-        return 1;
-    }
+    test_need_file(test_stories260k(stories, sizeof stories, "tinyllamas-stories-260k-f32.gguf"));
     test_stories_gptq(stories);
     llmq_remove_tree(tmpdir);
     return 0;

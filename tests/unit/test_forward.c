@@ -441,12 +441,7 @@ static void write_hf(const char *dir, const char *config, const struct fake_mode
 }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float frand(float scale) { // deterministic, uniform in [-scale, scale)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return scale * ((float)(rng_state >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
-}
+static float frand(float scale) { return scale * test_frand(&rng_state); } // uniform in [-scale, scale)
 
 // A random LLaMA-family model in HF naming.
 static void fake_random(struct fake_model *fm, int64_t D, int64_t F, int64_t L, int64_t H, int64_t Hkv, int64_t Dh,
@@ -677,51 +672,42 @@ static void test_bad_models(const char *tmp) {
     CHECK(m->tok == NULL); // no tokenizer.json: loads without a tokenizer
     llmq_model_free(m);
 
-    snprintf(dir, sizeof dir, "%s/unknown_type", tmp);
-    write_hf(dir, "{\"model_type\": \"gpt_neox\", \"hidden_size\": 16}", &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_UNSUPPORTED, "config.json", "model_type \"gpt_neox\"");
-
-    snprintf(dir, sizeof dir, "%s/missing_key", tmp);
-    write_hf(dir, "{\"model_type\": \"llama\", \"hidden_size\": 16, \"num_hidden_layers\": 1}", &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_NOT_FOUND, "config.json", "missing key \"intermediate_size\"");
-
-    snprintf(dir, sizeof dir, "%s/bad_json", tmp);
-    write_hf(dir, "{\"model_type\": \"llama\", \"hidden_size\": 16,", &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_CORRUPT, "config.json", "line 1 column");
-
-    snprintf(dir, sizeof dir, "%s/duplicate_key", tmp);
-    tiny_cfg(cfg, sizeof cfg, 24, 1, "true", ", \"hidden_size\": 16");
-    write_hf(dir, cfg, &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_CORRUPT, "config.json", "line 1 column");
-
-    snprintf(dir, sizeof dir, "%s/wrong_type", tmp);
-    write_hf(dir, "{\"model_type\": \"llama\", \"hidden_size\": \"16\"}", &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_CORRUPT, "config.json", "\"hidden_size\" is not an integer");
-
-    snprintf(dir, sizeof dir, "%s/rope_yarn", tmp);
-    tiny_cfg(cfg, sizeof cfg, 24, 1, "true", ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}");
-    write_hf(dir, cfg, &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_UNSUPPORTED, "config.json", "rope_scaling type \"yarn\"");
-
-    snprintf(dir, sizeof dir, "%s/heads", tmp);
-    tiny_cfg(cfg, sizeof cfg, 24, 3, "true", "");
-    write_hf(dir, cfg, &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_CORRUPT, "heads", "n_head 2 is not a multiple of n_head_kv 3");
-
-    snprintf(dir, sizeof dir, "%s/missing_tensor", tmp);
-    tiny_cfg(cfg, sizeof cfg, 24, 1, "true", "");
-    write_hf(dir, cfg, &fm, "model.layers.0.mlp.up_proj.weight");
-    expect_fail(dir, LLMQ_ERR_NOT_FOUND, "missing_tensor", "missing tensor model.layers.0.mlp.up_proj.weight");
-
-    snprintf(dir, sizeof dir, "%s/missing_lm_head", tmp);
-    tiny_cfg(cfg, sizeof cfg, 24, 1, "false", "");
-    write_hf(dir, cfg, &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_NOT_FOUND, "missing_lm_head", "missing tensor lm_head.weight");
-
-    snprintf(dir, sizeof dir, "%s/wrong_shape", tmp);
-    tiny_cfg(cfg, sizeof cfg, 20, 1, "true", "");
-    write_hf(dir, cfg, &fm, NULL);
-    expect_fail(dir, LLMQ_ERR_CORRUPT, "model.layers.0.mlp.gate_proj.weight", "has shape [24, 16], expected [20, 16]");
+    // config.json and tensor defects, one directory each (named by the case), each refused with its status and
+    // message words. config NULL: tiny_cfg(n_ff, n_kv, tie, extra); skip: a tensor left out of the file.
+    static const struct {
+        const char *name, *config;
+        int n_ff, n_kv;
+        const char *tie, *extra, *skip;
+        enum llmq_status want;
+        const char *msg1, *msg2;
+    } bad[] = {
+        {"unknown_type", "{\"model_type\": \"gpt_neox\", \"hidden_size\": 16}", 0, 0, NULL, NULL, NULL,
+         LLMQ_ERR_UNSUPPORTED, "config.json", "model_type \"gpt_neox\""},
+        {"missing_key", "{\"model_type\": \"llama\", \"hidden_size\": 16, \"num_hidden_layers\": 1}", 0, 0, NULL, NULL,
+         NULL, LLMQ_ERR_NOT_FOUND, "config.json", "missing key \"intermediate_size\""},
+        {"bad_json", "{\"model_type\": \"llama\", \"hidden_size\": 16,", 0, 0, NULL, NULL, NULL, LLMQ_ERR_CORRUPT,
+         "config.json", "line 1 column"},
+        {"duplicate_key", NULL, 24, 1, "true", ", \"hidden_size\": 16", NULL, LLMQ_ERR_CORRUPT, "config.json",
+         "line 1 column"},
+        {"wrong_type", "{\"model_type\": \"llama\", \"hidden_size\": \"16\"}", 0, 0, NULL, NULL, NULL, LLMQ_ERR_CORRUPT,
+         "config.json", "\"hidden_size\" is not an integer"},
+        {"rope_yarn", NULL, 24, 1, "true", ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", NULL,
+         LLMQ_ERR_UNSUPPORTED, "config.json", "rope_scaling type \"yarn\""},
+        {"heads", NULL, 24, 3, "true", "", NULL, LLMQ_ERR_CORRUPT, "heads",
+         "n_head 2 is not a multiple of n_head_kv 3"},
+        {"missing_tensor", NULL, 24, 1, "true", "", "model.layers.0.mlp.up_proj.weight", LLMQ_ERR_NOT_FOUND,
+         "missing_tensor", "missing tensor model.layers.0.mlp.up_proj.weight"},
+        {"missing_lm_head", NULL, 24, 1, "false", "", NULL, LLMQ_ERR_NOT_FOUND, "missing_lm_head",
+         "missing tensor lm_head.weight"},
+        {"wrong_shape", NULL, 20, 1, "true", "", NULL, LLMQ_ERR_CORRUPT, "model.layers.0.mlp.gate_proj.weight",
+         "has shape [24, 16], expected [20, 16]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", tmp, bad[i].name);
+        if (!bad[i].config) tiny_cfg(cfg, sizeof cfg, bad[i].n_ff, bad[i].n_kv, bad[i].tie, bad[i].extra);
+        write_hf(dir, bad[i].config ? bad[i].config : cfg, &fm, bad[i].skip);
+        expect_fail(dir, bad[i].want, bad[i].msg1, bad[i].msg2);
+    }
 
     snprintf(dir, sizeof dir, "%s/truncated", tmp);
     tiny_cfg(cfg, sizeof cfg, 24, 1, "true", "");
@@ -775,22 +761,12 @@ static void test_bad_models(const char *tmp) {
     llmq_gguf_free(src);
 }
 
-static void rm_rf(const char *dir) {
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
-}
-
 int main(void) {
-    const char *data = test_data_dir();
-    snprintf(stories, sizeof stories, "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", data);
-    snprintf(ref_logits, sizeof ref_logits, "%s/models/stories260K/reference_logits_pos0-3.txt", data);
-    snprintf(greedy_ids, sizeof greedy_ids, "%s/models/stories260K/expected_greedy_ids.txt", data);
-    snprintf(greedy_txt, sizeof greedy_txt, "%s/models/stories260K/expected_greedy.txt", data);
-    if (!llmq_file_exists(stories)) {
-        fprintf(stderr, "%s is missing (set LLMQ_DATA)\n", stories);
-        return 1;
-    }
+    test_stories260k(stories, sizeof stories, "tinyllamas-stories-260k-f32.gguf");
+    test_stories260k(ref_logits, sizeof ref_logits, "reference_logits_pos0-3.txt");
+    test_stories260k(greedy_ids, sizeof greedy_ids, "expected_greedy_ids.txt");
+    test_stories260k(greedy_txt, sizeof greedy_txt, "expected_greedy.txt");
+    test_need_file(stories);
     char tmp[] = "/tmp/llmq_test_forward.XXXXXX";
     CHECK(mkdtemp(tmp));
 
@@ -803,7 +779,7 @@ int main(void) {
     llmq_model_free(m);
     test_random_models(tmp);
     test_bad_models(tmp);
-    rm_rf(tmp);
+    test_remove_tree(tmp);
     printf("test_forward: OK\n");
     return 0;
 }

@@ -197,12 +197,7 @@ static void test_plain(void) {
 }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
+static uint32_t rnd(void) { return (uint32_t)(test_xorshift64(&rng_state) >> 16); }
 
 // Random blocks (f16 fields random but finite) decode identically with to_float and to_float_ref,
 // also from an odd source address; NaN outputs compared by bits too.

@@ -3,6 +3,7 @@
 // (one per reader check, exact status + path + a distinctive word of the message), every-prefix
 // truncation and random byte flips (run under ASan in build-gguf-asan), and writer misuse / abort.
 #include "harness.h"
+#include "tensor_specs.h"
 
 #include "common/io.h"
 #include "common/log.h"
@@ -388,14 +389,7 @@ static void test_corrupt(void) {
 
 // ---- writer -> reader round trip ---------------------------------------------------------------
 
-struct ttensor {
-    const char *name;
-    enum llmq_dtype dtype;
-    int n_dims;
-    int64_t shape[4];
-};
-
-static const struct ttensor round_tensors[] = {
+static const struct test_tensor_spec round_tensors[] = {
     {"token_embd.weight", LLMQ_DTYPE_F32, 2, {5, 3}},
     {"blk.0.attn_q.weight", LLMQ_DTYPE_Q4_0, 2, {2, 64}},
     {"blk.0.ffn_down.weight", LLMQ_DTYPE_Q4_K, 1, {256}},
@@ -464,7 +458,7 @@ static void write_round_file(const char *path, uint32_t alignment) {
     CHECK_EQ_INT(llmq_gguf_writer_set_u8(w, "bad\xff", 1), LLMQ_ERR_ARG);
 
     for (int t = 0; t < N_ROUND; t++) {
-        const struct ttensor *tt = &round_tensors[t];
+        const struct test_tensor_spec *tt = &round_tensors[t];
         CHECK_EQ_INT(llmq_gguf_writer_add_tensor(w, tt->name, tt->dtype, tt->n_dims, tt->shape), LLMQ_OK);
     }
     CHECK_EQ_INT(llmq_gguf_writer_n_tensors(w), N_ROUND);
@@ -617,7 +611,7 @@ static void check_round_file(const char *path, uint32_t alignment) {
     // tensors
     CHECK_EQ_INT(llmq_gguf_n_tensors(g), N_ROUND);
     for (int t = 0; t < N_ROUND; t++) {
-        const struct ttensor *tt = &round_tensors[t];
+        const struct test_tensor_spec *tt = &round_tensors[t];
         const struct llmq_gguf_tensor *gt = llmq_gguf_tensor_at(g, t);
         CHECK(gt == llmq_gguf_find_tensor(g, tt->name));
         CHECK_EQ_INT(llmq_gguf_find_tensor_index(g, tt->name), t);
@@ -684,8 +678,8 @@ static void test_round_trip(void) {
 
 static void test_stories_v1_v3(void) {
     char p1[1024], p3[1024];
-    snprintf(p1, sizeof(p1), "%s/models/stories260K/tinyllamas-stories-260k-f32.gguf", test_data_dir());
-    snprintf(p3, sizeof(p3), "%s/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf", test_data_dir());
+    test_stories260k(p1, sizeof p1, "tinyllamas-stories-260k-f32.gguf");
+    test_stories260k(p3, sizeof p3, "tinyllamas-stories-260k-f32.v3.gguf");
     struct llmq_gguf *a = NULL, *b = NULL;
     CHECK_EQ_INT(llmq_gguf_open(p1, &a), LLMQ_OK);
     CHECK_EQ_INT(llmq_gguf_open(p3, &b), LLMQ_OK);
@@ -794,7 +788,7 @@ static void test_prefixes_and_flips(void) {
         bb_put(&b, buf, n);
         int flips = 1 + it % 4;
         for (int k = 0; k < flips; k++) {
-            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            test_xorshift64(&rng);
             size_t pos = (size_t)(rng % header);
             b.p[pos] ^= (uint8_t)(1u << ((rng >> 32) % 8));
         }

@@ -18,12 +18,7 @@ static const enum llmq_dtype block_types[] = {
 #define N_BLOCK_TYPES (int)(sizeof block_types / sizeof block_types[0])
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
+static uint32_t rnd(void) { return (uint32_t)(test_xorshift64(&rng_state) >> 16); }
 static float unif(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f; } // [0, 1)
 static float gauss(void) {
     const float u = unif() + 1e-7f, v = unif();

@@ -22,12 +22,7 @@ static const enum llmq_dtype TYPES[] = {LLMQ_DTYPE_Q2_K, LLMQ_DTYPE_Q3_K, LLMQ_D
 #define NTYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 32);
-}
+static uint32_t rnd(void) { return (uint32_t)(test_xorshift64(&rng) >> 32); }
 static float unif(void) { return (rnd() + 0.5f) / 4294967296.0f; }
 static float gauss(void) { return sqrtf(-2.0f * logf(unif())) * cosf(6.2831853f * unif()); }
 

@@ -15,16 +15,8 @@
 #include "quant/gguf_export.h"
 #include "quant/gguf_mix.h"
 
-#include <dirent.h>
 #include <stdint.h>
 #include <unistd.h>
-
-#define CHECK_OK(x)                                                                                                    \
-    do {                                                                                                               \
-        enum llmq_status s_ = (x);                                                                                     \
-        if (s_ != LLMQ_OK) fprintf(stderr, "%s\n", llmq_last_error());                                                 \
-        CHECK(s_ == LLMQ_OK);                                                                                          \
-    } while (0)
 
 // ---- synthetic models ---------------------------------------------------------------------------------
 
@@ -278,26 +270,6 @@ static char tmpdir[] = "/tmp/llmq_test_gguf_mix_XXXXXX";
 
 static char *tpath(const char *name) { return test_path(tmpdir, name); }
 
-static bool same_file(const char *a, const char *b) {
-    char *x = NULL, *y = NULL;
-    size_t nx = 0, ny = 0;
-    bool same = llmq_read_file(a, 1 << 30, &x, &nx) == LLMQ_OK && llmq_read_file(b, 1 << 30, &y, &ny) == LLMQ_OK &&
-                nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
-static int n_entries(void) {
-    DIR *d = opendir(tmpdir);
-    struct dirent *e;
-    int n = 0;
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    if (d) closedir(d);
-    return n;
-}
-
 // Hands over every linear (reversed layer and linear order when reverse), as f32 or encoded bytes.
 static enum llmq_status hand_all(struct llmq_gguf_export *e, const struct llmq_model *m, bool reverse, bool bytes) {
     for (int64_t i = 0; i < m->hp.n_layer; i++)
@@ -326,6 +298,16 @@ static enum llmq_status hand_all(struct llmq_gguf_export *e, const struct llmq_m
     return LLMQ_OK;
 }
 
+// An export of m to `out` fed by hand_all(reverse, bytes) is byte for byte the file `ref`.
+static void check_handed_over(const struct llmq_model *m, const struct llmq_gguf_export_opts *o, const char *out,
+                              const char *ref, bool reverse, bool bytes) {
+    struct llmq_gguf_export *e = NULL;
+    CHECK_OK(llmq_gguf_export_begin(m, tpath(out), o, &e));
+    CHECK_OK(hand_all(e, m, reverse, bytes));
+    CHECK_OK(llmq_gguf_export_finish(e));
+    CHECK(test_same_file(tpath(ref), tpath(out)));
+}
+
 static void test_export(const char *stories) {
     struct llmq_model *m = NULL, *hf = NULL;
     struct llmq_gguf_export *e = NULL;
@@ -336,7 +318,7 @@ static void test_export(const char *stories) {
     o.n_threads = 2;
     CHECK_OK(llmq_model_load(stories, &m));
     CHECK_OK(llmq_gguf_export_rtn(m, tpath("rtn.gguf"), &o));
-    CHECK(n_entries() == 1);
+    CHECK(test_count_entries(tmpdir) == 1);
 
     // f32 hand-overs, last layer first: held until their turn, same bytes
     CHECK_OK(llmq_gguf_export_begin(m, tpath("f32.gguf"), &o, &e));
@@ -349,25 +331,21 @@ static void test_export(const char *stories) {
     CHECK(llmq_gguf_export_linear_f32(e, 0, LLMQ_LIN_Q, W) == LLMQ_ERR_ARG); // twice: refused, nothing changes
     CHECK(llmq_gguf_export_linear_f32(e, 7, LLMQ_LIN_Q, W) == LLMQ_ERR_ARG);
     CHECK_OK(llmq_gguf_export_finish(e));
-    CHECK(same_file(tpath("rtn.gguf"), tpath("f32.gguf")));
+    CHECK(test_same_file(tpath("rtn.gguf"), tpath("f32.gguf")));
 
-    // encoded bytes, in order
-    CHECK_OK(llmq_gguf_export_begin(m, tpath("bytes.gguf"), &o, &e));
-    CHECK_OK(hand_all(e, m, false, true));
-    CHECK_OK(llmq_gguf_export_finish(e));
-    CHECK(same_file(tpath("rtn.gguf"), tpath("bytes.gguf")));
+    check_handed_over(m, &o, "bytes.gguf", "rtn.gguf", false, true); // encoded bytes, in order
 
     // abort after some hand-overs; an existing output without force; a dry run: nothing left behind
     CHECK_OK(llmq_gguf_export_begin(m, tpath("aborted.gguf"), &o, &e));
     CHECK_OK(llmq_gguf_export_linear_f32(e, 0, LLMQ_LIN_K, W));
     llmq_gguf_export_abort(e);
-    CHECK(!llmq_file_exists(tpath("aborted.gguf")) && n_entries() == 3);
+    CHECK(!llmq_file_exists(tpath("aborted.gguf")) && test_count_entries(tmpdir) == 3);
     CHECK(llmq_gguf_export_begin(m, tpath("rtn.gguf"), &o, &e) == LLMQ_ERR_ARG && e == NULL);
     o.dry_run = true;
     CHECK_OK(llmq_gguf_export_begin(m, tpath("dry.gguf"), &o, &e));
     CHECK_OK(llmq_gguf_export_linear_f32(e, 0, LLMQ_LIN_K, W));
     CHECK_OK(llmq_gguf_export_finish(e));
-    CHECK(!llmq_file_exists(tpath("dry.gguf")) && n_entries() == 3);
+    CHECK(!llmq_file_exists(tpath("dry.gguf")) && test_count_entries(tmpdir) == 3);
     o.dry_run = false;
 
     // an HF input: the writer permutes the q / k rows it gets in HF order
@@ -376,14 +354,8 @@ static void test_export(const char *stories) {
     CHECK_OK(llmq_convert(stories, tpath("hf"), &co, NULL));
     CHECK_OK(llmq_model_load(tpath("hf"), &hf));
     CHECK_OK(llmq_gguf_export_rtn(hf, tpath("hf_rtn.gguf"), &o));
-    CHECK_OK(llmq_gguf_export_begin(hf, tpath("hf_f32.gguf"), &o, &e));
-    CHECK_OK(hand_all(e, hf, true, false));
-    CHECK_OK(llmq_gguf_export_finish(e));
-    CHECK(same_file(tpath("hf_rtn.gguf"), tpath("hf_f32.gguf")));
-    CHECK_OK(llmq_gguf_export_begin(hf, tpath("hf_bytes.gguf"), &o, &e));
-    CHECK_OK(hand_all(e, hf, false, true));
-    CHECK_OK(llmq_gguf_export_finish(e));
-    CHECK(same_file(tpath("hf_rtn.gguf"), tpath("hf_bytes.gguf")));
+    check_handed_over(hf, &o, "hf_f32.gguf", "hf_rtn.gguf", true, false);
+    check_handed_over(hf, &o, "hf_bytes.gguf", "hf_rtn.gguf", false, true);
     llmq_model_free(hf);
     llmq_model_free(m);
 }
@@ -394,11 +366,7 @@ int main(void) {
     test_layer_rules();
     test_fallbacks_tied_pure_overrides();
     char stories[1024];
-    snprintf(stories, sizeof stories, "%s/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf", test_data_dir());
-    if (!llmq_file_exists(stories)) {
-        fprintf(stderr, "%s missing\n", stories);
-        return 1;
-    }
+    test_need_file(test_stories260k(stories, sizeof stories, "tinyllamas-stories-260k-f32.v3.gguf"));
     CHECK(mkdtemp(tmpdir));
     test_export(stories);
     llmq_remove_tree(tmpdir);

@@ -13,27 +13,13 @@
 #include "quant/quantizer.h"
 
 static uint64_t rng_state = 88172645463325252ull;
-static float frand(void) { // uniform [-1, 1)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / (1 << 23))) - 1.0f;
-}
+static float frand(void) { return test_frand(&rng_state); } // uniform [-1, 1)
 
 // W (R, C) random; H (C, C) = 2/N XᵀX with X (N, C) strongly correlated (low rank + noise)
 static void make_problem(int64_t R, int64_t C, int64_t N, float *W, float *H) {
-    float *X = malloc((size_t)(N * C) * sizeof *X), *B = malloc((size_t)(8 * C) * sizeof *B);
-    CHECK(X && B);
-    for (int64_t i = 0; i < 8 * C; i++) B[i] = frand();
-    for (int64_t n = 0; n < N; n++) {
-        float z[8];
-        for (int k = 0; k < 8; k++) z[k] = frand();
-        for (int64_t c = 0; c < C; c++) {
-            float v = 0.3f * frand();
-            for (int k = 0; k < 8; k++) v += z[k] * B[k * C + c];
-            X[n * C + c] = v;
-        }
-    }
+    float *X = malloc((size_t)(N * C) * sizeof *X);
+    CHECK(X);
+    test_correlated_x(&rng_state, N, C, X);
     for (int64_t i = 0; i < C; i++)
         for (int64_t j = 0; j < C; j++) {
             double s = 0;
@@ -41,7 +27,6 @@ static void make_problem(int64_t R, int64_t C, int64_t N, float *W, float *H) {
             H[i * C + j] = (float)(2.0 * s / (double)N);
         }
     for (int64_t i = 0; i < R * C; i++) W[i] = 0.05f * frand();
-    free(B);
     free(X);
 }
 

@@ -19,30 +19,18 @@
 #include "quant/gptq_gguf.h"
 
 static uint64_t rng_state = 88172645463325252ull;
-static float frand(void) { // uniform [-1, 1)
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / (1 << 23))) - 1.0f;
-}
+static float frand(void) { return test_frand(&rng_state); } // uniform [-1, 1)
 
 // H (C, C) = 2/N XᵀX with X (N, C) strongly correlated (low rank + noise), a few dead columns.
 static void make_hessian(int64_t C, int64_t N, float *H) {
-    float *X = malloc((size_t)(N * C) * sizeof *X), *Bm = malloc((size_t)(8 * C) * sizeof *Bm);
-    CHECK(X && Bm);
-    for (int64_t i = 0; i < 8 * C; i++) Bm[i] = frand();
-    for (int64_t n = 0; n < N; n++) {
-        float z[8];
-        for (int k = 0; k < 8; k++) z[k] = frand();
-        for (int64_t c = 0; c < C; c++) {
-            float v = 0.3f * frand();
-            for (int k = 0; k < 8; k++) v += z[k] * Bm[k * C + c];
-            X[n * C + c] = (c % 97 == 5) ? 0.0f : v * (1.0f + (float)(c % 7)); // dead columns, uneven scales
-        }
-    }
+    float *X = malloc((size_t)(N * C) * sizeof *X);
+    CHECK(X);
+    test_correlated_x(&rng_state, N, C, X);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) // dead columns, uneven scales
+            X[n * C + c] = (c % 97 == 5) ? 0.0f : X[n * C + c] * (1.0f + (float)(c % 7));
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)C, (int)C, (int)N, 2.0f / (float)N, X, (int)C, X, (int)C,
                 0.0f, H, (int)C);
-    free(Bm);
     free(X);
 }
 

@@ -19,7 +19,7 @@ static char tmpdir[256];
 
 static struct llmq_tokenizer *load_stories(const char *name, struct llmq_gguf **g) {
     char path[1024];
-    snprintf(path, sizeof(path), "%s/models/stories260K/%s", test_data_dir(), name);
+    test_stories260k(path, sizeof path, name);
     if (!llmq_file_exists(path)) {
         fprintf(stderr, "skip: %s missing\n", path);
         exit(TEST_SKIP);
@@ -87,9 +87,9 @@ static void test_decode(const struct llmq_tokenizer *t) {
     // the greedy reference output, decoded from its ids
     char *ids_txt = NULL, *want = NULL;
     size_t n_ids_txt, n_want;
-    snprintf(path, sizeof(path), "%s/models/stories260K/expected_greedy_ids.txt", test_data_dir());
+    test_stories260k(path, sizeof path, "expected_greedy_ids.txt");
     CHECK(llmq_read_file(path, 1 << 20, &ids_txt, &n_ids_txt) == LLMQ_OK);
-    snprintf(path, sizeof(path), "%s/models/stories260K/expected_greedy.txt", test_data_dir());
+    test_stories260k(path, sizeof path, "expected_greedy.txt");
     CHECK(llmq_read_file(path, 1 << 20, &want, &n_want) == LLMQ_OK);
     char *out = malloc(1 << 16);
     size_t n_out = 0;
@@ -371,9 +371,7 @@ int main(void) {
     llmq_tokenizer_free(t3);
     test_corrupt_gguf();
     test_hf();
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    test_remove_tree(tmpdir);
     printf("test_tokenizer: ok\n");
     return 0;
 }

@@ -135,8 +135,8 @@ enum llmq_status llmq_hf_files_from_gguf(const struct llmq_gguf *g, const struct
         goto done;
     }
     if ((st = cv_vocab_to_hf(&v, in, hp->n_ctx_train, &out->tokenizer, &out->tokenizer_config))) goto done;
-    out->config = llmq_hparams_to_hf_config(hp, v.special[CV_BOS], v.special[CV_EOS], v.special[CV_PAD],
-                                            torch_dtype(dtype));
+    out->config =
+        llmq_hparams_to_hf_config(hp, v.special[CV_BOS], v.special[CV_EOS], v.special[CV_PAD], torch_dtype(dtype));
     out->generation = json_pack("{s:b}", "_from_model_config", 1);
     json_t *gen = out->generation;
     if (v.special[CV_BOS] >= 0) json_object_set_new(gen, "bos_token_id", json_integer(v.special[CV_BOS]));
@@ -315,4 +315,3 @@ done:
     free(parent);
     return st;
 }
-

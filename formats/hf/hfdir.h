@@ -54,8 +54,7 @@ void llmq_hf_files_free(struct llmq_hf_files *f);
 //     vocab.json, merges.txt, chat_template.jinja / .json copied byte for byte when present.
 // config.json gets "torch_dtype" for dtype, loses any "quantization_config" of the input, and then
 // every key of config_extra (an object, or NULL) set over it.
-enum llmq_status llmq_hf_side_files(const char *in, const char *dir, enum llmq_dtype dtype,
-                                    const json_t *config_extra);
+enum llmq_status llmq_hf_side_files(const char *in, const char *dir, enum llmq_dtype dtype, const json_t *config_extra);
 
 // The GGUF keys `llmq convert` writes for the HF directory `in` (general.*, <arch>.*, tokenizer.ggml.*,
 // in its order) into w; general.file_type only when file_type >= 0.

@@ -15,6 +15,7 @@
 #include "quant/awq.h"
 #include "quant/gptq.h"
 #include "quant/gptq_gguf.h"
+#include "quant/writer.h"
 
 #include <cblas.h>
 #include <dirent.h>
@@ -67,10 +68,9 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void) {
 struct run {
     struct llmq_model *m;
     const struct llmq_quantize_opts *o;
-    struct llmq_export *e;
-    struct llmq_gguf_export *ge; // to_gguf: the GGUF writer (e is NULL then)
-    struct llmq_forward *f;      // micro-batch forward (micro_batch * seqlen tokens)
-    struct llmq_forward *fbig;   // AWQ: all N tokens
+    struct llmq_qwriter *w;    // the output (quant/writer.h)
+    struct llmq_forward *f;    // micro-batch forward (micro_batch * seqlen tokens)
+    struct llmq_forward *fbig; // AWQ: all N tokens
     struct llmq_calib_data d;
     struct llmq_calib_stats s; // statistics of the current block only
     bool have_calib;
@@ -87,9 +87,7 @@ struct run {
     struct llmq_tensor_view ov[LLMQ_LIN_COUNT];
     const struct llmq_tensor_view *saved[LLMQ_LIN_COUNT];
     bool overridden[LLMQ_LIN_COUNT];
-    struct llmq_qlinear held; // AWQ: block l-1's down, handed to the writer once block l is bound (see block_awq)
-    int held_layer;           // -1: none
-    // to_gguf only
+    // to_gguf only (the targets are ggml types)
     uint8_t *blk;                    // (Rmax, Cmax * 4 bytes) one linear's encoded rows
     float *imp;                      // (Cmax) importance handed to the encoder / solver
     float *simp[LLMQ_CALIB_N_SLOTS]; // (Cmax) AWQ: importance of each block input (mean x² of the fp input)
@@ -223,18 +221,25 @@ static enum llmq_status awq_rtn(const char *name, const float *W, int64_t R, int
     return LLMQ_OK;
 }
 
-// A per-channel result (G = -1) re-expressed on the G layout: the one (scale, zero) in every group.
-static enum llmq_status widen_per_channel(const struct llmq_qlinear *pc, const struct llmq_qconfig *cfg,
-                                          struct llmq_qlinear *out) {
-    enum llmq_status st = llmq_qlinear_init(pc->R, pc->C, cfg, out);
-    if (st) return st;
-    memcpy(out->q, pc->q, (size_t)(pc->R * pc->C));
-    for (int64_t i = 0; i < pc->R; i++)
-        for (int64_t g = 0; g < out->n_groups; g++) {
-            out->scales[i * out->n_groups + g] = pc->scales[i];
-            out->zeros[i * out->n_groups + g] = pc->zeros[i];
-        }
-    return LLMQ_OK;
+// RTN per output channel (G = -1) re-expressed on cfg's G layout: the one (scale, zero) in every group, so the
+// writers see a uniform layout (the fallback for a group size that does not tile C).
+static enum llmq_status rtn_per_channel(const char *name, const float *W, int64_t R, int64_t C,
+                                        const struct llmq_qconfig *cfg, struct llmq_qlinear *out) {
+    struct llmq_qconfig pc = *cfg;
+    pc.group_size = -1;
+    struct llmq_qlinear tmp = {0};
+    enum llmq_status st = llmq_rtn_quantize(name, W, R, C, &pc, &tmp);
+    if (!st) st = llmq_qlinear_init(R, C, cfg, out);
+    if (!st) {
+        memcpy(out->q, tmp.q, (size_t)(R * C));
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t g = 0; g < out->n_groups; g++) {
+                out->scales[i * out->n_groups + g] = tmp.scales[i];
+                out->zeros[i * out->n_groups + g] = tmp.zeros[i];
+            }
+    }
+    llmq_qlinear_free(&tmp);
+    return st;
 }
 
 // The ETA's work model (common/eta.h) of linear (R, C) with N calibration tokens: cost_data for the products
@@ -284,26 +289,6 @@ static void report_linear(struct run *r, int l, int k, int64_t R, int64_t C, dou
     json_array_append_new(r->layers, row);
 }
 
-// Hands ql to the writer, logs the line, records the JSON row.
-static enum llmq_status finish_linear(struct run *r, int l, int k, struct llmq_qlinear *ql, const char *how, double err,
-                                      bool werr, double loss, double rtn_err, double secs) {
-    bool defer = k == LLMQ_LIN_DOWN && (r->o->method == LLMQ_QMETHOD_AWQ || r->o->method == LLMQ_QMETHOD_AWQ_GPTQ);
-    enum llmq_status st = LLMQ_OK;
-    if (defer) { // the writer would stream block l+1's input_layernorm right after it: wait for l+1's binding
-        LLMQ_ASSERT(r->held_layer < 0);
-        r->held = *ql;
-        r->held_layer = l;
-        memset(ql, 0, sizeof(*ql));
-        ql = &r->held;
-    } else if ((st = llmq_export_layer(r->e, l, (enum llmq_linear)k, ql))) {
-        return st;
-    }
-    report_linear(r, l, k, ql->R, ql->C,
-                  (double)ql->R * (double)ql->C * ql->bits + (double)ql->R * (double)ql->n_groups * (16.0 + ql->bits),
-                  how, LLMQ_DTYPE_INVALID, err, werr, loss, rtn_err, secs);
-    return LLMQ_OK;
-}
-
 static bool tiles(const struct llmq_qconfig *q, int64_t C) { return q->group_size <= 0 || C % q->group_size == 0; }
 
 // W (R, C) of linear k of block l, f32, into r->W.
@@ -311,21 +296,150 @@ static enum llmq_status load_weight(struct run *r, int l, int k) {
     return llmq_model_weight_f32(r->m->layers[l].w[k], r->W, r->o->n_threads);
 }
 
-// The fallback for a non-tiled C: RTN per output channel, widened to the G layout.
-static enum llmq_status quantize_fallback(struct run *r, int l, int k, const char *name, const float *Hx, int64_t R,
-                                          int64_t C, struct llmq_qlinear *out) {
-    struct llmq_qconfig pc = r->o->q;
-    pc.group_size = -1;
-    struct llmq_qlinear tmp = {0};
-    double t = llmq_now_s();
-    enum llmq_status st = llmq_rtn_quantize(name, r->W, R, C, &pc, &tmp);
-    if (!st) st = widen_per_channel(&tmp, &r->o->q, out);
-    llmq_qlinear_free(&tmp);
-    if (st) return st;
-    llmq_qlinear_dequant(out, r->Q);
-    double err = rel_err(r, r->W, r->Q, Hx, R, C);
-    llmq_qlinear_dequant(out, r->Q); // rel_err overwrote Q; keep the dequantized weights for overrides
-    return finish_linear(r, l, k, out, "rtn-pc", err, Hx == NULL, -1, 0, llmq_now_s() - t);
+// ---- one linear onto the writer's target (quant/writer.h) ----------------------------------------------------
+// A result is held in the target's terms: integer codes + grid in a struct llmq_qlinear (CODES), or R encoded
+// rows in r->blk (ROWS, and F32 for the writer's F32 / F16 / BF16 conversion).
+
+// Q (R, C) := the weights the result holds (exactly what the output will decode to).
+static enum llmq_status decode_result(struct run *r, const struct llmq_qtarget *t, const struct llmq_qlinear *ql,
+                                      int64_t R, int64_t C, float *Q) {
+    if (t->kind == LLMQ_QPAYLOAD_CODES) {
+        llmq_qlinear_dequant(ql, Q);
+        return LLMQ_OK;
+    }
+    size_t rb = 0;
+    (void)llmq_dtype_nbytes(t->type, C, &rb); // C tiles the type's blocks (checked by quantize_linear)
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(t->type, r->blk + (size_t)i * rb, Q + i * C, C);
+    return st;
+}
+
+// W (R, C) rounded onto t without a solver, then decoded into Q (Q may be W). CODES: the grid's RTN
+// (llmq_rtn_quantize; with awq_grid AutoAWQ's, awq_rtn; per channel when G does not tile C) into ql, which
+// must be empty; ROWS / F32: t's encoder with importance imp (C or NULL) into r->blk.
+static enum llmq_status round_onto(struct run *r, const struct llmq_qtarget *t, const char *name, const float *W,
+                                   int64_t R, int64_t C, const float *imp, bool awq_grid, struct llmq_qlinear *ql,
+                                   float *Q) {
+    enum llmq_status st;
+    if (t->kind != LLMQ_QPAYLOAD_CODES)
+        st = llmq_gguf_encode_rows(t->type, W, r->blk, R, C, imp, r->o->n_threads);
+    else if (!tiles(&t->q, C))
+        st = rtn_per_channel(name, W, R, C, &t->q, ql);
+    else
+        st = awq_grid ? awq_rtn(name, W, R, C, &t->q, ql) : llmq_rtn_quantize(name, W, R, C, &t->q, ql);
+    return st ? st : decode_result(r, t, ql, R, C, Q);
+}
+
+// GPTQ of W (R, C) onto t with the Hessian r->H (destroyed): CODES through quant/gptq.h into ql (empty), ROWS
+// through quant/gptq_gguf.h with importance imp into r->blk. W then holds the result's decoding; *loss the
+// solver's loss.
+static enum llmq_status gptq_onto(struct run *r, const struct llmq_qtarget *t, const char *name, float *W, int64_t R,
+                                  int64_t C, const float *imp, struct llmq_qlinear *ql, double *loss) {
+    const struct llmq_quantize_opts *o = r->o;
+    if (t->kind == LLMQ_QPAYLOAD_CODES) {
+        struct llmq_gptq_opts go = llmq_gptq_opts_default();
+        go.q = t->q;
+        go.percdamp = o->percdamp;
+        go.act_order = o->act_order;
+        go.static_groups = o->static_groups;
+        go.group_aware = o->group_aware;
+        go.backend = o->backend; // CUDA: steps 5-7 on the GPU (quant/gptq.h)
+        return llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, loss, NULL);
+    }
+    struct llmq_gptq_gguf_opts go = llmq_gptq_gguf_opts_default();
+    go.percdamp = o->percdamp;
+    go.n_threads = o->n_threads;
+    go.act_order = o->act_order;
+    return llmq_gptq_gguf_quantize(name, W, r->H, R, C, t->type, imp, &go, r->blk, loss, NULL);
+}
+
+// Hands the result over (F32: the weights W themselves, converted by the writer) and decodes it into W.
+static enum llmq_status hand_over(struct run *r, int l, int k, const struct llmq_qtarget *t,
+                                  const struct llmq_qlinear *ql, int64_t R, int64_t C, float *W) {
+    struct llmq_qpayload p = {.kind = t->kind, .codes = ql, .rows = r->blk, .w = W};
+    enum llmq_status st = llmq_qwriter_put_linear(r->w, l, (enum llmq_linear)k, &p);
+    return st ? st : decode_result(r, t, ql, R, C, W);
+}
+
+// What the output spends on the result: codes + f16 scales + zeros, or R rows of rb bytes.
+static double result_bits(const struct llmq_qtarget *t, const struct llmq_qlinear *ql, int64_t R, size_t rb) {
+    if (t->kind != LLMQ_QPAYLOAD_CODES) return 8.0 * (double)rb * (double)R;
+    return (double)ql->R * (double)ql->C * ql->bits + (double)ql->R * (double)ql->n_groups * (16.0 + ql->bits);
+}
+
+// One linear onto the writer's target and into the writer, as the run's method does it; logs the line and
+// records the JSON row. W (R, C): in, the weights to quantize (AWQ: scaled and clipped); out, the decoding of
+// what was handed over (the true-sequential override). Hsrc (C, C): the Hessian of W's input (AWQ: scaled),
+// read only (it may be r->H or r->Hx); NULL without calibration (rtn: the weight error, "werr"). imp: a ROWS
+// target's encoder importance (AWQ: of the scaled input); NULL: the writer's, else diag(Hsrc).
+//   rtn, awq   rounded onto the target (round_onto; awq on AutoAWQ's grid).
+//   gptq, awq+gptq   rtn_err of the plain rounding (GPTQ's grid, same importance), then GPTQ onto the target.
+//              Into ggml rows, when GPTQ's err is not below rtn_err (little data, an importance-weighted
+//              encoder already strong) the rounding is written instead: method "<how>:rtn", the rejected
+//              "gptq_err" in the JSON. On an integer grid GPTQ's result is always written.
+//   What the target does not let the method solve: a grid whose G does not tile C (only with the fallback,
+//   llmq_quantize_check) -> RTN per channel, "rtn-pc"; an F32 / F16 / BF16 type -> the writer's conversion,
+//   "convert".
+static enum llmq_status quantize_linear(struct run *r, int l, int k, float *W, const float *Hsrc, const float *imp) {
+    const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+    const int64_t R = v->shape[0], C = v->shape[1];
+    const struct llmq_qtarget t = llmq_qwriter_target(r->w, l, (enum llmq_linear)k);
+    const enum llmq_qmethod method = r->o->method;
+    char name[64], fallback_how[24];
+    llmq_linear_full_name(k, l, false, name, sizeof(name));
+    size_t rb = 0;
+    if (t.kind != LLMQ_QPAYLOAD_CODES && !llmq_dtype_nbytes(t.type, C, &rb))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: %s: %lld columns do not tile %s blocks", name, (long long)C,
+                           llmq_dtype_name(t.type));
+    const float *Hx = NULL;
+    if (Hsrc) {
+        if (Hsrc != r->Hx) memcpy(r->Hx, Hsrc, (size_t)(C * C) * sizeof(float));
+        Hx = r->Hx;
+    }
+    const bool per_channel = t.kind == LLMQ_QPAYLOAD_CODES && !tiles(&t.q, C);
+    const bool plain = per_channel || t.kind == LLMQ_QPAYLOAD_F32; // no solver, whatever the method
+    const char *how = per_channel ? "rtn-pc" : plain ? "convert" : llmq_qmethod_name(method);
+    if (t.kind != LLMQ_QPAYLOAD_ROWS) {
+        imp = NULL;
+    } else if (!imp && !(imp = t.importance)) {
+        LLMQ_ASSERT(Hx);
+        for (int64_t i = 0; i < C; i++) r->imp[i] = Hx[i * C + i];
+        imp = r->imp;
+    }
+    double t0 = llmq_now_s(), loss = -1, rtn_err = 0, gptq_err = -1, err;
+    struct llmq_qlinear ql = {0};
+    enum llmq_status st;
+    if (!plain && llmq_qmethod_uses_gptq(method)) {
+        // the rounding alone with the same importance, for the comparison column
+        if ((st = round_onto(r, &t, name, W, R, C, imp, false, &ql, r->Q))) goto done;
+        llmq_qlinear_free(&ql);
+        rtn_err = rel_err(r, W, r->Q, Hx, R, C);
+        memcpy(r->Q, W, (size_t)(R * C) * sizeof(float)); // keep the original W for the error
+        memcpy(r->H, Hx, (size_t)(C * C) * sizeof(float));
+        if ((st = gptq_onto(r, &t, name, W, R, C, imp, &ql, &loss))) goto done;
+        err = rel_err(r, r->Q, W, Hx, R, C); // W := W0 - Q; restored from the result by hand_over
+        if (t.kind == LLMQ_QPAYLOAD_ROWS && !(err < rtn_err)) {
+            llmq_info("quantize: %s: gptq err %.4e >= rtn_err %.4e: written with the encoder alone", name, err,
+                      rtn_err);
+            gptq_err = err;
+            err = rtn_err;
+            snprintf(fallback_how, sizeof(fallback_how), "%s:rtn", how);
+            how = fallback_how;
+            if ((st = round_onto(r, &t, name, r->Q, R, C, imp, false, &ql, W))) goto done;
+        }
+    } else {
+        if ((st = round_onto(r, &t, name, W, R, C, imp, !plain && method == LLMQ_QMETHOD_AWQ, &ql, r->Q))) goto done;
+        err = rel_err(r, W, r->Q, Hx, R, C);
+    }
+    if ((st = hand_over(r, l, k, &t, &ql, R, C, W))) goto done;
+    report_linear(r, l, k, R, C, result_bits(&t, &ql, R, rb), how,
+                  t.kind == LLMQ_QPAYLOAD_CODES ? LLMQ_DTYPE_INVALID : t.type, err, Hx == NULL, loss, rtn_err,
+                  llmq_now_s() - t0);
+    if (gptq_err >= 0)
+        json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err", json_real(gptq_err));
+done:
+    llmq_qlinear_free(&ql);
+    return st;
 }
 
 // ---- RTN ---------------------------------------------------------------------------------------------------
@@ -334,151 +448,14 @@ static enum llmq_status block_rtn(struct run *r, int l) {
     enum llmq_status st = LLMQ_OK;
     if (r->have_calib) st = block_pass(r, l, r->x, -1); // fp inputs, only for the reported error
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
-        const struct llmq_tensor_view *v = r->m->layers[l].w[k];
-        int64_t R = v->shape[0], C = v->shape[1];
-        char name[64];
-        llmq_linear_full_name(k, l, false, name, sizeof(name));
         if ((st = load_weight(r, l, k))) break;
-        const float *Hx = NULL;
-        if (r->have_calib) {
-            int slot = llmq_calib_slot_of((enum llmq_linear)k);
-            if ((st = llmq_calib_hessian(&r->s, l, slot, r->Hx))) break;
-            Hx = r->Hx;
-        }
-        struct llmq_qlinear ql = {0};
-        if (!tiles(&r->o->q, C)) {
-            st = quantize_fallback(r, l, k, name, Hx, R, C, &ql);
-        } else {
-            double t = llmq_now_s();
-            if (!(st = llmq_rtn_quantize(name, r->W, R, C, &r->o->q, &ql))) {
-                llmq_qlinear_dequant(&ql, r->Q);
-                double err = rel_err(r, r->W, r->Q, Hx, R, C);
-                st = finish_linear(r, l, k, &ql, "rtn", err, Hx == NULL, -1, 0, llmq_now_s() - t);
-            }
-        }
-        llmq_qlinear_free(&ql);
+        if (r->have_calib && (st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->Hx))) break;
+        st = quantize_linear(r, l, k, r->W, r->have_calib ? r->Hx : NULL, NULL);
     }
     return st;
 }
 
 // ---- GPTQ (true-sequential) -------------------------------------------------------------------------------
-
-static enum llmq_status gptq_linear(struct run *r, int l, int k, float *W, const float *Hsrc, struct llmq_qlinear *ql,
-                                    const char *how) {
-    const struct llmq_tensor_view *v = r->m->layers[l].w[k];
-    int64_t R = v->shape[0], C = v->shape[1];
-    char name[64];
-    llmq_linear_full_name(k, l, false, name, sizeof(name));
-    enum llmq_status st;
-    memcpy(r->Hx, Hsrc, (size_t)(C * C) * sizeof(float));
-    if (!tiles(&r->o->q, C)) return quantize_fallback(r, l, k, name, r->Hx, R, C, ql);
-    double t = llmq_now_s();
-    // RTN of the same W on the same H, for the comparison column
-    struct llmq_qlinear rq = {0};
-    if ((st = llmq_rtn_quantize(name, W, R, C, &r->o->q, &rq))) return st;
-    llmq_qlinear_dequant(&rq, r->Q);
-    llmq_qlinear_free(&rq);
-    double rtn_err = rel_err(r, W, r->Q, r->Hx, R, C);
-    memcpy(r->Q, W, (size_t)(R * C) * sizeof(float)); // keep the original W for the error
-    memcpy(r->H, Hsrc, (size_t)(C * C) * sizeof(float));
-    struct llmq_gptq_opts go = llmq_gptq_opts_default();
-    go.q = r->o->q;
-    go.percdamp = r->o->percdamp;
-    go.act_order = r->o->act_order;
-    go.static_groups = r->o->static_groups;
-    go.group_aware = r->o->group_aware;
-    go.backend = r->o->backend; // CUDA: steps 5-7 on the GPU (quant/gptq.h)
-    double loss = 0;
-    if ((st = llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, &loss, NULL))) return st;
-    // W holds Q now and r->Q the original W0: err of (W0 - Q) (W is overwritten, then restored)
-    double err = rel_err(r, r->Q, W, r->Hx, R, C);
-    llmq_qlinear_dequant(ql, W);
-    return finish_linear(r, l, k, ql, how, err, false, loss, rtn_err, llmq_now_s() - t);
-}
-
-// ---- GGUF output (to_gguf) ---------------------------------------------------------------------------------
-
-// W (R, C) encoded to t (block type or F32 / F16 / BF16) into r->blk with importance imp (C or NULL), and
-// decoded into Q (R, C): exactly the weights the file will hold.
-static enum llmq_status gguf_roundtrip(struct run *r, const char *name, enum llmq_dtype t, const float *W, int64_t R,
-                                       int64_t C, const float *imp, float *Q) {
-    size_t rb = 0;
-    if (!llmq_dtype_nbytes(t, C, &rb))
-        return llmq_errorf(LLMQ_ERR_ARG, "quantize: %s: %lld columns do not tile %s blocks", name, (long long)C,
-                           llmq_dtype_name(t));
-    enum llmq_status st = llmq_gguf_encode_rows(t, W, r->blk, R, C, imp, r->o->n_threads);
-    for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(t, r->blk + (size_t)i * rb, Q + i * C, C);
-    return st;
-}
-
-// One linear into the GGUF writer. W (R, C): in, the weights to quantize (AWQ: scaled and clipped); out, the
-// decoding of what was handed over (the true-sequential override). Hsrc (C, C): the Hessian of W's input (AWQ:
-// scaled), read only (it may be r->H). imp: the encoder's importance (C), NULL = diag(Hsrc). solve: GPTQ onto the
-// linear's type (llmq_gptq_gguf_quantize), else the encoder alone (AWQ). When GPTQ's err is not below the
-// encoder's (rtn_err, same importance, same H) the encoder's blocks are written instead, the method shows
-// "<how>:rtn" and the JSON keeps the rejected "gptq_err". F32 / F16 / BF16 types: handed over as f32 (plain
-// conversion by the writer), no solver, method "convert".
-static enum llmq_status gguf_linear(struct run *r, int l, int k, float *W, const float *Hsrc, const float *imp,
-                                    bool solve, const char *how) {
-    const struct llmq_tensor_view *v = r->m->layers[l].w[k];
-    const int64_t R = v->shape[0], C = v->shape[1];
-    const enum llmq_dtype t = llmq_gguf_export_linear_type(r->ge, l, (enum llmq_linear)k);
-    char name[64];
-    llmq_linear_full_name(k, l, false, name, sizeof(name));
-    size_t rb = 0;
-    if (!llmq_dtype_nbytes(t, C, &rb))
-        return llmq_errorf(LLMQ_ERR_ARG, "quantize: %s: %lld columns do not tile %s blocks", name, (long long)C,
-                           llmq_dtype_name(t));
-    const double bits = 8.0 * (double)rb * (double)R;
-    memcpy(r->Hx, Hsrc, (size_t)(C * C) * sizeof(float));
-    double t0 = llmq_now_s(), loss = -1, rtn_err = 0, err, gptq_err = -1;
-    char fallback_how[24];
-    snprintf(fallback_how, sizeof(fallback_how), "%s:rtn", how);
-    enum llmq_status st;
-    if (!llmq_dtype_traits(t)->is_quant) {
-        if ((st = llmq_gguf_export_linear_f32(r->ge, l, (enum llmq_linear)k, W))) return st;
-        if ((st = gguf_roundtrip(r, name, t, W, R, C, NULL, r->Q))) return st;
-        err = rel_err(r, W, r->Q, r->Hx, R, C);
-        if ((st = gguf_roundtrip(r, name, t, W, R, C, NULL, W))) return st;
-        report_linear(r, l, k, R, C, bits, "convert", t, err, false, -1, 0, llmq_now_s() - t0);
-        return LLMQ_OK;
-    }
-    if (!imp) {
-        for (int64_t i = 0; i < C; i++) r->imp[i] = r->Hx[i * C + i];
-        imp = r->imp;
-    }
-    if (solve) {
-        // the encoder alone with the same importance, for the comparison column
-        if ((st = gguf_roundtrip(r, name, t, W, R, C, imp, r->Q))) return st;
-        rtn_err = rel_err(r, W, r->Q, r->Hx, R, C);
-        memcpy(r->Q, W, (size_t)(R * C) * sizeof(float)); // keep the original W for the error
-        memcpy(r->H, r->Hx, (size_t)(C * C) * sizeof(float));
-        struct llmq_gptq_gguf_opts go = llmq_gptq_gguf_opts_default();
-        go.percdamp = r->o->percdamp;
-        go.n_threads = r->o->n_threads;
-        go.act_order = r->o->act_order;
-        if ((st = llmq_gptq_gguf_quantize(name, W, r->H, R, C, t, imp, &go, r->blk, &loss, NULL))) return st;
-        err = rel_err(r, r->Q, W, r->Hx, R, C); // W := W0 - Q; restored from the blocks below
-        if (!(err < rtn_err)) { // the solver lost on its own objective (little data, a strong encoder): keep RTN
-            llmq_info("quantize: %s: gptq err %.4e >= rtn_err %.4e: written with the encoder alone", name, err,
-                      rtn_err);
-            gptq_err = err;
-            err = rtn_err;
-            how = fallback_how;
-            if ((st = gguf_roundtrip(r, name, t, r->Q, R, C, imp, W))) return st;
-        }
-    } else {
-        if ((st = gguf_roundtrip(r, name, t, W, R, C, imp, r->Q))) return st;
-        err = rel_err(r, W, r->Q, r->Hx, R, C);
-    }
-    if ((st = llmq_gguf_export_linear_bytes(r->ge, l, (enum llmq_linear)k, r->blk))) return st;
-    for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(t, r->blk + (size_t)i * rb, W + i * C, C);
-    if (st) return st;
-    report_linear(r, l, k, R, C, bits, how, t, err, false, loss, rtn_err, llmq_now_s() - t0);
-    if (gptq_err >= 0)
-        json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err", json_real(gptq_err));
-    return LLMQ_OK;
-}
 
 static const int seq_groups[4][3] = {{LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V},
                                      {LLMQ_LIN_O, -1, -1},
@@ -509,28 +486,11 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             int k = seq_groups[g][j];
             const struct llmq_tensor_view *v = r->m->layers[l].w[k];
             int64_t R = v->shape[0], C = v->shape[1];
-            if ((st = llmq_model_weight_f32(v, r->wq[k], r->o->n_threads))) break;
+            if ((st = load_weight(r, l, k))) break;
             if ((st = llmq_calib_hessian(&r->s, l, slot, r->H))) break;
-            float *Hsrc = malloc((size_t)(C * C) * sizeof(float));
-            if (!Hsrc) {
-                st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory");
-                break;
-            }
-            memcpy(Hsrc, r->H, (size_t)(C * C) * sizeof(float));
-            struct llmq_qlinear ql = {0};
-            memcpy(r->W, r->wq[k], (size_t)(R * C) * sizeof(float));
-            if (r->ge) { // importance: the imatrix when given, else diag(H)
-                st = gguf_linear(r, l, k, r->W, Hsrc, llmq_gguf_export_linear_importance(r->ge, l, (enum llmq_linear)k),
-                                 true, "gptq");
-                if (!st) memcpy(r->wq[k], r->W, (size_t)(R * C) * sizeof(float));
-            } else {
-                st = gptq_linear(r, l, k, r->W, Hsrc, &ql, "gptq");
-                if (!st) llmq_qlinear_dequant(&ql, r->wq[k]);
-            }
-            llmq_qlinear_free(&ql);
-            free(Hsrc);
-            if (st) break;
+            if ((st = quantize_linear(r, l, k, r->W, r->H, NULL))) break;
             // the quantized weights replace the model's for the following passes of this block
+            memcpy(r->wq[k], r->W, (size_t)(R * C) * sizeof(float));
             r->ov[k] = *v;
             r->ov[k].dtype = LLMQ_DTYPE_F32;
             r->ov[k].data = r->wq[k];
@@ -547,81 +507,10 @@ static enum llmq_status block_gptq(struct run *r, int l) {
 
 // ---- AWQ and AWQ+GPTQ ----------------------------------------------------------------------------------------
 
-static enum llmq_status flush_held(struct run *r) {
-    if (r->held_layer < 0) return LLMQ_OK;
-    enum llmq_status st = llmq_export_layer(r->e, r->held_layer, LLMQ_LIN_DOWN, &r->held);
-    llmq_qlinear_free(&r->held);
-    r->held_layer = -1;
-    return st;
-}
-
-static enum llmq_status block_awq(struct run *r, int l) {
-    int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
-    bool with_gptq = r->o->method == LLMQ_QMETHOD_AWQ_GPTQ;
-    struct llmq_awq_block *b = NULL;
-    struct llmq_qlinear ql[LLMQ_LIN_COUNT] = {{0}};
-    memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float)); // the block's fp input for the search
-    enum llmq_status st = block_pass(r, l, r->x, -1);     // x <- fp block(x); XᵀX of the fp inputs
-    if (!st) st = llmq_awq_block_init(r->m, l, r->o->n_threads, &b);
-    struct llmq_awq_opts ao;
-    llmq_awq_opts_default(&ao);
-    ao.bits = r->o->q.bits;
-    ao.group_size = r->o->q.group_size;
-    ao.n_threads = r->o->n_threads;
-    ao.backend = r->o->backend;
-    if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
-    if (!st) credit_data(r, l, -1);
-    // The writer reads a block's norms (folded by AWQ) when its stream reaches them, which for
-    // input_layernorm is right after the previous block's down: so the block is bound (the model's views
-    // on the folded copies) before the held down of block l-1 goes out, and stays bound for its linears.
-    if (!st) st = llmq_awq_block_bind(b, NULL);
-    if (!st) st = flush_held(r);
-    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
-        const struct llmq_tensor_view *v = r->m->layers[l].w[k];
-        int64_t R = v->shape[0], C = v->shape[1];
-        char name[64];
-        llmq_linear_full_name(k, l, false, name, sizeof(name));
-        memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
-        if ((st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->H))) break;
-        llmq_awq_scale_hessian(b, (enum llmq_linear)k, r->H);
-        memcpy(r->Hx, r->H, (size_t)(C * C) * sizeof(float));
-        if (!tiles(&r->o->q, C)) {
-            st = quantize_fallback(r, l, k, name, r->Hx, R, C, &ql[k]);
-            continue;
-        }
-        if (with_gptq) {
-            float *Hsrc = malloc((size_t)(C * C) * sizeof(float));
-            if (!Hsrc) {
-                st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory");
-                break;
-            }
-            memcpy(Hsrc, r->H, (size_t)(C * C) * sizeof(float));
-            // finish_linear exports; AWQ's folded norms must be bound while the writer reads them
-            st = gptq_linear(r, l, k, r->W, Hsrc, &ql[k], "awq+gptq");
-            free(Hsrc);
-            continue;
-        }
-        double t = llmq_now_s();
-        if ((st = awq_rtn(name, r->W, R, C, &r->o->q, &ql[k]))) break;
-        llmq_qlinear_dequant(&ql[k], r->Q);
-        double err = rel_err(r, r->W, r->Q, r->Hx, R, C);
-        st = finish_linear(r, l, k, &ql[k], "awq", err, false, -1, 0, llmq_now_s() - t);
-    }
-    if (b && b->bound) {
-        enum llmq_status s2 = llmq_awq_block_unbind(b, NULL);
-        if (!st) st = s2;
-    }
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) llmq_qlinear_free(&ql[k]);
-    llmq_awq_block_free(b);
-    return st;
-}
-
-// AWQ (and AWQ+GPTQ) into GGUF. The search quantizes its candidates with the target type of each linear
-// (gguf_fake_quant: encode with the importance of the scaled input, decode), with that type's block as the
-// group. Importance: the imatrix when given, else the mean x² of the block's fp inputs (what llama.cpp's
-// imatrix would hold for this calibration), divided by s² for the scaled input. The block stays bound (the
-// model's views on the folded norms / v / up) until its seventh linear is handed over: the writer reads the
-// norms then.
+// The search's quantizer for a linear whose target is a ggml type (gguf_fake_quant: encode with the type and
+// the importance of the scaled input, decode), with that type's block as the group. Importance: the writer's
+// (the imatrix) when it has one, else the mean x² of the block's fp inputs (what llama.cpp's imatrix would
+// hold for this calibration), divided by s² for the scaled input.
 struct gguf_fq {
     enum llmq_dtype type[LLMQ_LIN_COUNT];
     const float *imp[LLMQ_LIN_COUNT]; // (C) importance of the unscaled input, or NULL
@@ -662,9 +551,33 @@ static const float *stats_importance(const struct run *r, int l, int slot, float
     return simp;
 }
 
-static enum llmq_status block_awq_gguf(struct run *r, int l) {
+// The search's quantizer from the writer's targets of block l: AutoAWQ's grid with the grid's bits and group
+// size for integer codes (a directory: one grid for every linear), gguf_fake_quant for ggml types.
+static void awq_quantizer(struct run *r, int l, struct llmq_awq_opts *ao, struct gguf_fq *fq) {
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+        const struct llmq_qtarget t = llmq_qwriter_target(r->w, l, (enum llmq_linear)k);
+        if (t.kind == LLMQ_QPAYLOAD_CODES) {
+            ao->bits = t.q.bits;
+            ao->group_size = t.q.group_size;
+            continue;
+        }
+        int slot = llmq_calib_slot_of((enum llmq_linear)k);
+        fq->type[k] = t.type;
+        fq->imp[k] = t.importance ? t.importance : stats_importance(r, l, slot, r->simp[slot]);
+        int64_t blck = llmq_dtype_traits(t.type)->blck;
+        ao->lin_group_size[k] = blck > 1 ? (int)blck : 32; // F16 / BF16 / F32: any group, nearly lossless
+        ao->fake_quant = gguf_fake_quant;
+        ao->fake_quant_user = fq;
+    }
+}
+
+// AWQ (and AWQ+GPTQ): the block's fp inputs, the scale and clip search with the quantizer of the writer's
+// targets, then every scaled and clipped linear through quantize_linear with H' = H / (s_i s_j) and, for a
+// ggml type, the importance of the scaled input. The block is bound (the model's views on the folded norms /
+// v / up) while its linears are handed over: the writers read those views then (quant/writer.h "Order of
+// reads").
+static enum llmq_status block_awq(struct run *r, int l) {
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
-    bool with_gptq = r->o->method == LLMQ_QMETHOD_AWQ_GPTQ;
     struct llmq_awq_block *b = NULL;
     struct gguf_fq fq = {.qw = r->fq_qw, .blk = r->blk, .n_threads = r->o->n_threads};
     memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float)); // the block's fp input for the search
@@ -674,16 +587,7 @@ static enum llmq_status block_awq_gguf(struct run *r, int l) {
     llmq_awq_opts_default(&ao);
     ao.n_threads = r->o->n_threads;
     ao.backend = r->o->backend;
-    ao.fake_quant = gguf_fake_quant;
-    ao.fake_quant_user = &fq;
-    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
-        int slot = llmq_calib_slot_of((enum llmq_linear)k);
-        fq.type[k] = llmq_gguf_export_linear_type(r->ge, l, (enum llmq_linear)k);
-        fq.imp[k] = llmq_gguf_export_linear_importance(r->ge, l, (enum llmq_linear)k);
-        if (!fq.imp[k]) fq.imp[k] = stats_importance(r, l, slot, r->simp[slot]);
-        int64_t blck = llmq_dtype_traits(fq.type[k])->blck;
-        ao.lin_group_size[k] = blck > 1 ? (int)blck : 32; // F16 / BF16 / F32: any group, nearly lossless
-    }
+    if (!st) awq_quantizer(r, l, &ao, &fq);
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
     if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
@@ -699,7 +603,7 @@ static enum llmq_status block_awq_gguf(struct run *r, int l) {
             for (int64_t c = 0; c < C; c++) r->fq_qw[c] = s ? fq.imp[k][c] / (s[c] * s[c]) : fq.imp[k][c];
             imp = r->fq_qw;
         }
-        st = gguf_linear(r, l, k, r->W, r->H, imp, with_gptq, with_gptq ? "awq+gptq" : "awq");
+        st = quantize_linear(r, l, k, r->W, r->H, imp);
     }
     if (b && b->bound) {
         enum llmq_status s2 = llmq_awq_block_unbind(b, NULL);
@@ -871,8 +775,8 @@ static enum llmq_status load_imatrix(const char *path, const struct llmq_model *
     return LLMQ_OK;
 }
 
-// The writer alone (rtn into GGUF, and every dry run): the importance loaded or gathered, then
-// llmq_gguf_export_rtn or the plan.
+// The writer alone (rtn into GGUF, and every dry run): the importance loaded or gathered, then begin (the plan
+// printed for a dry run) and finish, which encodes every tensor from the model's views.
 static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq_quantize_opts *o,
                                    const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
     struct llmq_gguf_export_opts go = o->gguf;
@@ -902,16 +806,14 @@ static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq
     go.provenance = prov;
     go.report = &rep;
     if (go.n_threads < 1) go.n_threads = o->n_threads;
+    struct llmq_qwriter *w = NULL; // rtn: every tensor encoded from the model's views by the writer itself
+    if ((st = llmq_qwriter_begin(m, o->out_dir, &(struct llmq_qwriter_opts){.gguf = &go}, &w))) goto done;
     if (o->gguf.dry_run) {
-        struct llmq_gguf_export *e = NULL;
-        if ((st = llmq_gguf_export_begin(m, o->out_dir, &go, &e))) goto done;
         FILE *f = o->plan ? o->plan : stdout;
-        llmq_gguf_export_print_plan(e, f);
+        llmq_qwriter_print_plan(w, f);
         fflush(f);
-        if ((st = llmq_gguf_export_finish(e))) goto done;
-    } else if ((st = llmq_gguf_export_rtn(m, o->out_dir, &go))) {
-        goto done;
     }
+    if ((st = llmq_qwriter_finish(w))) goto done;
     if (rep && !json_object_get(rep, "settings")) json_object_set(rep, "settings", prov);
     if (report) {
         *report = rep;
@@ -923,6 +825,18 @@ done:
     llmq_calib_stats_free(&s);
     llmq_calib_data_free(&d);
     return st;
+}
+
+// The directory writer's options for the run; prov: its provenance (NULL for the checks).
+static struct llmq_export_opts dir_opts(const struct llmq_quantize_opts *o, const json_t *prov) {
+    struct llmq_export_opts eo = o->out;
+    eo.q = o->q;
+    eo.desc_act = o->act_order;
+    eo.static_groups = o->static_groups;
+    eo.true_sequential = o->true_sequential;
+    eo.damp_percent = o->percdamp;
+    eo.provenance = prov;
+    return eo;
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
@@ -960,9 +874,8 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
                                    (long long)l, llmq_linear_gguf_name(k), (long long)R, (long long)C, o->q.group_size,
                                    (long long)C, llmq_export_fit_group(m, o->q.group_size));
         }
-    struct llmq_export_opts eo = o->out;
-    eo.q = o->q;
-    return llmq_export_check(m, &eo);
+    struct llmq_export_opts eo = dir_opts(o, NULL);
+    return llmq_qwriter_check(m, &(struct llmq_qwriter_opts){.dir = &eo});
 }
 
 // Every linear's shape into *Rmax / *Cmax / r->params_total; a linear stored in a block type is refused unless
@@ -1039,27 +952,19 @@ static enum llmq_status embed_inputs(struct run *r, int64_t N, int64_t D) {
     return LLMQ_OK;
 }
 
-// The writer for the run: r->ge (GGUF) or r->e (a directory), with the provenance prov.
+// The writer for the run (a GGUF file or a directory), with the provenance prov.
 static enum llmq_status begin_writer(struct run *r, const struct llmq_calib_stats *imat, json_t *prov,
                                      json_t **gguf_rep) {
     const struct llmq_quantize_opts *o = r->o;
-    if (o->to_gguf) {
-        struct llmq_gguf_export_opts go = o->gguf;
-        go.imatrix = imat;
-        go.mix.have_imatrix = go.mix.have_imatrix || !imat; // the solvers weight the encoders with their statistics
-        go.provenance = prov;
-        go.report = gguf_rep;
-        if (go.n_threads < 1) go.n_threads = o->n_threads;
-        return llmq_gguf_export_begin(r->m, o->out_dir, &go, &r->ge);
-    }
-    struct llmq_export_opts eo = o->out;
-    eo.q = o->q;
-    eo.desc_act = o->act_order;
-    eo.static_groups = o->static_groups;
-    eo.true_sequential = o->true_sequential;
-    eo.damp_percent = o->percdamp;
-    eo.provenance = prov;
-    return llmq_export_begin(r->m, o->out_dir, &eo, &r->e);
+    struct llmq_gguf_export_opts go = o->gguf;
+    struct llmq_export_opts eo = dir_opts(o, prov);
+    go.imatrix = imat;
+    go.mix.have_imatrix = go.mix.have_imatrix || !imat; // the solvers weight the encoders with their statistics
+    go.provenance = prov;
+    go.report = gguf_rep;
+    if (go.n_threads < 1) go.n_threads = o->n_threads;
+    struct llmq_qwriter_opts wo = {.dir = o->to_gguf ? NULL : &eo, .gguf = o->to_gguf ? &go : NULL};
+    return llmq_qwriter_begin(r->m, o->out_dir, &wo, &r->w);
 }
 
 // The ETA's work model: every linear's data and solve cost plus the other tensors' elements.
@@ -1121,9 +1026,7 @@ static json_t *make_report(struct run *r, json_t *prov, json_t *gguf_rep) {
 }
 
 static void run_free(struct run *r) {
-    llmq_gguf_export_abort(r->ge);
-    llmq_export_abort(r->e);
-    llmq_qlinear_free(&r->held);
+    llmq_qwriter_abort(r->w);
     json_decref(r->layers);
     llmq_calib_stats_free(&r->s);
     llmq_calib_data_free(&r->d);
@@ -1146,7 +1049,7 @@ static void run_free(struct run *r) {
 // The solvers' run: block by block, each linear through its method and into the writer.
 static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quantize_opts *o,
                                     const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
-    struct run r = {.m = m, .o = o, .want_slot = -1, .held_layer = -1};
+    struct run r = {.m = m, .o = o, .want_slot = -1};
     json_t *prov = NULL, *gguf_rep = NULL;
     int64_t Rmax, Cmax, N = 0, D = m->hp.n_embd;
     enum llmq_status st = scan_linears(&r, &Rmax, &Cmax);
@@ -1177,19 +1080,13 @@ static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quan
         switch (o->method) {
         case LLMQ_QMETHOD_RTN: st = block_rtn(&r, l); break;
         case LLMQ_QMETHOD_GPTQ: st = block_gptq(&r, l); break;
-        default: st = r.ge ? block_awq_gguf(&r, l) : block_awq(&r, l); break;
+        default: st = block_awq(&r, l); break;
         }
         if (!st && r.gemm_st) st = r.gemm_st;
     }
-    if (!st) st = flush_held(&r);
     if (st) goto done;
-    if (r.ge) {
-        st = llmq_gguf_export_finish(r.ge);
-        r.ge = NULL;
-    } else {
-        st = llmq_export_finish(r.e);
-        r.e = NULL;
-    }
+    st = llmq_qwriter_finish(r.w);
+    r.w = NULL;
     if (!st && report) *report = make_report(&r, prov, gguf_rep);
 done:
     json_decref(gguf_rep);

@@ -1,6 +1,7 @@
 /*
  * quant/quantize.h — the pipeline behind `llmq quantize`: calibration (calib/calib.h), one solver
- * per linear (RTN quant/quantizer.h, GPTQ quant/gptq.h, AWQ quant/awq.h), output (quant/export.h).
+ * per linear (RTN quant/quantizer.h, GPTQ quant/gptq.h / quant/gptq_gguf.h, AWQ quant/awq.h), output
+ * through the writer interface (quant/writer.h: quant/export.h's directories or quant/gguf_export.h's GGUF).
  *
  * What it is: the block-by-block driver. What it is not: no solver, no writer, no CLI parsing.
  *
@@ -27,23 +28,36 @@
  *   re-expressed on the G grid by repeating its one (scale, zero) in every group so the writers see a
  *   uniform layout; only --format fake can hold a non-tiled C).
  *
- * ---- GGUF output (to_gguf: quant/gguf_export.h instead of quant/export.h) ---------------------------
- *   Every linear gets the type the writer's mix gives it (llmq_gguf_export_linear_type); q, the group
- *   size, act_order, static_groups and the fallback do not apply (static_groups: LLMQ_ERR_ARG; rtn is the
- *   writer alone, llmq_gguf_export_rtn). Importance: imatrix_path's when given, else (rtn) the statistics
- *   gathered from the calibration, else (gptq, awq) the block statistics below; without any, rtn is
- *   unweighted.
+ * ---- One method, every writer -------------------------------------------------------------------
+ *   Each method is written once, against the target the writer gives each linear (llmq_qwriter_target):
+ *   an integer grid (the directories: q) or a ggml type (GGUF: the mix's), plus the writer's importance.
+ *   The same step then means, per target kind: rounding = llmq_rtn_quantize / AutoAWQ's grid (awq), or the
+ *   type's encoder with the importance (formats/ggml/encode.h); GPTQ = llmq_gptq_quantize, or
+ *   llmq_gptq_gguf_quantize; AWQ's search quantizer = its own grid, or encode-and-decode with the type. The
+ *   result goes to llmq_qwriter_put_linear as codes + grid or as encoded rows, and its decoding is what the
+ *   true-sequential passes and the reported error see. What only one kind has is there once: the per-channel
+ *   fallback (a grid), the plain conversion of F32 / F16 / BF16 linears and GPTQ's "gptq:rtn" fallback (ggml
+ *   types, see below).
+ *
+ * ---- GGUF output (to_gguf: the writer is quant/gguf_export.h) ---------------------------------------
+ *   Every linear gets the type the writer's mix gives it (its target); q, the group size, static_groups
+ *   and the fallback do not apply (static_groups: LLMQ_ERR_ARG; act_order does, quant/gptq_gguf.h; rtn is
+ *   the writer alone: begin and finish, which encodes every tensor itself). Importance: imatrix_path's when
+ *   given, else (rtn) the statistics gathered from the calibration, else (gptq, awq) the block statistics
+ *   below; without any, rtn is unweighted.
  *   gptq      the same true-sequential loop; each linear through llmq_gptq_gguf_quantize (quant/gptq_gguf.h)
- *             with importance = imatrix, else diag(H); its blocks go to llmq_gguf_export_linear_bytes and
+ *             with importance = imatrix, else diag(H); its blocks are handed over as encoded rows and
  *             their decoding is the override for the following passes. rtn_err: the encoder alone with
  *             the same importance. When GPTQ's err is not below rtn_err (it happens with little data on a
  *             type whose importance-weighted encoder is already strong, e.g. Q4_K ffn_down), the
- *             encoder's blocks are written instead: method "gptq:rtn", the rejected "gptq_err" in the JSON.
+ *             encoder's blocks are written instead: method "gptq:rtn", the rejected "gptq_err" in the JSON
+ *             (onto a directory's grid GPTQ's result is always written: its rtn_err is the unweighted grid).
  *   awq       AWQ's search with the GGUF quantizer (llmq_awq_opts.fake_quant: encode with the linear's type
  *             and the importance of the scaled input, imp / s², then decode; group = the type's block);
  *             importance = imatrix, else Σx²/count of the block's fp inputs. Each scaled and clipped
- *             linear is encoded the same way and handed over as blocks; the block stays bound (folded
- *             norms / v / up in the model's views) until its seventh linear is handed over.
+ *             linear is encoded the same way and handed over as rows; the block stays bound (folded
+ *             norms / v / up in the model's views) while its seven linears are handed over (into any
+ *             writer: quant/writer.h "Order of reads").
  *   awq+gptq  the same search, then llmq_gptq_gguf_quantize on the scaled weights with H' and imp / s².
  *   F32 / F16 / BF16 linears (the mix's last resort): handed over as f32, converted by the writer
  *             (method "convert").

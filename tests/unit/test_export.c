@@ -3,8 +3,9 @@
 // ffn) through RTN -> --format gptq 8-bit (one file, and sharded) -> calib/model/model.c loader: every linear comes
 // back bit for bit as W = f32(q - z) * f32(fp16(s)) in HF row order (q/k permutation undone); layers handed over out of
 // order give the same bytes; an existing output is refused (kept) and replaced with force; abort and failed finishes
-// leave nothing; bad bits / shapes / qlinears are refused naming the layer. The independent Python unpacker and SmolLM2
-// cases are in tests/py/test_export_oracle.py.
+// leave nothing; bad bits / shapes / qlinears are refused naming the layer; quant/writer.h's targets and its refusal of
+// a payload of the wrong kind, over this writer and the GGUF one. The independent Python unpacker and SmolLM2 cases are
+// in tests/py/test_export_oracle.py.
 #include "harness.h"
 
 #include "calib/model/model.h"
@@ -15,6 +16,7 @@
 #include "formats/convert/convert.h"
 #include "quant/export.h"
 #include "quant/quantizer.h"
+#include "quant/writer.h"
 
 #include <stdint.h>
 #include <sys/stat.h>
@@ -194,6 +196,37 @@ static void test_stories_gptq(const char *stories) {
     free(W);
     CHECK(llmq_export_finish(e) == LLMQ_ERR_ARG); // linears missing
     CHECK_EQ_INT(test_count_entries(tmpdir), before);
+
+    // quant/writer.h over this writer: every target is the export's grid; another payload kind is refused
+    // naming the linear and changes nothing; abort leaves nothing
+    struct llmq_qwriter *w = NULL;
+    CHECK_OK(llmq_qwriter_check(m, &(struct llmq_qwriter_opts){.dir = &o}));
+    CHECK_OK(llmq_qwriter_begin(m, tpath("writer"), &(struct llmq_qwriter_opts){.dir = &o}, &w));
+    struct llmq_qtarget t = llmq_qwriter_target(w, 2, LLMQ_LIN_DOWN);
+    CHECK(t.kind == LLMQ_QPAYLOAD_CODES && t.type == LLMQ_DTYPE_INVALID && !t.importance);
+    CHECK(t.q.bits == o.q.bits && t.q.group_size == o.q.group_size && t.q.sym == o.q.sym);
+    uint8_t rows[16] = {0};
+    CHECK(llmq_qwriter_put_linear(w, 2, LLMQ_LIN_DOWN,
+                                  &(struct llmq_qpayload){.kind = LLMQ_QPAYLOAD_ROWS, .rows = rows}) == LLMQ_ERR_ARG);
+    CHECK_CONTAINS(llmq_last_error(), "blk.2.ffn_down: handed over as encoded rows, the output takes integer codes");
+    llmq_qwriter_print_plan(w, stderr); // a directory has none
+    llmq_qwriter_abort(w);
+    CHECK_EQ_INT(n_entries(tmpdir), before);
+    // over the GGUF writer (a dry run creates nothing): Q8_0 where 32 tiles C, the mix's fallback for the
+    // 172-wide ffn_down, which is not a block type here and so handed over as f32
+    struct llmq_gguf_export_opts go = llmq_gguf_export_default_opts();
+    go.dry_run = true;
+    go.progress = false;
+    CHECK_OK(llmq_qwriter_begin(m, tpath("writer.gguf"), &(struct llmq_qwriter_opts){.gguf = &go}, &w));
+    t = llmq_qwriter_target(w, 0, LLMQ_LIN_Q);
+    CHECK(t.kind == LLMQ_QPAYLOAD_ROWS && t.type == LLMQ_DTYPE_Q8_0 && !t.importance);
+    t = llmq_qwriter_target(w, 0, LLMQ_LIN_DOWN);
+    CHECK(t.kind == (llmq_dtype_traits(t.type)->is_quant ? LLMQ_QPAYLOAD_ROWS : LLMQ_QPAYLOAD_F32));
+    CHECK(llmq_qwriter_put_linear(w, 0, LLMQ_LIN_Q, &(struct llmq_qpayload){.kind = LLMQ_QPAYLOAD_CODES}) ==
+          LLMQ_ERR_ARG);
+    CHECK_CONTAINS(llmq_last_error(), "blk.0.attn_q: handed over as integer codes, the output takes encoded rows");
+    llmq_qwriter_abort(w);
+    CHECK_EQ_INT(n_entries(tmpdir), before);
 
     // formats that cannot hold the model: refused at begin, naming layer and shape
     struct {

@@ -211,7 +211,7 @@ static void test_stories_gptq(const char *stories) {
     CHECK_CONTAINS(llmq_last_error(), "blk.2.ffn_down: handed over as encoded rows, the output takes integer codes");
     llmq_qwriter_print_plan(w, stderr); // a directory has none
     llmq_qwriter_abort(w);
-    CHECK_EQ_INT(n_entries(tmpdir), before);
+    CHECK_EQ_INT(test_count_entries(tmpdir), before);
     // over the GGUF writer (a dry run creates nothing): Q8_0 where 32 tiles C, the mix's fallback for the
     // 172-wide ffn_down, which is not a block type here and so handed over as f32
     struct llmq_gguf_export_opts go = llmq_gguf_export_default_opts();
@@ -226,7 +226,7 @@ static void test_stories_gptq(const char *stories) {
           LLMQ_ERR_ARG);
     CHECK_CONTAINS(llmq_last_error(), "blk.0.attn_q: handed over as integer codes, the output takes encoded rows");
     llmq_qwriter_abort(w);
-    CHECK_EQ_INT(n_entries(tmpdir), before);
+    CHECK_EQ_INT(test_count_entries(tmpdir), before);
 
     // formats that cannot hold the model: refused at begin, naming layer and shape
     struct {

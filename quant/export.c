@@ -90,7 +90,16 @@ void llmq_awq_unpack8(uint32_t w, uint8_t *c) {
 
 // ================================================================================ the export ====
 
-enum slot_kind { SLOT_EMBED, SLOT_ATTN_NORM, SLOT_FFN_NORM, SLOT_LINEAR, SLOT_OUT_NORM, SLOT_LM_HEAD };
+enum slot_kind {
+    SLOT_EMBED,
+    SLOT_ATTN_NORM,
+    SLOT_FFN_NORM,
+    SLOT_Q_NORM,
+    SLOT_K_NORM,
+    SLOT_LINEAR,
+    SLOT_OUT_NORM,
+    SLOT_LM_HEAD
+};
 
 struct part { // one output tensor of a linear, packed and waiting for its turn in the stream
     char name[160];
@@ -241,6 +250,9 @@ static json_t *quant_config(const struct llmq_export *e) {
 
 // ---- declaration
 
+// A block's slots: two norms, the seven linears, and q_norm / k_norm after down_proj (qwen3).
+static int64_t slots_per_layer(const struct llmq_model *m) { return LLMQ_LIN_COUNT + 2 + (m->hp.qk_norm ? 2 : 0); }
+
 static struct slot *add_slot(struct llmq_export *e, enum slot_kind k, int64_t layer, enum llmq_linear w,
                              const char *name) {
     struct slot *s = &e->slots[e->n_slots++];
@@ -331,6 +343,8 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
     case SLOT_EMBED: return write_view(e, m->tok_embd);
     case SLOT_ATTN_NORM: return write_view(e, m->layers[s->layer].attn_norm);
     case SLOT_FFN_NORM: return write_view(e, m->layers[s->layer].ffn_norm);
+    case SLOT_Q_NORM: return write_view(e, m->layers[s->layer].q_norm);
+    case SLOT_K_NORM: return write_view(e, m->layers[s->layer].k_norm);
     case SLOT_OUT_NORM: return write_view(e, m->output_norm);
     case SLOT_LM_HEAD: return write_view(e, m->output);
     case SLOT_LINEAR:
@@ -557,7 +571,7 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
     e->m = m;
     e->o = *o;
     e->o.provenance = NULL; // not kept: copied into the JSON below
-    e->slots = calloc((size_t)(m->hp.n_layer * (LLMQ_LIN_COUNT + 2) + 3), sizeof *e->slots);
+    e->slots = calloc((size_t)(m->hp.n_layer * slots_per_layer(m) + 3), sizeof *e->slots);
     e->work = malloc((size_t)CHUNK_FLOATS * sizeof(float));
     e->conv = malloc((size_t)CHUNK_FLOATS * sizeof(float));
     e->out = strdup(out_dir);
@@ -611,6 +625,12 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
             }
             s = add_slot(e, SLOT_LINEAR, l, (enum llmq_linear)w, NULL);
             if ((st = declare_linear(e, s))) goto fail;
+            for (int k = 0; w == LLMQ_LIN_DOWN && m->layers[l].q_norm && k < 2; k++) { // qwen3: last in the block
+                s = add_slot(
+                    e, k ? SLOT_K_NORM : SLOT_Q_NORM, l, 0,
+                    llmq_tensor_full_name(k ? LLMQ_T_ATTN_K_NORM : LLMQ_T_ATTN_Q_NORM, l, true, what, sizeof what));
+                if ((st = declare_view(e, s->name, k ? m->layers[l].k_norm : m->layers[l].q_norm))) goto fail;
+            }
         }
     s = add_slot(e, SLOT_OUT_NORM, -1, 0, "model.norm.weight");
     if ((st = declare_view(e, s->name, m->output_norm))) goto fail;
@@ -643,8 +663,9 @@ enum llmq_status llmq_export_layer(struct llmq_export *e, int64_t layer, enum ll
         return llmq_errorf(LLMQ_ERR_ARG, "%s: linear %d of layer %lld does not exist", e->out, (int)which,
                            (long long)layer);
     lin_name(what, sizeof what, layer, which);
-    // slot index: 1 + layer * 9 + (which) + (which >= Q: 1 for attn norm) + (which >= GATE: 1 for ffn norm)
-    int64_t idx = 1 + layer * (LLMQ_LIN_COUNT + 2) + (int64_t)which + 1 + (which >= LLMQ_LIN_GATE ? 1 : 0);
+    // slot index: 1 + layer * slots_per_layer + (which) + (which >= Q: 1 for attn norm) + (which >= GATE: 1 for ffn
+    // norm)
+    int64_t idx = 1 + layer * slots_per_layer(e->m) + (int64_t)which + 1 + (which >= LLMQ_LIN_GATE ? 1 : 0);
     struct slot *s = &e->slots[idx];
     LLMQ_ASSERT(s->kind == SLOT_LINEAR && s->layer == layer && s->which == which);
     if (s->ready || idx < e->pos) return llmq_errorf(LLMQ_ERR_ARG, "%s: handed over twice", what);

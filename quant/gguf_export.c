@@ -207,6 +207,12 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
         if (L->bq) ADD(L->bq, K_BQ, l, -1, "%s", TN(LLMQ_T_BIAS_Q, l));
         if (L->bk) ADD(L->bk, K_BK, l, -1, "%s", TN(LLMQ_T_BIAS_K, l));
         if (L->bv) ADD(L->bv, K_BV, l, -1, "%s", TN(LLMQ_T_BIAS_V, l));
+        if (L->q_norm) { // qwen3: copied as the file's other 1-D tensors
+            ADD(L->q_norm, K_VIEW, l, -1, "%s", TN(LLMQ_T_ATTN_Q_NORM, l));
+            x->view = L->q_norm;
+            ADD(L->k_norm, K_VIEW, l, -1, "%s", TN(LLMQ_T_ATTN_K_NORM, l));
+            x->view = L->k_norm;
+        }
     }
 #undef TN
 #undef ADD

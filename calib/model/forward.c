@@ -1,7 +1,7 @@
 /*
  * calib/model/forward.c — CPU prefill forward pass (see calib/model/forward.h for the maths and the contract).
  *
- * Mirrors llama.cpp's llm_build_llama / llm_build_qwen2 graph as the ggml CPU backend evaluates it
+ * Mirrors llama.cpp's llm_build_llama / llm_build_qwen2 / qwen3 graph as the ggml CPU backend evaluates it
  * with an f32 KV cache: ggml_rms_norm (sum of squares in double, eps inside the sqrt), then the
  * norm weight; ggml_rope_ext (theta_scale = base^(-2/n_dims), theta multiplied pair by pair in f32,
  * divided by the freq factor); kq scaled inside ggml_soft_max_ext (exp in f32, sum in double,
@@ -48,6 +48,7 @@ struct llmq_forward {
     int64_t wbuf_n;
     float *norms;    // (2 * n_layer + 1, D): attn_norm, ffn_norm per layer, then output_norm
     float *bias;     // (n_layer, Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
+    float *qk_norms; // (n_layer, 2 Dh) q_norm, k_norm weights per layer; NULL without qk_norm
     float *ff;       // (Dh/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors)
     int64_t n_pos;   // positions in the RoPE tables and keys in the score buffers (grown on demand)
     float *rope_cos; // (n_pos, Dh/2) cos(pos * theta_i / ff_i)
@@ -255,9 +256,14 @@ static void rms_worker(void *p, int ith, int nth) {
     }
 }
 
-static void rms_norm(struct llmq_forward *f, const float *x, const float *w, float *y, int64_t n) {
-    struct rms_ctx c = {x, w, y, n, f->m->hp.n_embd, f->m->hp.rms_eps};
+// y (n, D) = RMSNorm(x) * w row by row, w (D).
+static void rms_rows(struct llmq_forward *f, const float *x, const float *w, float *y, int64_t n, int64_t D) {
+    struct rms_ctx c = {x, w, y, n, D, f->m->hp.rms_eps};
     parallel(threads_for(f, n * c.D * 4), rms_worker, &c);
+}
+
+static void rms_norm(struct llmq_forward *f, const float *x, const float *w, float *y, int64_t n) {
+    rms_rows(f, x, w, y, n, f->m->hp.n_embd);
 }
 
 struct rope_ctx {
@@ -381,6 +387,26 @@ static float *alloc_act(int64_t n, bool *ok) {
     return p;
 }
 
+// Converts the small per-layer weights of block `layer` (norms, q/k/v biases, q/k norms) into f's copies.
+static enum llmq_status load_layer(struct llmq_forward *f, int layer) {
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t D = hp->n_embd, Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh;
+    const struct llmq_layer *ly = &f->m->layers[layer];
+    enum llmq_status st = llmq_model_weight_f32(ly->attn_norm, f->norms + (2 * layer) * D, 1);
+    if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + (2 * layer + 1) * D, 1);
+    if (!st && f->bias) {
+        float *b = f->bias + layer * (Dq + 2 * Dkv);
+        st = llmq_model_weight_f32(ly->bq, b, 1);
+        if (!st) st = llmq_model_weight_f32(ly->bk, b + Dq, 1);
+        if (!st) st = llmq_model_weight_f32(ly->bv, b + Dq + Dkv, 1);
+    }
+    if (!st && f->qk_norms) {
+        st = llmq_model_weight_f32(ly->q_norm, f->qk_norms + layer * 2 * Dh, 1);
+        if (!st) st = llmq_model_weight_f32(ly->k_norm, f->qk_norms + layer * 2 * Dh + Dh, 1);
+    }
+    return st;
+}
+
 enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_tokens, int n_threads,
                                    struct llmq_forward **out) {
     *out = NULL;
@@ -416,6 +442,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     f->wbuf = wn ? alloc_f32(wn, &ok) : NULL;
     f->norms = alloc_f32((2 * L + 1) * D, &ok);
     f->bias = hp->qkv_bias ? alloc_f32(L * (Dq + 2 * Dkv), &ok) : NULL;
+    f->qk_norms = hp->qk_norm ? alloc_f32(L * 2 * Dh, &ok) : NULL;
     f->ff = alloc_f32(Dh / 2, &ok);
     f->xn = alloc_act(T * D, &ok);
     f->q = alloc_act(T * Dq, &ok);
@@ -431,17 +458,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
         goto fail;
     }
 
-    for (int64_t il = 0; il < L && !st; il++) {
-        const struct llmq_layer *ly = &m->layers[il];
-        st = llmq_model_weight_f32(ly->attn_norm, f->norms + (2 * il) * D, 1);
-        if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + (2 * il + 1) * D, 1);
-        if (!st && f->bias) {
-            float *b = f->bias + il * (Dq + 2 * Dkv);
-            st = llmq_model_weight_f32(ly->bq, b, 1);
-            if (!st) st = llmq_model_weight_f32(ly->bk, b + Dq, 1);
-            if (!st) st = llmq_model_weight_f32(ly->bv, b + Dq + Dkv, 1);
-        }
-    }
+    for (int64_t il = 0; il < L && !st; il++) st = load_layer(f, (int)il);
     if (!st) st = llmq_model_weight_f32(m->output_norm, f->norms + 2 * L * D, 1);
     if (st) goto fail;
     llmq_model_rope_freq_factors(m, f->ff);
@@ -460,6 +477,7 @@ void llmq_forward_free(struct llmq_forward *f) {
     llmq_big_free(f->xq);
     free(f->norms);
     free(f->bias);
+    free(f->qk_norms);
     free(f->ff);
     free(f->rope_cos);
     free(f->rope_sin);
@@ -569,6 +587,11 @@ static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn,
     if ((st = linear(f, ly->w[LLMQ_LIN_Q], xn, n, f->q, beta))) return st;
     if ((st = linear(f, ly->w[LLMQ_LIN_K], xn, n, f->k, beta))) return st;
     if ((st = linear(f, ly->w[LLMQ_LIN_V], xn, n, f->v, beta))) return st;
+    if (f->qk_norms) { // qwen3: RMSNorm of every head (rows of Dh values) before RoPE, as ggml_rms_norm on (Dh, H, n)
+        const float *w = f->qk_norms + layer * 2 * Dh; // (2, Dh) q_norm, k_norm
+        rms_rows(f, f->q, w, f->q, n * hp->n_head, Dh);
+        rms_rows(f, f->k, w + Dh, f->k, n * hp->n_head_kv, Dh);
+    }
     struct rope_ctx rc = {f, f->q, f->k, n, seqlen};
     parallel(threads_for(f, n * (Dq + Dkv) * 4), rope_worker, &rc);
     if (f->emulate) { // the F16 KV cache; Q to f16 as mul_mat(K f16, Q) does without flash attention
@@ -667,17 +690,7 @@ enum llmq_status llmq_forward_reload_layer(struct llmq_forward *f, int layer) {
     const struct llmq_hparams *hp = &m->hp;
     if (layer < 0 || layer >= hp->n_layer)
         return llmq_errorf(LLMQ_ERR_ARG, "forward: layer %d out of range [0, %lld)", layer, (long long)hp->n_layer);
-    const int64_t D = hp->n_embd, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
-    const struct llmq_layer *ly = &m->layers[layer];
-    enum llmq_status st = llmq_model_weight_f32(ly->attn_norm, f->norms + (2 * layer) * D, 1);
-    if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + (2 * layer + 1) * D, 1);
-    if (!st && f->bias) {
-        float *b = f->bias + layer * (Dq + 2 * Dkv);
-        st = llmq_model_weight_f32(ly->bq, b, 1);
-        if (!st) st = llmq_model_weight_f32(ly->bk, b + Dq, 1);
-        if (!st) st = llmq_model_weight_f32(ly->bv, b + Dq + Dkv, 1);
-    }
-    return st;
+    return load_layer(f, layer);
 }
 
 enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,

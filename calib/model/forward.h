@@ -2,10 +2,12 @@
  * calib/model/forward.h — the CPU forward pass of a LLaMA-family decoder (calib/model/model.h), whole
  * sequences at once (prefill), in f32.
  *
- * What it computes, per block (as llama.cpp's llm_build_llama / llm_build_qwen2 with an f32 KV cache):
- *   h   = x + Wo · Attn(RoPE(Wq·n1 + bq), RoPE(Wk·n1 + bk), Wv·n1 + bv),   n1 = RMSNorm(x) * attn_norm
+ * What it computes, per block (as llama.cpp's llm_build_llama / llm_build_qwen2 / qwen3 with an f32 KV cache):
+ *   h   = x + Wo · Attn(RoPE(Nq(Wq·n1 + bq)), RoPE(Nk(Wk·n1 + bk)), Wv·n1 + bv),   n1 = RMSNorm(x) * attn_norm
  *   out = h + Wdown · (SiLU(Wgate·n2) * (Wup·n2)),                        n2 = RMSNorm(h) * ffn_norm
  *   RMSNorm(x) = x / sqrt(mean(x²) + eps) (eps inside the sqrt, the sum of squares in double as ggml);
+ *   Nq, Nk: qwen3 only (identity otherwise), RMSNorm of each head's Dh values times q_norm / k_norm
+ *   (modeling_qwen3.py Qwen3Attention, llama.cpp models/qwen3.cpp), same eps;
  *   RoPE: pair i of a head (i < Dh/2) rotates by pos · theta^(-2i/Dh) (llama3 scaling applied to the
  *   frequency when enabled), pairs (2i, 2i+1) for LLMQ_ROPE_NORM, (i, i+Dh/2) for LLMQ_ROPE_NEOX;
  *   Attn: causal, grouped-query (query head h reads kv head h / (H/Hkv)), scores · 1/sqrt(Dh),

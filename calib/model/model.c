@@ -487,6 +487,10 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
                     return st;
             }
         }
+        if (hp->qk_norm &&
+            ((st = get_tensor(m, NAME(LLMQ_T_ATTN_Q_NORM, il), true, 1, hp->head_dim, 0, "head_dim", &L->q_norm)) ||
+             (st = get_tensor(m, NAME(LLMQ_T_ATTN_K_NORM, il), true, 1, hp->head_dim, 0, "head_dim", &L->k_norm))))
+            return st;
     }
 #undef NAME
     return LLMQ_OK;

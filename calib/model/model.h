@@ -1,5 +1,5 @@
 /*
- * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2) opened from a GGUF file or a
+ * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2, qwen3) opened from a GGUF file or a
  * Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
  *
  * What it is: the loader that reads the architecture description (GGUF `<arch>.*` metadata, or
@@ -81,6 +81,7 @@ struct llmq_layer {
     const struct llmq_tensor_view *attn_norm, *ffn_norm; // (D) RMSNorm weights
     const struct llmq_tensor_view *w[LLMQ_LIN_COUNT];    // W[out, in], shapes in the table above
     const struct llmq_tensor_view *bq, *bk, *bv;         // (H*Dh), (Hkv*Dh); NULL unless qwen2
+    const struct llmq_tensor_view *q_norm, *k_norm;      // (Dh) per-head RMSNorm weights; NULL unless qwen3
 };
 
 struct llmq_model {
@@ -94,7 +95,7 @@ struct llmq_model {
     bool from_gguf;
     const struct llmq_gguf *gguf;              // owned; NULL for HF
     const struct llmq_st_model *st;            // owned; NULL for GGUF
-    const char *arch_name;                     // "llama", "mistral", "qwen2" (static string)
+    const char *arch_name;                     // "llama", "mistral", "qwen2", "qwen3" (static string)
     const struct llmq_tensor_view *rope_freqs; // (Dh/2) GGUF rope_freqs.weight (llama3 factors); else NULL
     const struct llmq_model_quant *quant;      // owned; non-NULL only for an AWQ / GPTQ directory
 };

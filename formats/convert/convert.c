@@ -287,6 +287,8 @@ static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) 
         bool has = hp->qkv_bias ? i != LLMQ_T_BIAS_O : hp->attn_bias;
         return has ? (shape[0] = lin[i - LLMQ_T_BIAS_Q][0], 1) : 0;
     }
+    case LLMQ_T_ATTN_Q_NORM:
+    case LLMQ_T_ATTN_K_NORM: return hp->qk_norm ? (shape[0] = hp->head_dim, 1) : 0;
     default:
         if (i >= LLMQ_T_LINEAR_0 && i < LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT)
             return shape[0] = lin[i - LLMQ_T_LINEAR_0][0], shape[1] = lin[i - LLMQ_T_LINEAR_0][1], 2;

@@ -19,9 +19,10 @@
  *                  for arch "llama" as llama.cpp's convert_hf_to_gguf.py does, GGUF tensor names,
  *                  types as GGUF -> GGUF.
  *
- * Architectures: GGUF "llama" (llama, mistral, stories260K, SmolLM2) and "qwen2" (q/k/v biases, no
- * permutation: NEOX RoPE in both formats); HF model_type "llama", "mistral" (written as GGUF
- * "llama", as llama.cpp does) and "qwen2". Anything else (GGUF "mistral" included):
+ * Architectures: GGUF "llama" (llama, mistral, stories260K, SmolLM2), "qwen2" (q/k/v biases, no
+ * permutation: NEOX RoPE in both formats) and "qwen3" (no biases, per-head q_norm / k_norm, no
+ * permutation); HF model_type "llama", "mistral" (written as GGUF "llama", as llama.cpp does),
+ * "qwen2" and "qwen3". Anything else (GGUF "mistral" included):
  * LLMQ_ERR_UNSUPPORTED naming it.
  * Hyper-parameters: read and written by formats/llama/arch.h ("Hyper-parameters": the GGUF keys and
  * config.json keys, defaults and checks); here an absent context length is written as 2048 and HF

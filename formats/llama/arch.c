@@ -24,6 +24,8 @@ static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
     [LLMQ_T_BIAS_K] = {"attn_k.bias", "self_attn.k_proj.bias", true, LLMQ_LIN_K, true},
     [LLMQ_T_BIAS_V] = {"attn_v.bias", "self_attn.v_proj.bias", true, LLMQ_LIN_V, false},
     [LLMQ_T_BIAS_O] = {"attn_output.bias", "self_attn.o_proj.bias", true, LLMQ_LIN_O, false},
+    [LLMQ_T_ATTN_Q_NORM] = {"attn_q_norm.weight", "self_attn.q_norm.weight", true, -1, false},
+    [LLMQ_T_ATTN_K_NORM] = {"attn_k_norm.weight", "self_attn.k_norm.weight", true, -1, false},
 };
 
 // The linears' stems: the table's weight names without ".weight", and the short names.
@@ -83,9 +85,10 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 const char *llmq_linear_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_short[l] : "?"; }
 
 static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
-    [LLMQ_ARCH_LLAMA] = {"llama", "LlamaForCausalLM", "llama", true, false},
-    [LLMQ_ARCH_MISTRAL] = {"mistral", "MistralForCausalLM", "llama", true, false},
-    [LLMQ_ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true},
+    [LLMQ_ARCH_LLAMA] = {"llama", "LlamaForCausalLM", "llama", true, false, false},
+    [LLMQ_ARCH_MISTRAL] = {"mistral", "MistralForCausalLM", "llama", true, false, false},
+    [LLMQ_ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false},
+    [LLMQ_ARCH_QWEN3] = {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true},
 };
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a) {

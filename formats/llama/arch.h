@@ -1,6 +1,6 @@
 /*
  * formats/llama/arch.h — the one description of the LLaMA-family architectures llmq reads and writes
- * (llama, mistral, qwen2): the architecture enum, the hyper-parameters, the tensor-name table (llmq
+ * (llama, mistral, qwen2, qwen3): the architecture enum, the hyper-parameters, the tensor-name table (llmq
  * role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k rows permuted and the row map
  * of that permutation, and the llama3 RoPE frequency factors.
  *
@@ -28,13 +28,15 @@
  *   blk.N.ffn_down.weight      model.layers.N.mlp.down_proj.weight            (D, F)
  *   blk.N.attn_{q,k,v,output}.bias  model.layers.N.self_attn.{q,k,v,o}_proj.bias  (qwen2: q, k, v;
  *                                   llama with attention_bias: all four — converter only)
+ *   blk.N.attn_q_norm.weight   model.layers.N.self_attn.q_norm.weight         (Dh)  qwen3: RMSNorm of each
+ *   blk.N.attn_k_norm.weight   model.layers.N.self_attn.k_norm.weight         (Dh)  q / k head before RoPE
  *   Names as llama.cpp's gguf-py (gguf/constants.py MODEL_TENSOR) and transformers' modeling_llama.py
- *   / modeling_qwen2.py state them.
+ *   / modeling_qwen2.py / modeling_qwen3.py state them.
  *
  * ---- Q/K row permutation ------------------------------------------------------------------------
  *   llama.cpp's convert_hf_to_gguf.py (LlamaModel.permute) reorders the rows of q_proj / k_proj (and
  *   their biases) of llama and mistral checkpoints so that RoPE rotates adjacent pairs (NORM); qwen2
- *   is written unpermuted and rotates halves (NEOX). Within each head of hd = n_rows / n_head rows:
+ *   and qwen3 are written unpermuted and rotate halves (NEOX). Within each head of hd = n_rows / n_head rows:
  *     GGUF row h*hd + k  <-  HF row   h*hd + (k % 2) * hd/2 + k / 2
  *     HF row   h*hd + k  <-  GGUF row h*hd + 2 * (k % (hd/2)) + k / (hd/2)
  *
@@ -55,15 +57,17 @@
  *                    (+ rope.scaling.factor); llama3:     "default" | "linear" (factor) | "llama3" (factor,
  *                    the tensor rope_freqs.weight, left   low_freq_factor, high_freq_factor,
  *                    to the caller (type NONE)            original_max_position_embeddings)}
+ *                    (transformers 5 writes "rope_parameters" {"rope_theta", "rope_type", ...} instead of
+ *                    rope_theta and rope_scaling: read the same way when those keys are absent)
  *   n_vocab          rows of token_embd.weight (checked   vocab_size                       0 (HF only)
  *                    against vocab_size when present)
  *   tied_embeddings  no output.weight tensor              tie_word_embeddings              false
  *   attn_bias        a blk.0.attn_q.bias tensor           attention_bias                   false
  *                    (not for qkv_bias families)          (not for qkv_bias families)
- *   qkv_bias, rope_type: from the family (struct llmq_arch_info); rope_type NORM only for a GGUF whose q/k
+ *   qkv_bias, qk_norm, rope_type: from the family (struct llmq_arch_info); rope_type NORM only for a GGUF whose q/k
  *   rows are permuted. config.json also: hidden_act must be "silu", mlp_bias must be false. null counts as
  *   absent in config.json. Keys as llama.cpp's gguf-py (gguf/constants.py Keys.LLM / Keys.Attention /
- *   Keys.Rope) and transformers' LlamaConfig / MistralConfig / Qwen2Config (defaults) state them.
+ *   Keys.Rope) and transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config (defaults) state them.
  *   Checks (llmq_hparams_check, run by both readers): every dim in [1, 2^24], n_layer <= 4096, n_head a
  *   multiple of n_head_kv, head_dim even, n_head * head_dim <= 2^24, rms_eps and rope_theta finite and
  *   positive, scaling factors positive, llama3 low_freq_factor < high_freq_factor and
@@ -81,8 +85,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum llmq_arch { LLMQ_ARCH_LLAMA, LLMQ_ARCH_MISTRAL, LLMQ_ARCH_QWEN2, LLMQ_ARCH_COUNT };
-#define LLMQ_ARCH_NAMES "llama, mistral, qwen2" // the families, for messages
+enum llmq_arch { LLMQ_ARCH_LLAMA, LLMQ_ARCH_MISTRAL, LLMQ_ARCH_QWEN2, LLMQ_ARCH_QWEN3, LLMQ_ARCH_COUNT };
+#define LLMQ_ARCH_NAMES "llama, mistral, qwen2, qwen3" // the families, for messages
 
 // One row per family.
 struct llmq_arch_info {
@@ -91,12 +95,13 @@ struct llmq_arch_info {
     const char *gguf_name; // general.architecture written (convert_hf_to_gguf.py writes mistral as "llama")
     bool qk_permuted;      // GGUF stores q/k rows permuted (see "Q/K row permutation"): RoPE NORM there
     bool qkv_bias;         // q, k and v projections always carry biases
+    bool qk_norm;          // RMSNorm (weights (Dh), eps rms_eps) of every q and k head before RoPE
 };
 
 // How RoPE pairs the dimensions of one head of Dh values.
 enum llmq_rope_type {
     LLMQ_ROPE_NORM, // adjacent pairs (2i, 2i+1): the GGUF llama layout (q/k rows permuted by llama.cpp)
-    LLMQ_ROPE_NEOX, // halves (i, i + Dh/2): HF rotate_half, and qwen2 in both formats
+    LLMQ_ROPE_NEOX, // halves (i, i + Dh/2): HF rotate_half, and qwen2 / qwen3 in both formats
 };
 
 enum llmq_rope_scaling {
@@ -119,6 +124,7 @@ struct llmq_hparams {
     } rope_scaling;
     bool tied_embeddings;
     bool qkv_bias;  // q, k, v biases (the family's: qwen2)
+    bool qk_norm;   // q_norm / k_norm per head (the family's: qwen3)
     bool attn_bias; // attention_bias of the other families: q, k, v and o biases (the forward pass refuses them)
 };
 
@@ -149,6 +155,8 @@ enum llmq_tensor_role {
     LLMQ_T_BIAS_K,
     LLMQ_T_BIAS_V,
     LLMQ_T_BIAS_O,
+    LLMQ_T_ATTN_Q_NORM, // (Dh) qk_norm families
+    LLMQ_T_ATTN_K_NORM,
     LLMQ_T_COUNT
 };
 
@@ -184,7 +192,7 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 const char *llmq_linear_name(enum llmq_linear l); // short: "q", "k", "v", "o", "gate", "up", "down"
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a); // never NULL for a < LLMQ_ARCH_COUNT
-const char *llmq_arch_name(enum llmq_arch a);                     // "llama", "mistral", "qwen2"
+const char *llmq_arch_name(enum llmq_arch a);                     // "llama", "mistral", "qwen2", "qwen3"
 // The family named s (an llmq_arch_info name, or with hf_class its HF class name); -1 when none is.
 int llmq_arch_find(const char *s, bool hf_class);
 
@@ -233,7 +241,7 @@ enum llmq_status llmq_hparams_check(const struct llmq_hparams *hp, const char *f
 enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *name,
                                       int64_t file_type);
 
-// A new config.json object for hp as transformers writes it for the family (llama or qwen2 keys),
+// A new config.json object for hp as transformers writes it for the family (llama, qwen2 or qwen3 keys),
 // with bos / eos / pad token ids where they are >= 0 and torch_dtype; floats as their shortest
 // decimal. Owned by the caller (json_decref); NULL when out of memory.
 struct json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,

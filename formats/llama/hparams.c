@@ -1,7 +1,7 @@
 // formats/llama/hparams.c — the one reader and writer of the LLaMA-family hyper-parameters, GGUF keys
 // and HF config.json (contracts and the key table: formats/llama/arch.h "Hyper-parameters").
 // Mirrors llama.cpp's llm_load_hparams (the keys read) and convert_hf_to_gguf.py (the keys written, their
-// order), and transformers' LlamaConfig / Qwen2Config (config.json keys and defaults).
+// order), and transformers' LlamaConfig / Qwen2Config / Qwen3Config (config.json keys and defaults).
 #include "formats/llama/arch.h"
 
 #include "common/io.h"
@@ -20,6 +20,7 @@ static void set_arch(struct llmq_hparams *hp, enum llmq_arch a, bool gguf) {
     const struct llmq_arch_info *ai = llmq_arch_info_of(a);
     hp->arch = a;
     hp->qkv_bias = ai->qkv_bias;
+    hp->qk_norm = ai->qk_norm;
     hp->rope_type = gguf && ai->qk_permuted ? LLMQ_ROPE_NORM : LLMQ_ROPE_NEOX;
 }
 
@@ -278,17 +279,20 @@ static enum llmq_status cfg_bool(const struct cfg *c, const char *key, bool *out
     return LLMQ_OK;
 }
 
+// rope_scaling, else rope_parameters (transformers 5 writes rope_theta and the scaling there, same keys).
 static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparams *hp) {
-    const json_t *rs = cfg_get(c, "rope_scaling");
+    const bool scaling = cfg_get(c, "rope_scaling") != NULL;
+    const char *key = scaling ? "rope_scaling" : "rope_parameters";
+    const json_t *rs = cfg_get(c, key);
     if (!rs) return LLMQ_OK;
-    if (!json_is_object(rs)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"rope_scaling\" is not an object", c->file);
+    if (!json_is_object(rs)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not an object", c->file, key);
     const json_t *t = json_object_get(rs, "rope_type"); // transformers: rope_type, else the older "type"
     if (!t) t = json_object_get(rs, "type");
-    if (!json_is_string(t))
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rope_scaling has no string \"rope_type\"", c->file);
+    if (!json_is_string(t)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has no string \"rope_type\"", c->file, key);
     const char *type = json_string_value(t);
-    struct cfg r = {c->file, rs, "rope_scaling."};
+    struct cfg r = {c->file, rs, scaling ? "rope_scaling." : "rope_parameters."};
     enum llmq_status st;
+    if (!cfg_get(c, "rope_theta") && (st = cfg_float(&r, "rope_theta", false, 10000.0, &hp->rope_theta))) return st;
     if (strcmp(type, "default") == 0) return LLMQ_OK;
     if (strcmp(type, "linear") == 0) {
         hp->rope_scaling.type = LLMQ_ROPE_SCALING_LINEAR;
@@ -368,12 +372,12 @@ static json_t *json_f32(float f) {
 
 json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,
                                   const char *torch_dtype) {
-    bool qwen = hp->arch == LLMQ_ARCH_QWEN2;
+    bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3;
     json_t *c = json_object();
     if (!c) return NULL;
     json_object_set_new(c, "architectures", json_pack("[s]", llmq_arch_info_of(hp->arch)->hf_class));
     json_object_set_new(c, "model_type", json_string(llmq_arch_name(hp->arch)));
-    if (!qwen) json_object_set_new(c, "attention_bias", json_boolean(hp->attn_bias));
+    if (hp->arch != LLMQ_ARCH_QWEN2) json_object_set_new(c, "attention_bias", json_boolean(hp->attn_bias));
     json_object_set_new(c, "attention_dropout", json_real(0.0));
     if (bos >= 0) json_object_set_new(c, "bos_token_id", json_integer(bos));
     if (eos >= 0) json_object_set_new(c, "eos_token_id", json_integer(eos));

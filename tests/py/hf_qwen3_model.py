@@ -1,0 +1,68 @@
+"""Builds small random-weight Qwen3 checkpoints with Hugging Face transformers and writes their logits:
+the reference side of tests/py/test_qwen3.py. Runs in the transformers venv (LLMQ_HF_PYTHON), never in
+the oracle venv.
+
+    python hf_qwen3_model.py TOKENIZER_DIR IDS_FILE OUT_DIR
+
+For tie_word_embeddings false and true: a Qwen3Config (hidden 64, 2 layers, 4 heads, 2 kv heads,
+head_dim 32 so that q_proj is 128 x 64, intermediate 128, vocab 512, rope_theta 1e6, rms_norm_eps 1e-6),
+Qwen3ForCausalLM with every parameter drawn from torch.manual_seed(SEED + tied) (linears and the
+embedding N(0, 1/in), norms 1 + N(0, 0.3^2) so that q_norm and k_norm differ from each other and from 1),
+saved with save_pretrained as float32 safetensors into OUT_DIR/qwen3-untied and OUT_DIR/qwen3-tied with
+the tokenizer files of TOKENIZER_DIR copied next to them; then each directory is loaded back with
+from_pretrained (float32, CPU, eager attention) and the logits of the ids of IDS_FILE (one sequence
+from position 0) go to <dir>.hf.f32 as (n, 512) float32. stdout: one JSON line per directory with the
+versions used.
+"""
+import json
+import shutil
+import sys
+import pathlib
+
+import numpy as np
+import torch
+import transformers
+
+SEED = 1234
+
+
+def build(out, tied, tok_dir):
+    cfg = transformers.Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                   max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1e6,
+                                   tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(SEED + int(tied))
+    model = transformers.Qwen3ForCausalLM(cfg).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # RMSNorm weights
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:  # (out, in) linears and the (V, D) embedding
+                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(pathlib.Path(tok_dir) / f, pathlib.Path(out) / f)
+
+
+def logits(d, ids):
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, device_map="cpu",
+                                                              attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def main():
+    tok_dir, ids_file, out_dir = sys.argv[1:4]
+    ids = [int(x) for x in open(ids_file).read().split()]
+    torch.set_num_threads(2)
+    for tied in (False, True):
+        d = pathlib.Path(out_dir) / ("qwen3-tied" if tied else "qwen3-untied")
+        build(d, tied, tok_dir)
+        logits(d, ids).astype(np.float32).tofile(f"{d}.hf.f32")
+        print(json.dumps({"dir": str(d), "torch": torch.__version__, "transformers": transformers.__version__}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -63,7 +63,7 @@ static void test_permutation(void) {
 // ---- handmade models ----------------------------------------------------------------------------
 
 struct spec {
-    const char *arch; // "llama" / "qwen2"
+    const char *arch; // "llama" / "qwen2" / "qwen3"
     int64_t n_embd, n_head, n_head_kv, n_ff, n_layer;
     bool tied, spm, llama3, q8_embd;
 };
@@ -191,6 +191,10 @@ static void make_gguf(const char *path, const struct spec *s) {
             T("attn_k.bias", 1, kv, 1);
             T("attn_v.bias", 1, kv, 1);
         }
+        if (!strcmp(s->arch, "qwen3")) { // per-head q / k RMSNorm weights
+            T("attn_q_norm.weight", 1, hd, 1);
+            T("attn_k_norm.weight", 1, hd, 1);
+        }
         T("attn_output.weight", 2, s->n_embd, q);
         T("ffn_norm.weight", 1, s->n_embd, 1);
         T("ffn_gate.weight", 2, s->n_ff, s->n_embd);
@@ -316,6 +320,7 @@ static void round_trip(const char *name, const struct spec *s, uint64_t shard_by
     CHECK(llmq_st_get(m, "model.embed_tokens.weight"));
     CHECK((llmq_st_get(m, "lm_head.weight") != NULL) == !s->tied);
     CHECK(!llmq_st_get(m, "rope_freqs.weight"));
+    CHECK((llmq_st_get(m, "model.layers.0.self_attn.k_norm.weight") != NULL) == !strcmp(s->arch, "qwen3"));
     llmq_st_free(m);
     CHECK_OK(llmq_convert(tpath(hf), tpath(back), &o, &st));
 
@@ -462,6 +467,7 @@ static void test_refusals(void) {
     before++;
     CHECK(llmq_convert(tpath("bad-arch.gguf"), tpath("bad-hf"), &o, NULL) == LLMQ_ERR_UNSUPPORTED);
     CHECK_CONTAINS(llmq_last_error(), "gpt-j");
+    CHECK_CONTAINS(llmq_last_error(), "(llama, mistral, qwen2, qwen3)");
     // truncated: the GGUF reader refuses it before anything is created
     struct stat sb;
     CHECK(stat(tpath("r.gguf"), &sb) == 0);
@@ -536,6 +542,8 @@ int main(void) {
     round_trip("bpe", &(struct spec){"llama", 24, 3, 3, 32, 2, true, false, false, false}, 4000);
     // qwen2 with q/k/v biases (no permutation), BPE
     round_trip("qwen", &(struct spec){"qwen2", 16, 4, 2, 8, 1, true, false, false, false}, 0);
+    // qwen3: q_norm / k_norm per head, no biases, untied
+    round_trip("qwen3", &(struct spec){"qwen3", 16, 2, 1, 8, 2, false, false, false, false}, 0);
     // llama3 rope scaling: rope_freqs.weight -> config.json rope_scaling -> the same tensor
     round_trip("llama3", &(struct spec){"llama", 256, 2, 1, 8, 1, true, false, true, false}, 0);
     test_gguf_dtypes();

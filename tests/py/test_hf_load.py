@@ -90,11 +90,16 @@ def test_transformers_loads_and_agrees(seq, hf, case):
     a, b, base = np.fromfile(theirs, np.float32), np.fromfile(ours, np.float32), seq["base"]
     assert a.shape == b.shape == base.shape
     n_vocab = info["n_vocab"]
-    a, b, base = a.reshape(-1, n_vocab), b.reshape(-1, n_vocab), base.reshape(-1, n_vocab)
-    rms = float(np.sqrt(np.mean((a - b) ** 2)))
-    qrms = float(np.sqrt(np.mean((b - base) ** 2)))
-    mx = float(np.abs(a - b).max())
-    top1 = float((a.argmax(1) == b.argmax(1)).mean())
-    print(f"{case}: {info['linear_classes']} rms(hf-llmq) {rms:.5f} max {mx:.4f} rms(llmq-base) {qrms:.4f} "
-          f"top-1 {top1:.3f} {info['versions']}")
+    check_agreement(f"{case}: {info['linear_classes']}", a.reshape(-1, n_vocab), b.reshape(-1, n_vocab),
+                    base.reshape(-1, n_vocab), info["versions"])
+
+
+def check_agreement(label, theirs, ours, base, versions=""):
+    """transformers' logits `theirs` and llmq's `ours` (n, V) from one quantized directory, `base` llmq's
+    logits of the unquantized model: the thresholds of the module docstring."""
+    rms = float(np.sqrt(np.mean((theirs - ours) ** 2)))
+    qrms = float(np.sqrt(np.mean((ours - base) ** 2)))
+    mx = float(np.abs(theirs - ours).max())
+    top1 = float((theirs.argmax(1) == ours.argmax(1)).mean())
+    print(f"{label} rms(hf-llmq) {rms:.5f} max {mx:.4f} rms(llmq-base) {qrms:.4f} top-1 {top1:.3f} {versions}")
     assert rms < 0.02 and rms < 0.1 * qrms and mx < 0.25 and top1 >= 0.98, (rms, qrms, mx, top1)

@@ -41,7 +41,8 @@ import numpy as np
 import pytest
 
 from conftest import run
-from test_forward_oracle import F32_TOL, HAVE_LLAMA_CPP
+from test_forward_oracle import F32_TOL, HAVE_LLAMA_CPP, check_live
+from test_hf_load import check_agreement
 import gen_golden_forward as gg
 import test_gguf_mix as gm
 from test_gguf_mix import lc  # noqa: F401 (the fixture: llama_cpp, or a skip)
@@ -134,12 +135,8 @@ def test_gguf_forward_equals_hf_forward(models, v):
 @needs_llama_cpp
 @pytest.mark.parametrize("v", VARIANTS)
 def test_llama_cpp_agrees(models, ids, v):
-    ref = gg.llama_cpp_logits(models[v]["gguf"], ids["tokens"])
-    got = models[v]["llmq_gguf"]
-    d = float(np.abs(ref - got).max())
-    print(f"{v}: max |llama.cpp - llmq| = {d:.3g}")
-    assert d < F32_TOL
-    assert (ref.argmax(1) == got.argmax(1)).all()
+    check_live(f"qwen3 {v} f32", models[v]["llmq_gguf"], gg.llama_cpp_logits(models[v]["gguf"], ids["tokens"]),
+               F32_TOL, 1.0)
 
 
 @needs_hf
@@ -190,14 +187,7 @@ def test_gptq_directory(llmq_bin, tool, data_dir, models, ids, work):
     assert "error" not in info, info.get("error")
     assert info["quant_method"] == "gptq" and info["linear_classes"]
     theirs = np.fromfile(work / "gptq.hf.f32", np.float32).reshape(-1, N_VOCAB)
-    base = models["untied"]["llmq_hf"]
-    rms = float(np.sqrt(np.mean((theirs - ours) ** 2)))
-    qrms = float(np.sqrt(np.mean((ours - base) ** 2)))
-    mx = float(np.abs(theirs - ours).max())
-    top1 = float((theirs.argmax(1) == ours.argmax(1)).mean())
-    print(f"gptq: {info['linear_classes']} rms(hf-llmq) {rms:.3g} max {mx:.3g} rms(llmq-base) {qrms:.3g} "
-          f"top-1 {top1:.3f}")
-    assert rms < 0.02 and rms < 0.1 * qrms and mx < 0.25 and top1 >= 0.98, (rms, qrms, mx, top1)
+    check_agreement(f"qwen3 gptq: {info['linear_classes']}", theirs, ours, models["untied"]["llmq_hf"])
 
 
 def test_unsupported_architecture_lists_qwen3(llmq_bin, tool, tmp_path):

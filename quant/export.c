@@ -90,16 +90,7 @@ void llmq_awq_unpack8(uint32_t w, uint8_t *c) {
 
 // ================================================================================ the export ====
 
-enum slot_kind {
-    SLOT_EMBED,
-    SLOT_ATTN_NORM,
-    SLOT_FFN_NORM,
-    SLOT_Q_NORM,
-    SLOT_K_NORM,
-    SLOT_LINEAR,
-    SLOT_OUT_NORM,
-    SLOT_LM_HEAD
-};
+enum slot_kind { SLOT_EMBED, SLOT_ATTN_NORM, SLOT_FFN_NORM, SLOT_QK_NORM, SLOT_LINEAR, SLOT_OUT_NORM, SLOT_LM_HEAD };
 
 struct part { // one output tensor of a linear, packed and waiting for its turn in the stream
     char name[160];
@@ -343,8 +334,8 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
     case SLOT_EMBED: return write_view(e, m->tok_embd);
     case SLOT_ATTN_NORM: return write_view(e, m->layers[s->layer].attn_norm);
     case SLOT_FFN_NORM: return write_view(e, m->layers[s->layer].ffn_norm);
-    case SLOT_Q_NORM: return write_view(e, m->layers[s->layer].q_norm);
-    case SLOT_K_NORM: return write_view(e, m->layers[s->layer].k_norm);
+    case SLOT_QK_NORM: // which: LLMQ_LIN_Q or LLMQ_LIN_K
+        return write_view(e, s->which == LLMQ_LIN_Q ? m->layers[s->layer].q_norm : m->layers[s->layer].k_norm);
     case SLOT_OUT_NORM: return write_view(e, m->output_norm);
     case SLOT_LM_HEAD: return write_view(e, m->output);
     case SLOT_LINEAR:
@@ -626,9 +617,8 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
             s = add_slot(e, SLOT_LINEAR, l, (enum llmq_linear)w, NULL);
             if ((st = declare_linear(e, s))) goto fail;
             for (int k = 0; w == LLMQ_LIN_DOWN && m->layers[l].q_norm && k < 2; k++) { // qwen3: last in the block
-                s = add_slot(
-                    e, k ? SLOT_K_NORM : SLOT_Q_NORM, l, 0,
-                    llmq_tensor_full_name(k ? LLMQ_T_ATTN_K_NORM : LLMQ_T_ATTN_Q_NORM, l, true, what, sizeof what));
+                llmq_tensor_full_name(k ? LLMQ_T_ATTN_K_NORM : LLMQ_T_ATTN_Q_NORM, l, true, what, sizeof what);
+                s = add_slot(e, SLOT_QK_NORM, l, k ? LLMQ_LIN_K : LLMQ_LIN_Q, what);
                 if ((st = declare_view(e, s->name, k ? m->layers[l].k_norm : m->layers[l].q_norm))) goto fail;
             }
         }

@@ -653,8 +653,7 @@ enum llmq_status llmq_export_layer(struct llmq_export *e, int64_t layer, enum ll
         return llmq_errorf(LLMQ_ERR_ARG, "%s: linear %d of layer %lld does not exist", e->out, (int)which,
                            (long long)layer);
     lin_name(what, sizeof what, layer, which);
-    // slot index: 1 + layer * slots_per_layer + (which) + (which >= Q: 1 for attn norm) + (which >= GATE: 1 for ffn
-    // norm)
+    // slot index: 1 + layer * slots_per_layer + which + 1 (attn norm) + (which >= GATE: 1 for ffn norm)
     int64_t idx = 1 + layer * slots_per_layer(e->m) + (int64_t)which + 1 + (which >= LLMQ_LIN_GATE ? 1 : 0);
     struct slot *s = &e->slots[idx];
     LLMQ_ASSERT(s->kind == SLOT_LINEAR && s->layer == layer && s->which == which);

@@ -13,7 +13,8 @@
 # skips the heavy oracles and the fresh-clone run of the README's main job (tests/fresh_clone.sh).
 # Environment: LLMQ_CACHE (default ~/.cache/llmq: venv, wheels, models), LLMQ_DATA (default
 # ../shared/datasets: the test models and upstream-layout reference texts; the product's own texts
-# ship in datasets/data), JOBS (default 2), LLMQ_WITH_LLAMA_CPP (default 1), LLMQ_WITH_HF (default 0).
+# ship in datasets/data), JOBS (default 2), LLMQ_WITH_LLAMA_CPP (default 1), LLMQ_WITH_HF (default 0),
+# LLMQ_CTEST_ARGS (extra ctest arguments, e.g. -R REGEX for a subset).
 # GPU tests (label gpu) skip cleanly without a device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,4 +70,6 @@ PYTHON="$VENV/bin/python" datasets/fetch_models.sh
 
 cmake -S . -B "$BUILD" -DLLMQ_PYTHON="$VENV/bin/python" "$@"
 cmake --build "$BUILD" -j "$JOBS"
-ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
+# LLMQ_CTEST_ARGS: extra ctest arguments (split on spaces), e.g. "-R ^test_" to run a subset.
+read -ra ctest_extra <<<"${LLMQ_CTEST_ARGS:-}"
+ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" "${ctest_extra[@]}"

@@ -70,13 +70,15 @@ struct qargs {
 };
 
 // The flag combinations that are wrong whatever the model: NULL, or the usage message (in buf when built).
+// Sets o->method and (directory formats) o->out.format as it parses them.
 // What needs the model's shapes is llmq_quantize_check's.
-static const char *check_flags(struct qargs *q, bool gguf, enum llmq_qmethod *method, char *buf, size_t size) {
+static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_opts *o, char *buf, size_t size) {
+    enum llmq_qmethod *method = &o->method;
     if (!q->model) return "--model is required";
     if (!q->out && !(gguf && q->dry_run)) return gguf ? "--out FILE.gguf is required" : "--out DIR is required";
     if (!llmq_qmethod_parse(q->method, method)) return "--method must be rtn, gptq, awq or awq+gptq";
-    enum llmq_export_format f;
-    if (!gguf && !llmq_export_format_parse(q->format, &f)) return "--format must be awq, gptq, fake or gguf";
+    if (!gguf && !llmq_export_format_parse(q->format, &o->out.format))
+        return "--format must be awq, gptq, fake or gguf";
     if (gguf && (q->bits != LONG_MIN || q->group != LONG_MIN))
         return "--bits and --group-size do not apply to --format gguf (its block types fix them: choose --gguf-type)";
     if (!llmq_qmethod_uses_gptq(*method) &&
@@ -299,7 +301,7 @@ int cmd_quantize(int argc, char **argv) {
     struct llmq_quantize_opts o = llmq_quantize_default_opts();
     struct llmq_gguf_tensor_type tt[MAX_TENSOR_TYPES];
     static char usage_buf[512];
-    const char *usage = check_flags(&q, gguf, &o.method, usage_buf, sizeof(usage_buf));
+    const char *usage = check_flags(&q, gguf, &o, usage_buf, sizeof(usage_buf));
     if (!usage && gguf) usage = gguf_flags(&q, &o, tt, usage_buf, sizeof(usage_buf));
     char device_desc[320];
     if (usage) {
@@ -320,7 +322,6 @@ int cmd_quantize(int argc, char **argv) {
         o.out_dir = q.out;
         if (!gguf) {
             o.q = (struct llmq_qconfig){.bits = (int)q.bits, .group_size = (int)q.group, .sym = q.sym};
-            llmq_export_format_parse(q.format, &o.out.format);
             o.static_groups = q.static_groups;
             o.group_aware = q.group_aware;
             o.fallback_rtn_per_channel = q.fallback && strcmp(q.fallback, "rtn-per-channel") == 0;

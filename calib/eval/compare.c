@@ -342,46 +342,69 @@ static double nice_step(double span) {
 
 enum { PW = 600, PH = 400, ML = 70, MR = 30, MT = 40, MB = 50 }; // plot size and margins (px)
 
+// An axis: linear, or log10 (then lo / hi are log10 of the range) when its values span more than 5x.
 struct axis {
     double lo, hi, step;
+    bool log;
 };
 
-static struct axis axis_of(const double *v, int n) {
+static struct axis axis_of(const double *v, int n, bool may_log) {
     double lo = INFINITY, hi = -INFINITY;
     for (int i = 0; i < n; i++)
         if (isfinite(v[i])) lo = fmin(lo, v[i]), hi = fmax(hi, v[i]);
     if (!isfinite(lo)) lo = 0, hi = 1;
+    struct axis a = {0};
+    a.log = may_log && lo > 0 && hi / lo > 5;
+    if (a.log) lo = log10(lo), hi = log10(hi);
     double pad = hi > lo ? 0.08 * (hi - lo) : fmax(fabs(lo) * 0.1, 1e-3);
-    struct axis a = {lo - pad, hi + pad, 0};
+    a.lo = lo - pad;
+    a.hi = hi + pad;
     a.step = nice_step(a.hi - a.lo);
     return a;
 }
 
-static double sx(const struct axis *a, double v) { return ML + (v - a->lo) / (a->hi - a->lo) * (PW - ML - MR); }
-static double sy(const struct axis *a, double v) { return PH - MB - (v - a->lo) / (a->hi - a->lo) * (PH - MT - MB); }
+static double pos(const struct axis *a, double v) { return ((a->log ? log10(v) : v) - a->lo) / (a->hi - a->lo); }
+static double sx(const struct axis *a, double v) { return ML + pos(a, v) * (PW - ML - MR); }
+static double sy(const struct axis *a, double v) { return PH - MB - pos(a, v) * (PH - MT - MB); }
+
+// The tick values of an axis into t (at most 32): multiples of the step (linear), or 1, 2, 5 x 10^k (log).
+static int ticks(const struct axis *a, double *t) {
+    int n = 0;
+    if (a->log) {
+        for (int e = (int)floor(a->lo); e <= (int)ceil(a->hi) && n < 30; e++)
+            for (int k = 0; k < 3; k++) {
+                double v = (k == 0 ? 1 : k == 1 ? 2 : 5) * pow(10, e);
+                if (log10(v) >= a->lo && log10(v) <= a->hi) t[n++] = v;
+            }
+        return n;
+    }
+    for (double i = ceil(a->lo / a->step); i * a->step <= a->hi && n < 32; i++) t[n++] = i == 0 ? 0 : i * a->step;
+    return n;
+}
 
 static void plot_axes(FILE *f, const struct axis *ax, const struct axis *ay, const char *title, const char *ylabel) {
+    double t[32];
     fprintf(f, "<text x=\"%d\" y=\"24\" class=\"title\">", ML);
     html_esc(f, title);
     fputs("</text>\n", f);
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" class=\"frame\"/>\n", ML, MT, PW - ML - MR,
             PH - MT - MB);
-    for (double t = ceil(ax->lo / ax->step) * ax->step; t <= ax->hi; t += ax->step)
+    for (int i = 0, n = ticks(ax, t); i < n; i++)
         fprintf(f,
                 "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" class=\"grid\"/><text x=\"%.1f\" y=\"%d\" "
                 "class=\"tick\" text-anchor=\"middle\">%g</text>\n",
-                sx(ax, t), MT, sx(ax, t), PH - MB, sx(ax, t), PH - MB + 16, t);
-    for (double t = ceil(ay->lo / ay->step) * ay->step; t <= ay->hi; t += ay->step)
+                sx(ax, t[i]), MT, sx(ax, t[i]), PH - MB, sx(ax, t[i]), PH - MB + 16, t[i]);
+    for (int i = 0, n = ticks(ay, t); i < n; i++)
         fprintf(f,
                 "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" class=\"grid\"/><text x=\"%d\" y=\"%.1f\" "
                 "class=\"tick\" text-anchor=\"end\">%g</text>\n",
-                ML, sy(ay, t), PW - MR, sy(ay, t), ML - 6, sy(ay, t) + 4, t);
+                ML, sy(ay, t[i]), PW - MR, sy(ay, t[i]), ML - 6, sy(ay, t[i]) + 4, t[i]);
     fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"label\" text-anchor=\"middle\">file size (MiB)</text>\n",
             (ML + PW - MR) / 2, PH - 12);
     fprintf(f, "<text x=\"16\" y=\"%d\" class=\"label\" text-anchor=\"middle\" transform=\"rotate(-90 16 %d)\">",
             (MT + PH - MB) / 2, (MT + PH - MB) / 2);
     html_esc(f, ylabel);
-    fputs("</text>\n", f);
+    fprintf(f, "%s</text>\n", ay->log ? " (log scale)" : "");
 }
 
 // One plot of y against the rows' file sizes, with the Pareto front.
@@ -393,7 +416,7 @@ static void plot(FILE *f, const struct llmq_compare_row *rows, int n, const doub
     fprintf(f, "<svg id=\"%s\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n", id, PW, PH, PW, PH);
     if (!x || !front || !order) goto done;
     for (int i = 0; i < n; i++) x[i] = (double)rows[i].size.file_bytes / 1048576.0;
-    struct axis ax = axis_of(x, n), ay = axis_of(y, n);
+    struct axis ax = axis_of(x, n, false), ay = axis_of(y, n, true);
     plot_axes(f, &ax, &ay, title, ylabel);
     llmq_compare_pareto(x, y, n, front);
     int m = 0;
@@ -461,7 +484,10 @@ static void html_table(FILE *f, const struct llmq_compare_row *rows, int n) {
         html_num(f, "%.3f", r->size.bpw);
         html_num(f, "%.4f", r->ppl);
         html_num(f, "%.4f", r->ppl_unc);
-        html_num(f, "%+.2f%%", r->ppl_delta_pct);
+        if (r->is_base)
+            fputs("<td>base</td>", f);
+        else
+            html_num(f, "%+.2f%%", r->ppl_delta_pct);
         html_num(f, "%.6f", r->kld_mean);
         html_num(f, "%.5f", r->kld_p99);
         html_num(f, "%.2f%%", r->top1_pct);
@@ -492,15 +518,16 @@ enum llmq_status llmq_compare_write_html(const char *path, const struct llmq_com
         kld[i] = rows[i].kld_mean;
         any_kld |= !rows[i].is_base && isfinite(kld[i]);
     }
-    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>llmq compare</title>\n<style>\n"
-          "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:12px 0}\n"
-          "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}td:first-child{text-align:left}\n"
-          "tr.base{background:#eef}svg{border:1px solid #ddd;margin:8px 8px 0 0}.frame{fill:none;stroke:#888}\n"
-          ".grid{stroke:#eee}.tick{font-size:11px;fill:#555}.label{font-size:12px}.title{font-size:14px;"
-          "font-weight:bold}\n.pt{fill:#1f6fd1}.pt.onfront{fill:#d1491f}.pt.base{fill:#222}.ptlabel{font-size:11px}\n"
-          ".front{fill:none;stroke:#d1491f;stroke-width:1.5;stroke-dasharray:5 3}\n</style></head>\n<body>\n"
-          "<h1>llmq compare</h1>\n<p>",
-          f);
+    fputs(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>llmq compare</title>\n<style>\n"
+        "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:12px 0}\n"
+        "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\n"
+        "tr.base{background:#eef}svg{border:1px solid #ddd;margin:8px 8px 0 0}.frame{fill:none;stroke:#888}\n"
+        ".grid{stroke:#eee}.tick{font-size:11px;fill:#555}.label{font-size:12px}.title{font-size:14px;"
+        "font-weight:bold}\n.pt{fill:#1f6fd1}.pt.onfront{fill:#d1491f}.pt.base{fill:#222}.ptlabel{font-size:11px}\n"
+        ".front{fill:none;stroke:#d1491f;stroke-width:1.5;stroke-dasharray:5 3}\n</style></head>\n<body>\n"
+        "<h1>llmq compare</h1>\n<p>",
+        f);
     html_esc(f, title);
     fputs("</p>\n", f);
     html_table(f, rows, n);

@@ -399,12 +399,41 @@ static void plot_axes(FILE *f, const struct axis *ax, const struct axis *ay, con
                 "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" class=\"grid\"/><text x=\"%d\" y=\"%.1f\" "
                 "class=\"tick\" text-anchor=\"end\">%g</text>\n",
                 ML, sy(ay, t[i]), PW - MR, sy(ay, t[i]), ML - 6, sy(ay, t[i]) + 4, t[i]);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"label\" text-anchor=\"middle\">file size (MiB)</text>\n",
-            (ML + PW - MR) / 2, PH - 12);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"label\" text-anchor=\"middle\">file size (MiB%s)</text>\n",
+            (ML + PW - MR) / 2, PH - 12, ax->log ? ", log scale" : "");
     fprintf(f, "<text x=\"16\" y=\"%d\" class=\"label\" text-anchor=\"middle\" transform=\"rotate(-90 16 %d)\">",
             (MT + PH - MB) / 2, (MT + PH - MB) / 2);
     html_esc(f, ylabel);
     fprintf(f, "%s</text>\n", ay->log ? " (log scale)" : "");
+}
+
+struct box {
+    double x0, y0, x1, y1;
+};
+
+static bool overlaps(const struct box *a, const struct box *b) {
+    return a->x0 < b->x1 && b->x0 < a->x1 && a->y0 < b->y1 && b->y0 < a->y1;
+}
+
+// Where the label of the point at (px, py) goes: the first of a few places beside it, then further above and
+// below, whose box (11 px text, ~6.2 px per byte) overlaps no placed box and stays inside the plot. The box is
+// added to placed (*n_placed). *anchor_end: the text ends at *lx (a label left of its point).
+static void place_label(double px, double py, size_t len, struct box *placed, int *n_placed, double *lx, double *ly,
+                        bool *anchor_end) {
+    const double w = 6.2 * (double)len, h = 12;
+    struct box b = {0};
+    for (int k = 0; k < 16; k++) {
+        int side = k % 2, step = k / 2; // right / left, then rows alternately above and below the point
+        double dy = step % 2 == 0 ? -6 - 13.0 * (step / 2) : 16 + 13.0 * (step / 2);
+        *anchor_end = side == 1;
+        *lx = side ? px - 8 : px + 8;
+        *ly = py + dy;
+        b = (struct box){side ? *lx - w : *lx, *ly - h + 2, side ? *lx : *lx + w, *ly + 2};
+        bool ok = b.x0 >= ML && b.x1 <= PW - MR && b.y0 >= MT && b.y1 <= PH - MB;
+        for (int j = 0; ok && j < *n_placed; j++) ok = !overlaps(&b, &placed[j]);
+        if (ok) break;
+    }
+    placed[(*n_placed)++] = b;
 }
 
 // One plot of y against the rows' file sizes, with the Pareto front.
@@ -412,11 +441,12 @@ static void plot(FILE *f, const struct llmq_compare_row *rows, int n, const doub
                  const char *ylabel, const char *id) {
     double *x = malloc((size_t)n * sizeof(double));
     bool *front = malloc((size_t)n * sizeof(bool));
-    int *order = malloc((size_t)n * sizeof(int));
+    int *order = malloc((size_t)n * sizeof(int)), n_placed = 0;
+    struct box *placed = malloc((size_t)(2 * n + 1) * sizeof(struct box));
     fprintf(f, "<svg id=\"%s\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n", id, PW, PH, PW, PH);
-    if (!x || !front || !order) goto done;
+    if (!x || !front || !order || !placed) goto done;
     for (int i = 0; i < n; i++) x[i] = (double)rows[i].size.file_bytes / 1048576.0;
-    struct axis ax = axis_of(x, n, false), ay = axis_of(y, n, true);
+    struct axis ax = axis_of(x, n, true), ay = axis_of(y, n, true);
     plot_axes(f, &ax, &ay, title, ylabel);
     llmq_compare_pareto(x, y, n, front);
     int m = 0;
@@ -431,6 +461,10 @@ static void plot(FILE *f, const struct llmq_compare_row *rows, int n, const doub
     fputs("<polyline class=\"front\" points=\"", f);
     for (int k = 0; k < m; k++) fprintf(f, "%s%.1f,%.1f", k ? " " : "", sx(&ax, x[order[k]]), sy(&ay, y[order[k]]));
     fputs("\"/>\n", f);
+    for (int i = 0; i < n; i++) // the points first, so that no label covers one
+        if (isfinite(y[i]))
+            placed[n_placed++] =
+                (struct box){sx(&ax, x[i]) - 6, sy(&ay, y[i]) - 6, sx(&ax, x[i]) + 6, sy(&ay, y[i]) + 6};
     for (int i = 0; i < n; i++) {
         if (!isfinite(y[i])) continue;
         double px = sx(&ax, x[i]), py = sy(&ay, y[i]);
@@ -442,8 +476,10 @@ static void plot(FILE *f, const struct llmq_compare_row *rows, int n, const doub
                     py);
         html_esc(f, rows[i].label);
         fprintf(f, ": %.2f MiB, %.6g</title></%s>\n", x[i], y[i], rows[i].is_base ? "rect" : "circle");
-        fprintf(f, "<text class=\"ptlabel\" x=\"%.1f\" y=\"%.1f\"%s>", px + (px > PW - 160 ? -8 : 8), py - 8,
-                px > PW - 160 ? " text-anchor=\"end\"" : "");
+        double lx, ly;
+        bool end;
+        place_label(px, py, strlen(rows[i].label), placed, &n_placed, &lx, &ly, &end);
+        fprintf(f, "<text class=\"ptlabel\" x=\"%.1f\" y=\"%.1f\"%s>", lx, ly, end ? " text-anchor=\"end\"" : "");
         html_esc(f, rows[i].label);
         fputs("</text>\n", f);
     }
@@ -452,6 +488,7 @@ done:
     free(x);
     free(front);
     free(order);
+    free(placed);
 }
 
 static void html_num(FILE *f, const char *fmt, double v) {

@@ -223,6 +223,19 @@ static const char *check_flags(const struct eargs *a, enum llmq_eval_protocol *p
     return NULL;
 }
 
+// check_flags and the gates' needs: 0, or 2 after the usage message.
+static int usage_errors(const struct eargs *a, const struct cli_gates *gs, enum llmq_eval_protocol *protocol,
+                        enum llmq_emulate *emulate, enum llmq_dtype dtype) {
+    const char *usage = check_flags(a, protocol, emulate, dtype);
+    unsigned have = a->base_path || a->kld_base || a->kld_file ? LLMQ_GATE_NEEDS_BASE | LLMQ_GATE_NEEDS_KLD : 0;
+    const char *how = "a base: --base MODEL, --kld-base MODEL or --kld FILE";
+    if (usage) {
+        fprintf(stderr, "llmq eval: %s\nrun 'llmq eval --help' for the flags and their defaults\n", usage);
+        return 2;
+    }
+    return cli_gates_check("eval", gs, have, how, how);
+}
+
 // What one evaluation produced, for the printout and the JSON.
 struct outcome {
     const struct llmq_model *m, *base;
@@ -362,29 +375,16 @@ int cmd_eval(int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
-    if (rc) {
-        cli_gates_free(&gs);
-        return rc == 1 ? 0 : rc;
-    }
+    if (rc) return rc == 1 ? 0 : rc;
 
     enum llmq_eval_protocol protocol;
     enum llmq_emulate emulate = LLMQ_EMULATE_NONE;
     enum llmq_dtype dtype = llmq_dtype_from_name(a.logits_dtype);
-    const char *usage = check_flags(&a, &protocol, &emulate, dtype);
-    unsigned have = a.base_path || a.kld_base || a.kld_file ? LLMQ_GATE_NEEDS_BASE | LLMQ_GATE_NEEDS_KLD : 0;
-    const char *how = "a base: --base MODEL, --kld-base MODEL or --kld FILE";
-    if (usage || cli_gates_check("eval", &gs, have, how, how)) {
-        if (usage) fprintf(stderr, "llmq eval: %s\nrun 'llmq eval --help' for the flags and their defaults\n", usage);
-        cli_gates_free(&gs);
-        return 2;
-    }
+    if (usage_errors(&a, &gs, &protocol, &emulate, dtype)) return 2;
 
     enum llmq_backend backend;
     char device_desc[320];
-    if ((rc = cli_device(a.device, &backend, device_desc, sizeof(device_desc)))) {
-        cli_gates_free(&gs);
-        return rc;
-    }
+    if ((rc = cli_device(a.device, &backend, device_desc, sizeof(device_desc)))) return rc;
 
     struct llmq_model *m = NULL, *base = NULL;
     struct llmq_logits_file *lf = NULL;

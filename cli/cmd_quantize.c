@@ -106,6 +106,12 @@ static const char *parse_bits(const char *s, long *bits) {
     return NULL;
 }
 
+// The text of s up to its first ',' into buf (n bytes); returns buf.
+static const char *first_level(const char *s, char *buf, size_t n) {
+    snprintf(buf, n, "%.*s", (int)strcspn(s, ","), s);
+    return buf;
+}
+
 // The sweep's flags: the list (from --gguf-type or --bits), the "{}" in --out / --json. NULL or the message.
 static const char *sweep_flags(struct qargs *q, bool gguf, char *buf, size_t size) {
     const char *list = gguf ? q->gguf_type : q->bits_arg, *usage;
@@ -320,6 +326,30 @@ static int run(struct qargs *q, struct llmq_quantize_opts *o, const char *device
     return q->compare ? run_compare(q, paths) : 0;
 }
 
+// The parsed flags into the pipeline's options (after every check).
+static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opts *o) {
+    llmq_spill_configure(q->ca.max_mem_bytes);
+    o->calib.sources = q->ca.sources;
+    o->calib.n_sources = q->ca.n_sources;
+    o->calib.nsamples = q->ca.nsamples;
+    o->calib.seqlen = q->ca.seqlen;
+    o->calib.seed = (uint64_t)q->ca.seed;
+    o->micro_batch = q->ca.micro;
+    o->n_threads = (int)q->ca.threads;
+    o->percdamp = isnan(q->damp) ? 0.01f : (float)q->damp;
+    o->true_sequential = !q->no_tseq;
+    o->act_order = q->act_order;
+    o->out_dir = q->out;
+    if (!gguf) {
+        o->q = (struct llmq_qconfig){.bits = (int)q->bits, .group_size = (int)q->group, .sym = q->sym};
+        o->static_groups = q->static_groups;
+        o->group_aware = q->group_aware;
+        o->fallback_rtn_per_channel = q->fallback && strcmp(q->fallback, "rtn-per-channel") == 0;
+        o->out.force = q->force;
+        o->allow_requantize = q->allow_requant;
+    }
+}
+
 int cmd_quantize(int argc, char **argv) {
     struct qargs q = {
         .method = "rtn", .device = "auto", .bits = LONG_MIN, .group = LONG_MIN, .damp = NAN, .compare_chunks = 20};
@@ -430,11 +460,8 @@ int cmd_quantize(int argc, char **argv) {
     rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
     static char usage_buf[512];
-    const char *usage = q.bits_arg && !strchr(q.bits_arg, ',') ? parse_bits(q.bits_arg, &q.bits) : NULL;
-    if (!usage && q.bits_arg && strchr(q.bits_arg, ',')) {
-        if ((usage = split_levels(&q, q.bits_arg, "--bits", usage_buf, sizeof(usage_buf))) == NULL)
-            usage = parse_bits(q.levels[0], &q.bits);
-    }
+    // the first level decides the default format; sweep_flags checks every level
+    const char *usage = q.bits_arg ? parse_bits(first_level(q.bits_arg, usage_buf, sizeof(usage_buf)), &q.bits) : NULL;
     if (usage) {
         fprintf(stderr, "llmq quantize: %s\n", usage);
         return usage_exit();
@@ -456,26 +483,7 @@ int cmd_quantize(int argc, char **argv) {
         if (*usage) fprintf(stderr, "llmq quantize: %s\n", usage);
         rc = usage_exit();
     } else if (!(rc = cli_device(q.device, &o.backend, device_desc, sizeof(device_desc)))) {
-        llmq_spill_configure(q.ca.max_mem_bytes);
-        o.calib.sources = q.ca.sources;
-        o.calib.n_sources = q.ca.n_sources;
-        o.calib.nsamples = q.ca.nsamples;
-        o.calib.seqlen = q.ca.seqlen;
-        o.calib.seed = (uint64_t)q.ca.seed;
-        o.micro_batch = q.ca.micro;
-        o.n_threads = (int)q.ca.threads;
-        o.percdamp = isnan(q.damp) ? 0.01f : (float)q.damp;
-        o.true_sequential = !q.no_tseq;
-        o.act_order = q.act_order;
-        o.out_dir = q.out;
-        if (!gguf) {
-            o.q = (struct llmq_qconfig){.bits = (int)q.bits, .group_size = (int)q.group, .sym = q.sym};
-            o.static_groups = q.static_groups;
-            o.group_aware = q.group_aware;
-            o.fallback_rtn_per_channel = q.fallback && strcmp(q.fallback, "rtn-per-channel") == 0;
-            o.out.force = q.force;
-            o.allow_requantize = q.allow_requant;
-        }
+        fill_opts(&q, gguf, &o);
         rc = run(&q, &o, device_desc);
     }
     for (int i = 0; gguf && i < o.gguf.mix.n_overrides; i++) free((char *)tt[i].regex);

@@ -47,11 +47,11 @@ struct cli_gates {
     struct llmq_gate g[CLI_MAX_GATES];
     int n;                  // gates given
     int violated;           // (artifact, gate) pairs violated or unmeasured so far
-    struct json_t *results; // array of {gate, metric, threshold, artifact, value, verdict}
+    struct json_t *results; // array of {gate, metric, threshold, artifact, value, verdict}; NULL until evaluated
 };
 
 // Takes every --fail-if out of argv (before cli_parse) and parses it. 0, or 2 after printing the usage error
-// (naming the expression and why).
+// (naming the expression and why). Allocates nothing: only cli_gates_eval does (then cli_gates_free).
 int cli_gates_take(const char *cmd, int *argc, char **argv, struct cli_gates *gs);
 // 0 when every gate's needs (LLMQ_GATE_NEEDS_*) are among `have`; else 2 after printing which gate needs what
 // (how_base / how_kld: the flags that would measure it).

@@ -25,7 +25,6 @@ int cli_gates_take(const char *cmd, int *argc, char **argv, struct cli_gates *gs
         }
     }
     gs->n = n;
-    gs->results = json_array();
     return 0;
 }
 
@@ -63,6 +62,7 @@ static json_t *jnum_or_null(double v) { return isfinite(v) ? json_real(v) : json
 
 int cli_gates_eval(const char *cmd, struct cli_gates *gs, const char *artifact, const struct llmq_gate_values *v) {
     int bad = 0;
+    if (gs->n && !gs->results) gs->results = json_array();
     for (int i = 0; i < gs->n; i++) {
         const struct llmq_gate *g = &gs->g[i];
         double x;

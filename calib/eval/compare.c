@@ -415,25 +415,42 @@ static bool overlaps(const struct box *a, const struct box *b) {
     return a->x0 < b->x1 && b->x0 < a->x1 && a->y0 < b->y1 && b->y0 < a->y1;
 }
 
-// Where the label of the point at (px, py) goes: the first of a few places beside it, then further above and
-// below, whose box (11 px text, ~6.2 px per byte) overlaps no placed box and stays inside the plot. The box is
-// added to placed (*n_placed). *anchor_end: the text ends at *lx (a label left of its point).
+// Where the label of the point at (px, py) goes: the first place, right or left of it, at its height, then
+// rows further above and below, whose box (11 px text, ~6.2 px per byte) overlaps no placed box and stays inside
+// the plot (none: right of it, overlapping). The box is added to placed (*n_placed). *anchor_end: the text ends
+// at *lx (a label left of its point).
 static void place_label(double px, double py, size_t len, struct box *placed, int *n_placed, double *lx, double *ly,
                         bool *anchor_end) {
     const double w = 6.2 * (double)len, h = 12;
     struct box b = {0};
-    for (int k = 0; k < 16; k++) {
-        int side = k % 2, step = k / 2; // right / left, then rows alternately above and below the point
-        double dy = step % 2 == 0 ? -6 - 13.0 * (step / 2) : 16 + 13.0 * (step / 2);
+    for (int k = 0; k <= 24; k++) {
+        int side = k % 2, row = (k / 2 + 1) / 2 * ((k / 2) % 2 ? -1 : 1); // rows 0, -1, 1, -2, 2, ...
+        if (k == 24) side = 0, row = 0;                                   // nothing free: the first place
         *anchor_end = side == 1;
-        *lx = side ? px - 8 : px + 8;
-        *ly = py + dy;
+        *lx = side ? px - 9 : px + 9;
+        *ly = py + 4 + 13.0 * row;
         b = (struct box){side ? *lx - w : *lx, *ly - h + 2, side ? *lx : *lx + w, *ly + 2};
         bool ok = b.x0 >= ML && b.x1 <= PW - MR && b.y0 >= MT && b.y1 <= PH - MB;
         for (int j = 0; ok && j < *n_placed; j++) ok = !overlaps(&b, &placed[j]);
         if (ok) break;
     }
     placed[(*n_placed)++] = b;
+}
+
+// Bytes of the prefix every label shares, cut after its last '-', '_' or '.' (so "smollm2-Q8_0.gguf" and
+// "smollm2-awq4" share "smollm2-"); 0 when that would leave a label empty or there is one label.
+static size_t common_prefix(const struct llmq_compare_row *rows, int n) {
+    if (n < 2) return 0;
+    size_t k = strlen(rows[0].label);
+    for (int i = 1; i < n; i++) {
+        size_t j = 0;
+        while (j < k && rows[i].label[j] == rows[0].label[j]) j++;
+        k = j;
+    }
+    while (k > 0 && !strchr("-_.", rows[0].label[k - 1])) k--;
+    for (int i = 0; i < n; i++)
+        if (rows[i].label[k] == '\0') return 0;
+    return k;
 }
 
 // One plot of y against the rows' file sizes, with the Pareto front.
@@ -447,7 +464,11 @@ static void plot(FILE *f, const struct llmq_compare_row *rows, int n, const doub
     if (!x || !front || !order || !placed) goto done;
     for (int i = 0; i < n; i++) x[i] = (double)rows[i].size.file_bytes / 1048576.0;
     struct axis ax = axis_of(x, n, true), ay = axis_of(y, n, true);
-    plot_axes(f, &ax, &ay, title, ylabel);
+    size_t cut = common_prefix(rows, n);
+    char full_title[256];
+    snprintf(full_title, sizeof(full_title), "%s%s%.*s%s", title, cut ? " (labels without \"" : "", (int)cut,
+             rows[0].label, cut ? "\")" : "");
+    plot_axes(f, &ax, &ay, full_title, ylabel);
     llmq_compare_pareto(x, y, n, front);
     int m = 0;
     for (int i = 0; i < n; i++)
@@ -478,9 +499,12 @@ static void plot(FILE *f, const struct llmq_compare_row *rows, int n, const doub
         fprintf(f, ": %.2f MiB, %.6g</title></%s>\n", x[i], y[i], rows[i].is_base ? "rect" : "circle");
         double lx, ly;
         bool end;
-        place_label(px, py, strlen(rows[i].label), placed, &n_placed, &lx, &ly, &end);
+        place_label(px, py, strlen(rows[i].label + cut), placed, &n_placed, &lx, &ly, &end);
+        if (fabs(ly - 4 - py) > 8) // moved off its row: a leader line to its point
+            fprintf(f, "<line class=\"leader\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", px, py,
+                    lx + (end ? -2 : 2), ly - 4);
         fprintf(f, "<text class=\"ptlabel\" x=\"%.1f\" y=\"%.1f\"%s>", lx, ly, end ? " text-anchor=\"end\"" : "");
-        html_esc(f, rows[i].label);
+        html_esc(f, rows[i].label + cut);
         fputs("</text>\n", f);
     }
 done:
@@ -562,6 +586,7 @@ enum llmq_status llmq_compare_write_html(const char *path, const struct llmq_com
         "tr.base{background:#eef}svg{border:1px solid #ddd;margin:8px 8px 0 0}.frame{fill:none;stroke:#888}\n"
         ".grid{stroke:#eee}.tick{font-size:11px;fill:#555}.label{font-size:12px}.title{font-size:14px;"
         "font-weight:bold}\n.pt{fill:#1f6fd1}.pt.onfront{fill:#d1491f}.pt.base{fill:#222}.ptlabel{font-size:11px}\n"
+        ".leader{stroke:#999;stroke-width:0.7}\n"
         ".front{fill:none;stroke:#d1491f;stroke-width:1.5;stroke-dasharray:5 3}\n</style></head>\n<body>\n"
         "<h1>llmq compare</h1>\n<p>",
         f);

@@ -196,71 +196,10 @@ static json_t *report_json(const struct llmq_eval_report *rep) {
 
 // ---- the command ------------------------------------------------------------------------------------
 
-struct text {
-    char *path;    // resolved path (owned)
-    char *dataset; // the dataset name when --ppl named one (owned), else NULL
-    char *data;    // the text as tokenized (rows joined when asked)
-    size_t len;
-    uint8_t sha[32];
-    bool rows_joined;
-};
-
-// The text as the protocol tokenizes it: llamacpp reads it as llama-perplexity's -f does (one
-// trailing '\n' removed), gptq with the rows joined when asked (the HF dataset keeps every byte).
-// arg: a file, else a dataset name (datasets/datasets.h; read and sha256-checked there).
-static enum llmq_status load_text(const char *arg, enum llmq_eval_protocol protocol, bool join, struct text *t) {
-    char *raw = NULL;
-    size_t n = 0;
-    enum llmq_status st;
-    if (llmq_file_exists(arg)) {
-        if (!(t->path = strdup(arg))) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
-        if ((st = llmq_eval_read_text(t->path, &raw, &n))) return st;
-    } else {
-        struct llmq_dataset ds;
-        if ((st = llmq_dataset_load(arg, NULL, (size_t)4 << 30, &ds))) return st;
-        t->path = ds.path; // canonical: the path printed and recorded in --json
-        t->dataset = strdup(ds.name);
-        ds.path = NULL;
-        raw = ds.data;
-        n = ds.len;
-        ds.data = NULL;
-        llmq_dataset_free(&ds);
-        if (!t->path || !t->dataset) {
-            free(raw);
-            return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
-        }
-    }
-    if (join) {
-        st = llmq_eval_join_rows(raw, n, &t->data, &t->len);
-        free(raw);
-        if (st) return st;
-    } else {
-        t->data = raw;
-        t->len = n;
-    }
-    if (protocol == LLMQ_EVAL_PROTOCOL_LLAMACPP && t->len > 0 && t->data[t->len - 1] == '\n') t->data[--t->len] = '\0';
-    t->rows_joined = join;
-    llmq_sha256(t->data, t->len, t->sha);
-    return LLMQ_OK;
-}
-
-static enum llmq_status tokenize_text(const struct llmq_model *m, const struct text *t, int32_t **ids, int64_t *n) {
-    if (!m->tok) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: the model has no tokenizer", m->path);
-    double t0 = llmq_now_s();
-    enum llmq_status st = llmq_tokenize(m->tok, t->data, t->len, true, false, ids, n);
-    if (st) return st;
-    if (*n > 0 && llmq_tokenizer_add_eos(m->tok) && (*ids)[*n - 1] == llmq_tokenizer_eos(m->tok)) {
-        llmq_warn("eval: %s adds EOS; the EOS after the text is dropped (llama.cpp refuses such models)", m->path);
-        (*n)--;
-    }
-    llmq_info("eval: %s: %zu bytes -> %lld tokens in %.1f s", t->path, t->len, (long long)*n, llmq_now_s() - t0);
-    return LLMQ_OK;
-}
-
 // Eval's flags as parsed (NULL / 0 / -1: not given).
 struct eargs {
     const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
-        *logits_dtype, *rows, *device, *emulate_name;
+        *logits_dtype, *rows, *device, *emulate_name, *gates_dummy;
     long ctx, chunks, threads;
 };
 
@@ -284,11 +223,24 @@ static const char *check_flags(const struct eargs *a, enum llmq_eval_protocol *p
     return NULL;
 }
 
+// check_flags and the gates' needs: 0, or 2 after the usage message.
+static int usage_errors(const struct eargs *a, const struct cli_gates *gs, enum llmq_eval_protocol *protocol,
+                        enum llmq_emulate *emulate, enum llmq_dtype dtype) {
+    const char *usage = check_flags(a, protocol, emulate, dtype);
+    unsigned have = a->base_path || a->kld_base || a->kld_file ? LLMQ_GATE_NEEDS_BASE | LLMQ_GATE_NEEDS_KLD : 0;
+    const char *how = "a base: --base MODEL, --kld-base MODEL or --kld FILE";
+    if (usage) {
+        fprintf(stderr, "llmq eval: %s\nrun 'llmq eval --help' for the flags and their defaults\n", usage);
+        return 2;
+    }
+    return cli_gates_check("eval", gs, have, how, how);
+}
+
 // What one evaluation produced, for the printout and the JSON.
 struct outcome {
     const struct llmq_model *m, *base;
     struct llmq_logits_file *lf;
-    const struct text *text;
+    const struct llmq_eval_text *text;
     const struct llmq_eval_report *rep;
     enum llmq_emulate emulate;
     enum llmq_dtype dtype;
@@ -323,8 +275,9 @@ static void print_results(const struct eargs *a, const struct outcome *o) {
 }
 
 // --json: every figure.
-static enum llmq_status write_json(const struct eargs *a, const struct outcome *o) {
+static enum llmq_status write_json(const struct eargs *a, const struct outcome *o, const struct cli_gates *gs) {
     json_t *js = report_json(o->rep);
+    if (gs->n) cli_gates_json(gs, js);
     json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
     json_object_set_new(js, "model", json_string(o->m->path));
     json_object_set_new(js, "emulate", json_string(llmq_emulate_name(o->emulate)));
@@ -370,6 +323,9 @@ int cmd_eval(int argc, char **argv) {
                       .chunks = -1,
                       .threads = sysconf(_SC_NPROCESSORS_ONLN)};
     if (a.threads < 1) a.threads = 1;
+    struct cli_gates gs;
+    int rc = cli_gates_take("eval", &argc, argv, &gs);
+    if (rc) return rc;
     const struct cli_flag flags[] = {
         {"model", CLI_STR, &a.model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
         {"ppl", CLI_STR, &a.text_arg, NULL,
@@ -395,6 +351,7 @@ int cmd_eval(int argc, char **argv) {
          "Q8_0/Q8_1/Q8_K or f16 inputs per weight type, f16 KV cache, flash attention as llama-perplexity's "
          "default); llamacpp-cpu-nofa: the same with flash attention off (also Q and softmax in f16)"},
         {"json", CLI_STR, &a.json_path, NULL, "also write every figure as JSON to this file"},
+        {"fail-if", CLI_STR, &a.gates_dummy, "none", CLI_GATES_HELP ". Base metrics need --base, --kld-base or --kld"},
     };
     const struct cli_cmd cmd = {
         "eval",
@@ -409,23 +366,21 @@ int cmd_eval(int argc, char **argv) {
         "KLD modes print mean KLD, Δp and same-top-1 % like llama-perplexity --kl-divergence.\n"
         "With --base both models run chunk by chunk on the same tokens (as with --kld-base); the output ends\n"
         "with the base's PPL, the model's and the difference, absolute and in % (paired uncertainties).\n"
-        "Progress with ETA goes to stderr; results to stdout. Exit status: 0 ok, 1 error, 2 usage.",
+        "Progress with ETA goes to stderr; results to stdout. Exit status: 0 ok, 1 error, 2 usage, 3 a --fail-if\n"
+        "gate violated (one stderr line names the gate, the model and the measured value).",
         flags,
         (int)(sizeof(flags) / sizeof(flags[0])),
         0,
         0};
     const char *pos[1];
-    int n_pos, rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
+    int n_pos;
+    rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
 
     enum llmq_eval_protocol protocol;
     enum llmq_emulate emulate = LLMQ_EMULATE_NONE;
     enum llmq_dtype dtype = llmq_dtype_from_name(a.logits_dtype);
-    const char *usage = check_flags(&a, &protocol, &emulate, dtype);
-    if (usage) {
-        fprintf(stderr, "llmq eval: %s\nrun 'llmq eval --help' for the flags and their defaults\n", usage);
-        return 2;
-    }
+    if (usage_errors(&a, &gs, &protocol, &emulate, dtype)) return 2;
 
     enum llmq_backend backend;
     char device_desc[320];
@@ -433,7 +388,7 @@ int cmd_eval(int argc, char **argv) {
 
     struct llmq_model *m = NULL, *base = NULL;
     struct llmq_logits_file *lf = NULL;
-    struct text text = {0};
+    struct llmq_eval_text text = {0};
     int32_t *ids = NULL;
     int64_t n_ids = 0;
     enum llmq_status st = LLMQ_OK;
@@ -443,7 +398,7 @@ int cmd_eval(int argc, char **argv) {
 
     if (a.kld_file && (st = open_logits(&a, &lf, &protocol, &usage_late))) goto done;
     bool join = strcmp(a.rows, "on") == 0 || (strcmp(a.rows, "auto") == 0 && protocol == LLMQ_EVAL_PROTOCOL_GPTQ);
-    if (a.text_arg && (st = load_text(a.text_arg, protocol, join, &text))) goto done;
+    if (a.text_arg && (st = llmq_eval_text_load(a.text_arg, protocol, join, &text))) goto done;
     if (lf && a.text_arg && memcmp(text.sha, llmq_logits_header(lf)->text_sha256, 32) != 0) {
         st = llmq_errorf(LLMQ_ERR_ARG, "%s: the text (sha256 of %s%s) is not the one %s was computed on", text.path,
                          text.path, join ? " with rows joined" : "", a.kld_file);
@@ -452,7 +407,7 @@ int cmd_eval(int argc, char **argv) {
     if ((st = llmq_model_load(a.model_path, &m))) goto done;
     if (a.base_path) a.kld_base = a.base_path; // the same run; only the report differs
     if (a.kld_base && (st = llmq_model_load(a.kld_base, &base))) goto done;
-    if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
+    if (!lf && (st = llmq_eval_text_tokenize(base ? base : m, &text, &ids, &n_ids))) goto done;
 
     struct llmq_eval_opts o = {
         .protocol = protocol,
@@ -496,14 +451,16 @@ int cmd_eval(int argc, char **argv) {
                           .device = device_desc};
     llmq_sha256_hex(lf ? llmq_logits_header(lf)->text_sha256 : text.sha, out.hex);
     print_results(&a, &out);
-    if (a.json_path && (st = write_json(&a, &out))) goto done;
+    struct llmq_gate_values gv;
+    cli_gate_values_from_eval(&rep.res, &gv);
+    cli_gates_eval("eval", &gs, m->path, &gv);
+    if (a.json_path && (st = write_json(&a, &out, &gs))) goto done;
 done:
     free(ids);
-    free(text.data);
-    free(text.path);
-    free(text.dataset);
+    llmq_eval_text_free(&text);
     llmq_logits_close(lf);
     llmq_model_free(base);
     llmq_model_free(m);
-    return usage_late ? 2 : st ? 1 : 0;
+    cli_gates_free(&gs);
+    return usage_late ? 2 : st ? 1 : gs.violated ? 3 : 0;
 }

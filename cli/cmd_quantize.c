@@ -39,6 +39,7 @@
 void openblas_set_num_threads(int n);
 
 #define MAX_TENSOR_TYPES 64
+#define MAX_LEVELS 16
 
 // After a usage error found against the model (its line is out): the hint, and exit status 2.
 static int usage_exit(void) {
@@ -60,14 +61,87 @@ static const char *default_format(const char *method, bool gguf_out, long bits, 
 // Every flag as parsed (LONG_MIN / NAN / NULL: not given).
 struct qargs {
     const char *model, *method, *format, *out, *json, *fallback, *gguf_type, *imatrix, *tt_dummy, *output_type,
-        *embedding_type, *device;
+        *embedding_type, *device, *bits_arg;
     long bits, group;
     double damp;
     bool sym, asym, act_order, static_groups, group_aware, force, no_tseq, pure, dry_run, no_prov, allow_requant;
     struct cli_calib_args ca;
     const char *tts[MAX_TENSOR_TYPES]; // every --tensor-type, in order
     int n_tts;
+    // a sweep: the levels of a comma list in --gguf-type or --bits (one level: no sweep), in one buffer
+    char *levels[MAX_LEVELS], level_buf[256];
+    int n_levels;
+    const char *out_tmpl, *json_tmpl; // --out / --json as given: "{}" stands for the level in a sweep
+    bool compare;
+    long compare_chunks;
 };
+
+// Splits a sweep list ("Q6_K,Q4_K_M" / "8,4,3") into q->levels; NULL, or the usage message.
+static const char *split_levels(struct qargs *q, const char *list, const char *flag, char *buf, size_t size) {
+    if (snprintf(q->level_buf, sizeof(q->level_buf), "%s", list) >= (int)sizeof(q->level_buf)) {
+        snprintf(buf, size, "%s: the list is too long", flag);
+        return buf;
+    }
+    q->n_levels = 0;
+    for (char *save = NULL, *t = strtok_r(q->level_buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (q->n_levels == MAX_LEVELS) {
+            snprintf(buf, size, "%s: at most %d levels", flag, MAX_LEVELS);
+            return buf;
+        }
+        q->levels[q->n_levels++] = t;
+    }
+    if (q->n_levels == 0) {
+        snprintf(buf, size, "%s '%s': no level in the list", flag, list);
+        return buf;
+    }
+    return NULL;
+}
+
+// --bits N (or the first level of N,N,...) into q->bits; NULL, or the usage message.
+static const char *parse_bits(const char *s, long *bits) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end) return "--bits must be an integer between 2 and 8, or a comma list such as 8,4,3";
+    *bits = v;
+    return NULL;
+}
+
+// The text of s up to its first ',' into buf (n bytes); returns buf.
+static const char *first_level(const char *s, char *buf, size_t n) {
+    snprintf(buf, n, "%.*s", (int)strcspn(s, ","), s);
+    return buf;
+}
+
+// The sweep's flags: the list (from --gguf-type or --bits), the "{}" in --out / --json. NULL or the message.
+static const char *sweep_flags(struct qargs *q, bool gguf, char *buf, size_t size) {
+    const char *list = gguf ? q->gguf_type : q->bits_arg, *usage;
+    q->out_tmpl = q->out;
+    q->json_tmpl = q->json;
+    q->n_levels = 1;
+    if (!list) return q->compare ? "--compare needs a list of levels: --gguf-type A,B,... or --bits A,B,..." : NULL;
+    if ((usage = split_levels(q, list, gguf ? "--gguf-type" : "--bits", buf, size))) return usage;
+    for (int i = 0; !gguf && i < q->n_levels; i++) { // every level is checked as --bits N would be
+        long b;
+        if ((usage = parse_bits(q->levels[i], &b))) return usage;
+        if (b < 2 || b > 8) return "--bits must be between 2 and 8 (every level of the list)";
+    }
+    if (!gguf) parse_bits(q->levels[0], &q->bits);
+    if (gguf) q->gguf_type = q->levels[0];
+    if (q->n_levels == 1) return q->compare ? "--compare needs at least two levels" : NULL;
+    if (q->dry_run) return "--dry-run takes one --gguf-type";
+    if (!q->out || !strstr(q->out, "{}") || (q->json && !strstr(q->json, "{}")))
+        return "a sweep writes one output per level: --out (and --json) must hold {}, which becomes the level "
+               "(e.g. --out model-{}.gguf)";
+    return NULL;
+}
+
+// The path of template t for one level ("{}" replaced by it), into buf.
+static const char *level_path(const char *t, const char *level, char *buf, size_t size) {
+    const char *p = t ? strstr(t, "{}") : NULL;
+    if (!p) return t;
+    snprintf(buf, size, "%.*s%s%s", (int)(p - t), t, level, p + 2);
+    return buf;
+}
 
 // The flag combinations that are wrong whatever the model: NULL, or the usage message (in buf when built).
 // Sets o->method and (directory formats) o->out.format as it parses them.
@@ -168,28 +242,117 @@ static void print_result(const struct qargs *q, const struct llmq_quantize_opts 
     fflush(stdout);
 }
 
-// Loads the model, checks the options against it (exit 2), runs the pipeline, prints, writes --json.
-static int run(const struct qargs *q, const struct llmq_quantize_opts *o, const char *device_desc) {
+// Level i of a sweep into the options and q->out / q->json / q->bits (one level: nothing changes).
+static void set_level(struct qargs *q, struct llmq_quantize_opts *o, int i, char (*paths)[2][4096]) {
+    if (q->n_levels < 2) return;
+    if (o->to_gguf)
+        llmq_gguf_ftype_parse(q->levels[i], &o->gguf.mix.ftype); // checked by sweep_check
+    else
+        o->q.bits = (int)(q->bits = strtol(q->levels[i], NULL, 10));
+    q->out = level_path(q->out_tmpl, q->levels[i], paths[i][0], sizeof(paths[i][0]));
+    q->json = level_path(q->json_tmpl, q->levels[i], paths[i][1], sizeof(paths[i][1]));
+    o->out_dir = q->out;
+}
+
+// Every level of a sweep against the model before any work (the options, the output path): NULL, or the
+// failing level's index as a status (the error line is out). usage: the failure is the options' (exit 2).
+static enum llmq_status sweep_check(struct qargs *q, struct llmq_quantize_opts *o, const struct llmq_model *m,
+                                    char (*paths)[2][4096], bool *usage) {
+    for (int i = 0; i < q->n_levels; i++) {
+        set_level(q, o, i, paths);
+        if (o->to_gguf && q->n_levels > 1 && !llmq_gguf_ftype_parse(q->levels[i], &o->gguf.mix.ftype)) {
+            *usage = true;
+            return llmq_errorf(LLMQ_ERR_ARG, "quantize: --gguf-type '%s' is unknown; one of %s", q->levels[i],
+                               llmq_gguf_ftype_list());
+        }
+        if (llmq_quantize_check(m, o)) {
+            *usage = true;
+            return LLMQ_ERR_ARG;
+        }
+        bool exists;
+        enum llmq_status st = q->n_levels > 1 ? llmq_output_check(q->model, q->out, !o->to_gguf, q->force, &exists) : 0;
+        if (st) return st;
+    }
+    return LLMQ_OK;
+}
+
+// After a sweep with --compare: `llmq compare --base MODEL LEVEL... --kld --chunks N`; its exit status.
+static int run_compare(const struct qargs *q, char (*paths)[2][4096]) {
+    char chunks[32], *argv[MAX_LEVELS + 8];
+    int n = 0;
+    snprintf(chunks, sizeof(chunks), "%ld", q->compare_chunks);
+    argv[n++] = "--base";
+    argv[n++] = (char *)q->model;
+    for (int i = 0; i < q->n_levels; i++) argv[n++] = paths[i][0];
+    argv[n++] = "--kld";
+    argv[n++] = "--chunks";
+    argv[n++] = chunks;
+    argv[n] = NULL;
+    fflush(stdout);
+    return cmd_compare(n, argv);
+}
+
+// Loads the model once, checks the options (every level's) against it (exit 2), runs the pipeline per level,
+// prints, writes --json; a sweep's levels share what does not depend on the level (quant/quantize.h "Sweeps").
+static int run(struct qargs *q, struct llmq_quantize_opts *o, const char *device_desc) {
     struct llmq_model *m = NULL;
     json_t *rep = NULL;
+    struct llmq_quantize_shared shared = {0};
+    static char paths[MAX_LEVELS][2][4096];
+    bool usage = false;
     enum llmq_status st = llmq_model_load(q->model, &m);
-    if (!st && llmq_quantize_check(m, o)) { // the options do not fit this model: a usage error
+    if (!st) st = sweep_check(q, o, m, paths, &usage);
+    if (usage) { // the options do not fit this model: a usage error
         llmq_model_free(m);
         return usage_exit();
     }
-    if (!st) st = llmq_quantize_run(m, o, &rep);
-    if (!st && rep && !q->dry_run) print_result(q, o, rep);
-    if (!st && rep && q->json) {
-        json_object_set_new(rep, "device", json_string(device_desc));
-        st = llmq_write_json(q->json, rep, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    o->shared = q->n_levels > 1 ? &shared : NULL;
+    for (int i = 0; !st && i < q->n_levels; i++) {
+        set_level(q, o, i, paths);
+        if (q->n_levels > 1)
+            llmq_info("quantize: sweep level %d/%d: %s -> %s", i + 1, q->n_levels, q->levels[i], q->out);
+        st = llmq_quantize_run(m, o, &rep);
+        if (!st && rep && !q->dry_run) print_result(q, o, rep);
+        if (!st && rep && q->json) {
+            json_object_set_new(rep, "device", json_string(device_desc));
+            st = llmq_write_json(q->json, rep, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        }
+        json_decref(rep);
+        rep = NULL;
     }
-    json_decref(rep);
+    llmq_quantize_shared_free(&shared);
     llmq_model_free(m);
-    return st ? 1 : 0;
+    if (st) return 1;
+    return q->compare ? run_compare(q, paths) : 0;
+}
+
+// The parsed flags into the pipeline's options (after every check).
+static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opts *o) {
+    llmq_spill_configure(q->ca.max_mem_bytes);
+    o->calib.sources = q->ca.sources;
+    o->calib.n_sources = q->ca.n_sources;
+    o->calib.nsamples = q->ca.nsamples;
+    o->calib.seqlen = q->ca.seqlen;
+    o->calib.seed = (uint64_t)q->ca.seed;
+    o->micro_batch = q->ca.micro;
+    o->n_threads = (int)q->ca.threads;
+    o->percdamp = isnan(q->damp) ? 0.01f : (float)q->damp;
+    o->true_sequential = !q->no_tseq;
+    o->act_order = q->act_order;
+    o->out_dir = q->out;
+    if (!gguf) {
+        o->q = (struct llmq_qconfig){.bits = (int)q->bits, .group_size = (int)q->group, .sym = q->sym};
+        o->static_groups = q->static_groups;
+        o->group_aware = q->group_aware;
+        o->fallback_rtn_per_channel = q->fallback && strcmp(q->fallback, "rtn-per-channel") == 0;
+        o->out.force = q->force;
+        o->allow_requantize = q->allow_requant;
+    }
 }
 
 int cmd_quantize(int argc, char **argv) {
-    struct qargs q = {.method = "rtn", .device = "auto", .bits = LONG_MIN, .group = LONG_MIN, .damp = NAN};
+    struct qargs q = {
+        .method = "rtn", .device = "auto", .bits = LONG_MIN, .group = LONG_MIN, .damp = NAN, .compare_chunks = 20};
     cli_calib_args_init(&q.ca);
     int rc = cli_calib_take_sources(&q.ca, &argc, argv);
     if (!rc) rc = cli_take_repeated("tensor-type", &argc, argv, q.tts, MAX_TENSOR_TYPES, &q.n_tts);
@@ -197,8 +360,9 @@ int cmd_quantize(int argc, char **argv) {
     const struct cli_flag flags[] = {
         {"model", CLI_STR, &q.model, NULL, "the model: GGUF file or Hugging Face directory (required)"},
         {"method", CLI_STR, &q.method, "rtn", "rtn | gptq | awq | awq+gptq"},
-        {"bits", CLI_INT, &q.bits, "4",
-         "bits per weight code, 2..8 (awq format: 4; gptq format: 2, 3, 4, 8; not gguf)"},
+        {"bits", CLI_STR, &q.bits_arg, "4",
+         "bits per weight code, 2..8 (awq format: 4; gptq format: 2, 3, 4, 8; not gguf); a comma list (8,4,3) "
+         "sweeps: one output per level"},
         {"group-size", CLI_INT, &q.group, "128",
          "input columns per (scale, zero) group; -1 = one per output row (not gguf: its blocks are fixed)"},
         {"sym", CLI_BOOL, &q.sym, "off", "symmetric grid (zero fixed at 2^(bits-1))"},
@@ -236,7 +400,11 @@ int cmd_quantize(int argc, char **argv) {
          "layer per output channel instead (only --format fake can hold it; not gguf)"},
         {"gguf-type", CLI_STR, &q.gguf_type, NULL,
          "gguf: llama.cpp file type (the per-tensor mix of llama-quantize): Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_0, "
-         "Q5_1, Q4_K_M, Q4_K_S, Q4_0, Q4_1, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, F16, BF16, F32 (required)"},
+         "Q5_1, Q4_K_M, Q4_K_S, Q4_0, Q4_1, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, F16, BF16, F32 (required); "
+         "a comma list (Q6_K,Q4_K_M,Q3_K_M) sweeps: one file per level, rtn's importance gathered once"},
+        {"compare", CLI_BOOL, &q.compare, "off",
+         "after a sweep, run `llmq compare --kld` of the model against every level written"},
+        {"compare-chunks", CLI_INT, &q.compare_chunks, "20", "--chunks of that comparison"},
         {"imatrix", CLI_STR, &q.imatrix, NULL,
          "gguf: importance matrix: llmq statistics (.lcs from llmq calib) or a llama-imatrix file (GGUF, or the "
          "legacy .dat; told apart by content)"},
@@ -291,6 +459,13 @@ int cmd_quantize(int argc, char **argv) {
     int n_pos;
     rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
+    static char usage_buf[512];
+    // the first level decides the default format; sweep_flags checks every level
+    const char *usage = q.bits_arg ? parse_bits(first_level(q.bits_arg, usage_buf, sizeof(usage_buf)), &q.bits) : NULL;
+    if (usage) {
+        fprintf(stderr, "llmq quantize: %s\n", usage);
+        return usage_exit();
+    }
     if (!q.format)
         q.format = default_format(q.method, q.gguf_type || (q.out && llmq_ends_with(q.out, ".gguf")), q.bits, q.group,
                                   q.fallback);
@@ -300,34 +475,15 @@ int cmd_quantize(int argc, char **argv) {
 
     struct llmq_quantize_opts o = llmq_quantize_default_opts();
     struct llmq_gguf_tensor_type tt[MAX_TENSOR_TYPES];
-    static char usage_buf[512];
-    const char *usage = check_flags(&q, gguf, &o, usage_buf, sizeof(usage_buf));
+    usage = sweep_flags(&q, gguf, usage_buf, sizeof(usage_buf));
+    if (!usage) usage = check_flags(&q, gguf, &o, usage_buf, sizeof(usage_buf));
     if (!usage && gguf) usage = gguf_flags(&q, &o, tt, usage_buf, sizeof(usage_buf));
     char device_desc[320];
     if (usage) {
         if (*usage) fprintf(stderr, "llmq quantize: %s\n", usage);
         rc = usage_exit();
     } else if (!(rc = cli_device(q.device, &o.backend, device_desc, sizeof(device_desc)))) {
-        llmq_spill_configure(q.ca.max_mem_bytes);
-        o.calib.sources = q.ca.sources;
-        o.calib.n_sources = q.ca.n_sources;
-        o.calib.nsamples = q.ca.nsamples;
-        o.calib.seqlen = q.ca.seqlen;
-        o.calib.seed = (uint64_t)q.ca.seed;
-        o.micro_batch = q.ca.micro;
-        o.n_threads = (int)q.ca.threads;
-        o.percdamp = isnan(q.damp) ? 0.01f : (float)q.damp;
-        o.true_sequential = !q.no_tseq;
-        o.act_order = q.act_order;
-        o.out_dir = q.out;
-        if (!gguf) {
-            o.q = (struct llmq_qconfig){.bits = (int)q.bits, .group_size = (int)q.group, .sym = q.sym};
-            o.static_groups = q.static_groups;
-            o.group_aware = q.group_aware;
-            o.fallback_rtn_per_channel = q.fallback && strcmp(q.fallback, "rtn-per-channel") == 0;
-            o.out.force = q.force;
-            o.allow_requantize = q.allow_requant;
-        }
+        fill_opts(&q, gguf, &o);
         rc = run(&q, &o, device_desc);
     }
     for (int i = 0; gguf && i < o.gguf.mix.n_overrides; i++) free((char *)tt[i].regex);

@@ -18,6 +18,7 @@ static const struct command commands[] = {
     {"quantize", cmd_quantize, "quantize a model (RTN / GPTQ / AWQ) to AWQ, GPTQ or fake-quant safetensors"},
     {"calib", cmd_calib, "gather calibration statistics (Hessians, imatrix) and save them"},
     {"eval", cmd_eval, "perplexity and KL divergence of a model on a text file"},
+    {"compare", cmd_compare, "perplexity / KLD of several quantized artifacts against their base, in one table"},
     {"generate", cmd_generate, "greedy text generation (a sanity tool)"},
     {"convert", cmd_convert, "convert between GGUF and Hugging Face safetensors (f32/f16/bf16)"},
     {"devices", cmd_devices, "list the CUDA devices llmq can use"},

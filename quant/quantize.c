@@ -780,8 +780,7 @@ static enum llmq_status load_imatrix(const char *path, const struct llmq_model *
 static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq_quantize_opts *o,
                                    const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
     struct llmq_gguf_export_opts go = o->gguf;
-    struct llmq_calib_data d = {0};
-    struct llmq_calib_stats s = {0};
+    struct llmq_quantize_shared local = {0}, *sh = o->shared ? o->shared : &local;
     json_t *prov = NULL, *rep = NULL;
     enum llmq_status st = LLMQ_OK;
     bool rtn = o->method == LLMQ_QMETHOD_RTN;
@@ -791,18 +790,23 @@ static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq
             // gptq / awq weight the encoders with their statistics, and a dry run gathers none: the file
             // gets the imatrix mix (llama-quantize's Q4_0 / Q5_0 / IQ4_* ffn_down choices with --imatrix)
             go.mix.have_imatrix = true;
-        } else { // rtn --calib: gather the importance on the fly
+        } else if (!sh->have) { // rtn --calib: gather the importance on the fly (once per sweep)
             struct llmq_calib_opts co = o->calib;
             co.n_threads = o->n_threads;
             co.backend = o->backend;
-            if ((st = llmq_calib_data_load(m, &co, &d)) || (st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &s)))
+            if ((st = llmq_calib_data_load(m, &co, &sh->d)) ||
+                (st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &sh->s)))
                 goto done;
-            s.backend = o->backend;
-            if ((st = llmq_calib_run(m, &d, o->n_threads, o->micro_batch, &s))) goto done;
-            go.imatrix = &s;
+            sh->s.backend = o->backend;
+            if ((st = llmq_calib_run(m, &sh->d, o->n_threads, o->micro_batch, &sh->s))) goto done;
+            sh->have = true;
+        } else {
+            llmq_info("quantize: importance from the sweep's calibration pass (%lld tokens)",
+                      (long long)(sh->d.n_seq * sh->d.seqlen));
         }
+        if (sh->have) go.imatrix = &sh->s;
     }
-    prov = provenance(o, &d, imat_rec, false);
+    prov = provenance(o, &sh->d, imat_rec, false);
     go.provenance = prov;
     go.report = &rep;
     if (go.n_threads < 1) go.n_threads = o->n_threads;
@@ -822,9 +826,16 @@ static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq
 done:
     json_decref(rep);
     json_decref(prov);
-    llmq_calib_stats_free(&s);
-    llmq_calib_data_free(&d);
+    if (st && sh != &local) llmq_quantize_shared_free(sh); // a failed run shares nothing
+    llmq_quantize_shared_free(&local);
     return st;
+}
+
+void llmq_quantize_shared_free(struct llmq_quantize_shared *sh) {
+    if (!sh) return;
+    llmq_calib_stats_free(&sh->s);
+    llmq_calib_data_free(&sh->d);
+    memset(sh, 0, sizeof(*sh));
 }
 
 // The directory writer's options for the run; prov: its provenance (NULL for the checks).

@@ -78,6 +78,18 @@
  *   Same model, sources, seed, options and n_threads -> byte-identical output directory and JSON
  *   (except "seconds" fields). OpenBLAS is set to n_threads.
  *
+ * ---- Sweeps (several levels from one command: cli/cmd_quantize.c) --------------------------------
+ *   The model is loaded once and llmq_quantize_run runs once per level. What is reused between the levels
+ *   is what does not depend on the level: rtn into GGUF with --calib gathers its importance (the
+ *   calibration pass over every block) on the first level into struct llmq_quantize_shared and every
+ *   later level takes it from there, with the same calibration record, so each file has the bytes of its
+ *   single run. rtn without calibration has nothing to share. gptq and awq+gptq recompute everything per
+ *   level: they are true-sequential (each block's Hessian is taken on the inputs from the blocks already
+ *   quantized AT THAT LEVEL), so only block 0's statistics would be common. awq's block inputs come from
+ *   the full-precision model and could be shared, but its scale and clip search runs the level's own
+ *   quantizer on them, and keeping the inputs of every block for all levels would hold N x D floats per
+ *   block beyond the one block the pipeline keeps (quant/quantize.h "Memory"); it recomputes them too.
+ *
  * ---- Memory -----------------------------------------------------------------------------------------
  *   x_q or x_fp (N, D) f32 + one copy for the block passes; the forward object sized for micro_batch
  *   sequences (AWQ: for all N tokens, its search needs them in one call); one block's f32 weights and
@@ -124,20 +136,30 @@ struct llmq_quantize_opts {
     struct llmq_calib_opts calib;  // sources etc.; calib.n_sources == 0: no calibration (rtn only)
     int64_t micro_batch;           // sequences per forward call (8)
     int n_threads;
-    enum llmq_backend backend;         // GEMM backend (kernels/gemm.h) of the forward passes, XᵀX, AWQ's search
-                                       // and the layer-error products, and of GPTQ's steps 5-7 into a directory
-                                       // format (quant/gptq.h); CPU by default. The GGUF encoders and GPTQ onto
-                                       // ggml blocks (quant/gptq_gguf.h) run on the CPU.
-    struct llmq_export_opts out;       // format, force, ... (q, provenance filled in by the pipeline)
-    const char *out_dir;               // the output directory, or the .gguf file when to_gguf
-    bool to_gguf;                      // write a GGUF file (quant/gguf_export.h) instead of an HF directory
-    struct llmq_gguf_export_opts gguf; // its options (q, out are then unused; imatrix and provenance are
-                                       // filled in by the pipeline, see "GGUF output")
-    const char *imatrix_path;          // to_gguf: the importance from this file: llmq statistics (.lcs, magic
-                                       // "LLMQCALS") or a llama-imatrix file (GGUF or legacy .dat); with rtn
-                                       // it excludes calibration (which gathers the importance instead)
-    FILE *plan;                        // to_gguf with gguf.dry_run: where the plan table goes (NULL: stdout)
+    enum llmq_backend backend;           // GEMM backend (kernels/gemm.h) of the forward passes, XᵀX, AWQ's search
+                                         // and the layer-error products, and of GPTQ's steps 5-7 into a directory
+                                         // format (quant/gptq.h); CPU by default. The GGUF encoders and GPTQ onto
+                                         // ggml blocks (quant/gptq_gguf.h) run on the CPU.
+    struct llmq_export_opts out;         // format, force, ... (q, provenance filled in by the pipeline)
+    const char *out_dir;                 // the output directory, or the .gguf file when to_gguf
+    bool to_gguf;                        // write a GGUF file (quant/gguf_export.h) instead of an HF directory
+    struct llmq_gguf_export_opts gguf;   // its options (q, out are then unused; imatrix and provenance are
+                                         // filled in by the pipeline, see "GGUF output")
+    const char *imatrix_path;            // to_gguf: the importance from this file: llmq statistics (.lcs, magic
+                                         // "LLMQCALS") or a llama-imatrix file (GGUF or legacy .dat); with rtn
+                                         // it excludes calibration (which gathers the importance instead)
+    FILE *plan;                          // to_gguf with gguf.dry_run: where the plan table goes (NULL: stdout)
+    struct llmq_quantize_shared *shared; // a sweep's statistics shared between runs (see "Sweeps"); NULL: none
 };
+
+// What a sweep's runs share (see "Sweeps"): zero-initialise, pass the same one to every run of the sweep,
+// free after the last. The model and the calibration options must not change between those runs.
+struct llmq_quantize_shared {
+    bool have;                 // d and s hold the gathered importance
+    struct llmq_calib_data d;  // the calibration windows (their record goes into each file's provenance)
+    struct llmq_calib_stats s; // the statistics gathered on them
+};
+void llmq_quantize_shared_free(struct llmq_quantize_shared *sh); // NULL is a no-op
 
 // Defaults: rtn, 4 bits, G 128, asym, percdamp 0.01, true_sequential, micro_batch 8, 1 thread.
 struct llmq_quantize_opts llmq_quantize_default_opts(void);

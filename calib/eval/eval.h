@@ -111,6 +111,31 @@ enum llmq_status llmq_eval_read_text(const char *path, char **text, size_t *len)
 // "wikitext-2-raw-v1", split="test")["text"]) byte for byte. *out is malloc'd (caller frees).
 enum llmq_status llmq_eval_join_rows(const char *text, size_t len, char **out, size_t *out_len);
 
+// The text of an evaluation, as the protocol tokenizes it (llmq_eval_text_load). Free with
+// llmq_eval_text_free (a zeroed struct is safe).
+struct llmq_eval_text {
+    char *path;    // resolved path (owned)
+    char *dataset; // the dataset name when arg named one (owned), else NULL
+    char *data;    // (len) the bytes tokenized, NUL-terminated (rows joined when asked)
+    size_t len;
+    uint8_t sha[32]; // sha256 of data
+    bool rows_joined;
+};
+
+// arg: a file (".gz" transparently), else a dataset name (datasets/datasets.h: read and sha256-checked
+// there; an unknown name lists the known ones). join: llmq_eval_join_rows first. The llamacpp protocol
+// reads the text as llama-perplexity's -f does (one trailing '\n' removed); gptq keeps every byte.
+// On failure t holds nothing to free beyond what llmq_eval_text_free releases.
+enum llmq_status llmq_eval_text_load(const char *arg, enum llmq_eval_protocol protocol, bool join,
+                                     struct llmq_eval_text *t);
+void llmq_eval_text_free(struct llmq_eval_text *t);
+
+// Tokenizes t with m's tokenizer (add_special, no special-token parsing) into *ids (malloc'd, caller
+// frees; *n tokens). An EOS the tokenizer appends is dropped with a warning (llama.cpp refuses such
+// models). LLMQ_ERR_NOT_FOUND when m has no tokenizer. Logs one info line (bytes, tokens, seconds).
+enum llmq_status llmq_eval_text_tokenize(const struct llmq_model *m, const struct llmq_eval_text *t, int32_t **ids,
+                                         int64_t *n);
+
 // ---- chunking ----------------------------------------------------------------------------------------
 
 struct llmq_eval_plan {

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import run
 
-COMMANDS = ["inspect", "devices", "convert", "generate", "eval", "calib", "quantize"]
+COMMANDS = ["inspect", "devices", "convert", "generate", "eval", "calib", "quantize", "compare"]
 
 
 def test_top_level_help(llmq_bin):

@@ -308,7 +308,10 @@ enum llmq_status llmq_hparams_check(const struct llmq_hparams *hp, const char *f
 // Writes general.architecture (the family's gguf_name), general.type "model", general.name = name,
 // the <arch>.* keys of hp, and general.file_type = file_type unless it is negative, in the order of
 // llama.cpp's convert_hf_to_gguf.py (key_length / value_length only when head_dim != n_embd / n_head,
-// rope.scaling.* only for LINEAR; LLAMA3 is the caller's rope_freqs.weight tensor).
+// rope.scaling.* only for LINEAR; LLAMA3 is the caller's rope_freqs.weight tensor), then the gemma keys.
+// LLMQ_ERR_UNSUPPORTED for a gemma model llama.cpp would compute differently: a query_pre_attn_scalar other
+// than the one it derives, gemma2 without both soft-cappings or a window, gemma3 with attention soft-capping
+// or with sliding layers of another RoPE but no window.
 enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *name,
                                       int64_t file_type);
 

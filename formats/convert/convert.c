@@ -477,7 +477,7 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
     enum llmq_status st;
 
     // ---- plan
-    if ((st = llmq_hf_hparams_from_dir(in, &cfg, &hp))) goto done;
+    if ((st = llmq_hf_hparams_from_dir(in, &cfg, &hp)) || (st = llmq_hparams_check_gguf(&hp, in))) goto done;
     if ((st = llmq_st_open(in, &m))) goto done;
     if ((st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v))) goto done;
     if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool)))) {

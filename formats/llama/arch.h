@@ -309,11 +309,15 @@ enum llmq_status llmq_hparams_check(const struct llmq_hparams *hp, const char *f
 // the <arch>.* keys of hp, and general.file_type = file_type unless it is negative, in the order of
 // llama.cpp's convert_hf_to_gguf.py (key_length / value_length only when head_dim != n_embd / n_head,
 // rope.scaling.* only for LINEAR; LLAMA3 is the caller's rope_freqs.weight tensor), then the gemma keys.
-// LLMQ_ERR_UNSUPPORTED for a gemma model llama.cpp would compute differently: a query_pre_attn_scalar other
-// than the one it derives, gemma2 without both soft-cappings or a window, gemma3 with attention soft-capping
-// or with sliding layers of another RoPE but no window.
+// LLMQ_ERR_UNSUPPORTED for a model llama.cpp would compute differently (llmq_hparams_check_gguf).
 enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *name,
                                       int64_t file_type);
+
+// LLMQ_OK when a GGUF can express hp as llama.cpp computes it; else LLMQ_ERR_UNSUPPORTED naming file: for the
+// gemma families a query_pre_attn_scalar other than the one llama.cpp derives, gemma2 without both
+// soft-cappings or a window, gemma3 with attention soft-capping or with sliding layers of another RoPE but no
+// window. Run by llmq_hparams_to_gguf, and by the converter before it reads any tensor.
+enum llmq_status llmq_hparams_check_gguf(const struct llmq_hparams *hp, const char *file);
 
 // A new config.json object for hp as transformers writes it for the family (llama, qwen2 or qwen3 keys),
 // with bos / eos / pad token ids where they are >= 0 and torch_dtype; floats as their shortest

@@ -66,7 +66,7 @@ static enum llmq_status check(const struct llmq_hparams *hp, const char *file, b
         if (!(hp->rope_theta_swa > 0.0f) || !isfinite(hp->rope_theta_swa))
             return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: sliding-window rope theta %g must be positive", file,
                                (double)hp->rope_theta_swa);
-        if (hp->swa_pattern > hp->n_layer + 1 || hp->sliding_window > LLMQ_HPARAMS_MAX_DIM)
+        if (hp->swa_pattern > LLMQ_HPARAMS_MAX_DIM || hp->sliding_window > LLMQ_HPARAMS_MAX_DIM)
             return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: sliding window %lld / pattern %lld out of range", file,
                                (long long)hp->sliding_window, (long long)hp->swa_pattern);
     }
@@ -212,30 +212,39 @@ enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx
     return check(hp, path, true);
 }
 
-// The gemma keys (conversion/gemma.py writes the soft-capping values and the window; the pattern and the
-// local RoPE base where they differ from llama.cpp's defaults). What llama.cpp cannot express is refused.
-static enum llmq_status gemma_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *a) {
+enum llmq_status llmq_hparams_check_gguf(const struct llmq_hparams *hp, const char *file) {
+    if (!hp->gemma) return LLMQ_OK;
     const bool g2 = hp->arch == LLMQ_ARCH_GEMMA2;
-    char k[128];
-    enum llmq_status st = LLMQ_OK;
     if (hp->query_pre_attn_scalar != gemma_gguf_attn_scalar(hp))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "%s: query_pre_attn_scalar %g is not what llama.cpp derives for this shape (%g): a GGUF "
                            "cannot express it",
-                           llmq_arch_name(hp->arch), (double)hp->query_pre_attn_scalar,
-                           (double)gemma_gguf_attn_scalar(hp));
+                           file, (double)hp->query_pre_attn_scalar, (double)gemma_gguf_attn_scalar(hp));
     if (g2 && (!(hp->attn_softcap > 0.0f) || !(hp->final_softcap > 0.0f) || hp->sliding_window < 1))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "gemma2 without attention / final logit soft-capping or sliding window: llama.cpp's gemma2 "
-                           "graph always applies them");
+                           "%s: gemma2 without attention / final logit soft-capping or sliding window: llama.cpp's "
+                           "gemma2 graph always applies them",
+                           file);
     if (!g2 && hp->sliding_window == 0 && (hp->rope_theta_swa != hp->rope_theta || hp->rope_scaling.type))
         for (int64_t il = 0; il < hp->n_layer; il++)
             if (llmq_hparams_layer_swa(hp, il))
                 return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                                   "gemma3 without a sliding window but with sliding layers of another RoPE: llama.cpp "
-                                   "has no sliding layers without a window");
+                                   "%s: gemma3 without a sliding window but with sliding layers of another RoPE: "
+                                   "llama.cpp has no sliding layers without a window",
+                                   file);
     if (!g2 && hp->attn_softcap > 0.0f)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gemma3 with attn_logit_softcapping: llama.cpp's gemma3 has none");
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: gemma3 with attn_logit_softcapping: llama.cpp's gemma3 has none",
+                           file);
+    return LLMQ_OK;
+}
+
+// The gemma keys (conversion/gemma.py writes the soft-capping values and the window; the pattern and the
+// local RoPE base where they differ from llama.cpp's defaults), after llmq_hparams_check_gguf.
+static enum llmq_status gemma_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *a) {
+    const bool g2 = hp->arch == LLMQ_ARCH_GEMMA2;
+    char k[128];
+    enum llmq_status st = llmq_hparams_check_gguf(hp, llmq_arch_name(hp->arch));
+    if (st) return st;
 #define KEY(suffix) (snprintf(k, sizeof(k), "%s.%s", a, suffix), k)
     if (g2) st = llmq_gguf_writer_set_f32(w, KEY("attn_logit_softcapping"), hp->attn_softcap);
     if (!st && hp->final_softcap > 0.0f)
@@ -442,7 +451,10 @@ static enum llmq_status cfg_gemma(const struct cfg *c, struct llmq_hparams *hp) 
         (st = cfg_int(c, "sliding_window", false, 0, &hp->sliding_window)) ||
         (st = cfg_bool(c, "use_bidirectional_attention", &bidir)))
         return st;
-    if (json_object_get(c->obj, "sliding_window") == NULL) hp->sliding_window = 4096; // absent; null: none
+    // absent: transformers' defaults; null: none
+    if (json_object_get(c->obj, "sliding_window") == NULL) hp->sliding_window = 4096;
+    if (json_is_null(json_object_get(c->obj, "attn_logit_softcapping"))) hp->attn_softcap = 0.0f;
+    if (json_is_null(json_object_get(c->obj, "final_logit_softcapping"))) hp->final_softcap = 0.0f;
     if (bidir) return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: use_bidirectional_attention is not supported", c->file);
     if (!g2 && !cfg_get(c, "rope_parameters") &&
         (st = cfg_float(c, "rope_local_base_freq", false, 10000.0, &hp->rope_theta_swa)))

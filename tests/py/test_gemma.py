@@ -39,7 +39,8 @@ the full layer, untied). 48 token ids, so the sequence is 6x the window. Then:
                  thresholds (measured: rms 5.7e-4 to 9.2e-4, max <= 8.1e-3, against a quantization effect of
                  rms 0.24 to 0.39; top-1 100%). A GGUF run of each method (Q4_K_M mix) completes, with gptq's and
                  awq+gptq's errors below their rtn_err.
-The whole module is heavy (about 2 minutes); the unsupported-architecture check is in tests/py/test_qwen3.py.
+The whole module is heavy (about 3 minutes); the configurations refused are tests/py/test_gemma_refusals.py, the
+unsupported-architecture message tests/py/test_qwen3.py.
 """
 import json
 import shutil
@@ -69,11 +70,11 @@ def ref(d, kind=""):
     return np.fromfile(f"{d}.hf{kind}.f32", np.float32).reshape(-1, N_VOCAB)
 
 
-def with_window(src, dst, window):
-    """A copy of HF directory src whose config.json has sliding_window = window (None: null)."""
+def with_config(src, dst, **keys):
+    """A copy of HF directory src whose config.json has the keys set (None: null)."""
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
-    cfg["sliding_window"] = window
+    cfg.update(keys)
     (dst / "config.json").write_text(json.dumps(cfg))
     return dst
 
@@ -110,18 +111,23 @@ def test_sliding_window(tool, models, work, ids, v):
     assert np.array_equal(r[:WINDOW], wide[:WINDOW])
     assert float(np.abs(r[WINDOW:] - wide[WINDOW:]).max()) > 1000 * TOL_REL * scale
     # a window longer than the sequence is a no-op: transformers' 4096 logits, and llmq without a window
-    a = forward(tool, with_window(models[v]["hf"], work / f"{v}-w4096", 4096), ids["path"], work / f"{v}.w.f32")
-    b = forward(tool, with_window(models[v]["hf"], work / f"{v}-wnull", None), ids["path"], work / f"{v}.n.f32")
+    a = forward(tool, with_config(models[v]["hf"], work / f"{v}-w4096", sliding_window=4096), ids["path"], work / f"{v}.w.f32")
+    b = forward(tool, with_config(models[v]["hf"], work / f"{v}-wnull", sliding_window=None), ids["path"], work / f"{v}.n.f32")
     d = float(np.abs(a - wide).max())
     print(f"{v}: window 4096, max |transformers - llmq| = {d:.3g}")
     assert d <= TOL_REL * scale and (a.argmax(1) == wide.argmax(1)).all()
     assert np.array_equal(a, b)
 
 
-def test_gemma2_soft_capping_is_active(models):
+def test_gemma2_soft_capping(tool, models, work, ids):
     r, nocap = ref(models["gemma2"]["hf"]), ref(models["gemma2"]["hf"], "-nocap")
-    assert float(np.abs(r - nocap).max()) > 1000 * TOL_REL * float(np.abs(r).max())
+    assert float(np.abs(r - nocap).max()) > 1000 * TOL_REL * float(np.abs(r).max())  # the caps matter
     assert float(np.abs(r).max()) > 0.4 * 10.0  # the final cap (10) bends the largest logits
+    # null soft-capping in config.json: none (not Gemma2Config's defaults), as transformers computes it
+    d = with_config(models["gemma2"]["hf"], work / "gemma2-nocap", attn_logit_softcapping=None,
+                    final_logit_softcapping=None)
+    got = forward(tool, d, ids["path"], work / "gemma2-nocap.f32")
+    assert float(np.abs(got - nocap).max()) <= TOL_REL * float(np.abs(nocap).max())
 
 
 @pytest.mark.parametrize("v", VARIANTS)
@@ -224,3 +230,4 @@ def test_quantized_gguf(llmq_bin, data_dir, models, work):
         assert len(layers) == 42 and out.exists()
         if method != "awq":
             assert all(x["err"] < x["rtn_err"] for x in layers), layers
+

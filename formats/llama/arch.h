@@ -1,8 +1,8 @@
 /*
  * formats/llama/arch.h — the one description of the LLaMA-family architectures llmq reads and writes
- * (llama, mistral, qwen2, qwen3): the architecture enum, the hyper-parameters, the tensor-name table (llmq
- * role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k rows permuted and the row map
- * of that permutation, and the llama3 RoPE frequency factors.
+ * (llama, mistral, qwen2, qwen3, gemma2, gemma3): the architecture enum, the hyper-parameters, the tensor-name
+ * table (llmq role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k rows permuted and the row
+ * map of that permutation, the llama3 RoPE frequency factors, and the Gemma block's rules.
  *
  * What it is: facts about the architectures, shared by the model loader (calib/model/model.h), the
  * converter (formats/convert/convert.h), the calibration files (calib/calib.h) and the quantized-model
@@ -169,7 +169,7 @@ struct llmq_hparams {
     } rope_scaling;
     bool tied_embeddings;
     bool qkv_bias;  // q, k, v biases (the family's: qwen2)
-    bool qk_norm;   // q_norm / k_norm per head (the family's: qwen3)
+    bool qk_norm;   // q_norm / k_norm per head (the family's: qwen3, gemma3)
     bool attn_bias; // attention_bias of the other families: q, k, v and o biases (the forward pass refuses them)
     bool gemma;     // the Gemma block (the family's): see "Gemma"
     // gemma2 / gemma3 only (0 where a family has none):

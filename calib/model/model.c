@@ -472,6 +472,44 @@ static enum llmq_status get_norm(struct llmq_model *m, bool hf, enum llmq_tensor
     return st;
 }
 
+// phi3: views of rows [r0, r0 + n) of the fused tensor t (R, C) as linear k of layer il.
+static enum llmq_status slice_rows(struct llmq_model *m, int il, int k, const struct llmq_tensor_view *t, int64_t r0,
+                                   int64_t n, const struct llmq_tensor_view **out) {
+    size_t row_bytes = 0;
+    if (!llmq_dtype_nbytes(t->dtype, t->shape[1], &row_bytes))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rows of %s do not fit dtype %s", src_name(m), t->name,
+                           llmq_dtype_name(t->dtype));
+    struct llmq_tensor_view *v = &m->slices[(size_t)il * LLMQ_LIN_COUNT + (size_t)k];
+    *v = *t;
+    v->shape[0] = n;
+    v->data = (const uint8_t *)t->data + (size_t)r0 * row_bytes;
+    v->nbytes = (size_t)n * row_bytes;
+    v->file_offset = t->file_offset + (uint64_t)r0 * row_bytes;
+    *out = v;
+    return LLMQ_OK;
+}
+
+// phi3: the fused q/k/v and gate/up tensors of layer il, split into the linears' row ranges.
+static enum llmq_status bind_fused(struct llmq_model *m, bool hf, int il) {
+    const struct llmq_hparams *hp = &m->hp;
+    const int64_t D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
+    const struct llmq_tensor_view *qkv, *gu;
+    struct llmq_layer *L = &m->layers[il];
+    char name[128];
+    enum llmq_status st;
+    if ((st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_Q, il, hf, name, sizeof name),
+                         true, 2, Dq + 2 * Dkv, D, "(n_head + 2 n_head_kv) * head_dim, n_embd", &qkv)) ||
+        (st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_UP, il, hf, name, sizeof name),
+                         true, 2, 2 * F, D, "2 n_ff, n_embd", &gu)) ||
+        (st = slice_rows(m, il, LLMQ_LIN_Q, qkv, 0, Dq, &L->w[LLMQ_LIN_Q])) ||
+        (st = slice_rows(m, il, LLMQ_LIN_K, qkv, Dq, Dkv, &L->w[LLMQ_LIN_K])) ||
+        (st = slice_rows(m, il, LLMQ_LIN_V, qkv, Dq + Dkv, Dkv, &L->w[LLMQ_LIN_V])) ||
+        (st = slice_rows(m, il, LLMQ_LIN_GATE, gu, 0, F, &L->w[LLMQ_LIN_GATE])) ||
+        (st = slice_rows(m, il, LLMQ_LIN_UP, gu, F, F, &L->w[LLMQ_LIN_UP])))
+        return st;
+    return LLMQ_OK;
+}
+
 // Finds and checks every weight under its name in the source format (hf: HF spelling, else GGUF).
 static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
     const struct llmq_hparams *hp = &m->hp;
@@ -482,6 +520,14 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
 
 #define NAME(role, l) llmq_tensor_full_name(hp->arch, (role), (l), hf, name, sizeof name)
     if (hf && hp->gemma && !(m->shifted = calloc((size_t)(1 + 6 * hp->n_layer), sizeof *m->shifted)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
+    const bool fused = llmq_arch_info_of(hp->arch)->fused;
+    if (fused && m->quant)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: a quantized %s directory (fused qkv_proj / gate_up_proj) is not "
+                           "supported yet",
+                           src_name(m), llmq_arch_name(hp->arch));
+    if (fused && !(m->slices = calloc((size_t)hp->n_layer * LLMQ_LIN_COUNT, sizeof *m->slices)))
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
     if ((st = get_tensor(m, NAME(LLMQ_T_TOK_EMBD, 0), true, 2, V, D, "n_vocab, n_embd", &m->tok_embd))) return st;
     if ((st = get_norm(m, hf, LLMQ_T_OUTPUT_NORM, 0, D, "n_embd", &m->output_norm))) return st;
@@ -509,7 +555,9 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
         if (hp->gemma && ((st = get_norm(m, hf, LLMQ_T_ATTN_POST_NORM, il, D, "n_embd", &L->attn_post_norm)) ||
                           (st = get_norm(m, hf, LLMQ_T_FFN_POST_NORM, il, D, "n_embd", &L->ffn_post_norm))))
             return st;
+        if (fused && (st = bind_fused(m, hf, il))) return st;
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            if (fused && k != LLMQ_LIN_O && k != LLMQ_LIN_DOWN) continue; // bound by bind_fused
             NAME(LLMQ_T_LINEAR_0 + k, il);
             if (m->quant && !find_tensor(m, name)) { // an AWQ / GPTQ linear: dequantize it now
                 if ((st = dequant_linear(m, il, k, wshape[k][0], wshape[k][1], &L->w[k]))) return st;
@@ -650,6 +698,7 @@ void llmq_model_free(struct llmq_model *m) {
     quant_free(m->quant);
     for (int64_t i = 0; i < m->n_shifted; i++) free((void *)m->shifted[i].data);
     free(m->shifted);
+    free(m->slices);
     free(m->layers);
     llmq_gguf_free((struct llmq_gguf *)m->gguf);
     llmq_st_free((struct llmq_st_model *)m->st);

@@ -1,6 +1,6 @@
 /*
- * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2, qwen3, gemma2, gemma3) opened from a GGUF file
- * or a Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
+ * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3) opened from a
+ * GGUF file or a Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
  *
  * What it is: the loader that reads the architecture description (GGUF `<arch>.*` metadata, or
  * config.json), finds every tensor under its name in that source, checks every shape against the
@@ -28,6 +28,9 @@
  *     weights from model.safetensors, model.safetensors.index.json, or the only *.safetensors file.
  *   sliding_window (mistral, qwen2) is ignored: attention is fully causal, which is exact for
  *   sequences no longer than the window. gemma2 / gemma3 honour theirs (calib/model/forward.h).
+ *   phi3: qkv_proj / attn_qkv and gate_up_proj / ffn_up (formats/llama/arch.h "Phi-3") are split into row
+ *   ranges: layers[l].w[Q, K, V] and w[GATE, UP] are views of consecutive rows of the fused tensor (m->slices,
+ *   no copy). AWQ / GPTQ directories of phi3 are refused (their fused packed linears are not read yet).
  *   Gemma norms: every norm view holds the weights the forward pass multiplies by, 1 + w (formats/llama/arch.h
  *   "Gemma"): a GGUF stores them so; for an HF directory the loader makes owned F32 copies of 1 + w
  *   (m->shifted; (D) or (Dh) floats per norm, computed in f32), and the HF writers store them minus 1. rope_type: NORM
@@ -104,6 +107,7 @@ struct llmq_model {
     const struct llmq_model_quant *quant;      // owned; non-NULL only for an AWQ / GPTQ directory
     struct llmq_tensor_view *shifted;          // (n_shifted) owned F32 views of 1 + w: an HF gemma model's norms
     int64_t n_shifted;
+    struct llmq_tensor_view *slices; // (n_layer, LLMQ_LIN_COUNT) phi3: row ranges of the fused tensors (data not owned)
 };
 
 // What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.

@@ -296,9 +296,13 @@ static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) 
     case LLMQ_T_ATTN_Q_NORM:
     case LLMQ_T_ATTN_K_NORM: return hp->qk_norm ? (shape[0] = hp->head_dim, 1) : 0;
     default:
-        if (i >= LLMQ_T_LINEAR_0 && i < LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT)
-            return shape[0] = lin[i - LLMQ_T_LINEAR_0][0], shape[1] = lin[i - LLMQ_T_LINEAR_0][1], 2;
-        return 0;
+        if (i < LLMQ_T_LINEAR_0 || i >= LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT) return 0;
+        if (llmq_arch_info_of(hp->arch)->fused) { // phi3: q is q, k, v; up is gate, up; no k, v, gate of their own
+            if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_Q) return shape[0] = q + 2 * kv, shape[1] = D, 2;
+            if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP) return shape[0] = 2 * F, shape[1] = D, 2;
+            if (i != LLMQ_T_LINEAR_0 + LLMQ_LIN_O && i != LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN) return 0;
+        }
+        return shape[0] = lin[i - LLMQ_T_LINEAR_0][0], shape[1] = lin[i - LLMQ_T_LINEAR_0][1], 2;
     }
 }
 

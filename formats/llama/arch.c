@@ -52,10 +52,19 @@ const struct llmq_tensor_name *llmq_tensor_name_of(enum llmq_tensor_role role) {
 
 static bool arch_gemma(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT && llmq_arch_info_of(a)->gemma; }
 
+static bool arch_fused(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT && llmq_arch_info_of(a)->fused; }
+
 // The name of table row i in family a (NULL: not a tensor of a).
 static const char *row_name(enum llmq_arch a, int i, bool hf) {
     const struct llmq_tensor_name *t = &table[i];
     if (t->gemma_only && !arch_gemma(a)) return NULL;
+    if (arch_fused(a)) { // phi3: q holds q, k, v; up holds gate, up (formats/llama/arch.h "Phi-3")
+        if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_Q) return hf ? "self_attn.qkv_proj.weight" : "attn_qkv.weight";
+        if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP) return hf ? "mlp.gate_up_proj.weight" : "ffn_up.weight";
+        if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_K || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_V ||
+            i == LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE)
+            return NULL;
+    }
     if (!hf) return t->gguf;
     return arch_gemma(a) && t->hf_gemma ? t->hf_gemma : t->hf;
 }
@@ -69,7 +78,8 @@ const char *llmq_tensor_hf_name(enum llmq_arch a, enum llmq_tensor_role role) {
 char *llmq_tensor_full_name(enum llmq_arch a, enum llmq_tensor_role role, int64_t layer, bool hf, char *buf,
                             size_t size) {
     const struct llmq_tensor_name *t = llmq_tensor_name_of(role);
-    const char *n = hf ? llmq_tensor_hf_name(a, role) : t->gguf;
+    const char *n = row_name(a, role, hf);
+    if (!n) n = hf ? t->hf : t->gguf;
     if (t->per_block)
         snprintf(buf, size, "%s%lld.%s", hf ? HF_BLOCK : GGUF_BLOCK, (long long)layer, n);
     else
@@ -106,6 +116,7 @@ bool llmq_tensor_norm_shifted(enum llmq_arch a, enum llmq_tensor_role role) {
 }
 
 bool llmq_hparams_layer_swa(const struct llmq_hparams *hp, int64_t il) {
+    if (hp->arch == LLMQ_ARCH_PHI3) return hp->sliding_window > 0; // every layer (modeling_phi3.py)
     if (!hp->gemma) return false;
     int64_t n = hp->swa_pattern;
     return n == 0 || il % n < n - 1;
@@ -120,7 +131,7 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 }
 const char *llmq_linear_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_short[l] : "?"; }
 
-// {name, hf_model_type, hf_class, gguf_name, qk_permuted, qkv_bias, qk_norm, gemma, always_tied, swa_pattern}
+// {name, hf_model_type, hf_class, gguf_name, qk_permuted, qkv_bias, qk_norm, gemma, always_tied, swa_pattern, fused}
 static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
     [LLMQ_ARCH_LLAMA] = {"llama", "llama", "LlamaForCausalLM", "llama", true, false, false, false, false, 0},
     [LLMQ_ARCH_MISTRAL] = {"mistral", "mistral", "MistralForCausalLM", "llama", true, false, false, false, false, 0},
@@ -128,6 +139,7 @@ static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
     [LLMQ_ARCH_QWEN3] = {"qwen3", "qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true, false, false, 0},
     [LLMQ_ARCH_GEMMA2] = {"gemma2", "gemma2", "Gemma2ForCausalLM", "gemma2", false, false, false, true, true, 2},
     [LLMQ_ARCH_GEMMA3] = {"gemma3", "gemma3_text", "Gemma3ForCausalLM", "gemma3", false, false, true, true, false, 6},
+    [LLMQ_ARCH_PHI3] = {"phi3", "phi3", "Phi3ForCausalLM", "phi3", false, false, false, false, false, 0, true},
 };
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a) {

@@ -1,6 +1,6 @@
 /*
  * formats/llama/arch.h — the one description of the LLaMA-family architectures llmq reads and writes
- * (llama, mistral, qwen2, qwen3, gemma2, gemma3): the architecture enum, the hyper-parameters, the tensor-name
+ * (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3): the architecture enum, the hyper-parameters, the tensor-name
  * table (llmq role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k rows permuted and the row
  * map of that permutation, the llama3 RoPE frequency factors, and the Gemma block's rules.
  *
@@ -37,6 +37,15 @@
  *   blk.N.post_ffw_norm.weight      model.layers.N.post_feedforward_layernorm.weight (D) after the MLP
  *   Names as llama.cpp's gguf-py (gguf/constants.py MODEL_TENSOR) and transformers' modeling_llama.py
  *   / modeling_qwen2.py / modeling_qwen3.py / modeling_gemma2.py / modeling_gemma3.py state them.
+ *
+ * ---- Phi-3 (phi3: modeling_phi3.py, llama.cpp src/models/phi3.cpp, conversion/phi.py) -------------------
+ *   blk.N.attn_qkv.weight      model.layers.N.self_attn.qkv_proj.weight       (H*Dh + 2*Hkv*Dh, D) q, k, v rows
+ *   blk.N.ffn_up.weight        model.layers.N.mlp.gate_up_proj.weight         (2F, D) gate rows, then up rows
+ *   (the roles LLMQ_T_LINEAR_0 + LLMQ_LIN_Q and + LLMQ_LIN_UP carry these names and shapes in phi3; K, V and GATE
+ *   have no tensor of their own: the loader (calib/model/model.h) gives them row ranges of the fused ones.)
+ *   RoPE NEOX in both formats, no permutation. rope_scaling "longrope" / "su" (short / long factors) is refused,
+ *   as is partial_rotary_factor != 1. The sliding window (HF sliding_window, every layer) is honoured for an HF
+ *   model; a GGUF has none (llama.cpp's phi3 disables it). Quantized output is not written yet.
  *
  * ---- Gemma (gemma2, gemma3: modeling_gemma2.py / modeling_gemma3.py, llama.cpp src/models/gemma2.cpp,
  *      gemma3.cpp, conversion/gemma.py) ---------------------------------------------------------
@@ -124,9 +133,10 @@ enum llmq_arch {
     LLMQ_ARCH_QWEN3,
     LLMQ_ARCH_GEMMA2,
     LLMQ_ARCH_GEMMA3,
+    LLMQ_ARCH_PHI3,
     LLMQ_ARCH_COUNT
 };
-#define LLMQ_ARCH_NAMES "llama, mistral, qwen2, qwen3, gemma2, gemma3" // the families, for messages
+#define LLMQ_ARCH_NAMES "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3" // the families, for messages
 
 // One row per family.
 struct llmq_arch_info {
@@ -141,6 +151,7 @@ struct llmq_arch_info {
                                // post-attention / post-feed-forward norms, GeGLU (tanh GELU), sliding window
     bool always_tied;          // the GGUF head is always token_embd (llama.cpp's gemma2 ignores output.weight)
     int swa_pattern;           // default period of the sliding-window layers (see "Gemma"); 0: no sliding window
+    bool fused;                // q/k/v and gate/up stored as one tensor each (see "Phi-3")
 };
 
 // How RoPE pairs the dimensions of one head of Dh values.

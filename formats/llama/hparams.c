@@ -405,8 +405,9 @@ static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparam
         return cfg_float(&r, "factor", true, 0, &hp->rope_scaling.factor);
     }
     if (strcmp(type, "llama3") != 0 || hp->gemma)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (%s)", c->file, type,
-                           hp->gemma ? "linear" : "linear, llama3");
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (%s)%s", c->file, type,
+                           hp->gemma ? "linear" : "linear, llama3",
+                           hp->arch == LLMQ_ARCH_PHI3 ? ": LongRoPE short / long factors are not implemented" : "");
     hp->rope_scaling.type = LLMQ_ROPE_SCALING_LLAMA3;
     if ((st = cfg_float(&r, "factor", true, 0, &hp->rope_scaling.factor)) ||
         (st = cfg_float(&r, "low_freq_factor", true, 0, &hp->rope_scaling.low_freq_factor)) ||
@@ -438,6 +439,17 @@ static enum llmq_status cfg_layer_types(const struct cfg *c, const json_t *lt, s
     }
     hp->swa_pattern = n;
     return LLMQ_OK;
+}
+
+// The phi3 keys of config.json (transformers' Phi3Config): the window of every layer (null: none); a partial
+// rotary factor other than 1 is refused (the LongRoPE types by cfg_rope_scaling).
+static enum llmq_status cfg_phi3(const struct cfg *c, struct llmq_hparams *hp) {
+    const json_t *rp = cfg_get(c, "rope_parameters");
+    const json_t *prf = cfg_get(c, "partial_rotary_factor");
+    if (!prf && json_is_object(rp)) prf = json_object_get(rp, "partial_rotary_factor");
+    if (prf && (!json_is_number(prf) || json_number_value(prf) != 1.0))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: partial_rotary_factor other than 1 is not supported", c->file);
+    return cfg_int(c, "sliding_window", false, 0, &hp->sliding_window);
 }
 
 // The gemma keys of config.json (defaults as transformers' Gemma2Config / Gemma3TextConfig).
@@ -521,6 +533,7 @@ enum llmq_status llmq_hparams_from_hf_config(const char *file, const json_t *cfg
         return st;
     if (gemma && !cfg_get(&c, "tie_word_embeddings")) hp->tied_embeddings = true; // Gemma configs' default
     if (gemma && (st = cfg_gemma(&c, hp))) return st;
+    if (hp->arch == LLMQ_ARCH_PHI3 && (st = cfg_phi3(&c, hp))) return st;
     if (mlp_bias) return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: mlp_bias = true is not supported", file);
     hp->attn_bias = hp->attn_bias && !hp->qkv_bias; // qwen2's q/k/v biases are the family's, o has none
     hp->n_vocab = vocab < 0 ? 0 : vocab;
@@ -556,7 +569,8 @@ static void gemma_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
 
 json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,
                                   const char *torch_dtype) {
-    bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3, llama = !qwen && !hp->gemma;
+    bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3;
+    bool llama = !qwen && !hp->gemma && hp->arch != LLMQ_ARCH_PHI3;
     json_t *c = json_object();
     if (!c) return NULL;
     if (hp->gemma) gemma_to_hf_config(hp, c);

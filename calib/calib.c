@@ -498,6 +498,7 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
 static const char STATS_MAGIC[8] = {'L', 'L', 'M', 'Q', 'C', 'A', 'L', 'S'};
 #define STATS_VERSION 1u
 #define STATS_HEADER 72
+#define LINEAR_NAMES LLMQ_ARCH_LLAMA // a linear's GGUF name is the same in every family
 
 enum llmq_status llmq_calib_stats_save(const struct llmq_calib_stats *s, const char *path) {
     struct llmq_afile f;
@@ -633,7 +634,7 @@ static struct llmq_calib_input *imatrix_slot(struct llmq_calib_stats *s, const s
     if (n >= sizeof(buf)) return NULL;
     memcpy(buf, name, n);
     buf[n] = '\0';
-    int role = llmq_tensor_role_of(buf, false, m->hp.n_layer, &l);
+    int role = llmq_tensor_role_of(m->hp.arch, buf, false, m->hp.n_layer, &l);
     if (role >= LLMQ_T_LINEAR_0 && role < LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT)
         return &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)(role - LLMQ_T_LINEAR_0))];
     return NULL;
@@ -657,7 +658,8 @@ enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const
             const struct llmq_calib_input *in =
                 &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)w)];
             char name[96];
-            int32_t len = (int32_t)strlen(llmq_tensor_full_name(LLMQ_T_LINEAR_0 + w, l, false, name, sizeof(name)));
+            int32_t len =
+                (int32_t)strlen(llmq_tensor_full_name(LINEAR_NAMES, LLMQ_T_LINEAR_0 + w, l, false, name, sizeof(name)));
             int32_t nval = (int32_t)in->n_in;
             for (int64_t c = 0; c < in->n_in; c++) tmp[c] = (float)(in->sum_sq[c] / (double)in->count * (double)ncall);
             llmq_afile_write(&f, &len, 4);
@@ -700,7 +702,7 @@ enum llmq_status llmq_calib_imatrix_save_gguf(const struct llmq_calib_stats *s, 
     for (int64_t l = 0; l < s->n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
             struct imatrix_name *e = &names[l * LLMQ_LIN_COUNT + k];
-            llmq_tensor_full_name(LLMQ_T_LINEAR_0 + k, l, false, e->name, sizeof(e->name));
+            llmq_tensor_full_name(LINEAR_NAMES, LLMQ_T_LINEAR_0 + k, l, false, e->name, sizeof(e->name));
             e->in = &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)k)];
         }
     qsort(names, (size_t)n, sizeof(*names), imatrix_name_cmp); // llama-imatrix: std::sort of the names

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "formats/convert/convert.h"
+#include "formats/llama/arch.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -51,7 +52,7 @@ int cmd_convert(int argc, char **argv) {
     const struct cli_cmd cmd = {
         "convert",
         "--model IN --out OUT [flags]",
-        "Convert a LLaMA-family model (llama, mistral, qwen2, qwen3) between GGUF and a Hugging Face directory\n"
+        "Convert a LLaMA-family model (" LLMQ_ARCH_NAMES ") between GGUF and a Hugging Face directory\n"
         "(config.json, tokenizer.json, model.safetensors), or a GGUF to f32 / f16 / bf16 (dequantizing it).\n"
         "  GGUF -> HF:   --to hf     q/k rows un-permuted, tokenizer.json rebuilt from the GGUF vocabulary\n"
         "  HF -> GGUF:   --to gguf   llama.cpp's metadata, tokenizer and q/k permutation\n"

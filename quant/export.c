@@ -90,7 +90,8 @@ void llmq_awq_unpack8(uint32_t w, uint8_t *c) {
 
 // ================================================================================ the export ====
 
-enum slot_kind { SLOT_EMBED, SLOT_ATTN_NORM, SLOT_FFN_NORM, SLOT_QK_NORM, SLOT_LINEAR, SLOT_OUT_NORM, SLOT_LM_HEAD };
+// SLOT_NORM: a norm that no linear waits for (q_norm / k_norm, gemma's post norms), after down_proj.
+enum slot_kind { SLOT_EMBED, SLOT_ATTN_NORM, SLOT_FFN_NORM, SLOT_NORM, SLOT_LINEAR, SLOT_OUT_NORM, SLOT_LM_HEAD };
 
 struct part { // one output tensor of a linear, packed and waiting for its turn in the stream
     char name[160];
@@ -102,9 +103,10 @@ struct slot {
     enum slot_kind kind;
     int64_t layer;
     enum llmq_linear which;
-    char name[160]; // model tensors: the HF tensor name
-    int n_parts;    // linears: tensors declared for it
-    bool ready;     // linears: handed over and packed
+    enum llmq_tensor_role role; // model tensors: the role
+    char name[160];             // model tensors: the HF tensor name
+    int n_parts;                // linears: tensors declared for it
+    bool ready;                 // linears: handed over and packed
     struct part parts[MAX_PARTS];
 };
 
@@ -241,8 +243,26 @@ static json_t *quant_config(const struct llmq_export *e) {
 
 // ---- declaration
 
-// A block's slots: two norms, the seven linears, and q_norm / k_norm after down_proj (qwen3).
-static int64_t slots_per_layer(const struct llmq_model *m) { return LLMQ_LIN_COUNT + 2 + (m->hp.qk_norm ? 2 : 0); }
+// A block's slots: two norms, the seven linears, and after down_proj q_norm / k_norm (qwen3, gemma3) and the
+// post norms (gemma).
+static int64_t slots_per_layer(const struct llmq_model *m) {
+    return LLMQ_LIN_COUNT + 2 + (m->hp.qk_norm ? 2 : 0) + (m->hp.gemma ? 2 : 0);
+}
+
+// The view of norm `role` of block l (output_norm for LLMQ_T_OUTPUT_NORM); NULL when the model has none.
+static const struct llmq_tensor_view *norm_view(const struct llmq_model *m, int64_t l, enum llmq_tensor_role role) {
+    const struct llmq_layer *L = l >= 0 ? &m->layers[l] : NULL;
+    switch (role) {
+    case LLMQ_T_OUTPUT_NORM: return m->output_norm;
+    case LLMQ_T_ATTN_NORM: return L->attn_norm;
+    case LLMQ_T_FFN_NORM: return L->ffn_norm;
+    case LLMQ_T_ATTN_Q_NORM: return L->q_norm;
+    case LLMQ_T_ATTN_K_NORM: return L->k_norm;
+    case LLMQ_T_ATTN_POST_NORM: return L->attn_post_norm;
+    case LLMQ_T_FFN_POST_NORM: return L->ffn_post_norm;
+    default: return NULL;
+    }
+}
 
 static struct slot *add_slot(struct llmq_export *e, enum slot_kind k, int64_t layer, enum llmq_linear w,
                              const char *name) {
@@ -313,8 +333,9 @@ static enum llmq_status write_f32(struct llmq_export *e, const float *x, int64_t
     return LLMQ_OK;
 }
 
-// A model tensor (any decodable dtype) in e->dtype, in chunks of rows.
-static enum llmq_status write_view(struct llmq_export *e, const struct llmq_tensor_view *v) {
+// A model tensor (any decodable dtype) plus shift (gemma norms: -1, calib/model/model.h) in e->dtype, in chunks
+// of rows.
+static enum llmq_status write_shifted(struct llmq_export *e, const struct llmq_tensor_view *v, float shift) {
     int64_t C = v->n_dims > 0 ? v->shape[v->n_dims - 1] : 1, R = C > 0 ? llmq_tensor_nelements(v) / C : 0;
     int64_t rows = C > 0 && C < CHUNK_FLOATS ? CHUNK_FLOATS / C : 1;
     enum llmq_status st = LLMQ_OK;
@@ -322,9 +343,20 @@ static enum llmq_status write_view(struct llmq_export *e, const struct llmq_tens
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rows of %lld elements are too long", v->name, (long long)C);
     for (int64_t r0 = 0; r0 < R && !st; r0 += rows) {
         int64_t n = R - r0 < rows ? R - r0 : rows;
-        if (!(st = llmq_model_rows_f32(v, r0, n, e->work))) st = write_f32(e, e->work, n * C);
+        if ((st = llmq_model_rows_f32(v, r0, n, e->work))) break;
+        for (int64_t i = 0; shift != 0.0f && i < n * C; i++) e->work[i] += shift;
+        st = write_f32(e, e->work, n * C);
     }
     return st;
+}
+
+static enum llmq_status write_view(struct llmq_export *e, const struct llmq_tensor_view *v) {
+    return write_shifted(e, v, 0.0f);
+}
+
+// Norm `role` of block l as HF stores it (w, not 1 + w, for the gemma families).
+static enum llmq_status write_norm(struct llmq_export *e, int64_t l, enum llmq_tensor_role role) {
+    return write_shifted(e, norm_view(e->m, l, role), llmq_tensor_norm_shifted(e->m->hp.arch, role) ? -1.0f : 0.0f);
 }
 
 static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
@@ -332,11 +364,10 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
     enum llmq_status st = LLMQ_OK;
     switch (s->kind) {
     case SLOT_EMBED: return write_view(e, m->tok_embd);
-    case SLOT_ATTN_NORM: return write_view(e, m->layers[s->layer].attn_norm);
-    case SLOT_FFN_NORM: return write_view(e, m->layers[s->layer].ffn_norm);
-    case SLOT_QK_NORM: // which: LLMQ_LIN_Q or LLMQ_LIN_K
-        return write_view(e, s->which == LLMQ_LIN_Q ? m->layers[s->layer].q_norm : m->layers[s->layer].k_norm);
-    case SLOT_OUT_NORM: return write_view(e, m->output_norm);
+    case SLOT_ATTN_NORM:
+    case SLOT_FFN_NORM:
+    case SLOT_NORM:
+    case SLOT_OUT_NORM: return write_norm(e, s->layer, s->role);
     case SLOT_LM_HEAD: return write_view(e, m->output);
     case SLOT_LINEAR:
         for (int i = 0; i < s->n_parts && !st; i++) {
@@ -605,24 +636,29 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
         goto fail;
     struct slot *s = add_slot(e, SLOT_EMBED, -1, 0, "model.embed_tokens.weight");
     if ((st = declare_view(e, s->name, m->tok_embd))) goto fail;
+    static const enum llmq_tensor_role after_down[] = {LLMQ_T_ATTN_Q_NORM, LLMQ_T_ATTN_K_NORM, LLMQ_T_ATTN_POST_NORM,
+                                                       LLMQ_T_FFN_POST_NORM};
     for (int64_t l = 0; l < m->hp.n_layer; l++)
         for (int w = 0; w < LLMQ_LIN_COUNT; w++) {
             if (w == LLMQ_LIN_Q || w == LLMQ_LIN_GATE) {
-                bool attn = w == LLMQ_LIN_Q;
-                snprintf(what, sizeof what, "model.layers.%lld.%s.weight", (long long)l,
-                         attn ? "input_layernorm" : "post_attention_layernorm");
-                s = add_slot(e, attn ? SLOT_ATTN_NORM : SLOT_FFN_NORM, l, 0, what);
-                if ((st = declare_view(e, s->name, attn ? m->layers[l].attn_norm : m->layers[l].ffn_norm))) goto fail;
+                enum llmq_tensor_role r = w == LLMQ_LIN_Q ? LLMQ_T_ATTN_NORM : LLMQ_T_FFN_NORM;
+                llmq_tensor_full_name(m->hp.arch, r, l, true, what, sizeof what);
+                s = add_slot(e, w == LLMQ_LIN_Q ? SLOT_ATTN_NORM : SLOT_FFN_NORM, l, 0, what);
+                s->role = r;
+                if ((st = declare_view(e, s->name, norm_view(m, l, r)))) goto fail;
             }
             s = add_slot(e, SLOT_LINEAR, l, (enum llmq_linear)w, NULL);
             if ((st = declare_linear(e, s))) goto fail;
-            for (int k = 0; w == LLMQ_LIN_DOWN && m->layers[l].q_norm && k < 2; k++) { // qwen3: last in the block
-                llmq_tensor_full_name(k ? LLMQ_T_ATTN_K_NORM : LLMQ_T_ATTN_Q_NORM, l, true, what, sizeof what);
-                s = add_slot(e, SLOT_QK_NORM, l, k ? LLMQ_LIN_K : LLMQ_LIN_Q, what);
-                if ((st = declare_view(e, s->name, k ? m->layers[l].k_norm : m->layers[l].q_norm))) goto fail;
+            for (size_t k = 0; w == LLMQ_LIN_DOWN && k < sizeof after_down / sizeof after_down[0]; k++) {
+                if (!norm_view(m, l, after_down[k])) continue; // the family has no such norm
+                llmq_tensor_full_name(m->hp.arch, after_down[k], l, true, what, sizeof what);
+                s = add_slot(e, SLOT_NORM, l, 0, what);
+                s->role = after_down[k];
+                if ((st = declare_view(e, s->name, norm_view(m, l, after_down[k])))) goto fail;
             }
         }
     s = add_slot(e, SLOT_OUT_NORM, -1, 0, "model.norm.weight");
+    s->role = LLMQ_T_OUTPUT_NORM;
     if ((st = declare_view(e, s->name, m->output_norm))) goto fail;
     if (!m->hp.tied_embeddings) {
         s = add_slot(e, SLOT_LM_HEAD, -1, 0, "lm_head.weight");

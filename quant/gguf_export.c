@@ -105,8 +105,8 @@ static void set_shape(struct entry *x, const struct llmq_tensor_view *v) {
 }
 
 // Classifies a GGUF tensor name: the kind, block and linear it belongs to (K_VIEW if none).
-static enum kind classify(const char *name, int64_t n_layer, int64_t *layer, int *which) {
-    int role = llmq_tensor_role_of(name, false, n_layer, layer);
+static enum kind classify(const struct llmq_hparams *hp, const char *name, int64_t *layer, int *which) {
+    int role = llmq_tensor_role_of(hp->arch, name, false, hp->n_layer, layer);
     *which = -1;
     switch (role) {
     case LLMQ_T_TOK_EMBD: return K_TOK_EMBD;
@@ -156,7 +156,7 @@ static enum llmq_status list_gguf(struct llmq_gguf_export *e, int64_t *cap) {
         struct entry *x = add_entry(e, cap);
         if (!x) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
         snprintf(x->name, sizeof(x->name), "%s", v->name);
-        x->kind = classify(v->name, e->m->hp.n_layer, &x->layer, &x->which);
+        x->kind = classify(&e->m->hp, v->name, &x->layer, &x->which);
         if (x->kind == K_VIEW && !strcmp(v->name, "rope_freqs.weight")) x->kind = K_ROPE;
         x->view = v;
         set_shape(x, v);
@@ -178,7 +178,7 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
         set_shape(x, view_);                                                                                           \
     } while (0)
     char nb[96];
-#define TN(role_, l_) llmq_tensor_full_name((role_), (l_), false, nb, sizeof nb)
+#define TN(role_, l_) llmq_tensor_full_name(hp->arch, (role_), (l_), false, nb, sizeof nb)
     ADD(m->tok_embd, K_TOK_EMBD, -1, -1, "%s", TN(LLMQ_T_TOK_EMBD, 0));
     ADD(m->output_norm, K_OUT_NORM, -1, -1, "%s", TN(LLMQ_T_OUTPUT_NORM, 0));
     if (!hp->tied_embeddings) ADD(m->output, K_OUTPUT, -1, -1, "%s", TN(LLMQ_T_OUTPUT, 0));
@@ -207,11 +207,18 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
         if (L->bq) ADD(L->bq, K_BQ, l, -1, "%s", TN(LLMQ_T_BIAS_Q, l));
         if (L->bk) ADD(L->bk, K_BK, l, -1, "%s", TN(LLMQ_T_BIAS_K, l));
         if (L->bv) ADD(L->bv, K_BV, l, -1, "%s", TN(LLMQ_T_BIAS_V, l));
-        if (L->q_norm) { // qwen3: copied as the file's other 1-D tensors
-            ADD(L->q_norm, K_VIEW, l, -1, "%s", TN(LLMQ_T_ATTN_Q_NORM, l));
-            x->view = L->q_norm;
-            ADD(L->k_norm, K_VIEW, l, -1, "%s", TN(LLMQ_T_ATTN_K_NORM, l));
-            x->view = L->k_norm;
+        // qwen3 / gemma3 q_norm, k_norm, gemma's post norms: copied as the file's other 1-D tensors
+        const struct {
+            const struct llmq_tensor_view *v;
+            enum llmq_tensor_role role;
+        } extra[] = {{L->q_norm, LLMQ_T_ATTN_Q_NORM},
+                     {L->k_norm, LLMQ_T_ATTN_K_NORM},
+                     {L->attn_post_norm, LLMQ_T_ATTN_POST_NORM},
+                     {L->ffn_post_norm, LLMQ_T_FFN_POST_NORM}};
+        for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+            if (!extra[i].v) continue;
+            ADD(extra[i].v, K_VIEW, l, -1, "%s", TN(extra[i].role, l));
+            x->view = extra[i].v;
         }
     }
 #undef TN

@@ -851,6 +851,11 @@ static struct llmq_export_opts dir_opts(const struct llmq_quantize_opts *o, cons
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
+    if (llmq_arch_info_of(m->hp.arch)->fused)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "quantize: %s: writing the fused qkv_proj / gate_up_proj (attn_qkv / ffn_up) of %s is not "
+                           "implemented yet (llmq convert and llmq eval run it)",
+                           m->path, llmq_arch_name(m->hp.arch));
     if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN && o->imatrix_path && o->calib.n_sources > 0)
         return llmq_errorf(LLMQ_ERR_ARG,
                            "quantize: --imatrix and --calib exclude each other with --method rtn (--calib gathers "

@@ -46,13 +46,16 @@ struct llmq_forward {
 
     float *wbuf; // (wbuf_n) f32 copy of the weight rows in use
     int64_t wbuf_n;
-    float *norms;    // (2 * n_layer + 1, D): attn_norm, ffn_norm per layer, then output_norm
-    float *bias;     // (n_layer, Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
-    float *qk_norms; // (n_layer, 2 Dh) q_norm, k_norm weights per layer; NULL without qk_norm
-    float *ff;       // (Dh/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors)
-    int64_t n_pos;   // positions in the RoPE tables and keys in the score buffers (grown on demand)
-    float *rope_cos; // (n_pos, Dh/2) cos(pos * theta_i / ff_i)
-    float *rope_sin; // (n_pos, Dh/2)
+    float *norms;      // (2 * n_layer + 1, D): attn_norm, ffn_norm per layer, then output_norm
+    float *bias;       // (n_layer, Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
+    float *qk_norms;   // (n_layer, 2 Dh) q_norm, k_norm weights per layer; NULL without qk_norm
+    float *post_norms; // (n_layer, 2, D) gemma attn_post_norm, ffn_post_norm per layer; NULL otherwise
+    float *ff;         // (Dh/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors)
+    int64_t n_pos;     // positions in the RoPE tables and keys in the score buffers (grown on demand)
+    float *rope_cos;   // (n_pos, Dh/2) cos(pos * theta_i / ff_i)
+    float *rope_sin;   // (n_pos, Dh/2)
+    float *swa_cos;    // (n_pos, Dh/2) the sliding layers' table (gemma: rope_theta_swa, no scaling); NULL when
+    float *swa_sin;    // they share rope_cos / rope_sin
 
     float *x;      // (max_tokens, D) hidden state of llmq_forward_logits (allocated by its first call)
     float *xn;     // (max_tokens, D) normalized input of a linear layer
@@ -270,11 +273,13 @@ struct rope_ctx {
     struct llmq_forward *f;
     float *q, *k; // (n, Dq), (n, Dkv)
     int64_t n, seqlen;
+    const float *cos, *sin; // (n_pos, Dh/2) the layer's table
 };
 
-static void rope_rows(const struct llmq_forward *f, float *x, int64_t n_heads, int64_t pos) {
+static void rope_rows(const struct rope_ctx *c, float *x, int64_t n_heads, int64_t pos) {
+    const struct llmq_forward *f = c->f;
     const int64_t Dh = f->m->hp.head_dim, half = Dh / 2;
-    const float *cs = f->rope_cos + pos * half, *sn = f->rope_sin + pos * half;
+    const float *cs = c->cos + pos * half, *sn = c->sin + pos * half;
     const bool neox = f->m->hp.rope_type == LLMQ_ROPE_NEOX;
     for (int64_t h = 0; h < n_heads; h++) {
         float *xh = x + h * Dh;
@@ -295,14 +300,15 @@ static void rope_worker(void *p, int ith, int nth) {
     range_of(c->n, ith, nth, 1, &a, &b);
     for (int64_t t = a; t < b; t++) {
         int64_t pos = t % c->seqlen;
-        rope_rows(c->f, c->q + t * hp->n_head * hp->head_dim, hp->n_head, pos);
-        rope_rows(c->f, c->k + t * hp->n_head_kv * hp->head_dim, hp->n_head_kv, pos);
+        rope_rows(c, c->q + t * hp->n_head * hp->head_dim, hp->n_head, pos);
+        rope_rows(c, c->k + t * hp->n_head_kv * hp->head_dim, hp->n_head_kv, pos);
     }
 }
 
 struct attn_ctx {
     struct llmq_forward *f;
     int64_t n_seq, seqlen, n_rb;
+    int64_t window;   // keys visible to a query (t - window < p <= t); 0: all of 0..t
     atomic_long next; // next task index
 };
 
@@ -315,7 +321,9 @@ static void attn_worker(void *p, int ith, int nth) {
     const struct llmq_hparams *hp = &f->m->hp;
     const int64_t H = hp->n_head, Dh = hp->head_dim, Dq = H * Dh, Dkv = hp->n_head_kv * Dh;
     const int64_t group = H / hp->n_head_kv, n_tasks = c->n_seq * H * c->n_rb;
-    const float scale = 1.0f / sqrtf((float)Dh);
+    const float scale = 1.0f / sqrtf(hp->gemma ? hp->query_pre_attn_scalar : (float)Dh);
+    const float cap = hp->attn_softcap; // gemma2: s -> cap * tanh(s / cap), as modeling_gemma2.py
+    const int64_t window = c->window;
     float *S = f->scores + (int64_t)ith * RB * f->n_pos; // (RB, nk)
     for (;;) {
         long task = atomic_fetch_add(&c->next, 1);
@@ -331,20 +339,23 @@ static void attn_worker(void *p, int ith, int nth) {
                     0.0f, S, (int)nk);
         for (int64_t i = 0; i < m; i++) {
             float *row = S + i * nk;
-            int64_t nv = t0 + i + 1; // keys 0..t0+i are visible
+            int64_t nv = t0 + i + 1; // keys j0..t0+i are visible
+            int64_t j0 = window > 0 && nv > window ? nv - window : 0;
             float mx = -INFINITY;
-            for (int64_t j = 0; j < nv; j++) {
+            for (int64_t j = j0; j < nv; j++) {
                 row[j] *= scale;
+                if (cap > 0.0f) row[j] = tanhf(row[j] / cap) * cap;
                 if (row[j] > mx) mx = row[j];
             }
             double sum = 0.0;
-            for (int64_t j = 0; j < nv; j++) {
+            for (int64_t j = j0; j < nv; j++) {
                 row[j] = expf(row[j] - mx);
                 sum += (double)row[j];
             }
             const float inv = (float)(1.0 / sum);
-            for (int64_t j = 0; j < nv; j++) row[j] *= inv;
-            if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row, nv);
+            for (int64_t j = j0; j < nv; j++) row[j] *= inv;
+            if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row + j0, nv - j0);
+            for (int64_t j = 0; j < j0; j++) row[j] = 0.0f;
             for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)nk, 1.0f, S, (int)nk, Vv, (int)Dkv,
@@ -353,15 +364,37 @@ static void attn_worker(void *p, int ith, int nth) {
 }
 
 struct swiglu_ctx {
-    float *g;       // (n, F) gate in, silu(gate) * up out
+    float *g;       // (n, F) gate in, act(gate) * up out
     const float *u; // (n, F)
     int64_t count;
+    bool gelu;     // GeGLU (gemma): act = GELU with the tanh approximation, else SiLU
+    bool gelu_f16; // GELU as ggml's CPU table (emulation): f16(gelu(f16(x))) on (-10, 10), 0 below, x above
 };
+
+static float gelu_tanh(float x) { // gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    const float k = 0.79788456080286535588f, kappa = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(k * (x + kappa * x * x * x)));
+}
+
+// ggml-cpu vec.h ggml_vec_geglu_f32 with GGML_GELU_FP16: ggml_table_gelu_f16[f16(x)] = f16(ggml_gelu_f32(x)),
+// where ggml_gelu_f32(x) = 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))).
+static float gelu_ggml_table(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float h = llmq_f16_to_f32(llmq_f32_to_f16(x));
+    const float y = 0.5f * h * (1.0f + tanhf(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)));
+    return llmq_f16_to_f32(llmq_f32_to_f16(y));
+}
 
 static void swiglu_worker(void *p, int ith, int nth) {
     struct swiglu_ctx *c = p;
     int64_t a, b;
     range_of(c->count, ith, nth, 64, &a, &b);
+    if (c->gelu) {
+        for (int64_t i = a; i < b; i++)
+            c->g[i] = (c->gelu_f16 ? gelu_ggml_table(c->g[i]) : gelu_tanh(c->g[i])) * c->u[i];
+        return;
+    }
     for (int64_t i = a; i < b; i++) {
         const float x = c->g[i];
         c->g[i] = (x / (1.0f + expf(-x))) * c->u[i];
@@ -404,6 +437,10 @@ static enum llmq_status load_layer(struct llmq_forward *f, int layer) {
         st = llmq_model_weight_f32(ly->q_norm, f->qk_norms + layer * 2 * Dh, 1);
         if (!st) st = llmq_model_weight_f32(ly->k_norm, f->qk_norms + layer * 2 * Dh + Dh, 1);
     }
+    if (!st && f->post_norms) {
+        st = llmq_model_weight_f32(ly->attn_post_norm, f->post_norms + layer * 2 * D, 1);
+        if (!st) st = llmq_model_weight_f32(ly->ffn_post_norm, f->post_norms + layer * 2 * D + D, 1);
+    }
     return st;
 }
 
@@ -443,7 +480,8 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     f->norms = alloc_f32((2 * L + 1) * D, &ok);
     f->bias = hp->qkv_bias ? alloc_f32(L * (Dq + 2 * Dkv), &ok) : NULL;
     f->qk_norms = hp->qk_norm ? alloc_f32(L * 2 * Dh, &ok) : NULL;
-    f->ff = alloc_f32(Dh / 2, &ok);
+    f->post_norms = hp->gemma ? alloc_f32(L * 2 * D, &ok) : NULL;
+    f->ff = alloc_f32(Dh, &ok); // (Dh/2) factors, then (Dh/2) ones for the sliding layers' table
     f->xn = alloc_act(T * D, &ok);
     f->q = alloc_act(T * Dq, &ok);
     f->k = alloc_act(T * Dkv, &ok);
@@ -462,6 +500,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     if (!st) st = llmq_model_weight_f32(m->output_norm, f->norms + 2 * L * D, 1);
     if (st) goto fail;
     llmq_model_rope_freq_factors(m, f->ff);
+    for (int64_t i = Dh / 2; i < Dh; i++) f->ff[i] = 1.0f;
     *out = f;
     return LLMQ_OK;
 fail:
@@ -478,6 +517,9 @@ void llmq_forward_free(struct llmq_forward *f) {
     free(f->norms);
     free(f->bias);
     free(f->qk_norms);
+    free(f->post_norms);
+    free(f->swa_cos);
+    free(f->swa_sin);
     free(f->ff);
     free(f->rope_cos);
     free(f->rope_sin);
@@ -507,29 +549,51 @@ enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emul
     return LLMQ_OK;
 }
 
-// Grows the RoPE tables and the score buffers to sequences of seqlen tokens. The table follows
-// ggml_rope_cache_init: theta_i = pos * theta_scale^i (a running f32 product) / ff_i.
+// Fills cos / sin (seqlen, Dh/2) as ggml_rope_cache_init: theta_i = pos * theta_scale^i (a running f32
+// product) / ff_i / div (div: linear rope scaling's factor, else 1).
+static void fill_rope(const struct llmq_forward *f, float base, const float *ff, float div, int64_t seqlen, float *c,
+                      float *s) {
+    const int64_t half = f->m->hp.head_dim / 2;
+    const float theta_scale = powf(base, -2.0f / (float)f->m->hp.head_dim);
+    for (int64_t p = 0; p < seqlen; p++) {
+        float theta = (float)p;
+        for (int64_t i = 0; i < half; i++) {
+            float th = theta / ff[i];
+            if (div != 1.0f) th /= div;
+            c[p * half + i] = cosf(th);
+            s[p * half + i] = sinf(th);
+            theta *= theta_scale;
+        }
+    }
+}
+
+// True when the sliding layers need their own RoPE table (gemma: another base, or scaling on the global ones).
+static bool swa_table(const struct llmq_hparams *hp) {
+    return hp->gemma && (hp->rope_theta_swa != hp->rope_theta || hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR);
+}
+
+// Grows the RoPE tables and the score buffers to sequences of seqlen tokens.
 static enum llmq_status ensure_positions(struct llmq_forward *f, int64_t seqlen) {
     if (seqlen <= f->n_pos) return LLMQ_OK;
     const struct llmq_hparams *hp = &f->m->hp;
     const int64_t half = hp->head_dim / 2;
-    float *c = realloc(f->rope_cos, (size_t)(seqlen * half) * sizeof(float));
-    if (c) f->rope_cos = c;
-    float *s = c ? realloc(f->rope_sin, (size_t)(seqlen * half) * sizeof(float)) : NULL;
-    if (s) f->rope_sin = s;
-    float *sc = s ? realloc(f->scores, (size_t)((int64_t)f->n_threads * RB * seqlen) * sizeof(float)) : NULL;
+    const size_t tb = (size_t)(seqlen * half) * sizeof(float);
+    bool ok = true;
+    float **tabs[4] = {&f->rope_cos, &f->rope_sin, &f->swa_cos, &f->swa_sin};
+    for (int i = 0; i < (swa_table(hp) ? 4 : 2) && ok; i++) {
+        float *t = realloc(*tabs[i], tb);
+        if (t) *tabs[i] = t;
+        ok = t != NULL;
+    }
+    float *sc = ok ? realloc(f->scores, (size_t)((int64_t)f->n_threads * RB * seqlen) * sizeof(float)) : NULL;
     if (!sc)
         return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for sequences of %lld tokens", (long long)seqlen);
     f->scores = sc;
-    const float theta_scale = powf(hp->rope_theta, -2.0f / (float)hp->head_dim);
-    for (int64_t p = 0; p < seqlen; p++) {
-        float theta = (float)p;
-        for (int64_t i = 0; i < half; i++) {
-            const float th = theta / f->ff[i];
-            f->rope_cos[p * half + i] = cosf(th);
-            f->rope_sin[p * half + i] = sinf(th);
-            theta *= theta_scale;
-        }
+    const float div = hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR ? hp->rope_scaling.factor : 1.0f;
+    fill_rope(f, hp->rope_theta, f->ff, div, seqlen, f->rope_cos, f->rope_sin);
+    if (swa_table(hp)) {
+        float *ones = f->ff + half; // (Dh/2) ones after ff
+        fill_rope(f, hp->rope_theta_swa, ones, 1.0f, seqlen, f->swa_cos, f->swa_sin);
     }
     f->n_pos = seqlen;
     return LLMQ_OK;
@@ -548,9 +612,12 @@ enum llmq_status llmq_forward_embed(struct llmq_forward *f, const int32_t *token
                                "forward: token id %d at position %lld is outside the vocabulary [0, %lld)",
                                (int)tokens[i], (long long)i, (long long)m->hp.n_vocab);
     }
+    const float scale = sqrtf((float)D); // gemma: embeddings times sqrt(D) in f32, as ggml_scale / embed_scale
     for (int64_t i = 0; i < n; i++) {
         enum llmq_status st = llmq_model_rows_f32(m->tok_embd, tokens[i], 1, x + i * D);
         if (st) return st;
+        if (m->hp.gemma)
+            for (int64_t d = 0; d < D; d++) x[i * D + d] *= scale;
     }
     return LLMQ_OK;
 }
@@ -592,21 +659,34 @@ static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn,
         rms_rows(f, f->q, w, f->q, n * hp->n_head, Dh);
         rms_rows(f, f->k, w + Dh, f->k, n * hp->n_head_kv, Dh);
     }
-    struct rope_ctx rc = {f, f->q, f->k, n, seqlen};
+    const bool swa = llmq_hparams_layer_swa(hp, layer);
+    struct rope_ctx rc = {f,
+                          f->q,
+                          f->k,
+                          n,
+                          seqlen,
+                          swa && f->swa_cos ? f->swa_cos : f->rope_cos,
+                          swa && f->swa_sin ? f->swa_sin : f->rope_sin};
     parallel(threads_for(f, n * (Dq + Dkv) * 4), rope_worker, &rc);
     if (f->emulate) { // the F16 KV cache; Q to f16 as mul_mat(K f16, Q) does without flash attention
         llmq_actq_round_f16(f->k, n * Dkv);
         llmq_actq_round_f16(f->v, n * Dkv);
         if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(f->q, n * Dq);
     }
-    struct attn_ctx ac = {.f = f, .n_seq = n_seq, .seqlen = seqlen, .n_rb = (seqlen + RB - 1) / RB};
+    struct attn_ctx ac = {.f = f,
+                          .n_seq = n_seq,
+                          .seqlen = seqlen,
+                          .n_rb = (seqlen + RB - 1) / RB,
+                          .window = swa ? hp->sliding_window : 0};
     atomic_init(&ac.next, 0);
     int64_t attn_work = n_seq * hp->n_head * seqlen * seqlen * Dh;
     int nth = threads_for(f, attn_work);
     if (nth > n_seq * hp->n_head * ac.n_rb) nth = (int)(n_seq * hp->n_head * ac.n_rb);
     parallel(nth, attn_worker, &ac);
     call_hook(f, hook, user, layer, LLMQ_LIN_O, f->att, n, Dq);
-    return linear(f, ly->w[LLMQ_LIN_O], f->att, n, out, 0.0f);
+    if ((st = linear(f, ly->w[LLMQ_LIN_O], f->att, n, out, 0.0f))) return st;
+    if (f->post_norms) rms_norm(f, out, f->post_norms + layer * 2 * hp->n_embd, out, n); // gemma's post norm
+    return LLMQ_OK;
 }
 
 // out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) for xn (n, D).
@@ -617,10 +697,12 @@ static enum llmq_status mlp(struct llmq_forward *f, int layer, const float *xn, 
     enum llmq_status st;
     if ((st = linear(f, ly->w[LLMQ_LIN_GATE], xn, n, f->gate, 0.0f))) return st;
     if ((st = linear(f, ly->w[LLMQ_LIN_UP], xn, n, f->up, 0.0f))) return st;
-    struct swiglu_ctx sc = {f->gate, f->up, n * F};
+    struct swiglu_ctx sc = {f->gate, f->up, n * F, f->m->hp.gemma, f->emulate != LLMQ_EMULATE_NONE};
     parallel(threads_for(f, n * F * 8), swiglu_worker, &sc);
     call_hook(f, hook, user, layer, LLMQ_LIN_DOWN, f->gate, n, F);
-    return linear(f, ly->w[LLMQ_LIN_DOWN], f->gate, n, out, 0.0f);
+    if ((st = linear(f, ly->w[LLMQ_LIN_DOWN], f->gate, n, out, 0.0f))) return st;
+    if (f->post_norms) rms_norm(f, out, f->post_norms + (layer * 2 + 1) * f->m->hp.n_embd, out, n);
+    return LLMQ_OK;
 }
 
 // x += y, both (n) floats.
@@ -717,6 +799,9 @@ static enum llmq_status head(struct llmq_forward *f, const float *x, int64_t n, 
             if (st) return st;
         }
     }
+    const float cap = m->hp.final_softcap; // gemma: logits -> cap * tanh(logits / cap)
+    if (cap > 0.0f)
+        for (int64_t i = 0; i < n * V; i++) logits[i] = tanhf(logits[i] / cap) * cap;
     return LLMQ_OK;
 }
 

@@ -1,5 +1,5 @@
 /*
- * calib/model/forward.h — the CPU forward pass of a LLaMA-family decoder (calib/model/model.h), whole
+ * calib/model/forward.h — the CPU forward pass of a LLaMA-family or Gemma decoder (calib/model/model.h), whole
  * sequences at once (prefill), in f32.
  *
  * What it computes, per block (as llama.cpp's llm_build_llama / llm_build_qwen2 / qwen3 with an f32 KV cache):
@@ -12,6 +12,17 @@
  *   frequency when enabled), pairs (2i, 2i+1) for LLMQ_ROPE_NORM, (i, i+Dh/2) for LLMQ_ROPE_NEOX;
  *   Attn: causal, grouped-query (query head h reads kv head h / (H/Hkv)), scores · 1/sqrt(Dh),
  *   softmax in f32 (max subtracted, sum in double). Then logits = output · (RMSNorm(x) * output_norm).
+ *   gemma2 / gemma3 (modeling_gemma2.py / modeling_gemma3.py, llama.cpp src/models/gemma2.cpp, gemma3.cpp):
+ *     x0 = embedding * sqrt(D) (f32); every norm weight is 1 + w (calib/model/model.h);
+ *     h   = x + Npost_attn(Wo · Attn(...)),   out = h + Npost_ffw(Wdown · (GELU(Wgate·n2) * (Wup·n2)))
+ *     with GELU tanh-approximated (gelu_pytorch_tanh), scores · query_pre_attn_scalar^-1/2, then
+ *     s -> cap * tanh(s / cap) (gemma2's attn_softcap), keys limited to t - sliding_window < p <= t on the
+ *     sliding layers (formats/llama/arch.h "Gemma"; a window >= the sequence changes nothing, not a bit),
+ *     whose RoPE uses rope_theta_swa; the other layers' RoPE divides every angle by a linear scaling factor;
+ *     logits -> cap * tanh(logits / cap) (final_softcap). The emulation modes (llmq_forward_set_emulate)
+ *     also take GELU from ggml's f16 table (ggml-cpu vec.h ggml_vec_geglu_f32: f16(gelu(f16(x)))).
+ *     Measured: within 1.3e-6 of max |logit| of transformers (tests/py/test_gemma.py).
+ *   The sub-block functions below return the residual contributions (post norms included).
  *   RoPE angles follow ggml_rope_cache_init (theta_scale = base^(-2/Dh) multiplied pair by pair in
  *   f32). Measured: stories260K within 6.2e-6 of float64 reference logits; SmolLM2 f32 GGUF within
  *   8.3e-5 of llama.cpp's logits over 512 positions (tests/py/test_forward_oracle.py).
@@ -102,13 +113,14 @@ enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x,
 // llmq_forward_block bit for bit (tests/unit/test_awq.c).
 
 // out (n_seq * seqlen, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) of block
-// `layer` for the normed input xn (n_seq * seqlen, D) (not modified), n_seq * seqlen <= max_tokens.
-// out must not alias xn. Errors as llmq_forward_block.
+// `layer` for the normed input xn (n_seq * seqlen, D) (not modified), n_seq * seqlen <= max_tokens; gemma:
+// RMSNorm(that) * attn_post_norm. out must not alias xn. Errors as llmq_forward_block.
 enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
                                    float *out);
 
 // out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) of block `layer` for xn (n, D) (not modified),
-// 1 <= n <= max_tokens. out must not alias xn.
+// 1 <= n <= max_tokens; gemma: RMSNorm(Wdown · (GELU(Wgate·xn) * (Wup·xn))) * ffn_post_norm. out must not
+// alias xn.
 enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out);
 
 // y (n, D) = RMSNorm(x) * w for x (n, D), w (D) (the formula above). y may equal x. Any n >= 1

@@ -137,9 +137,9 @@ static enum llmq_status get_tensor(const struct llmq_model *m, const char *name,
 
 // What the forward pass (calib/model/forward.c) cannot run, though the hyper-parameter readers accept it.
 static enum llmq_status check_forward(const struct llmq_hparams *hp, const char *file) {
-    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: linear rope scaling is not supported (only none or llama3)",
-                           file);
+    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR && hp->arch != LLMQ_ARCH_GEMMA3)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: linear rope scaling is not supported (only none or llama3; linear for gemma3)", file);
     if (hp->attn_bias)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: attention_bias = true (an o_proj bias) is not supported", file);
     return LLMQ_OK;
@@ -440,6 +440,76 @@ static void quant_free(const struct llmq_model_quant *cq) {
     free(q);
 }
 
+// An HF gemma norm (w, any dtype) as an owned F32 view of 1 + w (calib/model/model.h "Hyper-parameters").
+static enum llmq_status shift_norm(struct llmq_model *m, const struct llmq_tensor_view **v) {
+    int64_t n = (*v)->shape[0];
+    float *d = malloc((size_t)n * sizeof *d);
+    if (!d) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
+    enum llmq_status st = llmq_model_rows_f32(*v, 0, 1, d);
+    if (st) {
+        free(d);
+        return st;
+    }
+    for (int64_t i = 0; i < n; i++) d[i] = 1.0f + d[i];
+    LLMQ_ASSERT(m->n_shifted < 1 + 6 * m->hp.n_layer);
+    m->shifted[m->n_shifted++] = (struct llmq_tensor_view){.name = (*v)->name,
+                                                           .dtype = LLMQ_DTYPE_F32,
+                                                           .n_dims = 1,
+                                                           .shape = {n, 1, 1, 1},
+                                                           .data = d,
+                                                           .nbytes = (size_t)n * sizeof *d};
+    *v = &m->shifted[m->n_shifted - 1];
+    return LLMQ_OK;
+}
+
+// A norm tensor of role `role` (shape (n)); an HF gemma model gets 1 + w (shift_norm).
+static enum llmq_status get_norm(struct llmq_model *m, bool hf, enum llmq_tensor_role role, int64_t layer, int64_t n,
+                                 const char *what, const struct llmq_tensor_view **out) {
+    char name[128];
+    enum llmq_status st =
+        get_tensor(m, llmq_tensor_full_name(m->hp.arch, role, layer, hf, name, sizeof name), true, 1, n, 0, what, out);
+    if (!st && hf && llmq_tensor_norm_shifted(m->hp.arch, role)) st = shift_norm(m, out);
+    return st;
+}
+
+// phi3: views of rows [r0, r0 + n) of the fused tensor t (R, C) as linear k of layer il.
+static enum llmq_status slice_rows(struct llmq_model *m, int il, int k, const struct llmq_tensor_view *t, int64_t r0,
+                                   int64_t n, const struct llmq_tensor_view **out) {
+    size_t row_bytes = 0;
+    if (!llmq_dtype_nbytes(t->dtype, t->shape[1], &row_bytes))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: rows of %s do not fit dtype %s", src_name(m), t->name,
+                           llmq_dtype_name(t->dtype));
+    struct llmq_tensor_view *v = &m->slices[(size_t)il * LLMQ_LIN_COUNT + (size_t)k];
+    *v = *t;
+    v->shape[0] = n;
+    v->data = (const uint8_t *)t->data + (size_t)r0 * row_bytes;
+    v->nbytes = (size_t)n * row_bytes;
+    v->file_offset = t->file_offset + (uint64_t)r0 * row_bytes;
+    *out = v;
+    return LLMQ_OK;
+}
+
+// phi3: the fused q/k/v and gate/up tensors of layer il, split into the linears' row ranges.
+static enum llmq_status bind_fused(struct llmq_model *m, bool hf, int il) {
+    const struct llmq_hparams *hp = &m->hp;
+    const int64_t D = hp->n_embd, F = hp->n_ff, Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
+    const struct llmq_tensor_view *qkv, *gu;
+    struct llmq_layer *L = &m->layers[il];
+    char name[128];
+    enum llmq_status st;
+    if ((st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_Q, il, hf, name, sizeof name),
+                         true, 2, Dq + 2 * Dkv, D, "(n_head + 2 n_head_kv) * head_dim, n_embd", &qkv)) ||
+        (st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_UP, il, hf, name, sizeof name),
+                         true, 2, 2 * F, D, "2 n_ff, n_embd", &gu)) ||
+        (st = slice_rows(m, il, LLMQ_LIN_Q, qkv, 0, Dq, &L->w[LLMQ_LIN_Q])) ||
+        (st = slice_rows(m, il, LLMQ_LIN_K, qkv, Dq, Dkv, &L->w[LLMQ_LIN_K])) ||
+        (st = slice_rows(m, il, LLMQ_LIN_V, qkv, Dq + Dkv, Dkv, &L->w[LLMQ_LIN_V])) ||
+        (st = slice_rows(m, il, LLMQ_LIN_GATE, gu, 0, F, &L->w[LLMQ_LIN_GATE])) ||
+        (st = slice_rows(m, il, LLMQ_LIN_UP, gu, F, F, &L->w[LLMQ_LIN_UP])))
+        return st;
+    return LLMQ_OK;
+}
+
 // Finds and checks every weight under its name in the source format (hf: HF spelling, else GGUF).
 static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
     const struct llmq_hparams *hp = &m->hp;
@@ -448,9 +518,19 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
     enum llmq_status st;
     char name[128];
 
-#define NAME(role, l) llmq_tensor_full_name((role), (l), hf, name, sizeof name)
+#define NAME(role, l) llmq_tensor_full_name(hp->arch, (role), (l), hf, name, sizeof name)
+    if (hf && hp->gemma && !(m->shifted = calloc((size_t)(1 + 6 * hp->n_layer), sizeof *m->shifted)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
+    const bool fused = llmq_arch_info_of(hp->arch)->fused;
+    if (fused && m->quant)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: a quantized %s directory (fused qkv_proj / gate_up_proj) is not "
+                           "supported yet",
+                           src_name(m), llmq_arch_name(hp->arch));
+    if (fused && !(m->slices = calloc((size_t)hp->n_layer * LLMQ_LIN_COUNT, sizeof *m->slices)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
     if ((st = get_tensor(m, NAME(LLMQ_T_TOK_EMBD, 0), true, 2, V, D, "n_vocab, n_embd", &m->tok_embd))) return st;
-    if ((st = get_tensor(m, NAME(LLMQ_T_OUTPUT_NORM, 0), true, 1, D, 0, "n_embd", &m->output_norm))) return st;
+    if ((st = get_norm(m, hf, LLMQ_T_OUTPUT_NORM, 0, D, "n_embd", &m->output_norm))) return st;
     if (hp->tied_embeddings)
         m->output = m->tok_embd;
     else if ((st = get_tensor(m, NAME(LLMQ_T_OUTPUT, 0), true, 2, V, D, "n_vocab, n_embd", &m->output)))
@@ -469,9 +549,15 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
                                          "n_embd, n_ff"};
     for (int il = 0; il < hp->n_layer; il++) {
         struct llmq_layer *L = &m->layers[il];
-        if ((st = get_tensor(m, NAME(LLMQ_T_ATTN_NORM, il), true, 1, D, 0, "n_embd", &L->attn_norm))) return st;
-        if ((st = get_tensor(m, NAME(LLMQ_T_FFN_NORM, il), true, 1, D, 0, "n_embd", &L->ffn_norm))) return st;
+        if ((st = get_norm(m, hf, LLMQ_T_ATTN_NORM, il, D, "n_embd", &L->attn_norm)) ||
+            (st = get_norm(m, hf, LLMQ_T_FFN_NORM, il, D, "n_embd", &L->ffn_norm)))
+            return st;
+        if (hp->gemma && ((st = get_norm(m, hf, LLMQ_T_ATTN_POST_NORM, il, D, "n_embd", &L->attn_post_norm)) ||
+                          (st = get_norm(m, hf, LLMQ_T_FFN_POST_NORM, il, D, "n_embd", &L->ffn_post_norm))))
+            return st;
+        if (fused && (st = bind_fused(m, hf, il))) return st;
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            if (fused && k != LLMQ_LIN_O && k != LLMQ_LIN_DOWN) continue; // bound by bind_fused
             NAME(LLMQ_T_LINEAR_0 + k, il);
             if (m->quant && !find_tensor(m, name)) { // an AWQ / GPTQ linear: dequantize it now
                 if ((st = dequant_linear(m, il, k, wshape[k][0], wshape[k][1], &L->w[k]))) return st;
@@ -487,9 +573,8 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
                     return st;
             }
         }
-        if (hp->qk_norm &&
-            ((st = get_tensor(m, NAME(LLMQ_T_ATTN_Q_NORM, il), true, 1, hp->head_dim, 0, "head_dim", &L->q_norm)) ||
-             (st = get_tensor(m, NAME(LLMQ_T_ATTN_K_NORM, il), true, 1, hp->head_dim, 0, "head_dim", &L->k_norm))))
+        if (hp->qk_norm && ((st = get_norm(m, hf, LLMQ_T_ATTN_Q_NORM, il, hp->head_dim, "head_dim", &L->q_norm)) ||
+                            (st = get_norm(m, hf, LLMQ_T_ATTN_K_NORM, il, hp->head_dim, "head_dim", &L->k_norm))))
             return st;
     }
 #undef NAME
@@ -535,7 +620,7 @@ static enum llmq_status load_hf(struct llmq_model *m) {
     char *cfg_path = NULL, *tok_path = NULL;
     enum llmq_status st;
     struct llmq_st_model *stm = NULL;
-    const char *emb_name = llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->hf;
+    const char *emb_name = llmq_tensor_hf_name(LLMQ_ARCH_LLAMA, LLMQ_T_TOK_EMBD); // the same in every family
 
     if ((st = llmq_hf_config_load(m->path, &cfg, &cfg_path))) goto done;
     if ((st = llmq_hparams_from_hf_config(cfg_path, cfg, 0, hp))) goto done;
@@ -611,6 +696,9 @@ void llmq_model_free(struct llmq_model *m) {
     if (!m) return;
     llmq_tokenizer_free(m->tok);
     quant_free(m->quant);
+    for (int64_t i = 0; i < m->n_shifted; i++) free((void *)m->shifted[i].data);
+    free(m->shifted);
+    free(m->slices);
     free(m->layers);
     llmq_gguf_free((struct llmq_gguf *)m->gguf);
     llmq_st_free((struct llmq_st_model *)m->st);

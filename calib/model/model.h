@@ -1,6 +1,6 @@
 /*
- * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2, qwen3) opened from a GGUF file or a
- * Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
+ * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3) opened from a
+ * GGUF file or a Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
  *
  * What it is: the loader that reads the architecture description (GGUF `<arch>.*` metadata, or
  * config.json), finds every tensor under its name in that source, checks every shape against the
@@ -27,8 +27,14 @@
  *     HF: takes n_vocab from model.embed_tokens.weight (vocab_size, when present, must agree); the
  *     weights from model.safetensors, model.safetensors.index.json, or the only *.safetensors file.
  *   sliding_window (mistral, qwen2) is ignored: attention is fully causal, which is exact for
- *   sequences no longer than the window. rope_type: NORM for a GGUF llama / mistral (llama.cpp
- *   permutes q/k rows so adjacent pairs rotate), NEOX otherwise.
+ *   sequences no longer than the window. gemma2 / gemma3 honour theirs (calib/model/forward.h).
+ *   phi3: qkv_proj / attn_qkv and gate_up_proj / ffn_up (formats/llama/arch.h "Phi-3") are split into row
+ *   ranges: layers[l].w[Q, K, V] and w[GATE, UP] are views of consecutive rows of the fused tensor (m->slices,
+ *   no copy). AWQ / GPTQ directories of phi3 are refused (their fused packed linears are not read yet).
+ *   Gemma norms: every norm view holds the weights the forward pass multiplies by, 1 + w (formats/llama/arch.h
+ *   "Gemma"): a GGUF stores them so; for an HF directory the loader makes owned F32 copies of 1 + w
+ *   (m->shifted; (D) or (Dh) floats per norm, computed in f32), and the HF writers store them minus 1. rope_type: NORM
+ * for a GGUF llama / mistral (llama.cpp permutes q/k rows so adjacent pairs rotate), NEOX otherwise.
  *
  * ---- Quantized HF directories (the outputs of `llmq quantize`, AutoAWQ, AutoGPTQ, GPTQModel) ---
  *   config.json "quantization_config" decides (absent or null: a plain model, which includes
@@ -81,7 +87,8 @@ struct llmq_layer {
     const struct llmq_tensor_view *attn_norm, *ffn_norm; // (D) RMSNorm weights
     const struct llmq_tensor_view *w[LLMQ_LIN_COUNT];    // W[out, in], shapes in the table above
     const struct llmq_tensor_view *bq, *bk, *bv;         // (H*Dh), (Hkv*Dh); NULL unless qwen2
-    const struct llmq_tensor_view *q_norm, *k_norm;      // (Dh) per-head RMSNorm weights; NULL unless qwen3
+    const struct llmq_tensor_view *q_norm, *k_norm;      // (Dh) per-head RMSNorm weights; NULL unless qwen3 / gemma3
+    const struct llmq_tensor_view *attn_post_norm, *ffn_post_norm; // (D) gemma: after attention / the MLP; else NULL
 };
 
 struct llmq_model {
@@ -95,9 +102,12 @@ struct llmq_model {
     bool from_gguf;
     const struct llmq_gguf *gguf;              // owned; NULL for HF
     const struct llmq_st_model *st;            // owned; NULL for GGUF
-    const char *arch_name;                     // "llama", "mistral", "qwen2", "qwen3" (static string)
+    const char *arch_name;                     // "llama", "mistral", ..., "gemma3" (static string)
     const struct llmq_tensor_view *rope_freqs; // (Dh/2) GGUF rope_freqs.weight (llama3 factors); else NULL
     const struct llmq_model_quant *quant;      // owned; non-NULL only for an AWQ / GPTQ directory
+    struct llmq_tensor_view *shifted;          // (n_shifted) owned F32 views of 1 + w: an HF gemma model's norms
+    int64_t n_shifted;
+    struct llmq_tensor_view *slices; // (n_layer, LLMQ_LIN_COUNT) phi3: row ranges of the fused tensors (data not owned)
 };
 
 // What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.

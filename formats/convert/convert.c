@@ -50,9 +50,10 @@ struct llmq_convert_opts llmq_convert_default_opts(void) {
 
 // Maps a tensor name to the other format. Returns the table index (out gets the new name, *layer
 // the block or -1), or -1 if the name is not in the table or its block is >= n_layer.
-static int map_name(const char *name, bool to_hf, int64_t n_layer, char *out, size_t out_size, int64_t *layer) {
-    int e = llmq_tensor_role_of(name, !to_hf, n_layer, layer);
-    if (e >= 0) llmq_tensor_full_name(e, *layer, to_hf, out, out_size);
+static int map_name(const struct llmq_hparams *hp, const char *name, bool to_hf, char *out, size_t out_size,
+                    int64_t *layer) {
+    int e = llmq_tensor_role_of(hp->arch, name, !to_hf, hp->n_layer, layer);
+    if (e >= 0) llmq_tensor_full_name(hp->arch, e, *layer, to_hf, out, out_size);
     return e;
 }
 
@@ -73,6 +74,7 @@ struct job {
     enum llmq_dtype dtype;              // output dtype (F32 / F16 / BF16)
     int n_dims;
     int64_t shape[LLMQ_MAX_DIMS]; // outermost first (== the input's)
+    float shift;                  // added to every value in f32 (gemma norms: +1 to GGUF, -1 to HF), else 0
     int64_t perm_heads;           // q/k permutation with this many heads; 0 = rows in order
     bool to_gguf;                 // direction of the permutation
 };
@@ -173,8 +175,8 @@ static enum llmq_status run_job(const struct job *j, struct sink *s, struct work
     enum llmq_status st = LLMQ_OK;
     job_rc(j, &R, &C);
     if (R == 0 || C == 0) return LLMQ_OK;
-    llmq_dtype_nbytes(sd, C, &row_bytes);   // checked by job_check
-    if (!j->perm_heads && sd == j->dtype) { // same bytes: copy straight from the mapping
+    llmq_dtype_nbytes(sd, C, &row_bytes);                       // checked by job_check
+    if (!j->perm_heads && sd == j->dtype && j->shift == 0.0f) { // same bytes: copy straight from the mapping
         size_t total = row_bytes * (size_t)R;
         for (size_t off = 0; off < total && !st; off += RAW_CHUNK_BYTES) {
             size_t n = total - off < RAW_CHUNK_BYTES ? total - off : RAW_CHUNK_BYTES;
@@ -196,6 +198,8 @@ static enum llmq_status run_job(const struct job *j, struct sink *s, struct work
             }
         }
         if (st) break;
+        if (j->shift != 0.0f)
+            for (int64_t i = 0; i < nr * C; i++) w->f[i] += j->shift;
         if (j->dtype == LLMQ_DTYPE_F32) {
             st = sink_write(s, w->f, (size_t)(nr * C) * 4);
         } else {
@@ -280,6 +284,8 @@ static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) 
     case LLMQ_T_OUTPUT_NORM:
     case LLMQ_T_ATTN_NORM:
     case LLMQ_T_FFN_NORM: return shape[0] = D, 1;
+    case LLMQ_T_ATTN_POST_NORM:
+    case LLMQ_T_FFN_POST_NORM: return hp->gemma ? (shape[0] = D, 1) : 0;
     case LLMQ_T_BIAS_Q:
     case LLMQ_T_BIAS_K:
     case LLMQ_T_BIAS_V:
@@ -290,9 +296,13 @@ static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) 
     case LLMQ_T_ATTN_Q_NORM:
     case LLMQ_T_ATTN_K_NORM: return hp->qk_norm ? (shape[0] = hp->head_dim, 1) : 0;
     default:
-        if (i >= LLMQ_T_LINEAR_0 && i < LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT)
-            return shape[0] = lin[i - LLMQ_T_LINEAR_0][0], shape[1] = lin[i - LLMQ_T_LINEAR_0][1], 2;
-        return 0;
+        if (i < LLMQ_T_LINEAR_0 || i >= LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT) return 0;
+        if (llmq_arch_info_of(hp->arch)->fused) { // phi3: q is q, k, v; up is gate, up; no k, v, gate of their own
+            if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_Q) return shape[0] = q + 2 * kv, shape[1] = D, 2;
+            if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP) return shape[0] = 2 * F, shape[1] = D, 2;
+            if (i != LLMQ_T_LINEAR_0 + LLMQ_LIN_O && i != LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN) return 0;
+        }
+        return shape[0] = lin[i - LLMQ_T_LINEAR_0][0], shape[1] = lin[i - LLMQ_T_LINEAR_0][1], 2;
     }
 }
 
@@ -326,7 +336,7 @@ static enum llmq_status check_complete(const char *path, const struct llmq_hpara
             if (!seen[(size_t)l * N_NAMES + (size_t)i]) {
                 char nm[128];
                 return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", path,
-                                   llmq_tensor_full_name(i, l, !to_hf, nm, sizeof nm));
+                                   llmq_tensor_full_name(hp->arch, i, l, !to_hf, nm, sizeof nm));
             }
     }
     return LLMQ_OK;
@@ -410,7 +420,7 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
             goto done;
         }
-        int e = map_name(tv->name, true, hp.n_layer, j->name, sizeof(j->name), &layer);
+        int e = map_name(&hp, tv->name, true, j->name, sizeof(j->name), &layer);
         if (e < 0) {
             st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has no Hugging Face name (not a %s tensor)", in,
                              tv->name, llmq_arch_name(hp.arch));
@@ -423,6 +433,7 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
         j->n_dims = tv->n_dims;
         memcpy(j->shape, tv->shape, sizeof(j->shape));
         j->perm_heads = qk_heads(&hp, e);
+        j->shift = llmq_tensor_norm_shifted(hp.arch, e) ? -1.0f : 0.0f;
         if ((st = job_check(in, j))) goto done;
     }
     if ((st = check_complete(in, &hp, seen, true))) goto done;
@@ -470,7 +481,7 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
     enum llmq_status st;
 
     // ---- plan
-    if ((st = llmq_hf_hparams_from_dir(in, &cfg, &hp))) goto done;
+    if ((st = llmq_hf_hparams_from_dir(in, &cfg, &hp)) || (st = llmq_hparams_check_gguf(&hp, in))) goto done;
     if ((st = llmq_st_open(in, &m))) goto done;
     if ((st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v))) goto done;
     if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool)))) {
@@ -496,7 +507,7 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
         char gname[128];
         const char *dot = strrchr(tv->name, '.');
         if (dot && !strcmp(dot, ".inv_freq")) continue; // rotary buffers of old checkpoints
-        int e = map_name(tv->name, false, hp.n_layer, gname, sizeof(gname), &layer);
+        int e = map_name(&hp, tv->name, false, gname, sizeof(gname), &layer);
         if (e < 0) {
             st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has no GGUF name (not a %s tensor)", in, tv->name,
                              llmq_arch_name(hp.arch));
@@ -523,6 +534,7 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
             j->perm_heads = qk_heads(&hp, e);
             j->to_gguf = true;
         }
+        j->shift = llmq_tensor_norm_shifted(hp.arch, e) ? 1.0f : 0.0f; // conversion/gemma.py: norm weights + 1
         if ((st = job_check(in, j))) goto done;
     }
     if ((st = check_complete(in, &hp, seen, false))) goto done;

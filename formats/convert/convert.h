@@ -21,9 +21,12 @@
  *
  * Architectures: GGUF "llama" (llama, mistral, stories260K, SmolLM2), "qwen2" (q/k/v biases, no
  * permutation: NEOX RoPE in both formats) and "qwen3" (no biases, per-head q_norm / k_norm, no
- * permutation); HF model_type "llama", "mistral" (written as GGUF "llama", as llama.cpp does),
- * "qwen2" and "qwen3". Anything else (GGUF "mistral" included):
- * LLMQ_ERR_UNSUPPORTED naming it.
+ * permutation), "gemma2" and "gemma3" (post norms, norm weights stored as 1 + w: HF -> GGUF adds 1 to every
+ * norm weight in f32 as conversion/gemma.py does, GGUF -> HF subtracts it, so a round trip gives w back within
+ * 2^-23; the window / soft-capping / local RoPE keys as formats/llama/arch.h "Gemma"); HF model_type "llama",
+ * "mistral" (written as GGUF "llama", as llama.cpp does), "qwen2", "qwen3", "gemma2" and "gemma3_text".
+ * Anything else (GGUF "mistral" included): LLMQ_ERR_UNSUPPORTED naming it; so is a Gemma model a GGUF cannot
+ * express (formats/llama/arch.h llmq_hparams_to_gguf).
  * Hyper-parameters: read and written by formats/llama/arch.h ("Hyper-parameters": the GGUF keys and
  * config.json keys, defaults and checks); here an absent context length is written as 2048 and HF
  * vocab_size is required.

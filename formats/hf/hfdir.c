@@ -88,7 +88,8 @@ enum llmq_status llmq_hf_hparams_from_gguf(const struct llmq_gguf *g, struct llm
     enum llmq_status st = llmq_hparams_from_gguf(g, N_CTX_ABSENT, hp);
     if (st) return st;
     if (hp->arch == LLMQ_ARCH_MISTRAL)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: architecture \"%s\" is not supported (llama, qwen2, qwen3)", path,
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: architecture \"%s\" is not supported (llama, qwen2, qwen3, gemma2, gemma3, phi3)", path,
                            llmq_arch_name(hp->arch));
     const struct llmq_gguf_tensor *rf = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_FREQS);
     if (!rf) return LLMQ_OK;

@@ -7,25 +7,31 @@
 #include <stdio.h>
 #include <string.h>
 
+// {gguf, hf, hf_gemma, per_block, linear, qk_rows, gemma_only, norm}
 static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
-    [LLMQ_T_TOK_EMBD] = {"token_embd.weight", "model.embed_tokens.weight", false, -1, false},
-    [LLMQ_T_OUTPUT_NORM] = {"output_norm.weight", "model.norm.weight", false, -1, false},
-    [LLMQ_T_OUTPUT] = {"output.weight", "lm_head.weight", false, -1, false},
-    [LLMQ_T_ATTN_NORM] = {"attn_norm.weight", "input_layernorm.weight", true, -1, false},
-    [LLMQ_T_FFN_NORM] = {"ffn_norm.weight", "post_attention_layernorm.weight", true, -1, false},
-    [LLMQ_T_LINEAR_0 + LLMQ_LIN_Q] = {"attn_q.weight", "self_attn.q_proj.weight", true, LLMQ_LIN_Q, true},
-    [LLMQ_T_LINEAR_0 + LLMQ_LIN_K] = {"attn_k.weight", "self_attn.k_proj.weight", true, LLMQ_LIN_K, true},
-    [LLMQ_T_LINEAR_0 + LLMQ_LIN_V] = {"attn_v.weight", "self_attn.v_proj.weight", true, LLMQ_LIN_V, false},
-    [LLMQ_T_LINEAR_0 + LLMQ_LIN_O] = {"attn_output.weight", "self_attn.o_proj.weight", true, LLMQ_LIN_O, false},
-    [LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE] = {"ffn_gate.weight", "mlp.gate_proj.weight", true, LLMQ_LIN_GATE, false},
-    [LLMQ_T_LINEAR_0 + LLMQ_LIN_UP] = {"ffn_up.weight", "mlp.up_proj.weight", true, LLMQ_LIN_UP, false},
-    [LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN] = {"ffn_down.weight", "mlp.down_proj.weight", true, LLMQ_LIN_DOWN, false},
-    [LLMQ_T_BIAS_Q] = {"attn_q.bias", "self_attn.q_proj.bias", true, LLMQ_LIN_Q, true},
-    [LLMQ_T_BIAS_K] = {"attn_k.bias", "self_attn.k_proj.bias", true, LLMQ_LIN_K, true},
-    [LLMQ_T_BIAS_V] = {"attn_v.bias", "self_attn.v_proj.bias", true, LLMQ_LIN_V, false},
-    [LLMQ_T_BIAS_O] = {"attn_output.bias", "self_attn.o_proj.bias", true, LLMQ_LIN_O, false},
-    [LLMQ_T_ATTN_Q_NORM] = {"attn_q_norm.weight", "self_attn.q_norm.weight", true, -1, false},
-    [LLMQ_T_ATTN_K_NORM] = {"attn_k_norm.weight", "self_attn.k_norm.weight", true, -1, false},
+    [LLMQ_T_TOK_EMBD] = {"token_embd.weight", "model.embed_tokens.weight", NULL, false, -1, false, false, false},
+    [LLMQ_T_OUTPUT_NORM] = {"output_norm.weight", "model.norm.weight", NULL, false, -1, false, false, true},
+    [LLMQ_T_OUTPUT] = {"output.weight", "lm_head.weight", NULL, false, -1, false, false, false},
+    [LLMQ_T_ATTN_NORM] = {"attn_norm.weight", "input_layernorm.weight", NULL, true, -1, false, false, true},
+    [LLMQ_T_FFN_NORM] = {"ffn_norm.weight", "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight", true,
+                         -1, false, false, true},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_Q] = {"attn_q.weight", "self_attn.q_proj.weight", NULL, true, LLMQ_LIN_Q, true},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_K] = {"attn_k.weight", "self_attn.k_proj.weight", NULL, true, LLMQ_LIN_K, true},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_V] = {"attn_v.weight", "self_attn.v_proj.weight", NULL, true, LLMQ_LIN_V, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_O] = {"attn_output.weight", "self_attn.o_proj.weight", NULL, true, LLMQ_LIN_O, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE] = {"ffn_gate.weight", "mlp.gate_proj.weight", NULL, true, LLMQ_LIN_GATE, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_UP] = {"ffn_up.weight", "mlp.up_proj.weight", NULL, true, LLMQ_LIN_UP, false},
+    [LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN] = {"ffn_down.weight", "mlp.down_proj.weight", NULL, true, LLMQ_LIN_DOWN, false},
+    [LLMQ_T_BIAS_Q] = {"attn_q.bias", "self_attn.q_proj.bias", NULL, true, LLMQ_LIN_Q, true},
+    [LLMQ_T_BIAS_K] = {"attn_k.bias", "self_attn.k_proj.bias", NULL, true, LLMQ_LIN_K, true},
+    [LLMQ_T_BIAS_V] = {"attn_v.bias", "self_attn.v_proj.bias", NULL, true, LLMQ_LIN_V, false},
+    [LLMQ_T_BIAS_O] = {"attn_output.bias", "self_attn.o_proj.bias", NULL, true, LLMQ_LIN_O, false},
+    [LLMQ_T_ATTN_Q_NORM] = {"attn_q_norm.weight", "self_attn.q_norm.weight", NULL, true, -1, false, false, true},
+    [LLMQ_T_ATTN_K_NORM] = {"attn_k_norm.weight", "self_attn.k_norm.weight", NULL, true, -1, false, false, true},
+    [LLMQ_T_ATTN_POST_NORM] = {"post_attention_norm.weight", "post_attention_layernorm.weight", NULL, true, -1, false,
+                               true, true},
+    [LLMQ_T_FFN_POST_NORM] = {"post_ffw_norm.weight", "post_feedforward_layernorm.weight", NULL, true, -1, false, true,
+                              true},
 };
 
 // The linears' stems: the table's weight names without ".weight", and the short names.
@@ -44,9 +50,36 @@ const struct llmq_tensor_name *llmq_tensor_name_of(enum llmq_tensor_role role) {
     return &table[role];
 }
 
-char *llmq_tensor_full_name(enum llmq_tensor_role role, int64_t layer, bool hf, char *buf, size_t size) {
+static bool arch_gemma(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT && llmq_arch_info_of(a)->gemma; }
+
+static bool arch_fused(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT && llmq_arch_info_of(a)->fused; }
+
+// The name of table row i in family a (NULL: not a tensor of a).
+static const char *row_name(enum llmq_arch a, int i, bool hf) {
+    const struct llmq_tensor_name *t = &table[i];
+    if (t->gemma_only && !arch_gemma(a)) return NULL;
+    if (arch_fused(a)) { // phi3: q holds q, k, v; up holds gate, up (formats/llama/arch.h "Phi-3")
+        if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_Q) return hf ? "self_attn.qkv_proj.weight" : "attn_qkv.weight";
+        if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP) return hf ? "mlp.gate_up_proj.weight" : "ffn_up.weight";
+        if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_K || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_V ||
+            i == LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE)
+            return NULL;
+    }
+    if (!hf) return t->gguf;
+    return arch_gemma(a) && t->hf_gemma ? t->hf_gemma : t->hf;
+}
+
+const char *llmq_tensor_hf_name(enum llmq_arch a, enum llmq_tensor_role role) {
+    LLMQ_ASSERT((unsigned)role < LLMQ_T_COUNT);
+    const char *n = row_name(a, role, true);
+    return n ? n : table[role].hf;
+}
+
+char *llmq_tensor_full_name(enum llmq_arch a, enum llmq_tensor_role role, int64_t layer, bool hf, char *buf,
+                            size_t size) {
     const struct llmq_tensor_name *t = llmq_tensor_name_of(role);
-    const char *n = hf ? t->hf : t->gguf;
+    const char *n = row_name(a, role, hf);
+    if (!n) n = hf ? t->hf : t->gguf;
     if (t->per_block)
         snprintf(buf, size, "%s%lld.%s", hf ? HF_BLOCK : GGUF_BLOCK, (long long)layer, n);
     else
@@ -54,7 +87,7 @@ char *llmq_tensor_full_name(enum llmq_tensor_role role, int64_t layer, bool hf, 
     return buf;
 }
 
-int llmq_tensor_role_of(const char *name, bool hf, int64_t n_layer, int64_t *layer) {
+int llmq_tensor_role_of(enum llmq_arch a, const char *name, bool hf, int64_t n_layer, int64_t *layer) {
     const char *prefix = hf ? HF_BLOCK : GGUF_BLOCK;
     size_t plen = strlen(prefix);
     *layer = -1;
@@ -64,15 +97,29 @@ int llmq_tensor_role_of(const char *name, bool hf, int64_t n_layer, int64_t *lay
         for (end = p; *end >= '0' && *end <= '9' && end - p < 6; end++) l = l * 10 + (*end - '0');
         if (end == p || *end != '.' || (end - p > 1 && *p == '0') || l >= n_layer) return -1;
         for (int i = 0; i < LLMQ_T_COUNT; i++) {
-            if (!table[i].per_block || strcmp(end + 1, hf ? table[i].hf : table[i].gguf) != 0) continue;
+            const char *n = row_name(a, i, hf);
+            if (!table[i].per_block || !n || strcmp(end + 1, n) != 0) continue;
             *layer = l;
             return i;
         }
         return -1;
     }
-    for (int i = 0; i < LLMQ_T_COUNT; i++)
-        if (!table[i].per_block && strcmp(name, hf ? table[i].hf : table[i].gguf) == 0) return i;
+    for (int i = 0; i < LLMQ_T_COUNT; i++) {
+        const char *n = row_name(a, i, hf);
+        if (!table[i].per_block && n && strcmp(name, n) == 0) return i;
+    }
     return -1;
+}
+
+bool llmq_tensor_norm_shifted(enum llmq_arch a, enum llmq_tensor_role role) {
+    return arch_gemma(a) && (unsigned)role < LLMQ_T_COUNT && table[role].norm;
+}
+
+bool llmq_hparams_layer_swa(const struct llmq_hparams *hp, int64_t il) {
+    if (hp->arch == LLMQ_ARCH_PHI3) return hp->sliding_window > 0; // every layer (modeling_phi3.py)
+    if (!hp->gemma) return false;
+    int64_t n = hp->swa_pattern;
+    return n == 0 || il % n < n - 1;
 }
 
 const char *llmq_linear_gguf_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_gguf[l] : "?"; }
@@ -84,11 +131,15 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 }
 const char *llmq_linear_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_short[l] : "?"; }
 
+// {name, hf_model_type, hf_class, gguf_name, qk_permuted, qkv_bias, qk_norm, gemma, always_tied, swa_pattern, fused}
 static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
-    [LLMQ_ARCH_LLAMA] = {"llama", "LlamaForCausalLM", "llama", true, false, false},
-    [LLMQ_ARCH_MISTRAL] = {"mistral", "MistralForCausalLM", "llama", true, false, false},
-    [LLMQ_ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false},
-    [LLMQ_ARCH_QWEN3] = {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true},
+    [LLMQ_ARCH_LLAMA] = {"llama", "llama", "LlamaForCausalLM", "llama", true, false, false, false, false, 0},
+    [LLMQ_ARCH_MISTRAL] = {"mistral", "mistral", "MistralForCausalLM", "llama", true, false, false, false, false, 0},
+    [LLMQ_ARCH_QWEN2] = {"qwen2", "qwen2", "Qwen2ForCausalLM", "qwen2", false, true, false, false, false, 0},
+    [LLMQ_ARCH_QWEN3] = {"qwen3", "qwen3", "Qwen3ForCausalLM", "qwen3", false, false, true, false, false, 0},
+    [LLMQ_ARCH_GEMMA2] = {"gemma2", "gemma2", "Gemma2ForCausalLM", "gemma2", false, false, false, true, true, 2},
+    [LLMQ_ARCH_GEMMA3] = {"gemma3", "gemma3_text", "Gemma3ForCausalLM", "gemma3", false, false, true, true, false, 6},
+    [LLMQ_ARCH_PHI3] = {"phi3", "phi3", "Phi3ForCausalLM", "phi3", false, false, false, false, false, 0, true},
 };
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a) {
@@ -98,9 +149,13 @@ const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a) {
 
 const char *llmq_arch_name(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT ? archs[a].name : "?"; }
 
-int llmq_arch_find(const char *s, bool hf_class) {
-    for (int a = 0; a < LLMQ_ARCH_COUNT; a++)
-        if (strcmp(s, hf_class ? archs[a].hf_class : archs[a].name) == 0) return a;
+int llmq_arch_find(const char *s, enum llmq_arch_key key) {
+    for (int a = 0; a < LLMQ_ARCH_COUNT; a++) {
+        const char *n = key == LLMQ_ARCH_KEY_HF_CLASS  ? archs[a].hf_class
+                        : key == LLMQ_ARCH_KEY_HF_TYPE ? archs[a].hf_model_type
+                                                       : archs[a].name;
+        if (strcmp(s, n) == 0) return a;
+    }
     return -1;
 }
 

@@ -1,8 +1,8 @@
 /*
  * formats/llama/arch.h — the one description of the LLaMA-family architectures llmq reads and writes
- * (llama, mistral, qwen2, qwen3): the architecture enum, the hyper-parameters, the tensor-name table (llmq
- * role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k rows permuted and the row map
- * of that permutation, and the llama3 RoPE frequency factors.
+ * (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3): the architecture enum, the hyper-parameters, the tensor-name
+ * table (llmq role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k rows permuted and the row
+ * map of that permutation, the llama3 RoPE frequency factors, and the Gemma block's rules.
  *
  * What it is: facts about the architectures, shared by the model loader (calib/model/model.h), the
  * converter (formats/convert/convert.h), the calibration files (calib/calib.h) and the quantized-model
@@ -28,10 +28,38 @@
  *   blk.N.ffn_down.weight      model.layers.N.mlp.down_proj.weight            (D, F)
  *   blk.N.attn_{q,k,v,output}.bias  model.layers.N.self_attn.{q,k,v,o}_proj.bias  (qwen2: q, k, v;
  *                                   llama with attention_bias: all four — converter only)
- *   blk.N.attn_q_norm.weight   model.layers.N.self_attn.q_norm.weight         (Dh)  qwen3: RMSNorm of each
- *   blk.N.attn_k_norm.weight   model.layers.N.self_attn.k_norm.weight         (Dh)  q / k head before RoPE
+ *   blk.N.attn_q_norm.weight   model.layers.N.self_attn.q_norm.weight         (Dh)  qwen3, gemma3: RMSNorm of
+ *   blk.N.attn_k_norm.weight   model.layers.N.self_attn.k_norm.weight         (Dh)  each q / k head before RoPE
+ *   gemma2 / gemma3 (four norms per block; the HF names of the two families differ from llama's):
+ *   blk.N.attn_norm.weight          model.layers.N.input_layernorm.weight            (D) before attention
+ *   blk.N.post_attention_norm.weight model.layers.N.post_attention_layernorm.weight  (D) after attention
+ *   blk.N.ffn_norm.weight           model.layers.N.pre_feedforward_layernorm.weight  (D) before the MLP
+ *   blk.N.post_ffw_norm.weight      model.layers.N.post_feedforward_layernorm.weight (D) after the MLP
  *   Names as llama.cpp's gguf-py (gguf/constants.py MODEL_TENSOR) and transformers' modeling_llama.py
- *   / modeling_qwen2.py / modeling_qwen3.py state them.
+ *   / modeling_qwen2.py / modeling_qwen3.py / modeling_gemma2.py / modeling_gemma3.py state them.
+ *
+ * ---- Phi-3 (phi3: modeling_phi3.py, llama.cpp src/models/phi3.cpp, conversion/phi.py) -------------------
+ *   blk.N.attn_qkv.weight      model.layers.N.self_attn.qkv_proj.weight       (H*Dh + 2*Hkv*Dh, D) q, k, v rows
+ *   blk.N.ffn_up.weight        model.layers.N.mlp.gate_up_proj.weight         (2F, D) gate rows, then up rows
+ *   (the roles LLMQ_T_LINEAR_0 + LLMQ_LIN_Q and + LLMQ_LIN_UP carry these names and shapes in phi3; K, V and GATE
+ *   have no tensor of their own: the loader (calib/model/model.h) gives them row ranges of the fused ones.)
+ *   RoPE NEOX in both formats, no permutation. rope_scaling "longrope" / "su" (short / long factors) is refused,
+ *   as is partial_rotary_factor != 1. The sliding window (HF sliding_window, every layer) is honoured for an HF
+ *   model; a GGUF has none (llama.cpp's phi3 disables it). Quantized output is not written yet.
+ *
+ * ---- Gemma (gemma2, gemma3: modeling_gemma2.py / modeling_gemma3.py, llama.cpp src/models/gemma2.cpp,
+ *      gemma3.cpp, conversion/gemma.py) ---------------------------------------------------------
+ *   Norm weights: HF stores w and computes x_normed * (1 + w); GGUF stores 1 + w (convert_hf_to_gguf.py
+ *   adds 1 to every "*norm.weight", q/k norms included). llmq's model (calib/model/model.h) holds 1 + w
+ *   in both cases; the converter adds / subtracts 1 in f32 (formats/convert/convert.h).
+ *   Layer il uses the sliding window iff swa_pattern == 0 or il % swa_pattern < swa_pattern - 1 (llama.cpp
+ *   llama_hparams::set_swa_pattern; transformers' layer_types default: "sliding_attention" unless
+ *   (il + 1) % pattern == 0), gemma2's pattern 2, gemma3's 6. A query at position t sees the keys at
+ *   positions t - sliding_window < p <= t on those layers (masking_utils.sliding_window_overlay,
+ *   llama_hparams::is_masked_swa). gemma3: sliding layers use rope_theta_swa (rope_local_base_freq) and
+ *   no rope scaling; the others rope_theta and rope_scaling (linear). sliding_window 0 (HF null): no mask, the
+ *   layers keep their RoPE (transformers); a GGUF without the window has no sliding layers (llama.cpp's gemma3:
+ *   swa_pattern 1 on reading), so such an HF model converts only when both RoPEs are the same.
  *
  * ---- Q/K row permutation ------------------------------------------------------------------------
  *   llama.cpp's convert_hf_to_gguf.py (LlamaModel.permute) reorders the rows of q_proj / k_proj (and
@@ -64,9 +92,22 @@
  *   tied_embeddings  no output.weight tensor              tie_word_embeddings              false
  *   attn_bias        a blk.0.attn_q.bias tensor           attention_bias                   false
  *                    (not for qkv_bias families)          (not for qkv_bias families)
- *   qkv_bias, qk_norm, rope_type: from the family (struct llmq_arch_info); rope_type NORM only for a GGUF whose q/k
- *   rows are permuted. config.json also: hidden_act must be "silu", mlp_bias must be false. null counts as
- *   absent in config.json. Keys as llama.cpp's gguf-py (gguf/constants.py Keys.LLM / Keys.Attention /
+ *   gemma2 / gemma3 only:
+ *   attn_softcap     attn_logit_softcapping               attn_logit_softcapping           0 (none)
+ *   final_softcap    final_logit_softcapping              final_logit_softcapping          0 (none)
+ *   query_pre_attn_scalar  (no key: llama.cpp derives it) query_pre_attn_scalar            head_dim
+ *                    head_dim, or n_embd / n_head for the 27B shapes (gemma2 46 layers, gemma3 62)
+ *   sliding_window   attention.sliding_window             sliding_window                   gemma2 4096 / 0
+ *   swa_pattern      attention.sliding_window_pattern     layer_types (a period n: see     the family's
+ *                    (u32)                                "Gemma"), else sliding_window_pattern
+ *   rope_theta_swa   rope.freq_base_swa                   gemma3: rope_parameters.sliding_attention.rope_theta
+ *                                                         or rope_local_base_freq (10000); gemma2: rope_theta
+ *                    (gemma3 in transformers 5: rope_parameters.full_attention holds rope_theta / the scaling)
+ *   tied_embeddings  gemma2: always (llama.cpp never reads output.weight); tie_word_embeddings false refused
+ *   qkv_bias, qk_norm, gemma, rope_type: from the family (struct llmq_arch_info); rope_type NORM only for a GGUF
+ *   whose q/k rows are permuted. config.json also: hidden_act must be "silu" (gemma: hidden_activation or
+ *   hidden_act "gelu_pytorch_tanh"), mlp_bias must be false, use_bidirectional_attention not true. null counts
+ *   as absent in config.json. Keys as llama.cpp's gguf-py (gguf/constants.py Keys.LLM / Keys.Attention /
  *   Keys.Rope) and transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config (defaults) state them.
  *   Checks (llmq_hparams_check, run by both readers): every dim in [1, 2^24], n_layer <= 4096, n_head a
  *   multiple of n_head_kv, head_dim even, n_head * head_dim <= 2^24, rms_eps and rope_theta finite and
@@ -85,17 +126,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum llmq_arch { LLMQ_ARCH_LLAMA, LLMQ_ARCH_MISTRAL, LLMQ_ARCH_QWEN2, LLMQ_ARCH_QWEN3, LLMQ_ARCH_COUNT };
-#define LLMQ_ARCH_NAMES "llama, mistral, qwen2, qwen3" // the families, for messages
+enum llmq_arch {
+    LLMQ_ARCH_LLAMA,
+    LLMQ_ARCH_MISTRAL,
+    LLMQ_ARCH_QWEN2,
+    LLMQ_ARCH_QWEN3,
+    LLMQ_ARCH_GEMMA2,
+    LLMQ_ARCH_GEMMA3,
+    LLMQ_ARCH_PHI3,
+    LLMQ_ARCH_COUNT
+};
+#define LLMQ_ARCH_NAMES "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3" // the families, for messages
 
 // One row per family.
 struct llmq_arch_info {
-    const char *name;      // HF model_type and the GGUF general.architecture read ("mistral")
-    const char *hf_class;  // HF architectures[0] ("MistralForCausalLM")
-    const char *gguf_name; // general.architecture written (convert_hf_to_gguf.py writes mistral as "llama")
-    bool qk_permuted;      // GGUF stores q/k rows permuted (see "Q/K row permutation"): RoPE NORM there
-    bool qkv_bias;         // q, k and v projections always carry biases
-    bool qk_norm;          // RMSNorm (weights (Dh), eps rms_eps) of every q and k head before RoPE
+    const char *name;          // the GGUF general.architecture read ("mistral"), and llmq's name of the family
+    const char *hf_model_type; // HF config.json model_type ("gemma3_text" for gemma3's text model)
+    const char *hf_class;      // HF architectures[0] ("MistralForCausalLM")
+    const char *gguf_name;     // general.architecture written (convert_hf_to_gguf.py writes mistral as "llama")
+    bool qk_permuted;          // GGUF stores q/k rows permuted (see "Q/K row permutation"): RoPE NORM there
+    bool qkv_bias;             // q, k and v projections always carry biases
+    bool qk_norm;              // RMSNorm (weights (Dh), eps rms_eps) of every q and k head before RoPE
+    bool gemma;                // the Gemma block (see "Gemma"): sqrt(D)-scaled embeddings, (1 + w) norms in HF,
+                               // post-attention / post-feed-forward norms, GeGLU (tanh GELU), sliding window
+    bool always_tied;          // the GGUF head is always token_embd (llama.cpp's gemma2 ignores output.weight)
+    int swa_pattern;           // default period of the sliding-window layers (see "Gemma"); 0: no sliding window
+    bool fused;                // q/k/v and gate/up stored as one tensor each (see "Phi-3")
 };
 
 // How RoPE pairs the dimensions of one head of Dh values.
@@ -124,8 +180,16 @@ struct llmq_hparams {
     } rope_scaling;
     bool tied_embeddings;
     bool qkv_bias;  // q, k, v biases (the family's: qwen2)
-    bool qk_norm;   // q_norm / k_norm per head (the family's: qwen3)
+    bool qk_norm;   // q_norm / k_norm per head (the family's: qwen3, gemma3)
     bool attn_bias; // attention_bias of the other families: q, k, v and o biases (the forward pass refuses them)
+    bool gemma;     // the Gemma block (the family's): see "Gemma"
+    // gemma2 / gemma3 only (0 where a family has none):
+    float attn_softcap;          // attention logits s -> cap * tanh(s / cap) (gemma2: 50)
+    float final_softcap;         // output logits likewise (gemma2: 30)
+    float query_pre_attn_scalar; // scores scaled by query_pre_attn_scalar^-1/2 (others: head_dim)
+    int64_t sliding_window;      // keys visible to a query on a sliding layer (0: no sliding window)
+    int64_t swa_pattern;         // see "Gemma"
+    float rope_theta_swa;        // RoPE base of the sliding layers (gemma2: rope_theta)
 };
 
 #define LLMQ_HPARAMS_MAX_DIM (1LL << 24) // any single dimension
@@ -157,6 +221,8 @@ enum llmq_tensor_role {
     LLMQ_T_BIAS_O,
     LLMQ_T_ATTN_Q_NORM, // (Dh) qk_norm families
     LLMQ_T_ATTN_K_NORM,
+    LLMQ_T_ATTN_POST_NORM, // (D) gemma families: after attention
+    LLMQ_T_FFN_POST_NORM,  // (D) after the MLP
     LLMQ_T_COUNT
 };
 
@@ -165,23 +231,37 @@ enum llmq_tensor_role {
 #define LLMQ_GGUF_ROPE_FREQS "rope_freqs.weight"
 
 struct llmq_tensor_name {
-    const char *gguf; // GGUF name, after "blk.N." for per-block tensors ("attn_q.weight")
-    const char *hf;   // HF name, after "model.layers.N." for per-block tensors ("self_attn.q_proj.weight")
-    bool per_block;   // per decoder block
-    int linear;       // its enum llmq_linear for a linear's weight or bias, else -1
-    bool qk_rows;     // rows follow the q/k head layout (q, k weights and biases): see "Q/K row permutation"
+    const char *gguf;     // GGUF name, after "blk.N." for per-block tensors ("attn_q.weight")
+    const char *hf;       // HF name, after "model.layers.N." for per-block tensors ("self_attn.q_proj.weight")
+    const char *hf_gemma; // HF name in the gemma families when it differs (NULL: hf); "" for none there
+    bool per_block;       // per decoder block
+    int linear;           // its enum llmq_linear for a linear's weight or bias, else -1
+    bool qk_rows;         // rows follow the q/k head layout (q, k weights and biases): see "Q/K row permutation"
+    bool gemma_only;      // a tensor of the gemma families only (their post norms)
+    bool norm;            // a norm weight: 1 + w in GGUF and w in HF for the gemma families
 };
 
 // The table row of a role (never NULL for role < LLMQ_T_COUNT).
 const struct llmq_tensor_name *llmq_tensor_name_of(enum llmq_tensor_role role);
 
-// Writes the full tensor name of role (block `layer`, ignored for global tensors) in GGUF (hf false)
-// or HF (hf true) spelling into buf. Returns buf.
-char *llmq_tensor_full_name(enum llmq_tensor_role role, int64_t layer, bool hf, char *buf, size_t size);
+// The HF name of role in family a (after "model.layers.N." for per-block tensors).
+const char *llmq_tensor_hf_name(enum llmq_arch a, enum llmq_tensor_role role);
 
-// The role of a full tensor name in GGUF or HF spelling, with *layer its block (-1 for global
-// tensors); -1 when the name is not in the table or its block index is malformed or >= n_layer.
-int llmq_tensor_role_of(const char *name, bool hf, int64_t n_layer, int64_t *layer);
+// Writes the full tensor name of role (block `layer`, ignored for global tensors) of family a in GGUF
+// (hf false) or HF (hf true) spelling into buf. Returns buf.
+char *llmq_tensor_full_name(enum llmq_arch a, enum llmq_tensor_role role, int64_t layer, bool hf, char *buf,
+                            size_t size);
+
+// The role of a full tensor name of family a in GGUF or HF spelling, with *layer its block (-1 for global
+// tensors); -1 when the name is not in the table (or not of family a) or its block index is malformed or
+// >= n_layer.
+int llmq_tensor_role_of(enum llmq_arch a, const char *name, bool hf, int64_t n_layer, int64_t *layer);
+
+// True when role's weights are stored as w in HF and as 1 + w in GGUF for family a (gemma norms).
+bool llmq_tensor_norm_shifted(enum llmq_arch a, enum llmq_tensor_role role);
+
+// True when layer il of hp is a sliding layer (see "Gemma": its RoPE base, and the window when sliding_window > 0).
+bool llmq_hparams_layer_swa(const struct llmq_hparams *hp, int64_t il);
 
 // A linear's GGUF stem ("attn_q") and HF module path within a block ("self_attn.q_proj").
 const char *llmq_linear_gguf_name(enum llmq_linear l);
@@ -192,9 +272,11 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 const char *llmq_linear_name(enum llmq_linear l); // short: "q", "k", "v", "o", "gate", "up", "down"
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a); // never NULL for a < LLMQ_ARCH_COUNT
-const char *llmq_arch_name(enum llmq_arch a);                     // "llama", "mistral", "qwen2", "qwen3"
-// The family named s (an llmq_arch_info name, or with hf_class its HF class name); -1 when none is.
-int llmq_arch_find(const char *s, bool hf_class);
+const char *llmq_arch_name(enum llmq_arch a);                     // "llama", "mistral", ..., "gemma3"
+// Which name llmq_arch_find looks up.
+enum llmq_arch_key { LLMQ_ARCH_KEY_GGUF, LLMQ_ARCH_KEY_HF_TYPE, LLMQ_ARCH_KEY_HF_CLASS };
+// The family whose GGUF name, HF model_type or HF class is s; -1 when none is.
+int llmq_arch_find(const char *s, enum llmq_arch_key key);
 
 // True when the GGUF form of architecture a stores q/k rows permuted relative to HF (llama, mistral).
 bool llmq_arch_qk_permuted(enum llmq_arch a);
@@ -237,9 +319,16 @@ enum llmq_status llmq_hparams_check(const struct llmq_hparams *hp, const char *f
 // Writes general.architecture (the family's gguf_name), general.type "model", general.name = name,
 // the <arch>.* keys of hp, and general.file_type = file_type unless it is negative, in the order of
 // llama.cpp's convert_hf_to_gguf.py (key_length / value_length only when head_dim != n_embd / n_head,
-// rope.scaling.* only for LINEAR; LLAMA3 is the caller's rope_freqs.weight tensor).
+// rope.scaling.* only for LINEAR; LLAMA3 is the caller's rope_freqs.weight tensor), then the gemma keys.
+// LLMQ_ERR_UNSUPPORTED for a model llama.cpp would compute differently (llmq_hparams_check_gguf).
 enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *name,
                                       int64_t file_type);
+
+// LLMQ_OK when a GGUF can express hp as llama.cpp computes it; else LLMQ_ERR_UNSUPPORTED naming file: for the
+// gemma families a query_pre_attn_scalar other than the one llama.cpp derives, gemma2 without both
+// soft-cappings or a window, gemma3 with attention soft-capping or with sliding layers of another RoPE but no
+// window. Run by llmq_hparams_to_gguf, and by the converter before it reads any tensor.
+enum llmq_status llmq_hparams_check_gguf(const struct llmq_hparams *hp, const char *file);
 
 // A new config.json object for hp as transformers writes it for the family (llama, qwen2 or qwen3 keys),
 // with bos / eos / pad token ids where they are >= 0 and torch_dtype; floats as their shortest

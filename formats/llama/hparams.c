@@ -21,6 +21,8 @@ static void set_arch(struct llmq_hparams *hp, enum llmq_arch a, bool gguf) {
     hp->arch = a;
     hp->qkv_bias = ai->qkv_bias;
     hp->qk_norm = ai->qk_norm;
+    hp->gemma = ai->gemma;
+    hp->swa_pattern = ai->swa_pattern;
     hp->rope_type = gguf && ai->qk_permuted ? LLMQ_ROPE_NORM : LLMQ_ROPE_NEOX;
 }
 
@@ -54,6 +56,20 @@ static enum llmq_status check(const struct llmq_hparams *hp, const char *file, b
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR && !(hp->rope_scaling.factor > 0.0f))
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: linear rope scaling factor %g must be positive", file,
                            (double)hp->rope_scaling.factor);
+    if (hp->gemma) {
+        if (!(hp->attn_softcap >= 0.0f) || !(hp->final_softcap >= 0.0f) || !isfinite(hp->attn_softcap) ||
+            !isfinite(hp->final_softcap))
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: logit soft-capping values must be finite and >= 0", file);
+        if (!(hp->query_pre_attn_scalar > 0.0f) || !isfinite(hp->query_pre_attn_scalar))
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: query_pre_attn_scalar %g must be positive", file,
+                               (double)hp->query_pre_attn_scalar);
+        if (!(hp->rope_theta_swa > 0.0f) || !isfinite(hp->rope_theta_swa))
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: sliding-window rope theta %g must be positive", file,
+                               (double)hp->rope_theta_swa);
+        if (hp->swa_pattern > LLMQ_HPARAMS_MAX_DIM || hp->sliding_window > LLMQ_HPARAMS_MAX_DIM)
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: sliding window %lld / pattern %lld out of range", file,
+                               (long long)hp->sliding_window, (long long)hp->swa_pattern);
+    }
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) {
         float factor = hp->rope_scaling.factor, lo = hp->rope_scaling.low_freq_factor;
         float hi = hp->rope_scaling.high_freq_factor;
@@ -105,6 +121,29 @@ static enum llmq_status gguf_float(const struct llmq_gguf *g, const char *arch, 
     return st;
 }
 
+// The attention scale llama.cpp derives for a gemma model (src/models/gemma2.cpp, gemma3.cpp: no GGUF key):
+// n_embd / n_head for the 27B shapes (46 gemma2 layers, 62 gemma3 layers), else head_dim.
+static float gemma_gguf_attn_scalar(const struct llmq_hparams *hp) {
+    bool big = hp->n_layer == (hp->arch == LLMQ_ARCH_GEMMA2 ? 46 : 62);
+    return (float)(big ? hp->n_embd / hp->n_head : hp->head_dim);
+}
+
+// The gemma keys of "Hyper-parameters" (defaults as llama.cpp's load_arch_hparams of gemma2 / gemma3).
+static enum llmq_status gemma_from_gguf(const struct llmq_gguf *g, const char *arch, struct llmq_hparams *hp) {
+    bool g2 = hp->arch == LLMQ_ARCH_GEMMA2;
+    enum llmq_status st;
+    if ((st = gguf_float(g, arch, "attn_logit_softcapping", false, g2 ? 50.0f : 0.0f, &hp->attn_softcap)) ||
+        (st = gguf_float(g, arch, "final_logit_softcapping", false, g2 ? 30.0f : 0.0f, &hp->final_softcap)) ||
+        (st = gguf_int(g, arch, "attention.sliding_window", false, g2 ? 4096 : 0, &hp->sliding_window)) ||
+        (st = gguf_int(g, arch, "attention.sliding_window_pattern", false, hp->swa_pattern, &hp->swa_pattern)) ||
+        (st = gguf_float(g, arch, "rope.freq_base_swa", false, g2 ? hp->rope_theta : 10000.0f, &hp->rope_theta_swa)))
+        return st;
+    if (!g2) hp->attn_softcap = 0.0f;                 // llama.cpp's gemma3 graph has no attention soft-capping
+    if (hp->sliding_window == 0) hp->swa_pattern = 1; // llama.cpp: LLAMA_SWA_TYPE_NONE, every layer global
+    hp->query_pre_attn_scalar = gemma_gguf_attn_scalar(hp);
+    return LLMQ_OK;
+}
+
 enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx_absent, struct llmq_hparams *hp) {
     const char *path = llmq_gguf_path(g), *arch = NULL, *type = NULL;
     int64_t vlen = 0, rdim = 0, kv_vocab = 0;
@@ -112,7 +151,7 @@ enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx
     enum llmq_status st;
     memset(hp, 0, sizeof *hp);
     if ((st = llmq_gguf_get_str(g, "general.architecture", &arch))) return st;
-    int a = llmq_arch_find(arch, false);
+    int a = llmq_arch_find(arch, LLMQ_ARCH_KEY_GGUF);
     if (a < 0)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "%s: general.architecture \"%s\" is not supported (" LLMQ_ARCH_NAMES ")", path, arch);
@@ -165,10 +204,59 @@ enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx
             return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s = %lld but %s has %lld rows", path, key, (long long)kv_vocab,
                                te_name, (long long)hp->n_vocab);
     }
-    hp->tied_embeddings = llmq_gguf_find_tensor(g, llmq_tensor_name_of(LLMQ_T_OUTPUT)->gguf) == NULL;
-    llmq_tensor_full_name(LLMQ_T_BIAS_Q, 0, false, name, sizeof name);
+    hp->tied_embeddings = llmq_gguf_find_tensor(g, llmq_tensor_name_of(LLMQ_T_OUTPUT)->gguf) == NULL ||
+                          llmq_arch_info_of(hp->arch)->always_tied;
+    llmq_tensor_full_name(hp->arch, LLMQ_T_BIAS_Q, 0, false, name, sizeof name);
     hp->attn_bias = !hp->qkv_bias && llmq_gguf_find_tensor(g, name) != NULL;
+    if (hp->gemma && (st = gemma_from_gguf(g, arch, hp))) return st;
     return check(hp, path, true);
+}
+
+enum llmq_status llmq_hparams_check_gguf(const struct llmq_hparams *hp, const char *file) {
+    if (!hp->gemma) return LLMQ_OK;
+    const bool g2 = hp->arch == LLMQ_ARCH_GEMMA2;
+    if (hp->query_pre_attn_scalar != gemma_gguf_attn_scalar(hp))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: query_pre_attn_scalar %g is not what llama.cpp derives for this shape (%g): a GGUF "
+                           "cannot express it",
+                           file, (double)hp->query_pre_attn_scalar, (double)gemma_gguf_attn_scalar(hp));
+    if (g2 && (!(hp->attn_softcap > 0.0f) || !(hp->final_softcap > 0.0f) || hp->sliding_window < 1))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: gemma2 without attention / final logit soft-capping or sliding window: llama.cpp's "
+                           "gemma2 graph always applies them",
+                           file);
+    if (!g2 && hp->sliding_window == 0 && (hp->rope_theta_swa != hp->rope_theta || hp->rope_scaling.type))
+        for (int64_t il = 0; il < hp->n_layer; il++)
+            if (llmq_hparams_layer_swa(hp, il))
+                return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                                   "%s: gemma3 without a sliding window but with sliding layers of another RoPE: "
+                                   "llama.cpp has no sliding layers without a window",
+                                   file);
+    if (!g2 && hp->attn_softcap > 0.0f)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: gemma3 with attn_logit_softcapping: llama.cpp's gemma3 has none",
+                           file);
+    return LLMQ_OK;
+}
+
+// The gemma keys (conversion/gemma.py writes the soft-capping values and the window; the pattern and the
+// local RoPE base where they differ from llama.cpp's defaults), after llmq_hparams_check_gguf.
+static enum llmq_status gemma_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *a) {
+    const bool g2 = hp->arch == LLMQ_ARCH_GEMMA2;
+    char k[128];
+    enum llmq_status st = llmq_hparams_check_gguf(hp, llmq_arch_name(hp->arch));
+    if (st) return st;
+#define KEY(suffix) (snprintf(k, sizeof(k), "%s.%s", a, suffix), k)
+    if (g2) st = llmq_gguf_writer_set_f32(w, KEY("attn_logit_softcapping"), hp->attn_softcap);
+    if (!st && hp->final_softcap > 0.0f)
+        st = llmq_gguf_writer_set_f32(w, KEY("final_logit_softcapping"), hp->final_softcap);
+    if (!st && hp->sliding_window > 0)
+        st = llmq_gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)hp->sliding_window);
+    if (!st && hp->sliding_window > 0 && hp->swa_pattern != llmq_arch_info_of(hp->arch)->swa_pattern)
+        st = llmq_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), (uint32_t)hp->swa_pattern);
+    if (!st && (!g2 || hp->rope_theta_swa != hp->rope_theta))
+        st = llmq_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), hp->rope_theta_swa);
+#undef KEY
+    return st;
 }
 
 enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct llmq_hparams *hp, const char *name,
@@ -202,7 +290,7 @@ enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct l
          (st = llmq_gguf_writer_set_f32(w, KEY("rope.scaling.factor"), hp->rope_scaling.factor))))
         return st;
 #undef KEY
-    return LLMQ_OK;
+    return hp->gemma ? gemma_to_gguf(w, hp, a) : LLMQ_OK;
 }
 
 // ============================================================================ config.json ====
@@ -279,28 +367,47 @@ static enum llmq_status cfg_bool(const struct cfg *c, const char *key, bool *out
     return LLMQ_OK;
 }
 
-// rope_scaling, else rope_parameters (transformers 5 writes rope_theta and the scaling there, same keys).
+// rope_scaling, else rope_parameters (transformers 5 writes rope_theta and the scaling there, same keys; for
+// gemma3 one object per layer type: "full_attention" is read as the scaling, "sliding_attention" gives
+// rope_theta_swa).
 static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparams *hp) {
     const bool scaling = cfg_get(c, "rope_scaling") != NULL;
     const char *key = scaling ? "rope_scaling" : "rope_parameters";
+    const char *prefix = scaling ? "rope_scaling." : "rope_parameters.";
     const json_t *rs = cfg_get(c, key);
+    enum llmq_status st;
     if (!rs) return LLMQ_OK;
     if (!json_is_object(rs)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s\" is not an object", c->file, key);
+    const json_t *full = json_object_get(rs, "full_attention"), *local = json_object_get(rs, "sliding_attention");
+    if (!scaling && hp->gemma && (json_is_object(full) || json_is_object(local))) {
+        if (json_is_object(local)) {
+            struct cfg l = {c->file, local, "rope_parameters.sliding_attention."};
+            const json_t *lt = cfg_get(&l, "rope_type");
+            if (lt && (!json_is_string(lt) || strcmp(json_string_value(lt), "default") != 0))
+                return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                                   "%s: rope_parameters.sliding_attention.rope_type must be \"default\"", c->file);
+            if ((st = cfg_float(&l, "rope_theta", false, hp->rope_theta_swa, &hp->rope_theta_swa))) return st;
+        }
+        if (!json_is_object(full)) return LLMQ_OK;
+        rs = full;
+        prefix = "rope_parameters.full_attention.";
+    }
     const json_t *t = json_object_get(rs, "rope_type"); // transformers: rope_type, else the older "type"
     if (!t) t = json_object_get(rs, "type");
-    if (!json_is_string(t)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has no string \"rope_type\"", c->file, key);
+    if (!json_is_string(t)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has no string \"rope_type\"", c->file, prefix);
     const char *type = json_string_value(t);
-    struct cfg r = {c->file, rs, scaling ? "rope_scaling." : "rope_parameters."};
-    enum llmq_status st;
-    if (!cfg_get(c, "rope_theta") && (st = cfg_float(&r, "rope_theta", false, 10000.0, &hp->rope_theta))) return st;
+    struct cfg r = {c->file, rs, prefix};
+    if (!cfg_get(c, "rope_theta") && (st = cfg_float(&r, "rope_theta", false, hp->rope_theta, &hp->rope_theta)))
+        return st;
     if (strcmp(type, "default") == 0) return LLMQ_OK;
     if (strcmp(type, "linear") == 0) {
         hp->rope_scaling.type = LLMQ_ROPE_SCALING_LINEAR;
         return cfg_float(&r, "factor", true, 0, &hp->rope_scaling.factor);
     }
-    if (strcmp(type, "llama3") != 0)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (linear, llama3)",
-                           c->file, type);
+    if (strcmp(type, "llama3") != 0 || hp->gemma)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (%s)%s", c->file, type,
+                           hp->gemma ? "linear" : "linear, llama3",
+                           hp->arch == LLMQ_ARCH_PHI3 ? ": LongRoPE short / long factors are not implemented" : "");
     hp->rope_scaling.type = LLMQ_ROPE_SCALING_LLAMA3;
     if ((st = cfg_float(&r, "factor", true, 0, &hp->rope_scaling.factor)) ||
         (st = cfg_float(&r, "low_freq_factor", true, 0, &hp->rope_scaling.low_freq_factor)) ||
@@ -308,6 +415,71 @@ static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparam
         (st = cfg_int(&r, "original_max_position_embeddings", true, 0, &hp->rope_scaling.original_max_pos)))
         return st;
     return LLMQ_OK;
+}
+
+// The period n of layer_types (see "Gemma" in formats/llama/arch.h): sliding layers at il % n < n - 1, n = 0
+// when every layer slides; anything that is not such a period is refused.
+static enum llmq_status cfg_layer_types(const struct cfg *c, const json_t *lt, struct llmq_hparams *hp) {
+    if (!json_is_array(lt) || (int64_t)json_array_size(lt) != hp->n_layer)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"layer_types\" is not an array of %lld strings", c->file,
+                           (long long)hp->n_layer);
+    int64_t n = 0;
+    for (int64_t il = 0; il < hp->n_layer && !n; il++) {
+        const char *t = json_string_value(json_array_get(lt, (size_t)il));
+        if (t && strcmp(t, "full_attention") == 0) n = il + 1;
+    }
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        const char *t = json_string_value(json_array_get(lt, (size_t)il));
+        bool sliding = n == 0 || il % n < n - 1;
+        if (!t || strcmp(t, sliding ? "sliding_attention" : "full_attention") != 0)
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                               "%s: layer_types[%lld] = %s: llmq (like llama.cpp) takes sliding layers in a period "
+                               "(sliding_attention except every n-th layer)",
+                               c->file, (long long)il, t ? t : "(not a string)");
+    }
+    hp->swa_pattern = n;
+    return LLMQ_OK;
+}
+
+// The phi3 keys of config.json (transformers' Phi3Config): the window of every layer (null: none); a partial
+// rotary factor other than 1 is refused (the LongRoPE types by cfg_rope_scaling).
+static enum llmq_status cfg_phi3(const struct cfg *c, struct llmq_hparams *hp) {
+    const json_t *rp = cfg_get(c, "rope_parameters");
+    const json_t *prf = cfg_get(c, "partial_rotary_factor");
+    if (!prf && json_is_object(rp)) prf = json_object_get(rp, "partial_rotary_factor");
+    if (prf && (!json_is_number(prf) || json_number_value(prf) != 1.0))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: partial_rotary_factor other than 1 is not supported", c->file);
+    return cfg_int(c, "sliding_window", false, 0, &hp->sliding_window);
+}
+
+// The gemma keys of config.json (defaults as transformers' Gemma2Config / Gemma3TextConfig).
+static enum llmq_status cfg_gemma(const struct cfg *c, struct llmq_hparams *hp) {
+    const bool g2 = hp->arch == LLMQ_ARCH_GEMMA2;
+    bool bidir = false;
+    enum llmq_status st;
+    if ((st = cfg_float(c, "attn_logit_softcapping", false, g2 ? 50.0 : 0.0, &hp->attn_softcap)) ||
+        (st = cfg_float(c, "final_logit_softcapping", false, g2 ? 30.0 : 0.0, &hp->final_softcap)) ||
+        (st = cfg_float(c, "query_pre_attn_scalar", false, 256.0, &hp->query_pre_attn_scalar)) ||
+        (st = cfg_int(c, "sliding_window", false, 0, &hp->sliding_window)) ||
+        (st = cfg_bool(c, "use_bidirectional_attention", &bidir)))
+        return st;
+    // absent: transformers' defaults; null: none
+    if (json_object_get(c->obj, "sliding_window") == NULL) hp->sliding_window = 4096;
+    if (json_is_null(json_object_get(c->obj, "attn_logit_softcapping"))) hp->attn_softcap = 0.0f;
+    if (json_is_null(json_object_get(c->obj, "final_logit_softcapping"))) hp->final_softcap = 0.0f;
+    if (bidir) return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: use_bidirectional_attention is not supported", c->file);
+    if (!g2 && !cfg_get(c, "rope_parameters") &&
+        (st = cfg_float(c, "rope_local_base_freq", false, 10000.0, &hp->rope_theta_swa)))
+        return st;
+    if (g2) hp->rope_theta_swa = hp->rope_theta;
+    if (!hp->tied_embeddings && hp->arch == LLMQ_ARCH_GEMMA2)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: gemma2 with tie_word_embeddings false (llama.cpp's gemma2 always uses the embedding "
+                           "as the head)",
+                           c->file);
+    const json_t *lt = cfg_get(c, "layer_types");
+    if (lt) return cfg_layer_types(c, lt, hp);
+    return cfg_int(c, "sliding_window_pattern", false, hp->swa_pattern, &hp->swa_pattern);
 }
 
 enum llmq_status llmq_hparams_from_hf_config(const char *file, const json_t *cfg, int64_t n_ctx_absent,
@@ -323,18 +495,23 @@ enum llmq_status llmq_hparams_from_hf_config(const char *file, const json_t *cfg
     if (mt && !json_is_string(mt)) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"model_type\" is not a string", file);
     if (mt) {
         type = json_string_value(mt);
-        a = llmq_arch_find(type, false);
+        a = llmq_arch_find(type, LLMQ_ARCH_KEY_HF_TYPE);
     } else if ((type = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0)))) {
-        a = llmq_arch_find(type, true); // no model_type: the class, as transformers' AutoConfig falls back
+        a = llmq_arch_find(type,
+                           LLMQ_ARCH_KEY_HF_CLASS); // no model_type: the class, as transformers' AutoConfig falls back
     }
     if (!type) return cfg_missing(&c, "model_type");
     if (a < 0)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (" LLMQ_ARCH_NAMES ")", file,
                            type);
     set_arch(hp, a, false);
-    const json_t *act = cfg_get(&c, "hidden_act");
-    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", file);
+    const bool gemma = hp->gemma;
+    const char *want_act = gemma ? "gelu_pytorch_tanh" : "silu";
+    const json_t *act =
+        gemma && cfg_get(&c, "hidden_activation") ? cfg_get(&c, "hidden_activation") : cfg_get(&c, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), want_act) != 0))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s must be \"%s\"", file,
+                           gemma ? "hidden_activation" : "hidden_act", want_act);
     if ((st = cfg_int(&c, "hidden_size", true, 0, &hp->n_embd)) ||
         (st = cfg_int(&c, "intermediate_size", true, 0, &hp->n_ff)) ||
         (st = cfg_int(&c, "num_hidden_layers", true, 0, &hp->n_layer)) ||
@@ -344,15 +521,19 @@ enum llmq_status llmq_hparams_from_hf_config(const char *file, const json_t *cfg
     if (hp->n_head < 1)
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: num_attention_heads = %lld must be >= 1", file,
                            (long long)hp->n_head);
-    if ((st = cfg_int(&c, "head_dim", false, hp->n_embd / hp->n_head, &hp->head_dim)) ||
+    hp->rope_theta_swa = 10000.0f;
+    if ((st = cfg_int(&c, "head_dim", false, gemma ? 256 : hp->n_embd / hp->n_head, &hp->head_dim)) ||
         (st = cfg_int(&c, "vocab_size", false, -1, &vocab)) ||
         (st = cfg_int(&c, "max_position_embeddings", false, n_ctx_absent, &hp->n_ctx_train)) ||
         (st = cfg_float(&c, "rms_norm_eps", false, 1e-6, &hp->rms_eps)) ||
-        (st = cfg_float(&c, "rope_theta", false, 10000.0, &hp->rope_theta)) ||
+        (st = cfg_float(&c, "rope_theta", false, hp->arch == LLMQ_ARCH_GEMMA3 ? 1e6 : 10000.0, &hp->rope_theta)) ||
         (st = cfg_bool(&c, "tie_word_embeddings", &hp->tied_embeddings)) ||
         (st = cfg_bool(&c, "attention_bias", &hp->attn_bias)) || (st = cfg_bool(&c, "mlp_bias", &mlp_bias)) ||
         (st = cfg_rope_scaling(&c, hp)))
         return st;
+    if (gemma && !cfg_get(&c, "tie_word_embeddings")) hp->tied_embeddings = true; // Gemma configs' default
+    if (gemma && (st = cfg_gemma(&c, hp))) return st;
+    if (hp->arch == LLMQ_ARCH_PHI3 && (st = cfg_phi3(&c, hp))) return st;
     if (mlp_bias) return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: mlp_bias = true is not supported", file);
     hp->attn_bias = hp->attn_bias && !hp->qkv_bias; // qwen2's q/k/v biases are the family's, o has none
     hp->n_vocab = vocab < 0 ? 0 : vocab;
@@ -370,30 +551,48 @@ static json_t *json_f32(float f) {
     return json_real(strtod(buf, NULL));
 }
 
+// The gemma keys of config.json (Gemma2Config / Gemma3TextConfig; transformers reads rope_theta and
+// rope_local_base_freq / rope_scaling in the older form too).
+static void gemma_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
+    json_t *lt = json_array();
+    for (int64_t il = 0; il < hp->n_layer; il++)
+        json_array_append_new(lt, json_string(llmq_hparams_layer_swa(hp, il) ? "sliding_attention" : "full_attention"));
+    json_object_set_new(c, "layer_types", lt);
+    json_object_set_new(c, "hidden_activation", json_string("gelu_pytorch_tanh"));
+    json_object_set_new(c, "attn_logit_softcapping", hp->attn_softcap > 0 ? json_f32(hp->attn_softcap) : json_null());
+    json_object_set_new(c, "final_logit_softcapping",
+                        hp->final_softcap > 0 ? json_f32(hp->final_softcap) : json_null());
+    json_object_set_new(c, "query_pre_attn_scalar", json_f32(hp->query_pre_attn_scalar));
+    json_object_set_new(c, "sliding_window", hp->sliding_window > 0 ? json_integer(hp->sliding_window) : json_null());
+    if (hp->arch == LLMQ_ARCH_GEMMA3) json_object_set_new(c, "rope_local_base_freq", json_f32(hp->rope_theta_swa));
+}
+
 json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,
                                   const char *torch_dtype) {
     bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3;
+    bool llama = !qwen && !hp->gemma && hp->arch != LLMQ_ARCH_PHI3;
     json_t *c = json_object();
     if (!c) return NULL;
+    if (hp->gemma) gemma_to_hf_config(hp, c);
     json_object_set_new(c, "architectures", json_pack("[s]", llmq_arch_info_of(hp->arch)->hf_class));
-    json_object_set_new(c, "model_type", json_string(llmq_arch_name(hp->arch)));
+    json_object_set_new(c, "model_type", json_string(llmq_arch_info_of(hp->arch)->hf_model_type));
     if (hp->arch != LLMQ_ARCH_QWEN2) json_object_set_new(c, "attention_bias", json_boolean(hp->attn_bias));
     json_object_set_new(c, "attention_dropout", json_real(0.0));
     if (bos >= 0) json_object_set_new(c, "bos_token_id", json_integer(bos));
     if (eos >= 0) json_object_set_new(c, "eos_token_id", json_integer(eos));
     json_object_set_new(c, "head_dim", json_integer(hp->head_dim));
-    json_object_set_new(c, "hidden_act", json_string("silu"));
+    if (!hp->gemma) json_object_set_new(c, "hidden_act", json_string("silu"));
     json_object_set_new(c, "hidden_size", json_integer(hp->n_embd));
     json_object_set_new(c, "initializer_range", json_real(0.02));
     json_object_set_new(c, "intermediate_size", json_integer(hp->n_ff));
     json_object_set_new(c, "max_position_embeddings", json_integer(hp->n_ctx_train));
     if (qwen) json_object_set_new(c, "max_window_layers", json_integer(hp->n_layer));
-    if (!qwen) json_object_set_new(c, "mlp_bias", json_false());
+    if (llama) json_object_set_new(c, "mlp_bias", json_false());
     json_object_set_new(c, "num_attention_heads", json_integer(hp->n_head));
     json_object_set_new(c, "num_hidden_layers", json_integer(hp->n_layer));
     json_object_set_new(c, "num_key_value_heads", json_integer(hp->n_head_kv));
     if (pad >= 0) json_object_set_new(c, "pad_token_id", json_integer(pad));
-    if (!qwen) json_object_set_new(c, "pretraining_tp", json_integer(1));
+    if (llama) json_object_set_new(c, "pretraining_tp", json_integer(1));
     json_object_set_new(c, "rms_norm_eps", json_f32(hp->rms_eps));
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR)
         json_object_set_new(

@@ -15,13 +15,14 @@ from position 0) go to <dir>.hf.f32 as (n, 512) float32. stdout: one JSON line p
 versions used.
 """
 import json
-import shutil
 import sys
 import pathlib
 
 import numpy as np
 import torch
 import transformers
+
+from hf_family import load, logits, randomize_and_save
 
 SEED = 1234
 
@@ -32,24 +33,7 @@ def build(out, tied, tok_dir):
                                    max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1e6,
                                    tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(SEED + int(tied))
-    model = transformers.Qwen3ForCausalLM(cfg).float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:  # RMSNorm weights
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            else:  # (out, in) linears and the (V, D) embedding
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
-    model.save_pretrained(out, safe_serialization=True)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(pathlib.Path(tok_dir) / f, pathlib.Path(out) / f)
-
-
-def logits(d, ids):
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, device_map="cpu",
-                                                              attn_implementation="eager")
-    model.eval()
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float().numpy()
+    randomize_and_save(transformers.Qwen3ForCausalLM(cfg).float(), out, tok_dir, 1.0)
 
 
 def main():
@@ -59,7 +43,7 @@ def main():
     for tied in (False, True):
         d = pathlib.Path(out_dir) / ("qwen3-tied" if tied else "qwen3-untied")
         build(d, tied, tok_dir)
-        logits(d, ids).astype(np.float32).tofile(f"{d}.hf.f32")
+        logits(load(d), ids).astype(np.float32).tofile(f"{d}.hf.f32")
         print(json.dumps({"dir": str(d), "torch": torch.__version__, "transformers": transformers.__version__}),
               flush=True)
 

@@ -35,45 +35,23 @@ The tests that need transformers skip when LLMQ_HF_PYTHON is unset; the unsuppor
 runs without it.
 """
 import json
-import os
 
 import numpy as np
 import pytest
 
 from conftest import run
+from family_oracle import HF_PYTHON, HF_SKIP_REASON, N_VOCAB, build_hf_models, check_hf_loads, forward
+from family_oracle import gguf_back_to_hf
+from family_oracle import ids, work  # noqa: F401 (fixtures)
 from test_forward_oracle import F32_TOL, HAVE_LLAMA_CPP, check_live
-from test_hf_load import check_agreement
 import gen_golden_forward as gg
 import test_gguf_mix as gm
 from test_gguf_mix import lc  # noqa: F401 (the fixture: llama_cpp, or a skip)
 
-HF_PYTHON = os.environ.get("LLMQ_HF_PYTHON")
-needs_hf = pytest.mark.skipif(not HF_PYTHON, reason="LLMQ_HF_PYTHON unset: no transformers venv "
-                              "(tests/run.sh sets it up with LLMQ_WITH_HF=1)")
+needs_hf = pytest.mark.skipif(not HF_PYTHON, reason=HF_SKIP_REASON)
 needs_llama_cpp = pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama_cpp (llama-cpp-python) is not importable")
-HERE = os.path.dirname(__file__)
-N_VOCAB = 512
 TOL_REL = 1e-4  # derived in the module docstring
 VARIANTS = ["untied", "tied"]
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    return tmp_path_factory.mktemp("qwen3")
-
-
-@pytest.fixture(scope="module")
-def ids(work):
-    rng = np.random.default_rng(7)
-    toks = [1] + [int(x) for x in rng.integers(3, N_VOCAB, size=47)]  # BOS + 47 ids
-    p = work / "ids.txt"
-    p.write_text(" ".join(map(str, toks)))
-    return dict(path=p, tokens=toks)
-
-
-def forward(tool, model, ids_path, out):
-    run([tool("forward_logits"), model, ids_path, out, 2])
-    return np.fromfile(out, np.float32).reshape(-1, N_VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +60,7 @@ def models(llmq_bin, tool, stories_v3, work, ids):
     GGUF conversion, and the GGUF path."""
     if not HF_PYTHON:
         pytest.skip("LLMQ_HF_PYTHON unset")
-    tok = work / "tok"
-    run([llmq_bin, "convert", "--model", stories_v3, "--out", tok, "--to", "hf", "--quiet"])
-    r = run([HF_PYTHON, os.path.join(HERE, "hf_qwen3_model.py"), tok, ids["path"], work],
-            env=dict(os.environ, OMP_NUM_THREADS="2"))
-    print(r.stdout)
+    build_hf_models(llmq_bin, stories_v3, work, ids, "hf_qwen3_model.py", HF_PYTHON)
     out = {}
     for v in VARIANTS:
         d = work / f"qwen3-{v}"
@@ -142,14 +116,9 @@ def test_llama_cpp_agrees(models, ids, v):
 @needs_hf
 @pytest.mark.parametrize("v", VARIANTS)
 def test_gguf_to_hf_reproduces_tensors(llmq_bin, models, work, v):
-    from safetensors.numpy import load_file
-    back = work / f"back-{v}"
-    run([llmq_bin, "convert", "--model", models[v]["gguf"], "--out", back, "--to", "hf", "--quiet"])
-    a, b = load_file(str(models[v]["hf"] / "model.safetensors")), load_file(str(back / "model.safetensors"))
-    assert sorted(a) == sorted(b)
+    a, b, cfg = gguf_back_to_hf(llmq_bin, models[v]["gguf"], models[v]["hf"], work / f"back-{v}")
     for name in a:
         assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
-    cfg = json.loads((back / "config.json").read_text())
     assert cfg["model_type"] == "qwen3" and cfg["architectures"] == ["Qwen3ForCausalLM"]
     assert cfg["head_dim"] == 32 and cfg["rope_theta"] == 1e6 and cfg["tie_word_embeddings"] == (v == "tied")
 
@@ -180,14 +149,7 @@ def test_gptq_directory(llmq_bin, tool, data_dir, models, ids, work):
             name = f"model.layers.{l}.self_attn.{n}.weight"
             assert q[name].dtype == dt and np.array_equal(src[name].astype(dt), q[name]), name
 
-    ours = forward(tool, out, ids["path"], work / "gptq.llmq.f32")
-    r = run([HF_PYTHON, os.path.join(HERE, "hf_load_logits.py"), ids["path"], "float32", out, work / "gptq.hf.f32"],
-            env=dict(os.environ, OMP_NUM_THREADS="2"))
-    info = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")][0]
-    assert "error" not in info, info.get("error")
-    assert info["quant_method"] == "gptq" and info["linear_classes"]
-    theirs = np.fromfile(work / "gptq.hf.f32", np.float32).reshape(-1, N_VOCAB)
-    check_agreement(f"qwen3 gptq: {info['linear_classes']}", theirs, ours, models["untied"]["llmq_hf"])
+    check_hf_loads(tool, out, ids, work, "gptq", "qwen3 gptq", models["untied"]["llmq_hf"])
 
 
 def test_unsupported_architecture_lists_qwen3(llmq_bin, tool, tmp_path):
@@ -199,4 +161,4 @@ def test_unsupported_architecture_lists_qwen3(llmq_bin, tool, tmp_path):
         (tmp_path / "ids").write_text("1 2")
         r = run(cmd, check=False)
         assert r.returncode != 0
-        assert 'model_type "gemma" is not supported (llama, mistral, qwen2, qwen3)' in r.stderr, r.stderr
+        assert 'model_type "gemma" is not supported (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3)' in r.stderr, r.stderr

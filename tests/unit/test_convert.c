@@ -63,7 +63,7 @@ static void test_permutation(void) {
 // ---- handmade models ----------------------------------------------------------------------------
 
 struct spec {
-    const char *arch; // "llama" / "qwen2" / "qwen3"
+    const char *arch; // "llama" / "qwen2" / "qwen3" / "gemma2" / "gemma3"
     int64_t n_embd, n_head, n_head_kv, n_ff, n_layer;
     bool tied, spm, llama3, q8_embd;
 };
@@ -122,6 +122,12 @@ static void add_tensor(struct llmq_gguf_writer *w, float ***bufs, int *nb, const
     (*bufs)[(*nb)++] = f;
 }
 
+// The last tensor added becomes a gemma norm weight (1 + w) in [1, 2): there (1 + w) - 1 + 1 is exact in f32, so
+// GGUF -> HF -> GGUF gives the same bits.
+static void gemma_norm(float **bufs, int nb, int64_t n) {
+    for (int64_t i = 0; i < n; i++) bufs[nb - 1][i] = 1.5f + 0.5f * bufs[nb - 1][i];
+}
+
 static void make_gguf(const char *path, const struct spec *s) {
     struct llmq_gguf_writer *w = llmq_gguf_writer_init();
     char k[128];
@@ -167,7 +173,7 @@ static void make_gguf(const char *path, const struct spec *s) {
     float **bufs = malloc(sizeof(float *) * 256);
     int nb = 0;
     CHECK(bufs);
-    bool qwen = !strcmp(s->arch, "qwen2");
+    bool qwen = !strcmp(s->arch, "qwen2"), gemma = !strncmp(s->arch, "gemma", 5);
     int64_t q = s->n_head * hd, kv = s->n_head_kv * hd;
     if (s->llama3) {
         struct llmq_hparams mh = {.head_dim = hd, .rope_theta = 500000.0f};
@@ -182,7 +188,8 @@ static void make_gguf(const char *path, const struct spec *s) {
         char n[64];
 #define T(name, nd, a, b)                                                                                              \
     (snprintf(n, sizeof(n), "blk.%lld.%s", (long long)l, name), add_tensor(w, &bufs, &nb, n, nd, a, b, LLMQ_DTYPE_F32))
-        T("attn_norm.weight", 1, s->n_embd, 1);
+#define NORM(name, a) (T(name, 1, a, 1), gemma ? gemma_norm(bufs, nb, a) : (void)0)
+        NORM("attn_norm.weight", s->n_embd);
         T("attn_q.weight", 2, q, s->n_embd);
         T("attn_k.weight", 2, kv, s->n_embd);
         T("attn_v.weight", 2, kv, s->n_embd);
@@ -191,18 +198,24 @@ static void make_gguf(const char *path, const struct spec *s) {
             T("attn_k.bias", 1, kv, 1);
             T("attn_v.bias", 1, kv, 1);
         }
-        if (!strcmp(s->arch, "qwen3")) { // per-head q / k RMSNorm weights
-            T("attn_q_norm.weight", 1, hd, 1);
-            T("attn_k_norm.weight", 1, hd, 1);
+        if (!strcmp(s->arch, "qwen3") || !strcmp(s->arch, "gemma3")) { // per-head q / k RMSNorm weights
+            NORM("attn_q_norm.weight", hd);
+            NORM("attn_k_norm.weight", hd);
         }
         T("attn_output.weight", 2, s->n_embd, q);
-        T("ffn_norm.weight", 1, s->n_embd, 1);
+        NORM("ffn_norm.weight", s->n_embd);
+        if (gemma) {
+            NORM("post_attention_norm.weight", s->n_embd);
+            NORM("post_ffw_norm.weight", s->n_embd);
+        }
         T("ffn_gate.weight", 2, s->n_ff, s->n_embd);
         T("ffn_up.weight", 2, s->n_ff, s->n_embd);
         T("ffn_down.weight", 2, s->n_embd, s->n_ff);
+#undef NORM
 #undef T
     }
     add_tensor(w, &bufs, &nb, "output_norm.weight", 1, s->n_embd, 1, LLMQ_DTYPE_F32);
+    if (gemma) gemma_norm(bufs, nb, s->n_embd);
     if (!s->tied) add_tensor(w, &bufs, &nb, "output.weight", 2, V, s->n_embd, LLMQ_DTYPE_F32);
     CHECK(llmq_gguf_writer_begin(w, path) == LLMQ_OK);
     for (int i = 0; i < nb; i++) {
@@ -320,7 +333,16 @@ static void round_trip(const char *name, const struct spec *s, uint64_t shard_by
     CHECK(llmq_st_get(m, "model.embed_tokens.weight"));
     CHECK((llmq_st_get(m, "lm_head.weight") != NULL) == !s->tied);
     CHECK(!llmq_st_get(m, "rope_freqs.weight"));
-    CHECK((llmq_st_get(m, "model.layers.0.self_attn.k_norm.weight") != NULL) == !strcmp(s->arch, "qwen3"));
+    CHECK((llmq_st_get(m, "model.layers.0.self_attn.k_norm.weight") != NULL) ==
+          (!strcmp(s->arch, "qwen3") || !strcmp(s->arch, "gemma3")));
+    if (!strncmp(s->arch, "gemma", 5)) { // four norms per block, stored as w = (1 + w) - 1
+        const struct llmq_tensor_view *pre = llmq_st_get(m, "model.layers.1.pre_feedforward_layernorm.weight");
+        CHECK(pre && llmq_st_get(m, "model.layers.1.post_attention_layernorm.weight") &&
+              llmq_st_get(m, "model.layers.1.post_feedforward_layernorm.weight"));
+        float w0;
+        memcpy(&w0, pre->data, 4);
+        CHECK(w0 >= 0.0f && w0 < 1.0f); // the GGUF's value is in [1, 2)
+    }
     llmq_st_free(m);
     CHECK_OK(llmq_convert(tpath(hf), tpath(back), &o, &st));
 
@@ -467,7 +489,7 @@ static void test_refusals(void) {
     before++;
     CHECK(llmq_convert(tpath("bad-arch.gguf"), tpath("bad-hf"), &o, NULL) == LLMQ_ERR_UNSUPPORTED);
     CHECK_CONTAINS(llmq_last_error(), "gpt-j");
-    CHECK_CONTAINS(llmq_last_error(), "(llama, mistral, qwen2, qwen3)");
+    CHECK_CONTAINS(llmq_last_error(), "(llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3)");
     // truncated: the GGUF reader refuses it before anything is created
     struct stat sb;
     CHECK(stat(tpath("r.gguf"), &sb) == 0);
@@ -544,6 +566,10 @@ int main(void) {
     round_trip("qwen", &(struct spec){"qwen2", 16, 4, 2, 8, 1, true, false, false, false}, 0);
     // qwen3: q_norm / k_norm per head, no biases, untied
     round_trip("qwen3", &(struct spec){"qwen3", 16, 2, 1, 8, 2, false, false, false, false}, 0);
+    // gemma2 / gemma3: post norms, norms + 1 in GGUF (- 1 in HF), gemma3's q/k norms; llama.cpp's defaults for the
+    // window, soft-capping and period
+    round_trip("gemma2", &(struct spec){"gemma2", 16, 2, 1, 8, 2, true, false, false, false}, 0);
+    round_trip("gemma3", &(struct spec){"gemma3", 16, 2, 1, 8, 2, false, false, false, false}, 0);
     // llama3 rope scaling: rope_freqs.weight -> config.json rope_scaling -> the same tensor
     round_trip("llama3", &(struct spec){"llama", 256, 2, 1, 8, 1, true, false, true, false}, 0);
     test_gguf_dtypes();

@@ -212,6 +212,8 @@ static enum llmq_status load_text(const char *arg, enum llmq_eval_protocol proto
     char *raw = NULL;
     size_t n = 0;
     enum llmq_status st;
+    if (llmq_is_dir(arg))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: is a directory: --ppl takes a text file or a dataset name", arg);
     if (llmq_file_exists(arg)) {
         if (!(t->path = strdup(arg))) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
         if ((st = llmq_eval_read_text(t->path, &raw, &n))) return st;
@@ -261,7 +263,8 @@ static enum llmq_status tokenize_text(const struct llmq_model *m, const struct t
 struct eargs {
     const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
         *logits_dtype, *rows, *device, *emulate_name;
-    long ctx, chunks, threads;
+    long ctx, chunks, threads; // ctx LONG_MIN: not given
+    bool force;
 };
 
 // The flag combinations that are wrong whatever the files: NULL, or the usage message.
@@ -270,7 +273,7 @@ static const char *check_flags(const struct eargs *a, enum llmq_eval_protocol *p
     if (!a->model_path) return "--model is required";
     if (!a->text_arg && !a->kld_file) return "--ppl FILE is required (or --kld FILE)";
     if (!llmq_eval_protocol_from_name(a->protocol_name, protocol)) return "--protocol must be llamacpp or gptq";
-    if (a->ctx < 0 || a->ctx == 1 || a->ctx > (1L << 20)) return "--ctx must be between 2 and 1048576";
+    if (a->ctx != LONG_MIN && (a->ctx < 2 || a->ctx > (1L << 20))) return "--ctx must be between 2 and 1048576";
     if (a->chunks == 0 || a->chunks < -1) return "--chunks must be -1 (all) or at least 1";
     if (a->threads < 1 || a->threads > 256) return "--threads must be between 1 and 256";
     if ((a->base_path != NULL) + (a->kld_base != NULL) + (a->save_logits != NULL) + (a->kld_file != NULL) > 1)
@@ -368,6 +371,7 @@ int cmd_eval(int argc, char **argv) {
                       .device = "auto",
                       .emulate_name = "none",
                       .chunks = -1,
+                      .ctx = LONG_MIN,
                       .threads = sysconf(_SC_NPROCESSORS_ONLN)};
     if (a.threads < 1) a.threads = 1;
     const struct cli_flag flags[] = {
@@ -395,6 +399,7 @@ int cmd_eval(int argc, char **argv) {
          "Q8_0/Q8_1/Q8_K or f16 inputs per weight type, f16 KV cache, flash attention as llama-perplexity's "
          "default); llamacpp-cpu-nofa: the same with flash attention off (also Q and softmax in f16)"},
         {"json", CLI_STR, &a.json_path, NULL, "also write every figure as JSON to this file"},
+        {"force", CLI_BOOL, &a.force, "off", "replace existing --json / --save-logits files (never an input)"},
     };
     const struct cli_cmd cmd = {
         "eval",
@@ -427,6 +432,11 @@ int cmd_eval(int argc, char **argv) {
         return 2;
     }
 
+    if (a.ctx == LONG_MIN) a.ctx = 0; // the protocol's default
+    const char *inputs[5] = {a.model_path, a.text_arg, a.base_path, a.kld_base, a.kld_file},
+               *outputs[2] = {a.json_path, a.save_logits};
+    if (cli_guard(inputs, 5, outputs, 2, a.force)) return 1;
+
     enum llmq_backend backend;
     char device_desc[320];
     if ((rc = cli_device(a.device, &backend, device_desc, sizeof(device_desc)))) return rc;
@@ -450,6 +460,11 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if ((st = llmq_model_load(a.model_path, &m))) goto done;
+    int64_t n_ctx = lf ? llmq_logits_header(lf)->n_ctx : a.ctx > 0 ? a.ctx : llmq_eval_protocol_default_ctx(protocol);
+    if (m->hp.n_ctx_train > 0 && n_ctx > m->hp.n_ctx_train)
+        llmq_warn("eval: --ctx %lld is past the training context of %s (%lld tokens): the perplexity measures "
+                  "the model outside the positions it was trained on",
+                  (long long)n_ctx, m->path, (long long)m->hp.n_ctx_train);
     if (a.base_path) a.kld_base = a.base_path; // the same run; only the report differs
     if (a.kld_base && (st = llmq_model_load(a.kld_base, &base))) goto done;
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;

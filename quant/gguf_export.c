@@ -268,18 +268,8 @@ static const float *entry_importance(const struct llmq_gguf_export *e, const str
 // ---- output path and KVs -----------------------------------------------------------------------------
 
 static enum llmq_status check_output(const struct llmq_gguf_export *e) {
-    struct stat so, si;
-    const char *out = e->out_path;
-    if (stat(out, &so) != 0) {
-        if (errno == ENOENT) return LLMQ_OK;
-        return llmq_errorf(LLMQ_ERR_IO, "%s: %s", out, strerror(errno));
-    }
-    if (stat(e->m->path, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: the output is the input model", out);
-    if (!e->o.force) return llmq_errorf(LLMQ_ERR_ARG, "%s: exists (use --force to replace it)", out);
-    if (!S_ISREG(so.st_mode))
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is not a regular file (not replaced, even with --force)", out);
-    return LLMQ_OK;
+    bool exists;
+    return llmq_output_check(e->m->path, e->out_path, false, e->o.force, &exists); // common/io.h's rule
 }
 
 static enum llmq_status write_kvs(struct llmq_gguf_export *e) {

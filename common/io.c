@@ -14,6 +14,39 @@
 #include <unistd.h>
 #include <zlib.h>
 
+// The live mappings of llmq_mmap_open (for llmq_mmap_release: only file pages are ever released).
+#define MAX_MAPS 256
+static struct {
+    const uint8_t *data;
+    size_t size;
+} maps[MAX_MAPS];
+
+static void maps_add(const uint8_t *data, size_t size) {
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (!maps[i].data) {
+            maps[i].data = data, maps[i].size = size;
+            return;
+        }
+}
+
+static void maps_remove(const uint8_t *data) {
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (maps[i].data == data) maps[i].data = NULL, maps[i].size = 0;
+}
+
+void llmq_mmap_release(const void *p, size_t n) {
+    const uint8_t *a = p;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; n && i < MAX_MAPS; i++) {
+        const uint8_t *d = maps[i].data;
+        if (!d || a < d || a + n > d + maps[i].size) continue;
+        // whole pages, clipped to the mapping: a neighbour's page dropped too is only read again
+        size_t lo = (size_t)(a - d) / page * page, hi = (size_t)(a - d) + n;
+        madvise((void *)(d + lo), hi - lo, MADV_DONTNEED);
+        return;
+    }
+}
+
 enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
     struct stat st;
     int fd = -1;
@@ -44,6 +77,7 @@ enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
             goto fail;
         }
         m->data = p;
+        maps_add(m->data, m->size);
     }
     close(fd);
     return LLMQ_OK;
@@ -54,7 +88,10 @@ fail:
 
 void llmq_mmap_close(struct llmq_mmap *m) {
     if (!m) return;
-    if (m->data) munmap((void *)m->data, m->size);
+    if (m->data) {
+        maps_remove(m->data);
+        munmap((void *)m->data, m->size);
+    }
     free(m->path);
     memset(m, 0, sizeof(*m));
 }

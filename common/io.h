@@ -46,6 +46,11 @@ struct llmq_mmap {
 // Maps path read-only. On failure logs "<path>: <reason>" and returns LLMQ_ERR_IO.
 enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path);
 void llmq_mmap_close(struct llmq_mmap *m); // safe on a zeroed struct
+// Releases the resident pages of [p, p + n) when that range lies in a mapping of llmq_mmap_open
+// (madvise(MADV_DONTNEED): the pages leave the process's RSS, a later read faults them in again from the
+// file); anything else (heap memory: a dequantized view) is left alone. For streaming writers: the pages
+// of weights already processed stop counting against a memory limit. Driver thread only.
+void llmq_mmap_release(const void *p, size_t n);
 
 struct llmq_afile {
     FILE *fp;

@@ -225,6 +225,39 @@ def test_a_live_process_temporary_is_kept(llmq_bin, work):
 
 # ---- 3. bad input ------------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def bad_models(stories_v3, tmp_path_factory):
+    """stories260K with one NaN / one -Inf in blk.1.ffn_up.weight at row 2, column 7 (gguf-py finds the offset)."""
+    from gguf import GGUFReader
+    d = tmp_path_factory.mktemp("bad")
+    out = {}
+    for name, val in (("nan", np.nan), ("-inf", -np.inf)):
+        p = d / f"{name}.gguf"
+        shutil.copy(stories_v3, p)
+        t = next(t for t in GGUFReader(str(p)).tensors if t.name == "blk.1.ffn_up.weight")
+        cols = int(t.shape[0])  # gguf-py lists ne0 (the row length) first
+        with open(p, "r+b") as f:
+            f.seek(t.data_offset + 4 * (2 * cols + 7))
+            f.write(np.float32(val).tobytes())
+        out[name] = (p, 2 * cols + 7)
+    return out
+
+
+@pytest.mark.parametrize("bad", ["nan", "-inf"])
+@pytest.mark.parametrize("method", ["rtn", "gptq", "awq", "awq+gptq"])
+@pytest.mark.parametrize("fmt", [["--gguf-type", "Q8_0"], ["--gguf-type", "Q4_K_M"], ["--format", "fake",
+                                                                                     "--group-size", "4"]])
+def test_non_finite_weights_refused_alike(llmq_bin, work, bad_models, bad, method, fmt):
+    path, index = bad_models[bad]
+    cal = ["--calib", "calib.txt", *CAL] if method != "rtn" else []
+    r = llmq(llmq_bin, work, "quantize", "--model", path, "--method", method, *fmt, *cal, "--out", "o")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    want = (f"blk.1.ffn_up.weight: element [2, 7] (index {index}) is {'NaN' if bad == 'nan' else '-Inf'}: "
+            "non-finite weights are refused")
+    assert want in r.stderr, r.stderr
+    assert not (work / "o").exists() and temps(work) == []
+
+
 def test_truncated_gzip_is_an_error(llmq_bin, work):
     gz = gzip.compress((work / "calib.txt").read_bytes() * 4)
     (work / "cut.txt.gz").write_bytes(gz[: len(gz) // 2])
@@ -297,3 +330,18 @@ def test_spill_enospc_is_a_clear_error(llmq_bin, tool, work):
                        capture_output=True, text=True, cwd=work)
     assert r.returncode == 1 and f"the spill directory {spill} cannot hold the 4194368 bytes" in r.stderr, \
         (r.returncode, r.stderr)
+
+
+def test_tokenizer_json_huge_id_refused_before_allocating(llmq_bin, work):
+    """One id of 16,777,215 in a small tokenizer.json: refused at once, not padded to 16M tokens (it took
+    ~45 s and 800 MB before)."""
+    import json
+    r = llmq(llmq_bin, work, "convert", "--model", "model.gguf", "--to", "hf", "--out", "hf")
+    assert r.returncode == 0, r.stderr
+    tj = json.loads((work / "hf" / "tokenizer.json").read_text())
+    tj["model"]["vocab"]["zzzz"] = 16777215
+    (work / "hf" / "tokenizer.json").write_text(json.dumps(tj))
+    t0 = time.time()
+    r = llmq(llmq_bin, work, "eval", "--model", "hf", "--ppl", "calib.txt", "--ctx", "32")
+    assert r.returncode == 1 and "tokenizer.json: token ids reach 16777215 but only" in r.stderr, r.stderr
+    assert time.time() - t0 < 20  # generous for sanitizer builds; the refusal itself takes milliseconds

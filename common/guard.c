@@ -257,7 +257,7 @@ enum llmq_status llmq_output_check(const char *in, const char *out, bool dir, bo
     remove_stale(out);
     if (lstat(out, &so) != 0) {
         if (errno != ENOENT) return llmq_errorf(LLMQ_ERR_IO, "%s: %s", out, strerror(errno));
-        record_output(out, false); // a new path: created exclusively
+        record_output(out, force); // a new path: created exclusively unless --force
         return LLMQ_OK;
     }
     *exists = true;

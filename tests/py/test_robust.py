@@ -166,14 +166,20 @@ def test_new_output_is_created_exclusively(llmq_bin, work):
     assert (work / "l.bin").read_bytes() == b"the other run's" and temps(work) == []
 
 
-def test_two_concurrent_runs_one_wins(llmq_bin, work):
-    procs = [start(llmq_bin, work, *SLOW_DIR[:-2], "--threads", "1", "--out", "o") for _ in range(2)]
+@pytest.mark.parametrize("kind", ["gguf", "dir"])
+def test_two_concurrent_runs_one_wins(llmq_bin, work, kind):
+    """Two runs started together onto one new path, without --force: exactly one succeeds, the other
+    fails naming the path (at its final rename, or at its check when the winner was already done)."""
+    argv = ([*SLOW_DIR, "--out", "o"] if kind == "dir" else
+            [*SLOW_DIR[:5], "--gguf-type", "Q4_0", *SLOW_DIR[5:11], "--threads", "1", "--out", "o"])
+    procs = [start(llmq_bin, work, *argv) for _ in range(2)]
     res = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
     ok = [rc for rc, _ in res if rc == 0]
-    assert len(ok) == 1, res
-    loser = [e for rc, e in res if rc != 0][0]
-    assert "o: appeared while this run was writing it" in loser or "o: exists" in loser, loser
-    assert (work / "o" / "model.safetensors").is_file() and temps(work) == []
+    assert len(ok) == 1, [(rc, e[-1500:]) for rc, e in res]
+    loser = [(rc, e) for rc, e in res if rc != 0][0]
+    assert loser[0] == 1 and ("o: appeared while this run was writing it" in loser[1] or "o: exists" in loser[1]), \
+        loser[1][-1500:]
+    assert (work / "o").exists() and temps(work) == []
 
 
 # ---- 2. signals and temporaries --------------------------------------------------------------------------
@@ -256,6 +262,11 @@ def test_non_finite_weights_refused_alike(llmq_bin, work, bad_models, bad, metho
             "non-finite weights are refused")
     assert want in r.stderr, r.stderr
     assert not (work / "o").exists() and temps(work) == []
+
+
+def test_eval_names_the_first_non_finite_layer(llmq_bin, work, bad_models):
+    r = llmq(llmq_bin, work, "eval", "--model", bad_models["nan"][0], "--ppl", "calib.txt", "--ctx", "64")
+    assert r.returncode == 1 and "the output of blk.1 is NaN" in r.stderr, r.stderr
 
 
 def test_truncated_gzip_is_an_error(llmq_bin, work):

@@ -364,6 +364,20 @@ static enum llmq_status open_logits(const struct eargs *a, struct llmq_logits_fi
     return LLMQ_OK;
 }
 
+// The output guard (common/io.h): the inputs named, --json and --save-logits checked before any work.
+static int guard(const struct eargs *a) {
+    const char *inputs[5] = {a->model_path, a->text_arg, a->base_path, a->kld_base, a->kld_file},
+               *outputs[2] = {a->json_path, a->save_logits};
+    return cli_guard(inputs, 5, outputs, 2, a->force);
+}
+
+static void warn_ctx(const struct llmq_model *m, int64_t n_ctx) {
+    if (m->hp.n_ctx_train > 0 && n_ctx > m->hp.n_ctx_train)
+        llmq_warn("eval: --ctx %lld is past the training context of %s (%lld tokens): the perplexity measures "
+                  "the model outside the positions it was trained on",
+                  (long long)n_ctx, m->path, (long long)m->hp.n_ctx_train);
+}
+
 int cmd_eval(int argc, char **argv) {
     struct eargs a = {.protocol_name = "llamacpp",
                       .logits_dtype = "f16",
@@ -433,10 +447,7 @@ int cmd_eval(int argc, char **argv) {
     }
 
     if (a.ctx == LONG_MIN) a.ctx = 0; // the protocol's default
-    const char *inputs[5] = {a.model_path, a.text_arg, a.base_path, a.kld_base, a.kld_file},
-               *outputs[2] = {a.json_path, a.save_logits};
-    if (cli_guard(inputs, 5, outputs, 2, a.force)) return 1;
-
+    if (guard(&a)) return 1;
     enum llmq_backend backend;
     char device_desc[320];
     if ((rc = cli_device(a.device, &backend, device_desc, sizeof(device_desc)))) return rc;
@@ -460,11 +471,7 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if ((st = llmq_model_load(a.model_path, &m))) goto done;
-    int64_t n_ctx = lf ? llmq_logits_header(lf)->n_ctx : a.ctx > 0 ? a.ctx : llmq_eval_protocol_default_ctx(protocol);
-    if (m->hp.n_ctx_train > 0 && n_ctx > m->hp.n_ctx_train)
-        llmq_warn("eval: --ctx %lld is past the training context of %s (%lld tokens): the perplexity measures "
-                  "the model outside the positions it was trained on",
-                  (long long)n_ctx, m->path, (long long)m->hp.n_ctx_train);
+    warn_ctx(m, lf ? llmq_logits_header(lf)->n_ctx : a.ctx > 0 ? a.ctx : llmq_eval_protocol_default_ctx(protocol));
     if (a.base_path) a.kld_base = a.base_path; // the same run; only the report differs
     if (a.kld_base && (st = llmq_model_load(a.kld_base, &base))) goto done;
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 // The private directory (created once per process) and path = dir/name holding data (size bytes).
-static const char *fuzz_write(const char *name, const uint8_t *data, size_t size) {
+static inline const char *fuzz_write(const char *name, const uint8_t *data, size_t size) {
     static char dir[64], path[256];
     if (!dir[0]) {
         snprintf(dir, sizeof dir, "/tmp/llmq-fuzz-XXXXXX");
@@ -30,7 +30,7 @@ static const char *fuzz_write(const char *name, const uint8_t *data, size_t size
 }
 
 // The directory fuzz_write writes into (after a first call).
-static const char *fuzz_dir(void) {
+static inline const char *fuzz_dir(void) {
     static char d[256];
     const char *p = fuzz_write(".probe", (const uint8_t *)"", 0);
     snprintf(d, sizeof d, "%s", p);

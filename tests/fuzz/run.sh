@@ -9,6 +9,7 @@ build=$(cd "${1:-build-fuzz}" && pwd)
 secs=${2:-60}
 src=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /tmp/llmq-fuzz-run-XXXXXX)
+export LLMQ_DATA=${LLMQ_DATA:-$src/../../../shared/datasets} # fuzz_imatrix loads stories260K from there
 fail=0
 for exe in "$build"/tests/fuzz/fuzz_*; do
   name=$(basename "$exe")

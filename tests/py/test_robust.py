@@ -149,7 +149,9 @@ def start(llmq_bin, cwd, *args):
                             stderr=subprocess.PIPE, text=True)
 
 
-SLOW_EVAL = ["eval", "--model", "model.gguf", "--ppl", "wikitext-2", "--ctx", "128", "--chunks", "40",
+# Runs that hold their temporary output for seconds (the signal and exclusivity cases act while it exists):
+# 400 chunks of 128 tokens (a few seconds; the signal cases stop it early), a GPTQ run of 32 x 128 tokens.
+SLOW_EVAL = ["eval", "--model", "model.gguf", "--ppl", "wikitext-2", "--ctx", "128", "--chunks", "400",
              "--threads", "1"]
 SLOW_DIR = ["quantize", "--model", "model.gguf", "--method", "gptq", "--calib", "calib.txt", "--nsamples", "32",
             "--seqlen", "128", "--format", "fake", "--group-size", "4", "--threads", "1"]

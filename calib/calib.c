@@ -59,6 +59,11 @@ static enum llmq_status split_texts(const char *path, char *buf, size_t len, cha
     int64_t cnt = 0, cap = 0;
     enum llmq_status st = LLMQ_OK;
     bool jsonl = llmq_ends_with(path, ".jsonl") || llmq_ends_with(path, ".jsonl.gz");
+    if (len == 0) {
+        free(buf);
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: the calibration text is empty (0 bytes%s)", path,
+                           llmq_ends_with(path, ".gz") ? " after decompression" : "");
+    }
     if (!jsonl) {
         out = malloc(sizeof(*out));
         if (!out) goto nomem;
@@ -200,9 +205,18 @@ enum llmq_status llmq_calib_data_load(const struct llmq_model *m, const struct l
     enum llmq_status st = LLMQ_OK;
     uint64_t rng = splitmix64(o->seed);
     if (!rng) rng = 1;
+    // sizes first, from the flags and the model, before any allocation or text is read: the block-boundary
+    // activations (N, D) floats (in RAM, or beyond --max-memory in the spill directory), the token matrix
+    char what[160];
+    uint64_t N = (uint64_t)d.n_seq * (uint64_t)d.seqlen, ram_bytes = llmq_phys_mem_bytes();
+    snprintf(what, sizeof what, "calib: --nsamples %lld x --seqlen %lld = %llu tokens x %lld activations",
+             (long long)d.n_seq, (long long)d.seqlen, (unsigned long long)N, (long long)m->hp.n_embd);
+    if ((st = llmq_spill_preflight(N * (uint64_t)m->hp.n_embd * sizeof(float), what))) return st;
+    if (ram_bytes && N * sizeof(int32_t) > ram_bytes)
+        return llmq_errorf(LLMQ_ERR_NOMEM, "calib: the %llu-token matrix needs more than this machine's RAM",
+                           (unsigned long long)N);
     d.src = calloc((size_t)o->n_sources, sizeof(*d.src));
-    d.tokens = malloc((size_t)(d.n_seq * d.seqlen) * sizeof(int32_t));
-    if (!d.src || !d.tokens) {
+    if (!d.src) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
         goto fail;
     }
@@ -273,6 +287,10 @@ enum llmq_status llmq_calib_data_load(const struct llmq_model *m, const struct l
         if (st) goto fail;
         llmq_info("calib: %s: %s, sha256 %s, %lld texts, %lld tokens", a, s->path, s->sha256, (long long)s->n_texts,
                   (long long)s->n_tokens);
+    }
+    if (!(d.tokens = malloc((size_t)N * sizeof(int32_t)))) { // (n_seq, seqlen), once the texts are read
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for %llu tokens", (unsigned long long)N);
+        goto fail;
     }
     if (self) {
         if ((st = sample_self(m, d.n_seq, d.seqlen, &rng, o->n_threads, o->backend, d.tokens))) goto fail;

@@ -1,6 +1,7 @@
 // cli/args.c — the flag parser behind every llmq subcommand.
 #include "cli/args.h"
 
+#include "common/io.h"
 #include "common/log.h"
 #include "common/spill.h"
 #include "common/status.h"
@@ -161,4 +162,17 @@ const char *cli_calib_args_check(struct cli_calib_args *a) {
     if (a->max_memory && !llmq_parse_bytes(a->max_memory, &a->max_mem_bytes))
         return "--max-memory must be a size such as 4G, 512M or 1073741824";
     return NULL;
+}
+
+int cli_guard(const char *const *inputs, int n_in, const char *const *outputs, int n_out, bool force) {
+    for (int i = 0; i < n_in; i++) llmq_input_add(inputs[i]);
+    for (int i = 0; i < n_out; i++) {
+        for (int k = 0; outputs[i] && k < i; k++)
+            if (outputs[k] && strcmp(outputs[k], outputs[i]) == 0) {
+                llmq_errorf(LLMQ_ERR_ARG, "%s: named for two outputs of this run", outputs[i]);
+                return 1;
+            }
+        if (outputs[i] && llmq_output_check_file(outputs[i], force)) return 1;
+    }
+    return 0;
 }

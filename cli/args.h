@@ -48,6 +48,11 @@ void cli_print_help(const struct cli_cmd *cmd, FILE *out);
 // most max_vals) and removes them from argv, updating *argc. Returns 0, or 2 on a usage error (printed).
 int cli_take_repeated(const char *name, int *argc, char **argv, const char **vals, int max_vals, int *n_vals);
 
+// The output guard of a command (common/io.h), before any work: records every non-NULL path of inputs
+// (n_in) as an input of the run, then checks every non-NULL path of outputs (n_out) as a file output
+// (llmq_output_check_file with force). 0, or 1 after the refusal's line (the command exits 1).
+int cli_guard(const char *const *inputs, int n_in, const char *const *outputs, int n_out, bool force);
+
 // ---- the calibration flags, shared by `llmq calib` and `llmq quantize`
 
 #define CLI_CALIB_MAX_SOURCES 16 // = LLMQ_CALIB_MAX_SOURCES (calib/calib.h; checked there)

@@ -14,6 +14,7 @@
 #include "calib/model/model.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/spill.h"
 
@@ -44,7 +45,7 @@ static void print_summary(const struct llmq_calib_stats *s) {
 
 int cmd_calib(int argc, char **argv) {
     const char *model_path = NULL, *out = NULL, *imat_out = NULL, *imat_in = NULL, *stats_in = NULL, *device = "auto";
-    bool no_xtx = false;
+    bool no_xtx = false, force = false;
     struct cli_calib_args ca;
     cli_calib_args_init(&ca);
     int rc = cli_calib_take_sources(&ca, &argc, argv);
@@ -63,6 +64,7 @@ int cmd_calib(int argc, char **argv) {
         {"imatrix-in", CLI_STR, &imat_in, NULL,
          "read a llama.cpp imatrix (GGUF or .dat, told apart by content) instead of running calibration"},
         {"stats-in", CLI_STR, &stats_in, NULL, "read a statistics file instead of running calibration"},
+        {"force", CLI_BOOL, &force, "off", "replace existing --out / --imatrix-out files (never an input)"},
     };
     const struct cli_cmd cmd = {
         "calib",
@@ -93,6 +95,9 @@ int cmd_calib(int argc, char **argv) {
         fprintf(stderr, "llmq calib: %s\nrun 'llmq calib --help' for the flags and their defaults\n", usage);
         return 2;
     }
+    const char *inputs[3 + CLI_CALIB_MAX_SOURCES] = {model_path, imat_in, stats_in}, *outputs[2] = {out, imat_out};
+    for (int i = 0; i < n_sources; i++) inputs[3 + i] = sources[i];
+    if (cli_guard(inputs, 3 + n_sources, outputs, 2, force)) return 1;
     enum llmq_backend backend = LLMQ_BACKEND_CPU;
     char device_desc[320];
     if (n_sources > 0 && (rc = cli_device(device, &backend, device_desc, sizeof(device_desc)))) return rc;

@@ -105,21 +105,13 @@ static const char *check_flags(const struct cargs *a, enum llmq_eval_protocol *p
     return NULL;
 }
 
-// Every output path: not an input, distinct, and not existing unless --force (common/io.h llmq_output_check).
-static enum llmq_status check_outputs(const struct cargs *a) {
+// Every output path through the one guard (cli/args.h cli_guard): not an input of this run (the base, the
+// artifacts, the text), distinct, and not existing unless --force.
+static int check_outputs(const struct cargs *a) {
+    const char *inputs[MAX_ARTIFACTS + 2] = {a->base, a->text_arg};
+    for (int k = 0; k < a->n_artifacts; k++) inputs[2 + k] = a->artifacts[k];
     const char *outs[3] = {a->json_path, a->csv_path, a->html_path};
-    for (int i = 0; i < 3; i++) {
-        if (!outs[i]) continue;
-        bool exists;
-        enum llmq_status st = llmq_output_check(a->base, outs[i], false, a->force, &exists);
-        for (int k = 0; !st && k < a->n_artifacts; k++)
-            st = llmq_output_check(a->artifacts[k], outs[i], false, true, &exists);
-        for (int j = 0; !st && j < i; j++)
-            if (outs[j] && strcmp(outs[j], outs[i]) == 0)
-                st = llmq_errorf(LLMQ_ERR_ARG, "%s: named by two of --json, --csv and --html", outs[i]);
-        if (st) return st;
-    }
-    return LLMQ_OK;
+    return cli_guard(inputs, 2 + a->n_artifacts, outs, 3, a->force);
 }
 
 // The artifact's label: its last path component (a trailing '/' ignored), or the path as given when two
@@ -504,7 +496,7 @@ int cmd_compare(int argc, char **argv) {
         rc = 2;
         goto out;
     }
-    if ((st = check_outputs(&a))) {
+    if (check_outputs(&a)) {
         rc = 1;
         goto out;
     }

@@ -47,7 +47,8 @@ int cmd_convert(int argc, char **argv) {
         {"dtype", CLI_STR, &dtype, "f32", "tensor type of the output: f32, f16 or bf16 (GGUF keeps 1-D tensors f32)"},
         {"max-shard-size", CLI_STR, &shard, "5GB",
          "HF output: bytes per safetensors file (GB = 1e9, GiB = 2^30; 0: one file)"},
-        {"force", CLI_BOOL, &force, "off", "replace an existing output (a GGUF file, or a directory with config.json)"},
+        {"force", CLI_BOOL, &force, "off",
+         "replace an existing output (a GGUF file, or a directory llmq wrote); never an input"},
     };
     const struct cli_cmd cmd = {
         "convert",

@@ -200,7 +200,8 @@ static json_t *report_json(const struct llmq_eval_report *rep) {
 struct eargs {
     const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
         *logits_dtype, *rows, *device, *emulate_name, *gates_dummy;
-    long ctx, chunks, threads;
+    long ctx, chunks, threads; // ctx LONG_MIN: not given
+    bool force;
 };
 
 // The flag combinations that are wrong whatever the files: NULL, or the usage message.
@@ -209,7 +210,7 @@ static const char *check_flags(const struct eargs *a, enum llmq_eval_protocol *p
     if (!a->model_path) return "--model is required";
     if (!a->text_arg && !a->kld_file) return "--ppl FILE is required (or --kld FILE)";
     if (!llmq_eval_protocol_from_name(a->protocol_name, protocol)) return "--protocol must be llamacpp or gptq";
-    if (a->ctx < 0 || a->ctx == 1 || a->ctx > (1L << 20)) return "--ctx must be between 2 and 1048576";
+    if (a->ctx != LONG_MIN && (a->ctx < 2 || a->ctx > (1L << 20))) return "--ctx must be between 2 and 1048576";
     if (a->chunks == 0 || a->chunks < -1) return "--chunks must be -1 (all) or at least 1";
     if (a->threads < 1 || a->threads > 256) return "--threads must be between 1 and 256";
     if ((a->base_path != NULL) + (a->kld_base != NULL) + (a->save_logits != NULL) + (a->kld_file != NULL) > 1)
@@ -314,6 +315,20 @@ static enum llmq_status open_logits(const struct eargs *a, struct llmq_logits_fi
     return LLMQ_OK;
 }
 
+// The output guard (common/io.h): the inputs named, --json and --save-logits checked before any work.
+static int guard(const struct eargs *a) {
+    const char *inputs[5] = {a->model_path, a->text_arg, a->base_path, a->kld_base, a->kld_file},
+               *outputs[2] = {a->json_path, a->save_logits};
+    return cli_guard(inputs, 5, outputs, 2, a->force);
+}
+
+static void warn_ctx(const struct llmq_model *m, int64_t n_ctx) {
+    if (m->hp.n_ctx_train > 0 && n_ctx > m->hp.n_ctx_train)
+        llmq_warn("eval: --ctx %lld is past the training context of %s (%lld tokens): the perplexity measures "
+                  "the model outside the positions it was trained on",
+                  (long long)n_ctx, m->path, (long long)m->hp.n_ctx_train);
+}
+
 int cmd_eval(int argc, char **argv) {
     struct eargs a = {.protocol_name = "llamacpp",
                       .logits_dtype = "f16",
@@ -321,6 +336,7 @@ int cmd_eval(int argc, char **argv) {
                       .device = "auto",
                       .emulate_name = "none",
                       .chunks = -1,
+                      .ctx = LONG_MIN,
                       .threads = sysconf(_SC_NPROCESSORS_ONLN)};
     if (a.threads < 1) a.threads = 1;
     struct cli_gates gs;
@@ -352,6 +368,7 @@ int cmd_eval(int argc, char **argv) {
          "default); llamacpp-cpu-nofa: the same with flash attention off (also Q and softmax in f16)"},
         {"json", CLI_STR, &a.json_path, NULL, "also write every figure as JSON to this file"},
         {"fail-if", CLI_STR, &a.gates_dummy, "none", CLI_GATES_HELP ". Base metrics need --base, --kld-base or --kld"},
+        {"force", CLI_BOOL, &a.force, "off", "replace existing --json / --save-logits files (never an input)"},
     };
     const struct cli_cmd cmd = {
         "eval",
@@ -382,6 +399,8 @@ int cmd_eval(int argc, char **argv) {
     enum llmq_dtype dtype = llmq_dtype_from_name(a.logits_dtype);
     if (usage_errors(&a, &gs, &protocol, &emulate, dtype)) return 2;
 
+    if (a.ctx == LONG_MIN) a.ctx = 0; // the protocol's default
+    if (guard(&a)) return 1;
     enum llmq_backend backend;
     char device_desc[320];
     if ((rc = cli_device(a.device, &backend, device_desc, sizeof(device_desc)))) return rc;
@@ -405,6 +424,7 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if ((st = llmq_model_load(a.model_path, &m))) goto done;
+    warn_ctx(m, lf ? llmq_logits_header(lf)->n_ctx : a.ctx > 0 ? a.ctx : llmq_eval_protocol_default_ctx(protocol));
     if (a.base_path) a.kld_base = a.base_path; // the same run; only the report differs
     if (a.kld_base && (st = llmq_model_load(a.kld_base, &base))) goto done;
     if (!lf && (st = llmq_eval_text_tokenize(base ? base : m, &text, &ids, &n_ids))) goto done;

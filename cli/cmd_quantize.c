@@ -180,6 +180,7 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
     if (!gguf && (q->bits < 2 || q->bits > 8)) return "--bits must be between 2 and 8";
     if (!gguf && (q->group == 0 || q->group < -1 || q->group > (1 << 20))) return "--group-size must be -1 or >= 1";
     if (q->sym && q->asym) return "--sym and --asym exclude each other";
+    if (q->json && q->out && strcmp(q->json, q->out) == 0) return "--json and --out name the same path";
     if (!isnan(q->damp) && (q->damp < 0 || q->damp >= 1)) return "--damp must be in [0, 1)";
     if (q->fallback && strcmp(q->fallback, "none") && strcmp(q->fallback, "rtn-per-channel"))
         return "--fallback must be none or rtn-per-channel";
@@ -300,6 +301,10 @@ static int run(struct qargs *q, struct llmq_quantize_opts *o, const char *device
     struct llmq_quantize_shared shared = {0};
     static char paths[MAX_LEVELS][2][4096];
     bool usage = false;
+    const char *inputs[2 + CLI_CALIB_MAX_SOURCES] = {q->model, q->imatrix},
+                           *outputs[1] = {q->json && !strstr(q->json, "{}") ? q->json : NULL};
+    for (int i = 0; i < q->ca.n_sources; i++) inputs[2 + i] = q->ca.sources[i];
+    if (cli_guard(inputs, 2 + q->ca.n_sources, outputs, outputs[0] ? 1 : 0, q->force)) return 1;
     enum llmq_status st = llmq_model_load(q->model, &m);
     if (!st) st = sweep_check(q, o, m, paths, &usage);
     if (usage) { // the options do not fit this model: a usage error
@@ -394,7 +399,7 @@ int cmd_quantize(int argc, char **argv) {
                          "GGUF encoders and the GPTQ solve into gguf run on the CPU)"},
         {"json", CLI_STR, &q.json, NULL, "write settings, calibration provenance and the per-layer table here"},
         {"force", CLI_BOOL, &q.force, "off",
-         "replace an existing output (a directory holding config.json, or a .gguf file)"},
+         "replace existing outputs (--out: a directory llmq wrote, or a .gguf file; --json); never an input"},
         {"fallback", CLI_STR, &q.fallback, "none",
          "none: refuse a layer whose in-features the group size does not tile; rtn-per-channel: round that "
          "layer per output channel instead (only --format fake can hold it; not gguf)"},

@@ -1,5 +1,6 @@
 // cli/main.c — the llmq executable: dispatch to subcommands. Only cli/ calls exit().
 #include "cli/commands.h"
+#include "common/io.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -49,6 +50,7 @@ int main(int argc, char **argv) {
                openblas_get_corename());
         return 0;
     }
+    llmq_guard_begin_run(); // inputs recorded, SIGINT / SIGTERM remove the temporary outputs (common/io.h)
     for (int i = 0; i < n_commands; i++)
         if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
     fprintf(stderr, "llmq: unknown command '%s' (run 'llmq --help' for the list)\n", argv[1]);

@@ -14,6 +14,39 @@
 #include <unistd.h>
 #include <zlib.h>
 
+// The live mappings of llmq_mmap_open (for llmq_mmap_release: only file pages are ever released).
+#define MAX_MAPS 256
+static struct {
+    const uint8_t *data;
+    size_t size;
+} maps[MAX_MAPS];
+
+static void maps_add(const uint8_t *data, size_t size) {
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (!maps[i].data) {
+            maps[i].data = data, maps[i].size = size;
+            return;
+        }
+}
+
+static void maps_remove(const uint8_t *data) {
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (maps[i].data == data) maps[i].data = NULL, maps[i].size = 0;
+}
+
+void llmq_mmap_release(const void *p, size_t n) {
+    const uint8_t *a = p;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; n && i < MAX_MAPS; i++) {
+        const uint8_t *d = maps[i].data;
+        if (!d || a < d || a + n > d + maps[i].size) continue;
+        // whole pages, clipped to the mapping: a neighbour's page dropped too is only read again
+        size_t lo = (size_t)(a - d) / page * page, hi = (size_t)(a - d) + n;
+        madvise((void *)(d + lo), hi - lo, MADV_DONTNEED);
+        return;
+    }
+}
+
 enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
     struct stat st;
     int fd = -1;
@@ -28,6 +61,7 @@ enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
         llmq_errorf(LLMQ_ERR_IO, "%s: not a regular file", path);
         goto fail;
     }
+    llmq_input_add_fd(fd);
     m->path = strdup(path);
     if (!m->path) {
         llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
@@ -43,6 +77,7 @@ enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
             goto fail;
         }
         m->data = p;
+        maps_add(m->data, m->size);
     }
     close(fd);
     return LLMQ_OK;
@@ -53,7 +88,10 @@ fail:
 
 void llmq_mmap_close(struct llmq_mmap *m) {
     if (!m) return;
-    if (m->data) munmap((void *)m->data, m->size);
+    if (m->data) {
+        maps_remove(m->data);
+        munmap((void *)m->data, m->size);
+    }
     free(m->path);
     memset(m, 0, sizeof(*m));
 }
@@ -77,6 +115,7 @@ enum llmq_status llmq_afile_open(struct llmq_afile *f, const char *path) {
         memset(f, 0, sizeof(*f));
         return st;
     }
+    llmq_temp_register(f->tmp_path, false);
     return LLMQ_OK;
 }
 
@@ -112,12 +151,13 @@ enum llmq_status llmq_afile_seek(struct llmq_afile *f, uint64_t off) {
 }
 
 static void afile_free(struct llmq_afile *f) {
+    if (f->tmp_path) llmq_temp_unregister(f->tmp_path);
     free(f->path);
     free(f->tmp_path);
     memset(f, 0, sizeof(*f));
 }
 
-static void fsync_dir_of(const char *path) {
+void llmq_fsync_dir_of(const char *path) {
     char *copy = strdup(path);
     if (!copy) return;
     int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -137,11 +177,10 @@ enum llmq_status llmq_afile_commit(struct llmq_afile *f) {
     if (f->err) {
         st = llmq_errorf(LLMQ_ERR_IO, "%s: write failed: %s", f->tmp_path, strerror(f->err));
         unlink(f->tmp_path);
-    } else if (rename(f->tmp_path, f->path) != 0) {
-        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot rename to %s: %s", f->tmp_path, f->path, strerror(errno));
+    } else if ((st = llmq_output_rename(f->tmp_path, f->path, false))) {
         unlink(f->tmp_path);
     } else {
-        fsync_dir_of(f->path);
+        llmq_fsync_dir_of(f->path);
     }
     afile_free(f);
     return st;
@@ -162,42 +201,6 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 
 void llmq_remove_tree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-static bool dir_is_empty(const char *path) {
-    DIR *d = opendir(path);
-    struct dirent *e;
-    bool empty = d != NULL;
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
-    if (d) closedir(d);
-    return empty;
-}
-
-enum llmq_status llmq_output_check(const char *in, const char *out, bool dir, bool force, bool *exists) {
-    struct stat so, si;
-    *exists = false;
-    if (lstat(out, &so) != 0) {
-        if (errno == ENOENT) return LLMQ_OK;
-        return llmq_errorf(LLMQ_ERR_IO, "%s: %s", out, strerror(errno));
-    }
-    *exists = true;
-    if (in && stat(in, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: the output is the input", out);
-    if (!force) return llmq_errorf(LLMQ_ERR_ARG, "%s: exists (use --force to replace it)", out);
-    if (!dir && !S_ISREG(so.st_mode))
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is not a regular file: not replaced", out);
-    if (dir) {
-        char *cfg = llmq_path_join(out, "config.json");
-        bool ok = S_ISDIR(so.st_mode) && cfg && (llmq_file_exists(cfg) || dir_is_empty(out));
-        free(cfg);
-        if (!ok)
-            return llmq_errorf(LLMQ_ERR_ARG,
-                               "%s: exists and is neither a model directory (config.json) nor empty: not "
-                               "replaced",
-                               out);
-    }
-    return LLMQ_OK;
-}
-
 bool llmq_ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && strcmp(s + n - k, suffix) == 0;
@@ -206,6 +209,7 @@ bool llmq_ends_with(const char *s, const char *suffix) {
 enum llmq_status llmq_file_sha256(const char *path, char hex[65]) {
     FILE *f = fopen(path, "rb");
     if (!f) return llmq_errorf(LLMQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    llmq_input_add_fd(fileno(f));
     struct llmq_sha256 h;
     uint8_t buf[1 << 16], d[32];
     size_t n;
@@ -219,6 +223,9 @@ enum llmq_status llmq_file_sha256(const char *path, char hex[65]) {
     return LLMQ_OK;
 }
 
+#define GZ_MAX_RATIO 200
+#define GZ_MIN_CAP ((size_t)16 << 20)
+
 enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, size_t *out_size) {
     char *buf = NULL;
     size_t n = 0, cap = 0;
@@ -231,6 +238,22 @@ enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, s
     else
         fp = fopen(path, "rb");
     if (!gz && !fp) return llmq_errorf(LLMQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb = {0};
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        llmq_errorf(LLMQ_ERR_IO, "%s: is a directory, not a file", path);
+        goto fail;
+    }
+    if (fp)
+        llmq_input_add_fd(fileno(fp));
+    else
+        llmq_input_add(path);
+    // a .gz may inflate to at most GZ_MAX_RATIO times its size (beyond GZ_MIN_CAP): text deflates ~3-10:1,
+    // deflate's limit is ~1032:1, so a small "gzip bomb" costs proportionally small memory and time
+    size_t gz_cap = SIZE_MAX;
+    if (gz) {
+        uint64_t c = (uint64_t)sb.st_size * GZ_MAX_RATIO;
+        gz_cap = c < GZ_MIN_CAP ? GZ_MIN_CAP : c > SIZE_MAX ? SIZE_MAX : (size_t)c;
+    }
     for (;;) {
         if (n == cap) {
             if (cap > max_size) {
@@ -265,6 +288,13 @@ enum llmq_status llmq_read_file(const char *path, size_t max_size, char **out, s
         }
         if (got == 0) break;
         n += (size_t)got;
+        if (n > gz_cap && gz_cap < max_size) {
+            llmq_errorf(LLMQ_ERR_OVERFLOW,
+                        "%s: decompresses to more than %zu bytes, %d times its %lld bytes: not a text (a gzip "
+                        "bomb?)",
+                        path, gz_cap, GZ_MAX_RATIO, (long long)sb.st_size);
+            goto fail;
+        }
     }
     // gzread returns the bytes it could inflate and then 0 when the file ends inside a gzip member:
     // only gzerror's Z_BUF_ERROR tells a truncated .gz from a complete one (zlib.h, gzread).

@@ -45,6 +45,7 @@ void llmq_sha256_init(struct llmq_sha256 *s) {
 
 void llmq_sha256_update(struct llmq_sha256 *s, const void *data, size_t n) {
     const uint8_t *p = data;
+    if (n == 0) return; // data may be NULL then (an empty text): memcpy(_, NULL, 0) is undefined
     s->n_bytes += n;
     if (s->n_block) {
         size_t take = 64 - s->n_block < n ? 64 - s->n_block : n;

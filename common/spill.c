@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -57,10 +58,17 @@ bool llmq_parse_bytes(const char *s, uint64_t *out) {
     return true;
 }
 
-static void *spill_map(size_t len, const char *what) {
+static const char *spill_dir(void) {
     const char *dir = getenv("LLMQ_SPILL_DIR");
     if (!dir || !*dir) dir = getenv("TMPDIR");
     if (!dir || !*dir) dir = "/tmp";
+    return dir;
+}
+
+// A spill file of len bytes, its blocks allocated up front (posix_fallocate): a full disk is an error here,
+// naming the directory and the bytes, not a SIGBUS when a page of a sparse file is first written.
+static void *spill_map(size_t len, const char *what) {
+    const char *dir = spill_dir();
     char path[4096];
     snprintf(path, sizeof path, "%s/llmq-spill-XXXXXX", dir);
     int fd = mkstemp(path);
@@ -70,18 +78,53 @@ static void *spill_map(size_t len, const char *what) {
     }
     unlink(path); // no name: nothing stays on disk, whatever happens
     void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)len) == 0)
+    int e = posix_fallocate(fd, 0, (off_t)len);
+    if (e == 0)
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     else
-        (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot size a %zu-byte spill file in %s: %s", what, len, dir,
-                          strerror(errno));
+        (void)llmq_errorf(LLMQ_ERR_IO,
+                          "%s: the spill directory %s cannot hold the %zu bytes (%.2f GiB) needed: %s (set "
+                          "LLMQ_SPILL_DIR to a larger file system, or raise --max-memory)",
+                          what, dir, len, (double)len / 1073741824.0, strerror(e));
     close(fd);
     if (p == MAP_FAILED) {
-        (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot map a %zu-byte spill file in %s: %s", what, len, dir,
-                          strerror(errno));
+        if (e == 0)
+            (void)llmq_errorf(LLMQ_ERR_IO, "%s: cannot map a %zu-byte spill file in %s: %s", what, len, dir,
+                              strerror(errno));
         return NULL;
     }
     return p;
+}
+
+uint64_t llmq_phys_mem_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+enum llmq_status llmq_spill_preflight(uint64_t bytes, const char *what) {
+    uint64_t ram_bytes = llmq_phys_mem_bytes();
+    if (budget == 0) {
+        if (ram_bytes && bytes > ram_bytes)
+            return llmq_errorf(LLMQ_ERR_NOMEM,
+                               "%s: %llu bytes (%.2f GiB) needed, more than this machine's %.2f GiB of RAM: use "
+                               "fewer tokens, or --max-memory to spill them to disk",
+                               what, (unsigned long long)bytes, (double)bytes / 1073741824.0,
+                               (double)ram_bytes / 1073741824.0);
+        return LLMQ_OK;
+    }
+    if (bytes <= budget) return LLMQ_OK;
+    struct statvfs sv;
+    const char *dir = spill_dir();
+    uint64_t need = bytes - budget;
+    if (statvfs(dir, &sv) != 0)
+        return llmq_errorf(LLMQ_ERR_IO, "%s: the spill directory %s: %s", what, dir, strerror(errno));
+    uint64_t avail = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+    if (need > avail)
+        return llmq_errorf(LLMQ_ERR_IO,
+                           "%s: %llu bytes (%.2f GiB) beyond --max-memory go to the spill directory %s, which has "
+                           "%llu bytes free (set LLMQ_SPILL_DIR to a larger file system, or raise --max-memory)",
+                           what, (unsigned long long)need, (double)need / 1073741824.0, dir, (unsigned long long)avail);
+    return LLMQ_OK;
 }
 
 void *llmq_big_alloc(size_t n, const char *what) {
@@ -92,6 +135,13 @@ void *llmq_big_alloc(size_t n, const char *what) {
     if (budget == 0 || ram + n <= budget) {
         base = aligned_alloc(HDR, (len + HDR - 1) / HDR * HDR);
         if (base) ram += n;
+        if (!base && budget == 0) { // no --max-memory: no silent fallback to disk
+            (void)llmq_errorf(LLMQ_ERR_NOMEM,
+                              "%s: cannot allocate %zu bytes (%.2f GiB) (--max-memory spills such "
+                              "buffers to a file instead)",
+                              what ? what : "buffer", n, (double)n / 1073741824.0);
+            return NULL;
+        }
     }
     if (!base) {
         base = spill_map(len, what ? what : "buffer");

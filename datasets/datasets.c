@@ -181,7 +181,8 @@ enum llmq_status llmq_dataset_load(const char *arg, const char *manifest, size_t
     if ((st = llmq_read_file(d.manifest, MAX_MANIFEST_BYTES, &text, &len))) goto fail;
     struct row r;
     if (!find_row(text, name, &r, names, sizeof(names))) {
-        st = strchr(arg, '/')
+        st = llmq_is_dir(arg) ? llmq_errorf(LLMQ_ERR_ARG, "%s: is a directory, not a text file or a dataset name", arg)
+             : strchr(arg, '/')
                  ? llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: no such file (and not a dataset name)", arg)
                  : llmq_errorf(LLMQ_ERR_NOT_FOUND, "datasets: %s: not a file and not a name in %s (names: %s)", arg,
                                d.manifest, names);

@@ -201,10 +201,12 @@ int64_t llmq_gguf_find_tensor_index(const struct llmq_gguf *g, const char *name)
 // as the header plus its alignment padding (its size is known once the KVs and tensor infos are);
 // tensor data then streams straight to disk with zero padding to ALIGN after every tensor; commit()
 // seeks back, writes the real header, fsyncs and renames onto path. Nothing exists at path before
-// commit() succeeds; abort(), free() of an uncommitted writer, or a crash leave path untouched
-// and remove the temporary file. KVs are written in the order first set; setting an existing key
-// again replaces its value in place. ALIGN is general.alignment if the caller set it (a u32
-// nonzero power of two, else begin() fails with LLMQ_ERR_ARG), otherwise 32 (and no key is added).
+// commit() succeeds; abort(), free() of an uncommitted writer, SIGINT / SIGTERM (in the llmq
+// executable) remove the temporary file; a crash or kill -9 leaves it, and the next run to path
+// removes it (common/io.h "The output guard"). The final rename is exclusive unless path was checked
+// with --force. KVs are written in the order first set; setting an existing key again replaces its
+// value in place. ALIGN is general.alignment if the caller set it (a u32 nonzero power of two, else
+// begin() fails with LLMQ_ERR_ARG), otherwise 32 (and no key is added).
 // All set/add calls copy their arguments. Errors: LLMQ_ERR_ARG for misuse (bad key or name,
 // wrong call order, wrong byte counts), LLMQ_ERR_DUPLICATE for a tensor name given twice,
 // LLMQ_ERR_UNSUPPORTED for a dtype without a GGUF id, LLMQ_ERR_OVERFLOW for a size overflow,

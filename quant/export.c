@@ -560,7 +560,7 @@ static void export_free(struct llmq_export *e) {
 void llmq_export_abort(struct llmq_export *e) {
     if (!e) return;
     llmq_st_writer_abort(e->sw);
-    if (e->tmp) llmq_remove_tree(e->tmp);
+    llmq_outdir_discard(e->tmp);
     export_free(e);
 }
 

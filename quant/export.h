@@ -74,7 +74,8 @@
  *   - Atomic: everything is built in "<out>.tmp.<pid>/" and renamed onto <out> by
  *     llmq_export_finish; on abort / failure / crash nothing is at <out> that was not there
  *     before. An existing <out> is refused (LLMQ_ERR_ARG) unless opts->force, and even then only
- *     when it is a directory holding config.json, or empty (otherwise refused, never deleted).
+ *     when it is a directory llmq wrote (common/io.h LLMQ_OUTDIR_MARKER, written into every output
+ *     directory), or empty (otherwise refused, never deleted).
  *
  * ---- Streaming and memory ------------------------------------------------------------------------
  *   llmq_export_begin declares every output tensor (shapes follow from the model and opts), in this

@@ -275,18 +275,8 @@ static const float *entry_importance(const struct llmq_gguf_export *e, const str
 // ---- output path and KVs -----------------------------------------------------------------------------
 
 static enum llmq_status check_output(const struct llmq_gguf_export *e) {
-    struct stat so, si;
-    const char *out = e->out_path;
-    if (stat(out, &so) != 0) {
-        if (errno == ENOENT) return LLMQ_OK;
-        return llmq_errorf(LLMQ_ERR_IO, "%s: %s", out, strerror(errno));
-    }
-    if (stat(e->m->path, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: the output is the input model", out);
-    if (!e->o.force) return llmq_errorf(LLMQ_ERR_ARG, "%s: exists (use --force to replace it)", out);
-    if (!S_ISREG(so.st_mode))
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is not a regular file (not replaced, even with --force)", out);
-    return LLMQ_OK;
+    bool exists;
+    return llmq_output_check(e->m->path, e->out_path, false, e->o.force, &exists); // common/io.h's rule
 }
 
 static enum llmq_status write_kvs(struct llmq_gguf_export *e) {
@@ -500,8 +490,11 @@ static enum llmq_status write_from_view(struct llmq_gguf_export *e, const struct
         !llmq_dtype_nbytes(v->dtype, x->C, &src_rb))
         return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s: the model's view has another shape", x->name);
     const uint8_t *base = v->data;
-    if (!x->perm_heads && v->dtype == x->ch.type) // the same bytes: copy
-        return llmq_gguf_writer_write_tensor(e->w, base, x->nbytes);
+    if (!x->perm_heads && v->dtype == x->ch.type) { // the same bytes: copy
+        st = llmq_gguf_writer_write_tensor(e->w, base, x->nbytes);
+        llmq_mmap_release(base, x->nbytes);
+        return st;
+    }
     if ((st = work_buffers(e))) return st;
     const float *imp = entry_importance(e, x);
     int64_t rows = e->f_cap / x->C;
@@ -517,6 +510,7 @@ static enum llmq_status write_from_view(struct llmq_gguf_export *e, const struct
                 st = llmq_dequantize_row(v->dtype, base + (size_t)src_row(x, r0 + k) * src_rb, e->f + k * x->C, x->C);
         if (!st) st = llmq_gguf_encode_rows(x->ch.type, src, e->q, nr, x->C, imp, e->o.n_threads);
         if (!st) st = llmq_gguf_writer_write_tensor(e->w, e->q, x->row_bytes * (size_t)nr);
+        if (!st) llmq_mmap_release(base + (size_t)r0 * src_rb, (size_t)nr * src_rb); // done with these rows
     }
     return st;
 }

@@ -64,8 +64,8 @@
  *   ahead of their turn are held, encoded (at most about one block's linears for a driver going
  *   block by block). Memory otherwise: one chunk of rows in f32 (~16 MiB) plus its encoding.
  *   Atomic: "<out>.tmp.<pid>" renamed onto out by finish; abort / failure / crash leave out as it was.
- *   An existing out is refused unless force (and then only a regular file is replaced); out may not
- *   be the input file.
+ *   The output path follows common/io.h's guard (llmq_output_check): an existing out is refused unless
+ *   force (and then only a regular file is replaced); out may not be an input of the run.
  *
  * ---- Dry run ---------------------------------------------------------------------------------------
  *   dry_run: begin plans and checks everything but creates nothing (out is not even looked at);

@@ -730,7 +730,8 @@ static json_t *gguf_settings(const struct llmq_quantize_opts *o, const json_t *i
 // The provenance of a run, written into the output (GGUF llmq.* keys, the directory's config) and the
 // report's "settings": built here only. solvers: a gptq / awq / rtn-into-directory run (settings_json, the
 // full calibration record, then the GGUF keys it lacks); otherwise a writer-only GGUF run (gguf_settings,
-// then the short calibration record of the statistics it gathered, if any). The caller's own object
+// then the short calibration record of the statistics it gathered, if any), "threads" when calibration ran
+// (it changes the bytes). The caller's own object
 // (o->gguf.provenance) fills in what is still missing.
 static json_t *provenance(const struct llmq_quantize_opts *o, const struct llmq_calib_data *d, const json_t *imatrix,
                           bool solvers) {
@@ -747,6 +748,9 @@ static json_t *provenance(const struct llmq_quantize_opts *o, const struct llmq_
         p = gguf_settings(o, imatrix);
         if (d->tokens) json_object_set_new(p, "calibration", calib_json(o, d, false));
     }
+    // --threads orders OpenBLAS's float32 sums in the statistics and the solvers: recorded whenever calibration
+    // ran (a run without it, RTN from the weights alone, gives the same bytes whatever the thread count)
+    if (d->tokens) json_object_set_new(p, "threads", json_integer(o->n_threads));
     if (o->to_gguf && json_is_object(o->gguf.provenance)) json_object_update_missing(p, (json_t *)o->gguf.provenance);
     return p;
 }
@@ -1099,6 +1103,8 @@ static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quan
         default: st = block_awq(&r, l); break;
         }
         if (!st && r.gemm_st) st = r.gemm_st;
+        for (int k = 0; !st && k < LLMQ_LIN_COUNT; k++) // the block's weights are done: release their file pages
+            llmq_mmap_release(m->layers[l].w[k]->data, m->layers[l].w[k]->nbytes);
     }
     if (st) goto done;
     st = llmq_qwriter_finish(r.w);
@@ -1111,10 +1117,47 @@ done:
     return st;
 }
 
+// Every linear weight is finite, else one refusal naming the tensor and its first bad element, the same for
+// every method and format and before any work (a NaN would otherwise surface as a solver's, a calibration
+// pass's or no error at all: ggml's encoders write a NaN as a finite code). One pass over the weights.
+static enum llmq_status check_finite_weights(const struct llmq_model *m, int n_threads) {
+    int64_t max = 0;
+    for (int64_t l = 0; l < m->hp.n_layer; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            max = v->shape[0] * v->shape[1] > max ? v->shape[0] * v->shape[1] : max;
+        }
+    float *W = malloc((size_t)max * sizeof(float)); // (R, C) of one linear at a time
+    if (!W) return llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for a %lld-element weight", (long long)max);
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t l = 0; !st && l < m->hp.n_layer; l++)
+        for (int k = 0; !st && k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            int64_t C = v->shape[1], n = v->shape[0] * C;
+            if ((st = llmq_model_weight_f32(v, W, n_threads))) break;
+            llmq_mmap_release(v->data, v->nbytes); // read again when its block comes
+            for (int64_t i = 0; i < n; i++)
+                if (!isfinite(W[i])) {
+                    st = llmq_errorf(LLMQ_ERR_NUMERIC,
+                                     "quantize: %s: blk.%lld.%s.weight: element [%lld, %lld] (index %lld) is %s: "
+                                     "non-finite weights are refused",
+                                     m->path, (long long)l, llmq_linear_gguf_name(k), (long long)(i / C),
+                                     (long long)(i % C), (long long)i,
+                                     isnan(W[i]) ? "NaN"
+                                     : W[i] > 0  ? "+Inf"
+                                                 : "-Inf");
+                    break;
+                }
+        }
+    free(W);
+    return st;
+}
+
 enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
     if (report) *report = NULL;
     enum llmq_status st = llmq_quantize_check(m, o);
     if (st) return st;
+    if (!(o->to_gguf && o->gguf.dry_run) && (st = check_finite_weights(m, o->n_threads))) return st;
     openblas_set_num_threads(o->n_threads);
     struct llmq_calib_stats imat = {0};
     json_t *imat_rec = NULL;

@@ -16,6 +16,7 @@
 #include "common/log.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,10 +41,31 @@ bool llmq_eval_same_vocab(const struct llmq_model *a, const struct llmq_model *b
 }
 
 // One model's activations for a chunk: x (n_ctx, D) after the last block.
+// The hidden state after block `layer` (-1: the embedding) is finite, else an error naming the layer: the
+// first block whose output holds a NaN or Inf is where the model breaks (a scan of n_ctx x D floats per
+// block, small next to the block's own n_ctx x D x D work).
+static enum llmq_status check_finite(const struct llmq_model *m, int layer, const float *x, int64_t n_ctx) {
+    int64_t D = m->hp.n_embd;
+    for (int64_t i = 0; i < n_ctx * D; i++)
+        if (!isfinite(x[i])) {
+            char where[32] = "token_embd";
+            if (layer >= 0) snprintf(where, sizeof where, "blk.%d", layer);
+            return llmq_errorf(LLMQ_ERR_NUMERIC,
+                               "eval: %s: the output of %s is %s at position %lld, component %lld (the first "
+                               "layer to produce a non-finite value: its weights or activations overflow)",
+                               m->path, where, isnan(x[i]) ? "NaN" : "Inf", (long long)(i / D), (long long)(i % D));
+        }
+    return LLMQ_OK;
+}
+
 static enum llmq_status run_blocks(struct llmq_forward *f, const struct llmq_model *m, const int32_t *chunk,
                                    int64_t n_ctx, float *x) {
     enum llmq_status st = llmq_forward_embed(f, chunk, n_ctx, x);
-    for (int l = 0; !st && l < (int)m->hp.n_layer; l++) st = llmq_forward_block(f, l, x, 1, n_ctx, NULL, NULL);
+    if (!st) st = check_finite(m, -1, x, n_ctx);
+    for (int l = 0; !st && l < (int)m->hp.n_layer; l++) {
+        st = llmq_forward_block(f, l, x, 1, n_ctx, NULL, NULL);
+        if (!st) st = check_finite(m, l, x, n_ctx);
+    }
     return st;
 }
 

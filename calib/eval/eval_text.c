@@ -16,6 +16,8 @@ enum llmq_status llmq_eval_text_load(const char *arg, enum llmq_eval_protocol pr
     char *raw = NULL;
     size_t n = 0;
     enum llmq_status st;
+    if (llmq_is_dir(arg))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: is a directory: --ppl takes a text file or a dataset name", arg);
     if (llmq_file_exists(arg)) {
         if (!(t->path = strdup(arg))) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
         if ((st = llmq_eval_read_text(t->path, &raw, &n))) return st;

@@ -1852,6 +1852,15 @@ static enum llmq_status hf_vocab_size(const char *path, json_t *vocab, json_t *a
     if (json_is_integer(vs) && json_integer_value(vs) > n_vocab && json_integer_value(vs) <= MAX_VOCAB)
         n_vocab = json_integer_value(vs);
     if (n_vocab == 0) return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: the vocabulary is empty", path);
+    // the ids not listed become "[PAD<i>]" tokens: a real vocabulary has few (config.json's vocab_size
+    // rounded up); a small file naming one huge id would cost memory and time for nothing, so more gaps
+    // than listed tokens + 65536 are refused before anything is allocated
+    int64_t listed = (int64_t)json_object_size(vocab) + (added ? (int64_t)json_array_size(added) : 0);
+    if (n_vocab - listed > listed + 65536)
+        return llmq_errorf(LLMQ_ERR_CORRUPT,
+                           "%s: token ids reach %lld but only %lld tokens are listed: %lld ids would be unused "
+                           "padding (at most the listed count + 65536 is accepted)",
+                           path, (long long)n_vocab - 1, (long long)listed, (long long)(n_vocab - listed));
     *out = n_vocab;
     return LLMQ_OK;
 }

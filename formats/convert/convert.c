@@ -458,7 +458,7 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
     tmp_made = false;
 done:
     llmq_st_writer_abort(sw);
-    if (tmp_made) llmq_remove_tree(tmp);
+    if (tmp_made) llmq_outdir_discard(tmp);
     free(tmp);
     free(seen);
     llmq_hf_files_free(&files);

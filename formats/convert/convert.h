@@ -79,8 +79,8 @@
  *
  * ---- Output, atomicity, memory ------------------------------------------------------------------
  * An existing output is refused (LLMQ_ERR_ARG) unless opts->force; with force, a GGUF output must be
- * a regular file and an HF output a directory holding config.json (or empty): anything else is
- * refused rather than deleted. The output is never visible half-written: a GGUF goes to
+ * a regular file and an HF output a directory llmq wrote (common/io.h LLMQ_OUTDIR_MARKER) or an empty
+ * one: anything else is refused rather than deleted. The output is never visible half-written: a GGUF goes to
  * "<out>.tmp.<pid>" and is renamed at the end (formats/gguf.h writer); an HF directory is built as
  * "<out>.tmp.<pid>/" and renamed onto <out> at the end (the replaced directory is removed after
  * the rename). Every input check (architecture, names, shapes, dtypes, vocabulary) runs before

@@ -258,21 +258,7 @@ enum llmq_status llmq_hf_write_json(const char *dir, const char *name, const jso
     return st;
 }
 
-enum llmq_status llmq_hf_stage_create(const char *out, char **tmp) {
-    *tmp = NULL;
-    size_t tl = strlen(out) + 32;
-    char *t = malloc(tl);
-    if (!t) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
-    snprintf(t, tl, "%s.tmp.%ld", out, (long)getpid());
-    llmq_remove_tree(t); // a leftover of a crashed run with our pid
-    if (mkdir(t, 0755) != 0) {
-        enum llmq_status st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot create: %s", t, strerror(errno));
-        free(t);
-        return st;
-    }
-    *tmp = t;
-    return LLMQ_OK;
-}
+enum llmq_status llmq_hf_stage_create(const char *out, char **tmp) { return llmq_outdir_create(out, tmp); }
 
 enum llmq_status llmq_hf_stage_prepare(const char *in, const char *out, bool force, char **tmp, bool *replace) {
     *tmp = NULL;
@@ -282,37 +268,5 @@ enum llmq_status llmq_hf_stage_prepare(const char *in, const char *out, bool for
 }
 
 enum llmq_status llmq_hf_stage_publish(const char *tmp, const char *out, bool replace) {
-    size_t n = strlen(out) + 32;
-    char *old = malloc(n), *parent = strdup(out);
-    enum llmq_status st = LLMQ_OK;
-    if (!old || !parent) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
-        goto done;
-    }
-    snprintf(old, n, "%s.old.%ld", out, (long)getpid());
-    if (replace && rename(out, old) != 0) {
-        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot move aside: %s", out, strerror(errno));
-        goto done;
-    }
-    if (rename(tmp, out) != 0) {
-        int e = errno;
-        if (replace) rename(old, out);
-        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot rename %s into place: %s", out, tmp, strerror(e));
-        goto done;
-    }
-    if (replace) llmq_remove_tree(old);
-    char *slash = strrchr(parent, '/');
-    if (slash == parent)
-        slash[1] = '\0';
-    else if (slash)
-        *slash = '\0';
-    FILE *d = fopen(slash ? parent : ".", "r");
-    if (d) {
-        fsync(fileno(d));
-        fclose(d);
-    }
-done:
-    free(old);
-    free(parent);
-    return st;
+    return llmq_outdir_publish(tmp, out, replace);
 }

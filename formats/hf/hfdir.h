@@ -63,15 +63,16 @@ enum llmq_status llmq_hf_gguf_kvs(const char *in, int64_t file_type, struct llmq
 
 // ---- staging an output directory -----------------------------------------------------------------------
 
-// Refuses out == in and an existing out unless force (then only a directory holding config.json, or an
-// empty one: common/io.h llmq_output_check), then creates the empty "<out>.tmp.<pid>" (llmq_hf_stage_create).
+// Refuses out == in and an existing out unless force (then only a directory llmq wrote, or an empty one:
+// common/io.h llmq_output_check), then creates "<out>.tmp.<pid>" (llmq_hf_stage_create).
 // *tmp (owned: free()) names it; *replace tells llmq_hf_stage_publish to replace an existing out.
 enum llmq_status llmq_hf_stage_prepare(const char *in, const char *out, bool force, char **tmp, bool *replace);
-// Creates the empty directory "<out>.tmp.<pid>" (a leftover of a crashed run with the same pid is removed);
-// *tmp (owned: free()) names it.
+// Creates the directory "<out>.tmp.<pid>" (common/io.h llmq_outdir_create: stale ones removed, the llmq
+// marker written); *tmp (owned: free()) names it; remove it with llmq_outdir_discard on failure.
 enum llmq_status llmq_hf_stage_create(const char *out, char **tmp);
-// Renames the finished tmp onto out (an existing out is moved aside first and removed after the rename
-// succeeded), then fsyncs the parent directory. On failure tmp is left to the caller.
+// Renames the finished tmp onto out (common/io.h llmq_outdir_publish: an existing out is moved aside first
+// and removed after the rename succeeded; a new out is created exclusively), then fsyncs the parent
+// directory. On failure tmp is left to the caller.
 enum llmq_status llmq_hf_stage_publish(const char *tmp, const char *out, bool replace);
 // Writes j as dir/name (2-space indent, key order kept, floats with 9 digits), atomically.
 enum llmq_status llmq_hf_write_json(const char *dir, const char *name, const json_t *j);

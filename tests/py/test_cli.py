@@ -170,8 +170,8 @@ def test_quiet_everywhere(llmq_bin, stories_v1, stories_v3, tmp_path):
         ["devices"],
     ]
     for c in cmds:
-        loud = run([llmq_bin, *c, *(["--force"] if c[0] in ("quantize", "convert") else [])])
-        quiet = run([llmq_bin, *c, "--quiet", *(["--force"] if c[0] in ("quantize", "convert") else [])])
+        loud = run([llmq_bin, *c, *(["--force"] if c[0] in ("quantize", "convert", "calib") else [])])
+        quiet = run([llmq_bin, *c, "--quiet", *(["--force"] if c[0] in ("quantize", "convert", "calib") else [])])
         assert quiet.stderr == "", (c, quiet.stderr)
         untimed = [re.sub(r"\d+\.\d+ (s|tokens/s)\b", "T", l) for l in (quiet.stdout, loud.stdout)]
         assert untimed[0] == untimed[1], (c, quiet.stdout, loud.stdout)

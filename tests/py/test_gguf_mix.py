@@ -423,4 +423,4 @@ def test_existing_output_refused(llmq_bin, stories_v3, work):
     assert out.read_bytes() == b"keep me" and not list(work.glob("exists.gguf.tmp*"))
     r = run([llmq_bin, "quantize", "--model", stories_v3, "--gguf-type", "Q4_0", "--out", stories_v3, "--force"],
             check=False)
-    assert r.returncode == 1 and "the output is the input model" in r.stderr, r.stderr
+    assert r.returncode == 1 and "the output is an input of this run" in r.stderr, r.stderr

@@ -190,7 +190,8 @@ class Runner:
             return rows
         if kind.startswith("dir"):
             for p in sorted(out.rglob("*")):
-                if p.is_file():
+                # the marker of a directory llmq wrote (common/io.h LLMQ_OUTDIR_MARKER): fixed text, not model bytes
+                if p.is_file() and p.name != ".llmq-output":
                     rows.append((f"{name}/{p.relative_to(out)}", _sha256(p.read_bytes())))
         if kind.startswith("file"):
             rows.append((f"{name}.gguf", _sha256(pathlib.Path(f"{out}.gguf").read_bytes())))

@@ -124,6 +124,13 @@ def test_existing_output_refused(llmq_bin, stories_v1, tmp_path):
     r = quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", "--format", "fake", check=False)
     assert r.returncode == 1 and str(out) in r.stderr
     assert (out / "config.json").read_text() == "{}"
+    # --force replaces only a directory llmq wrote (common/io.h LLMQ_OUTDIR_MARKER), not this one
+    r = quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", "--format", "fake", "--force",
+                 check=False)
+    assert r.returncode == 1 and "neither a directory llmq wrote" in r.stderr, r.stderr
+    assert (out / "config.json").read_text() == "{}"
+    (out / "config.json").unlink()
+    quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", "--format", "fake", "--force")
     quantize(llmq_bin, stories_v1, out, "--method", "rtn", "--group-size", "4", "--format", "fake", "--force")
     assert (out / "model.safetensors").exists()
 
@@ -200,7 +207,7 @@ def test_installed_manifest(llmq_bin, build_dir, stories_v1, tmp_path):
     lines = [re.sub(r"\t[0-9a-f]{64}\t", "\t" + "0" * 64 + "\t", ln) if ln.startswith("wikitext-2-valid\t") else ln
              for ln in lines]
     man.write_text("\n".join(lines) + "\n")
-    r = run(args, env=env, cwd=tmp_path, check=False)
+    r = run([*args, "--force"], env=env, cwd=tmp_path, check=False)
     assert r.returncode == 1 and str(prefix / "bin" / ".." / "share" / "llmq" / "manifest.tsv") in r.stderr, r.stderr
 
 

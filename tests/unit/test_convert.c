@@ -472,7 +472,7 @@ static void test_refusals(void) {
     o.to = LLMQ_CONVERT_TO_GGUF;
     CHECK(llmq_convert(tpath("r.gguf"), tpath("notmodel"), &o, NULL) == LLMQ_ERR_ARG);
     CHECK(llmq_convert(tpath("r.gguf"), tpath("r.gguf"), &o, NULL) == LLMQ_ERR_ARG); // output == input
-    CHECK_CONTAINS(llmq_last_error(), "is the input");
+    CHECK_CONTAINS(llmq_last_error(), "is an input");
     o.dtype = LLMQ_DTYPE_Q4_0;
     CHECK(llmq_convert(tpath("r.gguf"), tpath("q.gguf"), &o, NULL) == LLMQ_ERR_ARG);
     o = llmq_convert_default_opts();

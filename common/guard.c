@@ -67,6 +67,16 @@ void llmq_input_add(const char *path) {
     if (d) closedir(d);
 }
 
+void llmq_input_forget(const char *path) {
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return;
+    for (size_t i = 0; i < n_inputs;)
+        if (inputs[i].dev == st.st_dev && inputs[i].ino == st.st_ino)
+            inputs[i] = inputs[--n_inputs];
+        else
+            i++;
+}
+
 static bool is_input_stat(const struct stat *st) {
     for (size_t i = 0; i < n_inputs; i++)
         if (inputs[i].dev == st->st_dev && inputs[i].ino == st->st_ino) return true;

@@ -97,6 +97,9 @@ void llmq_remove_tree(const char *path);
 // NULL or a path that does not exist: nothing. llmq_input_add_fd records an open file.
 void llmq_input_add(const char *path);
 void llmq_input_add_fd(int fd);
+// Takes path back out of the inputs: for a file llmq reads and then rewrites as its own (a cache entry that
+// was stale), never for a file the user named. Nothing when path is not recorded.
+void llmq_input_forget(const char *path);
 // The check of every output path (see above): in (NULL: none) is recorded as an input first; dir: out is
 // a directory output. LLMQ_ERR_ARG with one line naming out when refused. *exists: whether out exists.
 enum llmq_status llmq_output_check(const char *in, const char *out, bool dir, bool force, bool *exists);

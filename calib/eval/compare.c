@@ -234,6 +234,8 @@ enum llmq_status llmq_compare_base_get(const struct llmq_model *base, const int3
     llmq_logits_close(out->lf);
     out->lf = NULL;
     out->cached_lf = false;
+    llmq_input_forget(jpath); // the cache's own entries, read above, are rewritten here (common/io.h)
+    llmq_input_forget(lpath);
     if ((st = llmq_eval_ppl(base, tokens, n_tokens, &o, &out->rep))) goto done;
     if ((st = write_report(jpath, key_s, base, &out->rep))) goto done;
     out->cached_report = false;

@@ -40,7 +40,7 @@ def compare(llmq_bin, base, arts, tmp_path, *extra, check=True):
 
 def eval_json(llmq_bin, model, tmp_path, *extra):
     j = tmp_path / "e.json"
-    run([llmq_bin, "eval", "--model", model, "--ppl", "wikitext-2", *EVAL, "--json", j, *extra, "--quiet"])
+    run([llmq_bin, "eval", "--model", model, "--ppl", "wikitext-2", *EVAL, "--json", j, "--force", *extra, "--quiet"])
     return json.loads(j.read_text())
 
 

@@ -23,6 +23,7 @@
 #include "calib/tokenizer/tokenizer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/eval_tasks.h"
 #include "common/eta.h"
 #include "common/io.h"
 #include "common/log.h"
@@ -260,16 +261,43 @@ static enum llmq_status tokenize_text(const struct llmq_model *m, const struct t
 // Eval's flags as parsed (NULL / 0 / -1: not given).
 struct eargs {
     const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
-        *logits_dtype, *rows, *device, *emulate_name;
-    long ctx, chunks, threads;
+        *logits_dtype, *rows, *device, *emulate_name, *tasks;
+    long ctx, chunks, threads, limit, seed;
+    bool json_items;
 };
+
+// --protocol names the protocol of each mode where it is one of its names (tasks: lm-eval, llamacpp;
+// perplexity: llamacpp, gptq); the other mode keeps its default (perplexity llamacpp, tasks lm-eval).
+static const char *check_task_flags(const struct eargs *a, enum llmq_eval_protocol *protocol) {
+    enum llmq_task_protocol tp;
+    const char *name = a->protocol_name ? a->protocol_name : "llamacpp";
+    bool for_ppl = llmq_eval_protocol_from_name(name, protocol), for_tasks = llmq_task_protocol_from_name(name, &tp);
+    if (!for_ppl && !for_tasks) return "--protocol must be llamacpp or gptq (perplexity), lm-eval or llamacpp (tasks)";
+    if (!for_ppl) *protocol = LLMQ_EVAL_PROTOCOL_LLAMACPP;
+    if (!(for_ppl && (a->text_arg || a->kld_file)) && !(for_tasks && a->tasks))
+        return for_ppl ? "--protocol gptq applies to --ppl / --kld only" : "--protocol lm-eval applies to --tasks only";
+    if (!a->tasks && (a->limit != -1 || a->seed != -1 || a->json_items))
+        return "--limit, --seed and --json-items need --tasks";
+    if (a->limit == 0 || a->limit < -1) return "--limit must be -1 (all) or at least 1";
+    if (a->seed < -1) return "--seed must be at least 0";
+    if (a->json_items && !a->json_path) return "--json-items needs --json FILE";
+    return NULL;
+}
+
+// The task protocol --protocol names (lm-eval when it names a perplexity-only protocol or none).
+static enum llmq_task_protocol task_protocol(const struct eargs *a) {
+    enum llmq_task_protocol tp = LLMQ_TASK_PROTOCOL_LMEVAL;
+    if (a->protocol_name) llmq_task_protocol_from_name(a->protocol_name, &tp);
+    return tp;
+}
 
 // The flag combinations that are wrong whatever the files: NULL, or the usage message.
 static const char *check_flags(const struct eargs *a, enum llmq_eval_protocol *protocol, enum llmq_emulate *emulate,
                                enum llmq_dtype dtype) {
     if (!a->model_path) return "--model is required";
-    if (!a->text_arg && !a->kld_file) return "--ppl FILE is required (or --kld FILE)";
-    if (!llmq_eval_protocol_from_name(a->protocol_name, protocol)) return "--protocol must be llamacpp or gptq";
+    if (!a->text_arg && !a->kld_file && !a->tasks) return "--ppl FILE is required (or --kld FILE, or --tasks LIST)";
+    const char *usage = check_task_flags(a, protocol);
+    if (usage) return usage;
     if (a->ctx < 0 || a->ctx == 1 || a->ctx > (1L << 20)) return "--ctx must be between 2 and 1048576";
     if (a->chunks == 0 || a->chunks < -1) return "--chunks must be -1 (all) or at least 1";
     if (a->threads < 1 || a->threads > 256) return "--threads must be between 1 and 256";
@@ -323,8 +351,9 @@ static void print_results(const struct eargs *a, const struct outcome *o) {
 }
 
 // --json: every figure.
-static enum llmq_status write_json(const struct eargs *a, const struct outcome *o) {
+static enum llmq_status write_json(const struct eargs *a, const struct outcome *o, json_t *tasks) {
     json_t *js = report_json(o->rep);
+    if (tasks) json_object_update(js, tasks);
     json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
     json_object_set_new(js, "model", json_string(o->m->path));
     json_object_set_new(js, "emulate", json_string(llmq_emulate_name(o->emulate)));
@@ -341,6 +370,40 @@ static enum llmq_status write_json(const struct eargs *a, const struct outcome *
     json_object_set_new(js, "device", json_string(o->device));
     enum llmq_status st =
         llmq_write_json(a->json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(js);
+    return st;
+}
+
+// --tasks: the zero-shot tasks on m (cli/eval_tasks.h); tj (may be NULL) receives their JSON keys.
+static enum llmq_status run_tasks(const struct eargs *a, const struct llmq_model *m, enum llmq_backend backend,
+                                  enum llmq_emulate emulate, json_t *tj) {
+    struct eval_tasks_args ta = {.list = a->tasks,
+                                 .protocol = task_protocol(a),
+                                 .limit = a->limit,
+                                 .seed = a->seed,
+                                 .json_items = a->json_items,
+                                 .n_threads = (int)a->threads,
+                                 .backend = backend,
+                                 .emulate = emulate};
+    printf("model:     %s\n", m->path);
+    if (emulate) printf("emulate:   %s\n", llmq_emulate_name(emulate));
+    return eval_tasks_run(m, &ta, tj);
+}
+
+// --tasks without --ppl / --kld: the tasks, and their --json with what produced them.
+static enum llmq_status tasks_only(const struct eargs *a, const struct llmq_model *m, enum llmq_backend backend,
+                                   enum llmq_emulate emulate, const char *device) {
+    json_t *js = a->json_path ? json_object() : NULL;
+    if (a->json_path && !js) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+    enum llmq_status st = run_tasks(a, m, backend, emulate, js);
+    if (!st && js) {
+        json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
+        json_object_set_new(js, "model", json_string(m->path));
+        json_object_set_new(js, "emulate", json_string(llmq_emulate_name(emulate)));
+        json_object_set_new(js, "threads", json_integer(a->threads));
+        json_object_set_new(js, "device", json_string(device));
+        st = llmq_write_json(a->json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    }
     json_decref(js);
     return st;
 }
@@ -362,7 +425,8 @@ static enum llmq_status open_logits(const struct eargs *a, struct llmq_logits_fi
 }
 
 int cmd_eval(int argc, char **argv) {
-    struct eargs a = {.protocol_name = "llamacpp",
+    struct eargs a = {.limit = -1,
+                      .seed = -1,
                       .logits_dtype = "f16",
                       .rows = "auto",
                       .device = "auto",
@@ -375,8 +439,10 @@ int cmd_eval(int argc, char **argv) {
         {"ppl", CLI_STR, &a.text_arg, NULL,
          "text file (.txt, .raw, .gz), or a dataset name: wikitext-2 (= wikitext-2-test), wikitext-2-valid, ... "
          "(datasets/manifest.tsv; shipped with llmq, sha256-checked)"},
-        {"protocol", CLI_STR, &a.protocol_name, "llamacpp",
-         "llamacpp: n_ctx chunks, BOS per chunk, second half scored; gptq: the papers' windows, all scored"},
+        {"protocol", CLI_STR, &a.protocol_name, "llamacpp for --ppl, lm-eval for --tasks",
+         "perplexity: llamacpp (n_ctx chunks, BOS per chunk, second half scored) or gptq (the papers' windows, all "
+         "scored); --tasks: lm-eval (lm-evaluation-harness's prompts and log-likelihoods) or llamacpp "
+         "(llama-perplexity --hellaswag / --winogrande / --multiple-choice scoring)"},
         {"ctx", CLI_INT, &a.ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
         {"chunks", CLI_INT, &a.chunks, "-1 (all)", "evaluate only the first N chunks"},
         {"threads", CLI_INT, &a.threads, "the number of CPUs", "threads for the forward pass and the scoring"},
@@ -395,6 +461,15 @@ int cmd_eval(int argc, char **argv) {
          "Q8_0/Q8_1/Q8_K or f16 inputs per weight type, f16 KV cache, flash attention as llama-perplexity's "
          "default); llamacpp-cpu-nofa: the same with flash attention off (also Q and softmax in f16)"},
         {"json", CLI_STR, &a.json_path, NULL, "also write every figure as JSON to this file"},
+        {"tasks", CLI_STR, &a.tasks, NULL,
+         "zero-shot accuracy on these tasks: all, or a comma list of hellaswag, arc-easy, arc-challenge, piqa, "
+         "winogrande, lambada (datasets/manifest.tsv); NAME=FILE reads that file instead (piqa=FILE@LABELS)"},
+        {"limit", CLI_INT, &a.limit, "-1 (all)",
+         "--tasks: N items per task: the first N (lm-eval), the N llama-perplexity picks (llamacpp), or with --seed "
+         "a seeded sample"},
+        {"seed", CLI_INT, &a.seed, "none", "--tasks: draw the --limit items at random with this seed"},
+        {"json-items", CLI_BOOL, &a.json_items, "off",
+         "--tasks: also write every item's choice, gold and per-choice scores into --json"},
     };
     const struct cli_cmd cmd = {
         "eval",
@@ -440,6 +515,7 @@ int cmd_eval(int argc, char **argv) {
     struct llmq_eval_report rep;
     struct progress pr = {.tty = isatty(STDERR_FILENO) != 0};
     bool usage_late = false;
+    json_t *tj = NULL; // the tasks' JSON keys when --tasks and --ppl / --kld are given together
 
     if (a.kld_file && (st = open_logits(&a, &lf, &protocol, &usage_late))) goto done;
     bool join = strcmp(a.rows, "on") == 0 || (strcmp(a.rows, "auto") == 0 && protocol == LLMQ_EVAL_PROTOCOL_GPTQ);
@@ -450,6 +526,10 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if ((st = llmq_model_load(a.model_path, &m))) goto done;
+    if (!a.text_arg && !a.kld_file) { // --tasks alone
+        st = tasks_only(&a, m, backend, emulate, device_desc);
+        goto done;
+    }
     if (a.base_path) a.kld_base = a.base_path; // the same run; only the report differs
     if (a.kld_base && (st = llmq_model_load(a.kld_base, &base))) goto done;
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
@@ -496,8 +576,14 @@ int cmd_eval(int argc, char **argv) {
                           .device = device_desc};
     llmq_sha256_hex(lf ? llmq_logits_header(lf)->text_sha256 : text.sha, out.hex);
     print_results(&a, &out);
-    if (a.json_path && (st = write_json(&a, &out))) goto done;
+    if (a.tasks && a.json_path && !(tj = json_object())) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (a.tasks && (st = run_tasks(&a, m, backend, emulate, tj))) goto done;
+    if (a.json_path && (st = write_json(&a, &out, tj))) goto done;
 done:
+    json_decref(tj);
     free(ids);
     free(text.data);
     free(text.path);

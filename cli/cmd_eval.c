@@ -4,6 +4,9 @@
  *
  *   llmq eval --model M --ppl FILE|NAME [--protocol llamacpp|gptq] [--ctx N] [--chunks N] [--threads N]
  *             [--base MODEL | --kld-base MODEL | --save-logits FILE | --kld FILE] [--emulate MODE] [--json FILE]
+ *   llmq eval --model M --tasks LIST [--protocol lm-eval|llamacpp] [--limit N] [--seed S] [--json-items]
+ *             (zero-shot accuracy: calib/eval/tasks.h, printed by cli/cmd_eval_tasks.c; with --ppl in the same run
+ *             the tasks follow the perplexity and share its --json)
  *
  * --ppl takes a file, or a dataset name resolved by datasets/datasets.h (wikitext-2 = wikitext-2-test,
  * wikitext-2-valid, ...: the same names as --calib).
@@ -281,6 +284,15 @@ static const char *check_task_flags(const struct eargs *a, enum llmq_eval_protoc
     if (a->limit == 0 || a->limit < -1) return "--limit must be -1 (all) or at least 1";
     if (a->seed < -1) return "--seed must be at least 0";
     if (a->json_items && !a->json_path) return "--json-items needs --json FILE";
+    if (a->tasks) {
+        enum llmq_task_id ids[LLMQ_TASK_COUNT];
+        const char *paths[LLMQ_TASK_COUNT];
+        char *buf = NULL;
+        int n;
+        enum llmq_status st = llmq_tasks_parse_list(a->tasks, ids, &n, paths, &buf);
+        free(buf);
+        if (st) return "--tasks: not a task list (the line above says why)";
+    }
     return NULL;
 }
 
@@ -473,14 +485,20 @@ int cmd_eval(int argc, char **argv) {
     };
     const struct cli_cmd cmd = {
         "eval",
-        "--model M --ppl FILE [flags]",
-        "Perplexity of a model on a text, or its KL divergence from a base model (like llama-perplexity).",
+        "--model M --ppl FILE [flags]  |  --model M --tasks LIST [flags]",
+        "Perplexity of a model on a text, or its KL divergence from a base model (like llama-perplexity); zero-shot "
+        "accuracy on hellaswag, arc-easy, arc-challenge, piqa, winogrande, lambada (--tasks).",
         "Protocols (they are not comparable; the output always names it):\n"
         "  llamacpp  llama.cpp's llama-perplexity: the text tokenized once, chunks of --ctx tokens, the\n"
         "            first token of each chunk replaced by BOS when the model adds BOS, positions\n"
         "            [ctx/2, ctx) scored.\n"
         "  gptq      GPTQ/AWQ papers: rows joined with \"\\n\\n\", tokenized once, windows of --ctx tokens,\n"
         "            tail dropped, every next token scored.\n"
+        "Task protocols (--tasks; calib/eval/tasks.h):\n"
+        "  lm-eval   lm-evaluation-harness 0.4.13: its prompts, log-likelihood of each continuation given\n"
+        "            the context; acc by the sum, acc_norm by the sum per character of the choice.\n"
+        "  llamacpp  llama-perplexity --hellaswag / --winogrande / --multiple-choice: each choice tokenized\n"
+        "            whole, mean log-prob after the common prefix; --limit N = its --*-tasks N selection.\n"
         "KLD modes print mean KLD, Δp and same-top-1 % like llama-perplexity --kl-divergence.\n"
         "With --base both models run chunk by chunk on the same tokens (as with --kld-base); the output ends\n"
         "with the base's PPL, the model's and the difference, absolute and in % (paired uncertainties).\n"

@@ -29,8 +29,6 @@ import pytest
 import task_data
 from conftest import run
 
-pytestmark = pytest.mark.heavy
-
 TASKS = ["arc-easy", "arc-challenge", "piqa", "winogrande", "hellaswag", "lambada"]
 CACHE = Path(os.environ.get("LLMQ_CACHE", Path.home() / ".cache" / "llmq"))
 N_LMEVAL = int(os.environ.get("LLMQ_TASKS_ORACLE_N", "200"))
@@ -59,6 +57,54 @@ def llmq_tasks(llmq_bin, model, out, tasks, extra):
     run([llmq_bin, "eval", "--model", model, "--tasks", tasks, "--threads", THREADS, "--json", out,
          "--json-items", "--quiet"] + extra)
     return {t["task"]: t for t in json.loads(Path(out).read_text())["tasks"]}
+
+
+# ---- the CLI contract (light) -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, msg", [
+    (["--model", "m", "--tasks", "piqa,mmlu"], "unknown task 'mmlu'"),
+    (["--model", "m", "--tasks", "piqa,piqa"], "given twice"),
+    (["--model", "m", "--tasks", "all", "--protocol", "gptq"], "--protocol gptq applies to --ppl"),
+    (["--model", "m", "--ppl", "t", "--limit", "3"], "need --tasks"),
+    (["--model", "m", "--tasks", "all", "--limit", "0"], "--limit"),
+    (["--model", "m", "--tasks", "all", "--json-items"], "--json-items needs --json"),
+])
+def test_usage_errors(llmq_bin, args, msg):
+    r = run([llmq_bin, "eval", *args], check=False)
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_bad_task_file_names_file_and_line(llmq_bin, stories_v3, tmp_path):
+    f = tmp_path / "arc.jsonl"
+    f.write_text('{"question": {"stem": "q", "choices": [{"text": "a", "label": "A"}, {"text": "b", "label": "B"}]},'
+                 ' "answerKey": "A"}\n{"question": {"stem": "q"}}\n')
+    r = run([llmq_bin, "eval", "--model", stories_v3, "--tasks", f"arc-easy={f}"], check=False)
+    assert r.returncode == 1 and f"{f}:2:" in r.stderr, r.stderr
+    h = tmp_path / "hs.txt"
+    h.write_text("ctx\n1\na\nb\nc\n")
+    r = run([llmq_bin, "eval", "--model", stories_v3, "--tasks", f"hellaswag={h}"], check=False)
+    assert r.returncode == 1 and "multiple of 6" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("protocol", ["lm-eval", "llamacpp"])
+def test_items_do_not_depend_on_the_batching(llmq_bin, stories_v3, tmp_path, protocol):
+    """The same items evaluated in other forward-call packings (another --limit packs other sequences together)
+    get the same per-choice scores; the summary is the mean of the per-item verdicts."""
+    def ev(limit, name):
+        out = tmp_path / name
+        run([llmq_bin, "eval", "--model", stories_v3, "--tasks", "arc-easy,winogrande,lambada", "--protocol",
+             protocol, "--limit", str(limit), "--json", out, "--json-items", "--threads", "2", "--seed", "7"])
+        return {t["task"]: t for t in json.loads(out.read_text())["tasks"]}
+    a, b = ev(12, "a.json"), ev(40, "b.json")
+    for t, ta in a.items():
+        assert ta["items"] == 12 and len(ta["per_item"]) == 12
+        assert ta["acc"] == pytest.approx(np.mean([i["pred"] == i["gold"] for i in ta["per_item"]]))
+        by_index = {i["index"]: i for i in b[t]["per_item"]}
+        common = [i for i in ta["per_item"] if i["index"] in by_index]
+        assert len(common) == 12  # the first 12 draws of the seeded stream are the same
+        for i in common:
+            assert np.allclose(i["scores"], by_index[i["index"]]["scores"], rtol=1e-5, atol=1e-4), (t, i)
+    assert any(len(v["per_item"]) for v in a.values())
 
 
 # ---- lm-evaluation-harness -------------------------------------------------------------------------------
@@ -95,6 +141,7 @@ def lmeval_results(smol, n):
     return json.loads(out.read_text())
 
 
+@pytest.mark.heavy
 def test_lmeval_protocol(llmq_bin, smol):
     ref = lmeval_results(smol, N_LMEVAL)
     ours = llmq_tasks(llmq_bin, smol["hf"], smol["dir"] / "llmq-lmeval.json", ",".join(TASKS),
@@ -185,6 +232,7 @@ def case_inputs(smol, task):
     return ["-bf", f, "--multiple-choice", "--multiple-choice-tasks", str(N_LLAMA)], task
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("task", ["hellaswag", "winogrande", "arc-easy", "arc-challenge", "piqa"])
 @pytest.mark.parametrize("quant", ["f32", "q4_k_m"])
 def test_llamacpp_protocol(llmq_bin, smol, request, task, quant):

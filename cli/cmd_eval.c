@@ -386,9 +386,10 @@ static enum llmq_status write_json(const struct eargs *a, const struct outcome *
     return st;
 }
 
-// --tasks: the zero-shot tasks on m (cli/eval_tasks.h); tj (may be NULL) receives their JSON keys.
+// --tasks: the zero-shot tasks on m (cli/eval_tasks.h); with tj, *tj becomes a new object with their JSON keys.
 static enum llmq_status run_tasks(const struct eargs *a, const struct llmq_model *m, enum llmq_backend backend,
-                                  enum llmq_emulate emulate, json_t *tj) {
+                                  enum llmq_emulate emulate, json_t **tj) {
+    if (tj && !(*tj = json_object())) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
     struct eval_tasks_args ta = {.list = a->tasks,
                                  .protocol = task_protocol(a),
                                  .limit = a->limit,
@@ -399,15 +400,16 @@ static enum llmq_status run_tasks(const struct eargs *a, const struct llmq_model
                                  .emulate = emulate};
     printf("model:     %s\n", m->path);
     if (emulate) printf("emulate:   %s\n", llmq_emulate_name(emulate));
-    return eval_tasks_run(m, &ta, tj);
+    return eval_tasks_run(m, &ta, tj ? *tj : NULL);
 }
 
-// --tasks without --ppl / --kld: the tasks, and their --json with what produced them.
-static enum llmq_status tasks_only(const struct eargs *a, const struct llmq_model *m, enum llmq_backend backend,
-                                   enum llmq_emulate emulate, const char *device) {
-    json_t *js = a->json_path ? json_object() : NULL;
-    if (a->json_path && !js) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
-    enum llmq_status st = run_tasks(a, m, backend, emulate, js);
+// --tasks without --ppl / --kld: loads the model, runs the tasks, writes their --json with what produced them.
+// Returns the exit code.
+static int tasks_only(const struct eargs *a, enum llmq_backend backend, enum llmq_emulate emulate, const char *device) {
+    struct llmq_model *m = NULL;
+    json_t *js = NULL;
+    enum llmq_status st = llmq_model_load(a->model_path, &m);
+    if (!st) st = run_tasks(a, m, backend, emulate, a->json_path ? &js : NULL);
     if (!st && js) {
         json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
         json_object_set_new(js, "model", json_string(m->path));
@@ -417,7 +419,8 @@ static enum llmq_status tasks_only(const struct eargs *a, const struct llmq_mode
         st = llmq_write_json(a->json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     }
     json_decref(js);
-    return st;
+    llmq_model_free(m);
+    return st ? 1 : 0;
 }
 
 // --kld FILE: the logits file, whose protocol rules; a --ctx that differs from its context is a usage error
@@ -434,6 +437,19 @@ static enum llmq_status open_logits(const struct eargs *a, struct llmq_logits_fi
         return LLMQ_ERR_ARG;
     }
     return LLMQ_OK;
+}
+
+// The chunk count to expect (for the progress line's pace) and the info line of the plan.
+static void log_plan(const struct eargs *a, const struct llmq_model *m, const struct llmq_model *base,
+                     struct llmq_logits_file *lf, int64_t n_ids, enum llmq_eval_protocol protocol,
+                     enum llmq_emulate emulate, struct progress *pr) {
+    int64_t n_chunks = lf ? llmq_logits_header(lf)->n_chunks
+                          : n_ids / (a->ctx > 0 ? a->ctx : llmq_eval_protocol_default_ctx(protocol));
+    if (a->chunks > 0 && a->chunks < n_chunks) n_chunks = a->chunks;
+    pr->every = n_chunks / 20 > 1 ? n_chunks / 20 : 1;
+    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s%s%s", m->path, llmq_eval_protocol_name(protocol),
+              (long long)n_chunks, a->threads, base ? ", base " : "", base ? base->path : "",
+              emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -473,15 +489,7 @@ int cmd_eval(int argc, char **argv) {
          "Q8_0/Q8_1/Q8_K or f16 inputs per weight type, f16 KV cache, flash attention as llama-perplexity's "
          "default); llamacpp-cpu-nofa: the same with flash attention off (also Q and softmax in f16)"},
         {"json", CLI_STR, &a.json_path, NULL, "also write every figure as JSON to this file"},
-        {"tasks", CLI_STR, &a.tasks, NULL,
-         "zero-shot accuracy on these tasks: all, or a comma list of hellaswag, arc-easy, arc-challenge, piqa, "
-         "winogrande, lambada (datasets/manifest.tsv); NAME=FILE reads that file instead (piqa=FILE@LABELS)"},
-        {"limit", CLI_INT, &a.limit, "-1 (all)",
-         "--tasks: N items per task: the first N (lm-eval), the N llama-perplexity picks (llamacpp), or with --seed "
-         "a seeded sample"},
-        {"seed", CLI_INT, &a.seed, "none", "--tasks: draw the --limit items at random with this seed"},
-        {"json-items", CLI_BOOL, &a.json_items, "off",
-         "--tasks: also write every item's choice, gold and per-choice scores into --json"},
+        EVAL_TASK_FLAGS(&a),
     };
     const struct cli_cmd cmd = {
         "eval",
@@ -493,12 +501,7 @@ int cmd_eval(int argc, char **argv) {
         "            first token of each chunk replaced by BOS when the model adds BOS, positions\n"
         "            [ctx/2, ctx) scored.\n"
         "  gptq      GPTQ/AWQ papers: rows joined with \"\\n\\n\", tokenized once, windows of --ctx tokens,\n"
-        "            tail dropped, every next token scored.\n"
-        "Task protocols (--tasks; calib/eval/tasks.h):\n"
-        "  lm-eval   lm-evaluation-harness 0.4.13: its prompts, log-likelihood of each continuation given\n"
-        "            the context; acc by the sum, acc_norm by the sum per character of the choice.\n"
-        "  llamacpp  llama-perplexity --hellaswag / --winogrande / --multiple-choice: each choice tokenized\n"
-        "            whole, mean log-prob after the common prefix; --limit N = its --*-tasks N selection.\n"
+        "            tail dropped, every next token scored.\n" EVAL_TASKS_HELP
         "KLD modes print mean KLD, Δp and same-top-1 % like llama-perplexity --kl-divergence.\n"
         "With --base both models run chunk by chunk on the same tokens (as with --kld-base); the output ends\n"
         "with the base's PPL, the model's and the difference, absolute and in % (paired uncertainties).\n"
@@ -535,6 +538,7 @@ int cmd_eval(int argc, char **argv) {
     bool usage_late = false;
     json_t *tj = NULL; // the tasks' JSON keys when --tasks and --ppl / --kld are given together
 
+    if (!a.text_arg && !a.kld_file) return tasks_only(&a, backend, emulate, device_desc); // --tasks alone
     if (a.kld_file && (st = open_logits(&a, &lf, &protocol, &usage_late))) goto done;
     bool join = strcmp(a.rows, "on") == 0 || (strcmp(a.rows, "auto") == 0 && protocol == LLMQ_EVAL_PROTOCOL_GPTQ);
     if (a.text_arg && (st = load_text(a.text_arg, protocol, join, &text))) goto done;
@@ -544,10 +548,6 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if ((st = llmq_model_load(a.model_path, &m))) goto done;
-    if (!a.text_arg && !a.kld_file) { // --tasks alone
-        st = tasks_only(&a, m, backend, emulate, device_desc);
-        goto done;
-    }
     if (a.base_path) a.kld_base = a.base_path; // the same run; only the report differs
     if (a.kld_base && (st = llmq_model_load(a.kld_base, &base))) goto done;
     if (!lf && (st = tokenize_text(base ? base : m, &text, &ids, &n_ids))) goto done;
@@ -565,13 +565,7 @@ int cmd_eval(int argc, char **argv) {
         .progress = on_progress,
         .progress_user = &pr,
     };
-    int64_t n_chunks =
-        lf ? llmq_logits_header(lf)->n_chunks : n_ids / (a.ctx > 0 ? a.ctx : llmq_eval_protocol_default_ctx(protocol));
-    if (a.chunks > 0 && a.chunks < n_chunks) n_chunks = a.chunks;
-    pr.every = n_chunks / 20 > 1 ? n_chunks / 20 : 1;
-    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s%s%s", m->path, llmq_eval_protocol_name(protocol),
-              (long long)n_chunks, a.threads, base ? ", base " : "", base ? base->path : "",
-              emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
+    log_plan(&a, m, base, lf, n_ids, protocol, emulate, &pr);
     if (lf)
         st = llmq_eval_kld_file(lf, m, &o, &rep);
     else if (base)
@@ -594,11 +588,7 @@ int cmd_eval(int argc, char **argv) {
                           .device = device_desc};
     llmq_sha256_hex(lf ? llmq_logits_header(lf)->text_sha256 : text.sha, out.hex);
     print_results(&a, &out);
-    if (a.tasks && a.json_path && !(tj = json_object())) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if (a.tasks && (st = run_tasks(&a, m, backend, emulate, tj))) goto done;
+    if (a.tasks && (st = run_tasks(&a, m, backend, emulate, a.json_path ? &tj : NULL))) goto done;
     if (a.json_path && (st = write_json(&a, &out, tj))) goto done;
 done:
     json_decref(tj);

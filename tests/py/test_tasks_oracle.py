@@ -224,6 +224,9 @@ def case_inputs(smol, task):
     if task == "winogrande":
         csv, js = d / "winogrande.csv", d / "winogrande-kept.jsonl"
         kept, _ = task_data.winogrande_csv(csv)
+        # -f drops the file's final '\n' (common/arg.cpp), and load_winogrande_from_csv then stops at the eof of
+        # the last line without reading it: llama-perplexity never sees the last row
+        kept = kept[:-1]
         items = task_data.jsonl("winogrande")
         js.write_text("".join(json.dumps(items[i]) + "\n" for i in kept))
         return ["-f", csv, "--winogrande", "--winogrande-tasks", str(N_LLAMA)], f"winogrande={js}"

@@ -4,6 +4,9 @@
  *
  *   llmq eval --model M --ppl FILE|NAME [--protocol llamacpp|gptq] [--ctx N] [--chunks N] [--threads N]
  *             [--base MODEL | --kld-base MODEL | --save-logits FILE | --kld FILE] [--emulate MODE] [--json FILE]
+ *   llmq eval --model M --tasks LIST [--protocol lm-eval|llamacpp] [--limit N] [--seed S] [--json-items]
+ *             (zero-shot accuracy: calib/eval/tasks.h, printed by cli/cmd_eval_tasks.c; with --ppl in the same run
+ *             the tasks follow the perplexity and share its --json)
  *
  * --ppl takes a file, or a dataset name resolved by datasets/datasets.h (wikitext-2 = wikitext-2-test,
  * wikitext-2-valid, ...: the same names as --calib).
@@ -23,6 +26,7 @@
 #include "calib/tokenizer/tokenizer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/eval_tasks.h"
 #include "common/eta.h"
 #include "common/io.h"
 #include "common/log.h"
@@ -199,17 +203,52 @@ static json_t *report_json(const struct llmq_eval_report *rep) {
 // Eval's flags as parsed (NULL / 0 / -1: not given).
 struct eargs {
     const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
-        *logits_dtype, *rows, *device, *emulate_name, *gates_dummy;
-    long ctx, chunks, threads; // ctx LONG_MIN: not given
-    bool force;
+        *logits_dtype, *rows, *device, *emulate_name, *gates_dummy, *tasks;
+    long ctx, chunks, threads, limit, seed; // ctx LONG_MIN: not given
+    bool force, json_items;
 };
+
+// --protocol names the protocol of each mode where it is one of its names (tasks: lm-eval, llamacpp;
+// perplexity: llamacpp, gptq); the other mode keeps its default (perplexity llamacpp, tasks lm-eval).
+static const char *check_task_flags(const struct eargs *a, enum llmq_eval_protocol *protocol) {
+    enum llmq_task_protocol tp;
+    const char *name = a->protocol_name ? a->protocol_name : "llamacpp";
+    bool for_ppl = llmq_eval_protocol_from_name(name, protocol), for_tasks = llmq_task_protocol_from_name(name, &tp);
+    if (!for_ppl && !for_tasks) return "--protocol must be llamacpp or gptq (perplexity), lm-eval or llamacpp (tasks)";
+    if (!for_ppl) *protocol = LLMQ_EVAL_PROTOCOL_LLAMACPP;
+    if (!(for_ppl && (a->text_arg || a->kld_file)) && !(for_tasks && a->tasks))
+        return for_ppl ? "--protocol gptq applies to --ppl / --kld only" : "--protocol lm-eval applies to --tasks only";
+    if (!a->tasks && (a->limit != -1 || a->seed != -1 || a->json_items))
+        return "--limit, --seed and --json-items need --tasks";
+    if (a->limit == 0 || a->limit < -1) return "--limit must be -1 (all) or at least 1";
+    if (a->seed < -1) return "--seed must be at least 0";
+    if (a->json_items && !a->json_path) return "--json-items needs --json FILE";
+    if (a->tasks) {
+        enum llmq_task_id ids[LLMQ_TASK_COUNT];
+        const char *paths[LLMQ_TASK_COUNT];
+        char *buf = NULL;
+        int n;
+        enum llmq_status st = llmq_tasks_parse_list(a->tasks, ids, &n, paths, &buf);
+        free(buf);
+        if (st) return "--tasks: not a task list (the line above says why)";
+    }
+    return NULL;
+}
+
+// The task protocol --protocol names (lm-eval when it names a perplexity-only protocol or none).
+static enum llmq_task_protocol task_protocol(const struct eargs *a) {
+    enum llmq_task_protocol tp = LLMQ_TASK_PROTOCOL_LMEVAL;
+    if (a->protocol_name) llmq_task_protocol_from_name(a->protocol_name, &tp);
+    return tp;
+}
 
 // The flag combinations that are wrong whatever the files: NULL, or the usage message.
 static const char *check_flags(const struct eargs *a, enum llmq_eval_protocol *protocol, enum llmq_emulate *emulate,
                                enum llmq_dtype dtype) {
     if (!a->model_path) return "--model is required";
-    if (!a->text_arg && !a->kld_file) return "--ppl FILE is required (or --kld FILE)";
-    if (!llmq_eval_protocol_from_name(a->protocol_name, protocol)) return "--protocol must be llamacpp or gptq";
+    if (!a->text_arg && !a->kld_file && !a->tasks) return "--ppl FILE is required (or --kld FILE, or --tasks LIST)";
+    const char *usage = check_task_flags(a, protocol);
+    if (usage) return usage;
     if (a->ctx != LONG_MIN && (a->ctx < 2 || a->ctx > (1L << 20))) return "--ctx must be between 2 and 1048576";
     if (a->chunks == 0 || a->chunks < -1) return "--chunks must be -1 (all) or at least 1";
     if (a->threads < 1 || a->threads > 256) return "--threads must be between 1 and 256";
@@ -276,8 +315,10 @@ static void print_results(const struct eargs *a, const struct outcome *o) {
 }
 
 // --json: every figure.
-static enum llmq_status write_json(const struct eargs *a, const struct outcome *o, const struct cli_gates *gs) {
+static enum llmq_status write_json(const struct eargs *a, const struct outcome *o, const struct cli_gates *gs,
+                                   json_t *tasks) {
     json_t *js = report_json(o->rep);
+    if (tasks) json_object_update(js, tasks);
     if (gs->n) cli_gates_json(gs, js);
     json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
     json_object_set_new(js, "model", json_string(o->m->path));
@@ -297,6 +338,43 @@ static enum llmq_status write_json(const struct eargs *a, const struct outcome *
         llmq_write_json(a->json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(js);
     return st;
+}
+
+// --tasks: the zero-shot tasks on m (cli/eval_tasks.h); with tj, *tj becomes a new object with their JSON keys.
+static enum llmq_status run_tasks(const struct eargs *a, const struct llmq_model *m, enum llmq_backend backend,
+                                  enum llmq_emulate emulate, json_t **tj) {
+    if (tj && !(*tj = json_object())) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+    struct eval_tasks_args ta = {.list = a->tasks,
+                                 .protocol = task_protocol(a),
+                                 .limit = a->limit,
+                                 .seed = a->seed,
+                                 .json_items = a->json_items,
+                                 .n_threads = (int)a->threads,
+                                 .backend = backend,
+                                 .emulate = emulate};
+    printf("model:     %s\n", m->path);
+    if (emulate) printf("emulate:   %s\n", llmq_emulate_name(emulate));
+    return eval_tasks_run(m, &ta, tj ? *tj : NULL);
+}
+
+// --tasks without --ppl / --kld: loads the model, runs the tasks, writes their --json with what produced them.
+// Returns the exit code.
+static int tasks_only(const struct eargs *a, enum llmq_backend backend, enum llmq_emulate emulate, const char *device) {
+    struct llmq_model *m = NULL;
+    json_t *js = NULL;
+    enum llmq_status st = llmq_model_load(a->model_path, &m);
+    if (!st) st = run_tasks(a, m, backend, emulate, a->json_path ? &js : NULL);
+    if (!st && js) {
+        json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
+        json_object_set_new(js, "model", json_string(m->path));
+        json_object_set_new(js, "emulate", json_string(llmq_emulate_name(emulate)));
+        json_object_set_new(js, "threads", json_integer(a->threads));
+        json_object_set_new(js, "device", json_string(device));
+        st = llmq_write_json(a->json_path, js, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    }
+    json_decref(js);
+    llmq_model_free(m);
+    return st ? 1 : 0;
 }
 
 // --kld FILE: the logits file, whose protocol rules; a --ctx that differs from its context is a usage error
@@ -329,8 +407,22 @@ static void warn_ctx(const struct llmq_model *m, int64_t n_ctx) {
                   (long long)n_ctx, m->path, (long long)m->hp.n_ctx_train);
 }
 
+// The chunk count to expect (for the progress line's pace) and the info line of the plan.
+static void log_plan(const struct eargs *a, const struct llmq_model *m, const struct llmq_model *base,
+                     struct llmq_logits_file *lf, int64_t n_ids, enum llmq_eval_protocol protocol,
+                     enum llmq_emulate emulate, struct progress *pr) {
+    int64_t n_chunks = lf ? llmq_logits_header(lf)->n_chunks
+                          : n_ids / (a->ctx > 0 ? a->ctx : llmq_eval_protocol_default_ctx(protocol));
+    if (a->chunks > 0 && a->chunks < n_chunks) n_chunks = a->chunks;
+    pr->every = n_chunks / 20 > 1 ? n_chunks / 20 : 1;
+    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s%s%s", m->path, llmq_eval_protocol_name(protocol),
+              (long long)n_chunks, a->threads, base ? ", base " : "", base ? base->path : "",
+              emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
+}
+
 int cmd_eval(int argc, char **argv) {
-    struct eargs a = {.protocol_name = "llamacpp",
+    struct eargs a = {.limit = -1,
+                      .seed = -1,
                       .logits_dtype = "f16",
                       .rows = "auto",
                       .device = "auto",
@@ -347,8 +439,10 @@ int cmd_eval(int argc, char **argv) {
         {"ppl", CLI_STR, &a.text_arg, NULL,
          "text file (.txt, .raw, .gz), or a dataset name: wikitext-2 (= wikitext-2-test), wikitext-2-valid, ... "
          "(datasets/manifest.tsv; shipped with llmq, sha256-checked)"},
-        {"protocol", CLI_STR, &a.protocol_name, "llamacpp",
-         "llamacpp: n_ctx chunks, BOS per chunk, second half scored; gptq: the papers' windows, all scored"},
+        {"protocol", CLI_STR, &a.protocol_name, "llamacpp for --ppl, lm-eval for --tasks",
+         "perplexity: llamacpp (n_ctx chunks, BOS per chunk, second half scored) or gptq (the papers' windows, all "
+         "scored); --tasks: lm-eval (lm-evaluation-harness's prompts and log-likelihoods) or llamacpp "
+         "(llama-perplexity --hellaswag / --winogrande / --multiple-choice scoring)"},
         {"ctx", CLI_INT, &a.ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
         {"chunks", CLI_INT, &a.chunks, "-1 (all)", "evaluate only the first N chunks"},
         {"threads", CLI_INT, &a.threads, "the number of CPUs", "threads for the forward pass and the scoring"},
@@ -369,17 +463,19 @@ int cmd_eval(int argc, char **argv) {
         {"json", CLI_STR, &a.json_path, NULL, "also write every figure as JSON to this file"},
         {"fail-if", CLI_STR, &a.gates_dummy, "none", CLI_GATES_HELP ". Base metrics need --base, --kld-base or --kld"},
         {"force", CLI_BOOL, &a.force, "off", "replace existing --json / --save-logits files (never an input)"},
+        EVAL_TASK_FLAGS(&a),
     };
     const struct cli_cmd cmd = {
         "eval",
-        "--model M --ppl FILE [flags]",
-        "Perplexity of a model on a text, or its KL divergence from a base model (like llama-perplexity).",
+        "--model M --ppl FILE [flags]  |  --model M --tasks LIST [flags]",
+        "Perplexity of a model on a text, or its KL divergence from a base model (like llama-perplexity); zero-shot "
+        "accuracy on hellaswag, arc-easy, arc-challenge, piqa, winogrande, lambada (--tasks).",
         "Protocols (they are not comparable; the output always names it):\n"
         "  llamacpp  llama.cpp's llama-perplexity: the text tokenized once, chunks of --ctx tokens, the\n"
         "            first token of each chunk replaced by BOS when the model adds BOS, positions\n"
         "            [ctx/2, ctx) scored.\n"
         "  gptq      GPTQ/AWQ papers: rows joined with \"\\n\\n\", tokenized once, windows of --ctx tokens,\n"
-        "            tail dropped, every next token scored.\n"
+        "            tail dropped, every next token scored.\n" EVAL_TASKS_HELP
         "KLD modes print mean KLD, Δp and same-top-1 % like llama-perplexity --kl-divergence.\n"
         "With --base both models run chunk by chunk on the same tokens (as with --kld-base); the output ends\n"
         "with the base's PPL, the model's and the difference, absolute and in % (paired uncertainties).\n"
@@ -414,7 +510,9 @@ int cmd_eval(int argc, char **argv) {
     struct llmq_eval_report rep;
     struct progress pr = {.tty = isatty(STDERR_FILENO) != 0};
     bool usage_late = false;
+    json_t *tj = NULL; // the tasks' JSON keys when --tasks and --ppl / --kld are given together
 
+    if (!a.text_arg && !a.kld_file) return tasks_only(&a, backend, emulate, device_desc); // --tasks alone
     if (a.kld_file && (st = open_logits(&a, &lf, &protocol, &usage_late))) goto done;
     bool join = strcmp(a.rows, "on") == 0 || (strcmp(a.rows, "auto") == 0 && protocol == LLMQ_EVAL_PROTOCOL_GPTQ);
     if (a.text_arg && (st = llmq_eval_text_load(a.text_arg, protocol, join, &text))) goto done;
@@ -442,13 +540,7 @@ int cmd_eval(int argc, char **argv) {
         .progress = on_progress,
         .progress_user = &pr,
     };
-    int64_t n_chunks =
-        lf ? llmq_logits_header(lf)->n_chunks : n_ids / (a.ctx > 0 ? a.ctx : llmq_eval_protocol_default_ctx(protocol));
-    if (a.chunks > 0 && a.chunks < n_chunks) n_chunks = a.chunks;
-    pr.every = n_chunks / 20 > 1 ? n_chunks / 20 : 1;
-    llmq_info("eval: %s, protocol %s, %lld chunks, threads %ld%s%s%s%s", m->path, llmq_eval_protocol_name(protocol),
-              (long long)n_chunks, a.threads, base ? ", base " : "", base ? base->path : "",
-              emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
+    log_plan(&a, m, base, lf, n_ids, protocol, emulate, &pr);
     if (lf)
         st = llmq_eval_kld_file(lf, m, &o, &rep);
     else if (base)
@@ -474,8 +566,10 @@ int cmd_eval(int argc, char **argv) {
     struct llmq_gate_values gv;
     cli_gate_values_from_eval(&rep.res, &gv);
     cli_gates_eval("eval", &gs, m->path, &gv);
-    if (a.json_path && (st = write_json(&a, &out, &gs))) goto done;
+    if (a.tasks && (st = run_tasks(&a, m, backend, emulate, a.json_path ? &tj : NULL))) goto done;
+    if (a.json_path && (st = write_json(&a, &out, &gs, tj))) goto done;
 done:
+    json_decref(tj);
     free(ids);
     llmq_eval_text_free(&text);
     llmq_logits_close(lf);

@@ -1,0 +1,653 @@
+/*
+ * calib/eval/tasks.c — names, item selection, the scored positions of each protocol, the batched
+ * forward passes and the statistics of calib/eval/tasks.h (the readers are in task_read.c).
+ *
+ * A "request" is one causal sequence: the tokens the model reads and the positions whose logits are
+ * scored (a contiguous run [lo, lo + n_rows), row r predicting tgt[r]; plus, for llama.cpp's
+ * winogrande, one probe position). Requests are sorted by length and packed into forward calls.
+ */
+#include "calib/eval/tasks.h"
+
+#include "calib/eval/eval.h"
+#include "calib/model/forward.h"
+#include "calib/model/model.h"
+#include "calib/tokenizer/tokenizer.h"
+#include "common/log.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { HEAD_ROWS = 256, MAX_SEQ_PER_CALL = 256, MAX_TOKENS_PER_SEQ = 1 << 20 };
+
+static const char *const task_names[LLMQ_TASK_COUNT] = {"hellaswag", "arc-easy",   "arc-challenge",
+                                                        "piqa",      "winogrande", "lambada"};
+
+const char *llmq_task_name(enum llmq_task_id id) { return (unsigned)id < LLMQ_TASK_COUNT ? task_names[id] : "?"; }
+
+bool llmq_task_from_name(const char *name, enum llmq_task_id *out) {
+    for (int i = 0; name && i < LLMQ_TASK_COUNT; i++)
+        if (strcmp(name, task_names[i]) == 0) return *out = (enum llmq_task_id)i, true;
+    return false;
+}
+
+const char *llmq_task_protocol_name(enum llmq_task_protocol p) {
+    return p == LLMQ_TASK_PROTOCOL_LMEVAL ? "lm-eval" : p == LLMQ_TASK_PROTOCOL_LLAMACPP ? "llamacpp" : "?";
+}
+
+bool llmq_task_protocol_from_name(const char *name, enum llmq_task_protocol *out) {
+    if (name && strcmp(name, "lm-eval") == 0) return *out = LLMQ_TASK_PROTOCOL_LMEVAL, true;
+    if (name && strcmp(name, "llamacpp") == 0) return *out = LLMQ_TASK_PROTOCOL_LLAMACPP, true;
+    return false;
+}
+
+bool llmq_task_has_norm(enum llmq_task_id id, enum llmq_task_protocol p) {
+    return p == LLMQ_TASK_PROTOCOL_LMEVAL && id != LLMQ_TASK_WINOGRANDE && id != LLMQ_TASK_LAMBADA;
+}
+
+double llmq_tasks_stderr01(int64_t k, int64_t n) {
+    if (n < 2) return 0;
+    double mu = (double)k / (double)n;
+    double ss = (double)k * (1 - mu) * (1 - mu) + (double)(n - k) * mu * mu; // Σ (x - mean)²
+    return sqrt(ss / (double)(n - 1)) / sqrt((double)n);
+}
+
+// ---- std::mt19937 and the selections ---------------------------------------------------------------------
+
+void llmq_mt19937_seed(struct llmq_mt19937 *r, uint32_t seed) {
+    r->mt[0] = seed;
+    for (int i = 1; i < 624; i++) r->mt[i] = 1812433253u * (r->mt[i - 1] ^ (r->mt[i - 1] >> 30)) + (uint32_t)i;
+    r->i = 624;
+}
+
+uint32_t llmq_mt19937_next(struct llmq_mt19937 *r) {
+    if (r->i >= 624) {
+        for (int k = 0; k < 624; k++) {
+            uint32_t y = (r->mt[k] & 0x80000000u) | (r->mt[(k + 1) % 624] & 0x7fffffffu);
+            r->mt[k] = r->mt[(k + 397) % 624] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+        }
+        r->i = 0;
+    }
+    uint32_t y = r->mt[r->i++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    return y ^ (y >> 18);
+}
+
+// libstdc++'s uniform_int_distribution(0, range - 1) on a 32-bit engine (_S_nd, Lemire's method).
+static uint32_t uniform_below(struct llmq_mt19937 *r, uint32_t range) {
+    uint64_t product = (uint64_t)llmq_mt19937_next(r) * range;
+    uint32_t low = (uint32_t)product;
+    if (low < range) {
+        uint32_t threshold = (uint32_t)(-range) % range;
+        while (low < threshold) {
+            product = (uint64_t)llmq_mt19937_next(r) * range;
+            low = (uint32_t)product;
+        }
+    }
+    return (uint32_t)(product >> 32);
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+// order (n) <- the indices picked, in the order of the rule (header "Selection").
+static void pick(enum llmq_task_id id, enum llmq_task_protocol p, int64_t n_all, int64_t n, bool use_seed,
+                 uint64_t seed, int64_t *order, int64_t *aux) {
+    for (int64_t i = 0; i < n_all; i++) aux[i] = i;
+    if (use_seed) {
+        uint64_t s = seed;
+        for (int64_t i = 0; i < n; i++) { // partial Fisher-Yates
+            int64_t j = i + (int64_t)(splitmix64(&s) % (uint64_t)(n_all - i));
+            int64_t t = aux[i];
+            aux[i] = aux[j], aux[j] = t;
+            order[i] = aux[i];
+        }
+        qsort(order, (size_t)n, sizeof(*order), cmp_i64);
+        return;
+    }
+    if (p != LLMQ_TASK_PROTOCOL_LLAMACPP || id == LLMQ_TASK_LAMBADA) {
+        for (int64_t i = 0; i < n; i++) order[i] = i;
+        return;
+    }
+    struct llmq_mt19937 r;
+    llmq_mt19937_seed(&r, 1);
+    int64_t left = n_all;
+    for (int64_t i = 0; i < n; i++) {
+        if (id == LLMQ_TASK_HELLASWAG) { // dist(0, left - 1), then erase (order kept)
+            int64_t j = uniform_below(&r, (uint32_t)left);
+            order[i] = aux[j];
+            memmove(aux + j, aux + j + 1, (size_t)(left - j - 1) * sizeof(*aux));
+        } else { // int(scale * rng() * aux.size()), then the last one moves into j
+            const float scale = 1.f / (1.f + 4294967295.f);
+            int64_t j = (int64_t)(scale * (float)llmq_mt19937_next(&r) * (float)left);
+            if (j >= left) j = left - 1; // a draw that rounds to 2^32 (llama.cpp would read past the end)
+            order[i] = aux[j];
+            aux[j] = aux[left - 1];
+        }
+        left--;
+    }
+}
+
+void llmq_task_set_select(struct llmq_task_set *s, int64_t limit, bool use_seed, uint64_t seed) {
+    if (limit < 0 || limit > s->n_items) limit = s->n_items;
+    if (limit == s->n_items && !use_seed) return;
+    int64_t *order = malloc((size_t)(limit + 1) * sizeof(int64_t)), *aux = malloc((size_t)s->n_items * sizeof(int64_t));
+    struct llmq_task_item *items = malloc((size_t)(limit + 1) * sizeof(*items));
+    char *used = calloc((size_t)s->n_items, 1);
+    if (order && aux && items && used) {
+        pick(s->id, s->protocol, s->n_items, limit, use_seed, seed, order, aux);
+        for (int64_t i = 0; i < limit; i++) items[i] = s->items[order[i]], used[order[i]] = 1;
+        for (int64_t i = 0; i < s->n_items; i++)
+            for (int c = 0; !used[i] && c < s->items[i].n_choices; c++)
+                free(s->items[i].ch[c].ctx), free(s->items[i].ch[c].cont);
+        free(s->items);
+        s->items = items;
+        items = NULL;
+        s->n_items = limit;
+    } else {
+        llmq_warn("tasks: out of memory for the selection of %lld items; all %lld are evaluated", (long long)limit,
+                  (long long)s->n_items);
+    }
+    free(order);
+    free(aux);
+    free(items);
+    free(used);
+}
+
+// ---- requests ------------------------------------------------------------------------------------------------
+
+struct req {
+    int32_t *tok;       // (n_tok) the tokens read by the model (owned)
+    int64_t n_tok;      // tokens fed (>= every scored position + 1)
+    int64_t lo, n_rows; // scored positions [lo, lo + n_rows)
+    int32_t *tgt;       // (n_rows) owned
+    int64_t probe_pos;  // -1 or a position whose log p(probe_tgt) is wanted too
+    int32_t probe_tgt;  //
+    double *lp;         // (n_rows) log-probs, filled by the forward pass (owned)
+    double probe_lp;    //
+    bool greedy;        // every target was the argmax
+    int64_t item;       // index into the set
+    int choice;         //
+};
+
+static void req_free(struct req *r) {
+    free(r->tok);
+    free(r->tgt);
+    free(r->lp);
+}
+
+static enum llmq_status tok(const struct llmq_model *m, const char *s, int32_t **ids, int64_t *n) {
+    return llmq_tokenize(m->tok, s, strlen(s), true, false, ids, n);
+}
+
+// Allocates r's target and log-prob arrays for n rows and sets the targets from seq[lo + 1 ...].
+static enum llmq_status req_rows(struct req *r, const int32_t *seq, int64_t lo, int64_t n) {
+    if (n < 0) n = 0;
+    r->lo = lo;
+    r->n_rows = n;
+    r->probe_pos = -1;
+    r->tgt = malloc((size_t)(n + 1) * sizeof(int32_t));
+    r->lp = calloc((size_t)(n + 1), sizeof(double));
+    if (!r->tgt || !r->lp) return llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory");
+    for (int64_t k = 0; k < n; k++) r->tgt[k] = seq[lo + 1 + k];
+    return LLMQ_OK;
+}
+
+// lm-eval's request for one (context, continuation) pair (header "Protocol lm-eval").
+static enum llmq_status lmeval_req(const struct llmq_model *m, const struct llmq_task_choice *ch, struct req *r) {
+    size_t nc = strlen(ch->ctx), ns = 0;
+    while (ns < nc && strchr(" \t\n\r\v\f", ch->ctx[nc - 1 - ns])) ns++;
+    char *ctx = malloc(nc - ns + 1), *whole = malloc(nc + strlen(ch->cont) + 1);
+    int32_t *we = NULL, *ce = NULL;
+    int64_t nw = 0, nce = 0;
+    enum llmq_status st = LLMQ_OK;
+    if (!ctx || !whole) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory");
+        goto done;
+    }
+    memcpy(ctx, ch->ctx, nc - ns);
+    ctx[nc - ns] = '\0';
+    memcpy(whole, ch->ctx, nc);
+    strcpy(whole + nc, ch->cont);
+    if ((st = tok(m, whole, &we, &nw)) || (st = tok(m, ctx, &ce, &nce))) goto done;
+    int64_t ncont = nw > nce ? nw - nce : 0, pre = nce;
+    int32_t prefix = llmq_tokenizer_bos(m->tok) >= 0 ? llmq_tokenizer_bos(m->tok) : llmq_tokenizer_eos(m->tok);
+    bool add_prefix = nce == 0; // an empty context reads lm-eval's prefix token (BOS, else EOS)
+    if (add_prefix) pre = 1;
+    r->n_tok = pre + ncont; // the last token is read only as a target; fed for simplicity of n_tok >= lo + rows
+    r->tok = malloc((size_t)(r->n_tok + 1) * sizeof(int32_t));
+    if (!r->tok) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory");
+        goto done;
+    }
+    if (add_prefix)
+        r->tok[0] = prefix;
+    else
+        memcpy(r->tok, ce, (size_t)nce * sizeof(int32_t));
+    memcpy(r->tok + pre, we + nce, (size_t)ncont * sizeof(int32_t));
+    st = req_rows(r, r->tok, pre - 1, ncont);
+    r->n_tok = pre + ncont - (ncont > 0); // the model does not need the last token
+done:
+    free(ctx);
+    free(whole);
+    free(we);
+    free(ce);
+    return st;
+}
+
+// Tokens of ctx + cont, and with ctx_only of ctx alone too.
+static enum llmq_status tok_whole(const struct llmq_model *m, const struct llmq_task_choice *ch, int32_t **ids,
+                                  int64_t *n) {
+    size_t a = strlen(ch->ctx), b = strlen(ch->cont);
+    char *w = malloc(a + b + 1);
+    if (!w) return llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory");
+    memcpy(w, ch->ctx, a);
+    memcpy(w + a, ch->cont, b + 1);
+    enum llmq_status st = tok(m, w, ids, n);
+    free(w);
+    return st;
+}
+
+static int64_t common_prefix(int32_t *const *seq, const int64_t *len, int n) {
+    int64_t minlen = len[0];
+    for (int s = 1; s < n; s++) minlen = len[s] < minlen ? len[s] : minlen;
+    int64_t cp = 0;
+    for (; cp < minlen; cp++) {
+        bool same = true;
+        for (int s = 1; s < n && same; s++) same = seq[s][cp] == seq[0][cp];
+        if (!same) break;
+    }
+    return cp;
+}
+
+// llama.cpp's requests of one item (header "Protocol llamacpp"): the sequences are taken over by r.
+static enum llmq_status llamacpp_reqs(const struct llmq_model *m, enum llmq_task_id id, const struct llmq_task_item *it,
+                                      struct req *r) {
+    int32_t *seq[LLMQ_TASK_MAX_CHOICES] = {0};
+    int64_t len[LLMQ_TASK_MAX_CHOICES] = {0};
+    enum llmq_status st = LLMQ_OK;
+    int n = it->n_choices;
+    for (int c = 0; c < n && !st; c++) st = tok_whole(m, &it->ch[c], &seq[c], &len[c]);
+    if (st) goto fail;
+    int64_t cp = common_prefix(seq, len, n);
+    if (cp == 0) { // llama.cpp has no logits to score the first token with; it starts at 1 here
+        llmq_warn("tasks: %s item %lld: the choices share no first token; scoring from the second", llmq_task_name(id),
+                  (long long)it->index);
+        cp = 1;
+    }
+    if (id != LLMQ_TASK_WINOGRANDE || n != 2) {
+        for (int c = 0; c < n && !st; c++) {
+            r[c].tok = seq[c], r[c].n_tok = len[c] - 1;
+            seq[c] = NULL;
+            st = req_rows(&r[c], r[c].tok, cp - 1, len[c] - cp);
+        }
+        if (st) goto fail;
+        return LLMQ_OK;
+    }
+    int64_t nb[2];
+    for (int c = 0; c < 2 && !st; c++) { // n_base: tokens of first + choice
+        int32_t *b = NULL;
+        st = tok(m, it->ch[c].ctx, &b, &nb[c]);
+        free(b);
+    }
+    if (st) goto fail;
+    bool skip = len[0] - cp > 3 && len[1] - cp > 3;
+    for (int c = 0; c < 2 && !st; c++) {
+        int64_t base = skip ? nb[c] : cp;
+        int64_t last = len[c] - base > 1 ? 1 : 0;
+        int64_t lo = base - 1, rows = len[c] - 1 - last - lo; // positions [base - 1, len - 1 - last)
+        if (!skip && c == 1) lo++, rows--;                    // its first term comes from choice 0 (the probe)
+        r[c].tok = seq[c];
+        r[c].n_tok = len[c];
+        seq[c] = NULL;
+        if (lo < 0) lo = 0;
+        st = req_rows(&r[c], r[c].tok, lo, rows);
+    }
+    if (!st && !skip) { // llama.cpp's FIXME: choice 1's first token scored on choice 0's last logits
+        r[0].probe_pos = len[0] - 1;
+        r[0].probe_tgt = r[1].tok[cp];
+    }
+    if (st) goto fail;
+    return LLMQ_OK;
+fail:
+    for (int c = 0; c < n; c++) free(seq[c]);
+    return st;
+}
+
+// ---- the forward passes ----------------------------------------------------------------------------------------
+
+struct engine {
+    const struct llmq_model *m;
+    struct llmq_forward *f;
+    int64_t max_tokens, cap_tokens;
+    int n_threads;
+    int32_t *tokens;   // (max_tokens) one call's input
+    float *x;          // (max_tokens, D) activations
+    float *xr;         // (HEAD_ROWS, D) gathered rows for the head
+    float *logits;     // (HEAD_ROWS, V)
+    int32_t *tg;       // (HEAD_ROWS) their targets
+    double **dst;      // (HEAD_ROWS) where each row's log-prob goes
+    struct req **dreq; // (HEAD_ROWS) its request (greedy flag)
+    struct llmq_eval_row *rows;
+};
+
+static void engine_free(struct engine *e) {
+    llmq_forward_free(e->f);
+    free(e->tokens);
+    free(e->x);
+    free(e->xr);
+    free(e->logits);
+    free(e->tg);
+    free(e->dst);
+    free(e->dreq);
+    free(e->rows);
+}
+
+static enum llmq_status engine_init(struct engine *e, const struct llmq_model *m, const struct llmq_tasks_opts *o,
+                                    int64_t max_tokens) {
+    const int64_t D = m->hp.n_embd, V = m->hp.n_vocab;
+    memset(e, 0, sizeof(*e));
+    e->m = m;
+    e->max_tokens = max_tokens;
+    e->n_threads = o->n_threads < 1 ? 1 : o->n_threads;
+    enum llmq_status st = llmq_forward_init(m, max_tokens, e->n_threads, &e->f);
+    if (!st) st = llmq_forward_set_emulate(e->f, o->emulate);
+    if (st) return st;
+    llmq_forward_set_backend(e->f, o->backend);
+    e->tokens = malloc((size_t)max_tokens * sizeof(int32_t));
+    e->x = malloc((size_t)(max_tokens * D) * sizeof(float));
+    e->xr = malloc((size_t)(HEAD_ROWS * D) * sizeof(float));
+    e->logits = malloc((size_t)(HEAD_ROWS * V) * sizeof(float));
+    e->tg = malloc(HEAD_ROWS * sizeof(int32_t));
+    e->dst = malloc(HEAD_ROWS * sizeof(double *));
+    e->dreq = malloc(HEAD_ROWS * sizeof(struct req *));
+    e->rows = malloc(HEAD_ROWS * sizeof(*e->rows));
+    if (!e->tokens || !e->x || !e->xr || !e->logits || !e->tg || !e->dst || !e->dreq || !e->rows)
+        return llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory for %lld-token forward calls", (long long)max_tokens);
+    return LLMQ_OK;
+}
+
+// Head + scoring of the gathered rows [0, n).
+static enum llmq_status flush_rows(struct engine *e, int64_t n) {
+    if (n == 0) return LLMQ_OK;
+    const int64_t V = e->m->hp.n_vocab;
+    enum llmq_status st = llmq_forward_head(e->f, e->xr, n, e->logits);
+    if (!st) st = llmq_eval_score(e->logits, NULL, e->tg, n, V, e->n_threads, e->rows);
+    if (st) return st;
+    for (int64_t i = 0; i < n; i++) {
+        *e->dst[i] = -e->rows[i].nll;
+        if (e->dst[i] != &e->dreq[i]->probe_lp && e->rows[i].top != e->tg[i]) e->dreq[i]->greedy = false;
+    }
+    return LLMQ_OK;
+}
+
+// One forward call over the requests rs (nr), every one no longer than the first; fills their log-probs.
+static enum llmq_status run_call(struct engine *e, struct req **rs, int nr) {
+    const int64_t D = e->m->hp.n_embd, T = rs[0]->n_tok;
+    for (int s = 0; s < nr; s++) {
+        memcpy(e->tokens + s * T, rs[s]->tok, (size_t)rs[s]->n_tok * sizeof(int32_t));
+        for (int64_t j = rs[s]->n_tok; j < T; j++) e->tokens[s * T + j] = rs[s]->tok[0]; // padding after the end
+    }
+    enum llmq_status st = llmq_forward_embed(e->f, e->tokens, nr * T, e->x);
+    for (int l = 0; !st && l < (int)e->m->hp.n_layer; l++) st = llmq_forward_block(e->f, l, e->x, nr, T, NULL, NULL);
+    if (st) return st;
+    int64_t k = 0;
+    for (int s = 0; s < nr && !st; s++) {
+        struct req *r = rs[s];
+        r->greedy = true;
+        for (int64_t i = -1; i < r->n_rows && !st; i++) {
+            int64_t pos = i < 0 ? r->probe_pos : r->lo + i;
+            if (pos < 0) continue;
+            memcpy(e->xr + k * D, e->x + (s * T + pos) * D, (size_t)D * sizeof(float));
+            e->tg[k] = i < 0 ? r->probe_tgt : r->tgt[i];
+            e->dst[k] = i < 0 ? &r->probe_lp : &r->lp[i];
+            e->dreq[k] = r;
+            if (++k == HEAD_ROWS) st = flush_rows(e, k), k = 0;
+        }
+    }
+    if (!st) st = flush_rows(e, k);
+    return st;
+}
+
+static int cmp_req_len(const void *a, const void *b) {
+    const struct req *x = *(struct req *const *)a, *y = *(struct req *const *)b;
+    if (x->n_tok != y->n_tok) return x->n_tok < y->n_tok ? 1 : -1;
+    return (x->item > y->item) - (x->item < y->item); // stable: the order does not depend on qsort
+}
+
+// ---- one task ---------------------------------------------------------------------------------------------------
+
+static double mean_lp(const struct req *r, bool with_probe_of, const struct req *probe_from) {
+    double s = 0;
+    int64_t n = r->n_rows;
+    for (int64_t i = 0; i < r->n_rows; i++) s += r->lp[i];
+    if (with_probe_of) s += probe_from->probe_lp, n++;
+    return n > 0 ? s / (double)n : -INFINITY;
+}
+
+// The per-item figures from the requests of item it (r: its n_choices requests).
+static void score_item(enum llmq_task_id id, enum llmq_task_protocol p, const struct llmq_task_item *it,
+                       const struct req *r, struct llmq_task_item_result *out) {
+    memset(out, 0, sizeof(*out));
+    out->index = it->index;
+    out->n_choices = it->n_choices;
+    out->gold = it->gold;
+    out->pred_norm = -1;
+    bool lm = p == LLMQ_TASK_PROTOCOL_LMEVAL || id == LLMQ_TASK_LAMBADA;
+    for (int c = 0; c < it->n_choices; c++) {
+        out->n_tokens += r[c].n_tok;
+        if (lm) {
+            double s = 0;
+            for (int64_t i = 0; i < r[c].n_rows; i++) s += r[c].lp[i];
+            out->score[c] = s;
+            out->score_norm[c] = s / (double)it->ch[c].norm_len;
+        } else {
+            bool probe = id == LLMQ_TASK_WINOGRANDE && c == 1 && r[0].probe_pos >= 0;
+            out->score[c] = mean_lp(&r[c], probe, &r[0]);
+        }
+    }
+    out->greedy = r[0].greedy;
+    for (int c = 1; c < it->n_choices; c++) {
+        if (out->score[c] > out->score[out->pred]) out->pred = c;
+    }
+    if (!lm && id == LLMQ_TASK_WINOGRANDE) out->pred = out->score[0] > out->score[1] ? 0 : 1; // ties: choice 2
+    if (llmq_task_has_norm(id, p)) {
+        out->pred_norm = 0;
+        for (int c = 1; c < it->n_choices; c++)
+            if (out->score_norm[c] > out->score_norm[out->pred_norm]) out->pred_norm = c;
+    }
+    if (id == LLMQ_TASK_LAMBADA) out->pred = out->greedy ? 0 : -1;
+}
+
+static void fill_result(const struct llmq_task_set *s, const struct llmq_task_item_result *ir,
+                        struct llmq_task_result *res) {
+    int64_t k = 0, kn = 0, n = s->n_items;
+    double sum_ll = 0, sum_ll2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        k += ir[i].pred == ir[i].gold;
+        kn += ir[i].pred_norm == ir[i].gold;
+        res->tokens += ir[i].n_tokens;
+        sum_ll += ir[i].score[0];
+        sum_ll2 += ir[i].score[0] * ir[i].score[0];
+    }
+    res->acc = (double)k / (double)n;
+    res->acc_stderr = llmq_tasks_stderr01(k, n);
+    res->has_norm = llmq_task_has_norm(s->id, s->protocol);
+    if (res->has_norm) res->acc_norm = (double)kn / (double)n, res->acc_norm_stderr = llmq_tasks_stderr01(kn, n);
+    if (s->id == LLMQ_TASK_LAMBADA) {
+        double mu = sum_ll / (double)n, var = n > 1 ? (sum_ll2 - n * mu * mu) / (double)(n - 1) : 0;
+        res->has_ppl = true;
+        res->ppl = exp(-mu);
+        res->ppl_stderr = res->ppl * sqrt(var > 0 ? var : 0) / sqrt((double)n);
+    }
+}
+
+struct task_run {
+    struct req *reqs; // (n_req)
+    int64_t n_req;
+    int64_t *first;      // (n_items) index of each item's first request
+    struct req **sorted; // (n_req)
+    struct llmq_task_item_result *ir;
+};
+
+static void task_run_free(struct task_run *t) {
+    for (int64_t i = 0; i < t->n_req; i++) req_free(&t->reqs[i]);
+    free(t->reqs);
+    free(t->first);
+    free(t->sorted);
+    free(t->ir);
+}
+
+static enum llmq_status build_reqs(const struct llmq_model *m, const struct llmq_task_set *s, struct task_run *t) {
+    int64_t n = 0;
+    if (s->n_items < 1) return llmq_errorf(LLMQ_ERR_ARG, "tasks: %s: no items", llmq_task_name(s->id));
+    for (int64_t i = 0; i < s->n_items; i++) n += s->items[i].n_choices;
+    t->reqs = calloc((size_t)n, sizeof(*t->reqs));
+    t->first = malloc((size_t)s->n_items * sizeof(int64_t));
+    t->sorted = malloc((size_t)n * sizeof(*t->sorted));
+    t->ir = calloc((size_t)s->n_items, sizeof(*t->ir));
+    if (!t->reqs || !t->first || !t->sorted || !t->ir) return llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory");
+    t->n_req = n;
+    enum llmq_status st = LLMQ_OK;
+    int64_t k = 0;
+    for (int64_t i = 0; i < s->n_items && !st; i++) {
+        const struct llmq_task_item *it = &s->items[i];
+        t->first[i] = k;
+        if (s->protocol == LLMQ_TASK_PROTOCOL_LMEVAL || s->id == LLMQ_TASK_LAMBADA) {
+            for (int c = 0; c < it->n_choices && !st; c++) st = lmeval_req(m, &it->ch[c], &t->reqs[k + c]);
+        } else {
+            st = llamacpp_reqs(m, s->id, it, &t->reqs[k]);
+        }
+        for (int c = 0; c < it->n_choices && !st; c++) {
+            struct req *r = &t->reqs[k + c];
+            r->item = i, r->choice = c;
+            if (r->n_tok < 1) r->n_tok = 1;
+            if (r->n_tok > MAX_TOKENS_PER_SEQ)
+                st = llmq_errorf(LLMQ_ERR_ARG, "tasks: %s item %lld has %lld tokens", llmq_task_name(s->id),
+                                 (long long)it->index, (long long)r->n_tok);
+            t->sorted[k + c] = r;
+        }
+        k += it->n_choices;
+    }
+    return st;
+}
+
+static enum llmq_status run_task(const struct llmq_model *m, const struct llmq_task_set *s,
+                                 const struct llmq_tasks_opts *o, struct llmq_task_result *res) {
+    struct task_run t = {0};
+    struct engine e = {0};
+    double t0 = llmq_now_s();
+    enum llmq_status st = build_reqs(m, s, &t);
+    if (st) goto done;
+    qsort(t.sorted, (size_t)t.n_req, sizeof(*t.sorted), cmp_req_len);
+    int64_t budget = o->max_batch_tokens > 0 ? o->max_batch_tokens : 2048, total = 0;
+    if (t.sorted[0]->n_tok > budget) budget = t.sorted[0]->n_tok;
+    for (int64_t i = 0; i < t.n_req; i++) total += t.sorted[i]->n_tok;
+    if ((st = engine_init(&e, m, o, budget))) goto done;
+    struct llmq_tasks_progress pr = {s->id, 0, t.n_req, 0, total, 0};
+    for (int64_t i = 0; i < t.n_req && !st;) {
+        int64_t T = t.sorted[i]->n_tok, nr = 0;
+        while (i + nr < t.n_req && nr < MAX_SEQ_PER_CALL && (nr + 1) * T <= budget) nr++;
+        st = run_call(&e, t.sorted + i, (int)nr);
+        for (int64_t j = 0; j < nr; j++) pr.tokens_done += t.sorted[i + j]->n_tok;
+        i += nr;
+        pr.seq_done = i;
+        pr.elapsed_s = llmq_now_s() - t0;
+        if (!st && o->progress) o->progress(o->progress_user, &pr);
+    }
+    if (st) goto done;
+    for (int64_t i = 0; i < s->n_items; i++)
+        score_item(s->id, s->protocol, &s->items[i], &t.reqs[t.first[i]], &t.ir[i]);
+    fill_result(s, t.ir, res);
+    res->seconds = llmq_now_s() - t0;
+    if (o->keep_items) res->items = t.ir, t.ir = NULL;
+done:
+    engine_free(&e);
+    task_run_free(&t);
+    return st;
+}
+
+// ---- the entry -------------------------------------------------------------------------------------------------
+
+enum llmq_status llmq_tasks_parse_list(const char *list, enum llmq_task_id *ids, int *n, const char **paths,
+                                       char **buf) {
+    *n = 0;
+    *buf = NULL;
+    for (int i = 0; i < LLMQ_TASK_COUNT; i++) paths[i] = NULL;
+    if (!list || !*list) return llmq_errorf(LLMQ_ERR_ARG, "--tasks: empty list");
+    if (strcmp(list, "all") == 0) {
+        for (int i = 0; i < LLMQ_TASK_COUNT; i++) ids[i] = (enum llmq_task_id)i;
+        *n = LLMQ_TASK_COUNT;
+        return LLMQ_OK;
+    }
+    char *copy = malloc(strlen(list) + 1);
+    if (!copy) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+    strcpy(copy, list);
+    *buf = copy;
+    bool seen[LLMQ_TASK_COUNT] = {0};
+    for (char *save = NULL, *e = strtok_r(copy, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(e, '=');
+        if (eq) *eq = '\0';
+        enum llmq_task_id id;
+        if (!llmq_task_from_name(e, &id))
+            return llmq_errorf(LLMQ_ERR_ARG,
+                               "--tasks: unknown task '%s' (known: hellaswag, arc-easy, arc-challenge, piqa, "
+                               "winogrande, lambada, all)",
+                               e);
+        if (seen[id]) return llmq_errorf(LLMQ_ERR_ARG, "--tasks: '%s' given twice", e);
+        if (eq && !eq[1]) return llmq_errorf(LLMQ_ERR_ARG, "--tasks: '%s=' names no file", e);
+        seen[id] = true;
+        paths[id] = eq ? eq + 1 : NULL;
+        ids[(*n)++] = id;
+    }
+    if (*n == 0) return llmq_errorf(LLMQ_ERR_ARG, "--tasks: empty list");
+    return LLMQ_OK;
+}
+
+void llmq_tasks_report_free(struct llmq_tasks_report *r) {
+    for (int i = 0; r && i < r->n_tasks; i++) {
+        free(r->tasks[i].items);
+        free(r->tasks[i].path);
+    }
+    if (r) free(r->tasks), memset(r, 0, sizeof(*r));
+}
+
+enum llmq_status llmq_tasks_run(const struct llmq_model *m, const enum llmq_task_id *ids, int n_ids,
+                                const struct llmq_tasks_opts *opts, struct llmq_tasks_report *out) {
+    memset(out, 0, sizeof(*out));
+    if (!m->tok) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: the model has no tokenizer", m->path);
+    out->tasks = calloc((size_t)(n_ids > 0 ? n_ids : 1), sizeof(*out->tasks));
+    if (!out->tasks) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+    double t0 = llmq_now_s();
+    enum llmq_status st = LLMQ_OK;
+    for (int i = 0; i < n_ids && !st; i++) {
+        struct llmq_task_set s;
+        struct llmq_task_result *res = &out->tasks[i];
+        if ((st = llmq_task_set_load(ids[i], opts->protocol, opts->paths[ids[i]], &s))) break;
+        llmq_task_set_select(&s, opts->limit, opts->use_seed, opts->seed);
+        res->id = ids[i];
+        res->protocol = opts->protocol;
+        res->n_items = s.n_items;
+        res->n_file_items = s.n_file_items;
+        memcpy(res->sha256, s.sha256, sizeof(res->sha256));
+        res->path = s.path, s.path = NULL;
+        out->n_tasks = i + 1;
+        llmq_info("tasks: %s: %lld of %lld items from %s", llmq_task_name(ids[i]), (long long)s.n_items,
+                  (long long)s.n_file_items, res->path);
+        st = run_task(m, &s, opts, res);
+        llmq_task_set_free(&s);
+    }
+    out->seconds = llmq_now_s() - t0;
+    return st;
+}

@@ -1,0 +1,51 @@
+/*
+ * cli/eval_tasks.h — the `llmq eval --tasks` part of cli/cmd_eval.c: runs calib/eval/tasks.h on a loaded
+ * model, prints one line per task on stdout (progress with ETA on stderr), and builds the "tasks" JSON.
+ */
+#ifndef LLMQ_CLI_EVAL_TASKS_H
+#define LLMQ_CLI_EVAL_TASKS_H
+
+#include "calib/eval/tasks.h"
+
+#include <stdbool.h>
+
+struct json_t;
+struct llmq_model;
+
+// The --tasks flags of `llmq eval` (a: a struct with const char *tasks; long limit, seed; bool json_items).
+#define EVAL_TASK_FLAGS(a)                                                                                             \
+    {"tasks", CLI_STR, &(a)->tasks, NULL,                                                                              \
+     "zero-shot accuracy on these tasks: all, or a comma list of hellaswag, arc-easy, arc-challenge, piqa, "           \
+     "winogrande, lambada (datasets/manifest.tsv); NAME=FILE reads that file instead (piqa=FILE@LABELS)"},             \
+        {"limit", CLI_INT, &(a)->limit, "-1 (all)",                                                                    \
+         "--tasks: N items per task: the first N (lm-eval), the N llama-perplexity picks (llamacpp), or with --seed "  \
+         "a seeded sample"},                                                                                           \
+        {"seed", CLI_INT, &(a)->seed, "none", "--tasks: draw the --limit items at random with this seed"}, {           \
+        "json-items", CLI_BOOL, &(a)->json_items, "off",                                                               \
+            "--tasks: also write every item's choice, gold and per-choice scores into --json"                          \
+    }
+
+// The --tasks paragraph of `llmq eval --help`.
+#define EVAL_TASKS_HELP                                                                                                \
+    "Task protocols (--tasks; calib/eval/tasks.h):\n"                                                                  \
+    "  lm-eval   lm-evaluation-harness 0.4.13: its prompts, log-likelihood of each continuation given\n"               \
+    "            the context; acc by the sum, acc_norm by the sum per character of the choice.\n"                      \
+    "  llamacpp  llama-perplexity --hellaswag / --winogrande / --multiple-choice: each choice tokenized\n"             \
+    "            whole, mean log-prob after the common prefix; --limit N = its --*-tasks N selection.\n"
+
+struct eval_tasks_args {
+    const char *list; // --tasks
+    enum llmq_task_protocol protocol;
+    long limit;      // --limit (-1: all)
+    long seed;       // --seed (-1: not given)
+    bool json_items; // --json-items
+    int n_threads;
+    enum llmq_backend backend;
+    enum llmq_emulate emulate;
+};
+
+// Runs the tasks, prints the table, and when js is non-NULL sets js["tasks"] (and "task_protocol").
+// Returns the status of the run (the error was logged); a bad list is LLMQ_ERR_ARG.
+enum llmq_status eval_tasks_run(const struct llmq_model *m, const struct eval_tasks_args *a, struct json_t *js);
+
+#endif // LLMQ_CLI_EVAL_TASKS_H

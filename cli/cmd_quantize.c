@@ -61,7 +61,7 @@ static const char *default_format(const char *method, bool gguf_out, long bits, 
 // Every flag as parsed (LONG_MIN / NAN / NULL: not given).
 struct qargs {
     const char *model, *method, *format, *out, *json, *fallback, *gguf_type, *imatrix, *tt_dummy, *output_type,
-        *embedding_type, *device, *mix, *target_size, *mix_exclude;
+        *embedding_type, *device, *mix, *target_size, *mix_exclude, *grid;
     long bits, group;
     double damp, target_bpw;
     bool sym, asym, act_order, static_groups, group_aware, force, no_tseq, pure, dry_run, no_prov, allow_requant;
@@ -93,6 +93,10 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
         snprintf(buf, size, "--%s needs --method gptq or awq+gptq (it is a GPTQ option)", name);
         return buf;
     }
+    if (q->grid && strcmp(q->grid, "minmax") && strcmp(q->grid, "mse") && strcmp(q->grid, "hmse"))
+        return "--grid must be minmax, mse or hmse";
+    if (q->grid && strcmp(q->grid, "minmax") && (gguf || !llmq_qmethod_uses_gptq(*method)))
+        return "--grid mse / hmse needs --method gptq or awq+gptq and a directory format (awq, gptq, fake)";
     if (gguf && (q->sym || q->asym || q->static_groups || q->fallback))
         return "--sym, --asym, --static-groups and --fallback do not apply to --format gguf";
     if (q->group_aware && gguf) return "--act-group-aware needs a directory format (awq, gptq, fake), not gguf";
@@ -245,6 +249,9 @@ int cmd_quantize(int argc, char **argv) {
          "GPTQ: GPTQModel's act_group_aware order (GAR): whole groups by decreasing max Hessian diagonal, the "
          "columns of a group likewise; groups stay contiguous, so g_idx is plain and --format awq holds it "
          "(not gguf; excludes --act-order, --static-groups)"},
+        {"grid", CLI_STR, &q.grid, "minmax",
+         "GPTQ into awq / gptq / fake: each group's (scale, zero): minmax (the reference), mse (the reference's "
+         "mse search: shrink grid 1..0.21, min sum |w-q|^2.4), hmse (the same grid, min sum diag(H)(w-q)^2)"},
         {"no-true-sequential", CLI_BOOL, &q.no_tseq, "off",
          "GPTQ: collect all Hessians of a block in one pass instead of [qkv] -> [o] -> [gate,up] -> [down]"},
         {"damp", CLI_FLOAT, &q.damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
@@ -369,6 +376,9 @@ int cmd_quantize(int argc, char **argv) {
             o.q = (struct llmq_qconfig){.bits = (int)q.bits, .group_size = (int)q.group, .sym = q.sym};
             o.static_groups = q.static_groups;
             o.group_aware = q.group_aware;
+            o.gptq_grid = !q.grid || !strcmp(q.grid, "minmax") ? LLMQ_GPTQ_GRID_MINMAX
+                          : !strcmp(q.grid, "mse")             ? LLMQ_GPTQ_GRID_MSE
+                                                               : LLMQ_GPTQ_GRID_HMSE;
             o.fallback_rtn_per_channel = q.fallback && strcmp(q.fallback, "rtn-per-channel") == 0;
             o.out.force = q.force;
             o.allow_requantize = q.allow_requant;

@@ -344,6 +344,7 @@ static enum llmq_status gptq_onto(struct run *r, const struct llmq_qtarget *t, c
         go.static_groups = o->static_groups;
         go.group_aware = o->group_aware;
         go.backend = o->backend; // CUDA: steps 5-7 on the GPU (quant/gptq.h)
+        go.grid = o->gptq_grid;
         return llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, loss, NULL);
     }
     struct llmq_gptq_gguf_opts go = llmq_gptq_gguf_opts_default();
@@ -660,6 +661,8 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
         json_object_set_new(s, "static_groups", json_boolean(o->static_groups));
         json_object_set_new(s, "act_group_aware", json_boolean(o->group_aware));
         json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential));
+        if (o->gptq_grid != LLMQ_GPTQ_GRID_MINMAX) // absent by default: the outputs so far keep their bytes
+            json_object_set_new(s, "grid", json_string(o->gptq_grid == LLMQ_GPTQ_GRID_MSE ? "mse" : "hmse"));
     }
     json_object_set_new(s, "fallback", json_string(o->fallback_rtn_per_channel ? "rtn-per-channel" : "none"));
     json_object_set_new(s, "format", json_string(llmq_export_format_name(o->out.format)));
@@ -896,6 +899,9 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
     if (o->to_gguf && o->static_groups)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --static-groups does not apply to --format gguf (with "
                                          "--act-order the block grids are static already)");
+    if (o->gptq_grid != LLMQ_GPTQ_GRID_MINMAX && (o->to_gguf || !llmq_qmethod_uses_gptq(o->method)))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --grid mse / hmse needs --method gptq or awq+gptq and a directory "
+                                         "format (gguf blocks take the encoders' own scale searches)");
     if ((o->act_order || o->static_groups) && !llmq_qmethod_uses_gptq(o->method))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order and --static-groups need --method gptq or awq+gptq");
     if (o->group_aware &&

@@ -93,6 +93,7 @@
 #include "common/status.h"
 #include "quant/export.h"
 #include "quant/gguf_export.h"
+#include "quant/gptq.h"
 #include "quant/quantizer.h"
 
 #include <jansson.h>
@@ -116,6 +117,8 @@ struct llmq_quantize_opts {
     bool act_order, static_groups; // GPTQ
     bool group_aware;              // GPTQ: GPTQModel's act_group_aware order (quant/gptq.h step 4); not gguf
     bool true_sequential;          // GPTQ (default true)
+    enum llmq_gptq_grid gptq_grid; // GPTQ into a directory: each group's (scale, zero) search (quant/gptq.h);
+                                   // MINMAX by default; not gguf (the block encoders search their own scales)
     bool fallback_rtn_per_channel; // non-tiled C -> RTN per channel instead of an error
     bool allow_requantize;         // quantize linears stored in a block type (a Q4_1 GGUF input) instead
                                    // of refusing the first (LLMQ_ERR_ARG), as quant/gguf_export.h

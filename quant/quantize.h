@@ -64,6 +64,11 @@
  *   Calibration size: GPTQ fits H, so with few tokens per input column it overfits: its in-sample err
  *   (below rtn_err) says nothing about other text (bench/README.md, "GPTQ into GGUF and the calibration
  *   size"). Use tens of thousands of tokens (e.g. 32 x 512 or more) or a larger --damp when data is short.
+ *   Type choice (gguf.choose: --mix quality, --target-*; quant/gguf_choose.h): made by the writer at begin from
+ *             the original weights and the importance: the imatrix, else (rtn --calib) the gathered statistics,
+ *             else (gptq / awq, and dry runs with --calib) the full-precision model's statistics on the same
+ *             calibration (gguf.choice_imatrix; one more forward pass over it); the solvers then solve onto the
+ *             chosen types.
  *   Report: each layer row also has "type"; "totals" the writer's figures (tensors, bytes, whole-file
  *   bits_per_weight, fallbacks) plus linear_bits_per_weight; "gguf" the writer's own report.
  *

@@ -89,8 +89,9 @@ static enum llmq_status tensor_errors(const struct llmq_gguf_choose_opts *o, con
     const int64_t stride = (R + MAX_SAMPLED_ROWS - 1) / MAX_SAMPLED_ROWS, n = (R + stride - 1) / stride;
     enum llmq_status st = work_reserve(w, (size_t)(n * C));
     if (!st) st = rows(user, i, stride, n, w->W);
+    const bool capped = !(o->mode == LLMQ_GGUF_CHOICE_TARGET && t->allocate); // QUALITY: no larger than the mix's
     for (int k = 0; k < K && !st; k++) {
-        if (!op->bytes[k]) continue;
+        if (!op->bytes[k] || (capped && op->bytes[k] > op->bytes[op->mix])) continue; // err stays INFINITY
         size_t rb = 0;
         (void)llmq_dtype_nbytes(cand[k], C, &rb);
         if ((st = llmq_gguf_encode_rows(cand[k], w->W, w->blk, n, C, t->importance, o->n_threads))) break;

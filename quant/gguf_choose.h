@@ -52,8 +52,10 @@
  *   both ends without encoding anything).
  *
  * ---- Determinism, cost -------------------------------------------------------------------------------------
- *   The result does not depend on n_threads (the encoders' bytes do not, the sums run in row order). Cost: K
- *   encodings of at most 2048 rows per tensor (SmolLM2-135M: about 12 × one RTN pass over the model).
+ *   The result does not depend on n_threads (the encoders' bytes do not, the sums run in row order). Cost: one
+ *   encoding of at most 2048 rows per tensor and candidate (QUALITY: only the candidates no larger than the
+ *   mix's type; SmolLM2-135M at Q3_K_M: 41 s for llama-quantize's mix, 553 s with --mix quality on the 2
+ *   shared, heavily loaded cores of the measurement, before that restriction).
  *   Memory: one tensor's sampled rows in f32, their encoding and decoding.
  */
 #ifndef LLMQ_QUANT_GGUF_CHOOSE_H

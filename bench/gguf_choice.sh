@@ -15,6 +15,8 @@
 #   target        llmq ... --target-size (lcpp's tensor data bytes, from llmq's dry run of the llama mix, which is
 #                 byte-identical to llama-quantize's file)
 #   target-x      the same with --mix-exclude q4_1
+#   target-xx     the same with --mix-exclude q4_1,q5_1 (Q5_1's 32-blocks with a minimum also sit close to the
+#                 base's Q4_1 grid; ROWS must name it)
 #   gptq-quality-x  llmq --method gptq --calib wiki.valid NSAMPLES x SEQLEN --mix quality --mix-exclude q4_1
 #                 (only when GPTQ=1: minutes per file)
 # Judge: llama-perplexity -c 512 --chunks CHUNKS on wiki.test.raw, --kl-divergence against the base's saved
@@ -71,7 +73,7 @@ for t in $TYPES; do
   for v in $ROWS; do
     key="${t}_${v}"; out="$WORK/$key.gguf"
     [[ -f "$WORK/$key.json" ]] && continue
-    x=(); [[ $v == *-x ]] && x=(--mix-exclude q4_1)
+    x=(); [[ $v == *-x ]] && x=(--mix-exclude q4_1); [[ $v == *-xx ]] && x=(--mix-exclude q4_1,q5_1)
     t0=$(date +%s.%N)
     case $v in
       lcpp) if [[ $JUDGE == llama ]]; then
@@ -110,8 +112,8 @@ print("%d,\"params\":%d" % (sum(int(t.n_bytes) for t in ts), sum(int(t.n_element
   done
 done
 
-printf '\nSmolLM2-135M f32 base (from Q4_1); imatrix llama-imatrix wiki.valid %sx%s; llama-perplexity wiki.test ctx 512, %s chunks\n' \
-  "$NSAMPLES" "$SEQLEN" "$CHUNKS"
+printf '\nSmolLM2-135M f32 base (from Q4_1); imatrix (%s) wiki.valid %sx%s; judge %s on wiki.test ctx 512, %s chunks\n' \
+  "$JUDGE" "$NSAMPLES" "$SEQLEN" "$JUDGE" "$CHUNKS"
 printf '%-8s %-15s %12s %9s %10s %10s %13s\n' type row "file bytes" bpw PPL "mean KLD" "predicted err"
 for t in $TYPES; do
   for v in $ROWS; do

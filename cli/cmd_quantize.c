@@ -11,6 +11,7 @@
  *                 [--imatrix FILE.lcs|FILE.gguf|FILE.dat] [--calib SRC]... [--tensor-type REGEX=TYPE]...
  *                 [--output-type T] [--embedding-type T] [--pure] [--dry-run] [--no-provenance]
  *                 [--allow-requantize]   (--output-tensor-type / --token-embedding-type: llama-quantize's names)
+ *                 [--mix llama|quality | --target-bpw X | --target-size BYTES] [--mix-exclude T,...]
  *
  * stderr: one line per linear (per tensor for gguf) and an ETA, totals at the end; stdout: the output
  * path and totals (--dry-run: the plan table); --json FILE: settings, calibration provenance and the
@@ -61,9 +62,9 @@ static const char *default_format(const char *method, bool gguf_out, long bits, 
 // Every flag as parsed (LONG_MIN / NAN / NULL: not given).
 struct qargs {
     const char *model, *method, *format, *out, *json, *fallback, *gguf_type, *imatrix, *tt_dummy, *output_type,
-        *embedding_type, *device, *bits_arg;
+        *embedding_type, *device, *bits_arg, *mix, *target_size, *mix_exclude, *grid;
     long bits, group;
-    double damp;
+    double damp, target_bpw;
     bool sym, asym, act_order, static_groups, group_aware, force, no_tseq, pure, dry_run, no_prov, allow_requant;
     struct cli_calib_args ca;
     const char *tts[MAX_TENSOR_TYPES]; // every --tensor-type, in order
@@ -166,6 +167,10 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
         snprintf(buf, size, "--%s needs --method gptq or awq+gptq (it is a GPTQ option)", name);
         return buf;
     }
+    if (q->grid && strcmp(q->grid, "minmax") && strcmp(q->grid, "mse") && strcmp(q->grid, "hmse"))
+        return "--grid must be minmax, mse or hmse";
+    if (q->grid && strcmp(q->grid, "minmax") && (gguf || !llmq_qmethod_uses_gptq(*method)))
+        return "--grid mse / hmse needs --method gptq or awq+gptq and a directory format (awq, gptq, fake)";
     if (gguf && (q->sym || q->asym || q->static_groups || q->fallback))
         return "--sym, --asym, --static-groups and --fallback do not apply to --format gguf";
     if (q->group_aware && gguf) return "--act-group-aware needs a directory format (awq, gptq, fake), not gguf";
@@ -177,6 +182,14 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
                   q->dry_run || q->no_prov))
         return "--gguf-type, --imatrix, --tensor-type, --output-type, --embedding-type, --pure, --dry-run and "
                "--no-provenance need --format gguf";
+    if (!gguf && (q->mix || !isnan(q->target_bpw) || q->target_size))
+        return "--mix, --target-bpw and --target-size need --format gguf";
+    if (q->mix && strcmp(q->mix, "llama") && strcmp(q->mix, "quality")) return "--mix must be llama or quality";
+    if (!isnan(q->target_bpw) && q->target_size) return "--target-bpw and --target-size exclude each other";
+    if (q->mix && !strcmp(q->mix, "quality") && (!isnan(q->target_bpw) || q->target_size))
+        return "--mix quality excludes --target-bpw and --target-size (a size target chooses every type itself)";
+    if (!isnan(q->target_bpw) && !(q->target_bpw > 0 && q->target_bpw <= 32))
+        return "--target-bpw must be a number of bits per weight in (0, 32]";
     if (!gguf && (q->bits < 2 || q->bits > 8)) return "--bits must be between 2 and 8";
     if (!gguf && (q->group == 0 || q->group < -1 || q->group > (1 << 20))) return "--group-size must be -1 or >= 1";
     if (q->sym && q->asym) return "--sym and --asym exclude each other";
@@ -206,6 +219,30 @@ static const char *gguf_flags(const struct qargs *q, struct llmq_quantize_opts *
         return buf;
     }
     mx->pure = q->pure;
+    struct llmq_gguf_choose_opts *ch = &o->gguf.choose;
+    if (q->target_size && (!llmq_parse_bytes(q->target_size, &ch->target_bytes) || !ch->target_bytes)) {
+        snprintf(buf, size, "--target-size '%s' is not a size in bytes (e.g. 90000000, 85M)", q->target_size);
+        return buf;
+    }
+    ch->mode = q->target_size || !isnan(q->target_bpw) ? LLMQ_GGUF_CHOICE_TARGET
+               : q->mix && !strcmp(q->mix, "quality")  ? LLMQ_GGUF_CHOICE_QUALITY
+                                                       : LLMQ_GGUF_CHOICE_MIX;
+    o->gguf.target_bpw = isnan(q->target_bpw) ? 0 : q->target_bpw;
+    if (q->mix_exclude && ch->mode == LLMQ_GGUF_CHOICE_MIX)
+        return "--mix-exclude needs --mix quality, --target-bpw or --target-size";
+    for (const char *p = q->mix_exclude; p && *p;) { // "q4_1,q8_0"
+        char name[16];
+        size_t n = strcspn(p, ",");
+        snprintf(name, sizeof(name), "%.*s", (int)(n < sizeof(name) ? n : sizeof(name) - 1), p);
+        enum llmq_dtype t = llmq_dtype_from_name(name);
+        const struct llmq_dtype_traits *tr = llmq_dtype_traits(t);
+        if (!tr || !tr->is_quant || !llmq_gguf_mix_type_ok(t) || t >= 64) {
+            snprintf(buf, size, "--mix-exclude '%s': '%s' is not a block type llmq writes", q->mix_exclude, name);
+            return buf;
+        }
+        ch->exclude |= 1ull << t;
+        p += n + (p[n] == ',');
+    }
     mx->overrides = tt;
     for (mx->n_overrides = 0; mx->n_overrides < q->n_tts; mx->n_overrides++)
         if (llmq_gguf_tensor_type_parse(q->tts[mx->n_overrides], &tt[mx->n_overrides])) return "";
@@ -349,6 +386,9 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
         o->q = (struct llmq_qconfig){.bits = (int)q->bits, .group_size = (int)q->group, .sym = q->sym};
         o->static_groups = q->static_groups;
         o->group_aware = q->group_aware;
+        o->gptq_grid = !q->grid || !strcmp(q->grid, "minmax") ? LLMQ_GPTQ_GRID_MINMAX
+                       : !strcmp(q->grid, "mse")              ? LLMQ_GPTQ_GRID_MSE
+                                                              : LLMQ_GPTQ_GRID_HMSE;
         o->fallback_rtn_per_channel = q->fallback && strcmp(q->fallback, "rtn-per-channel") == 0;
         o->out.force = q->force;
         o->allow_requantize = q->allow_requant;
@@ -356,8 +396,13 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
 }
 
 int cmd_quantize(int argc, char **argv) {
-    struct qargs q = {
-        .method = "rtn", .device = "auto", .bits = LONG_MIN, .group = LONG_MIN, .damp = NAN, .compare_chunks = 20};
+    struct qargs q = {.method = "rtn",
+                      .device = "auto",
+                      .bits = LONG_MIN,
+                      .group = LONG_MIN,
+                      .damp = NAN,
+                      .compare_chunks = 20,
+                      .target_bpw = NAN};
     cli_calib_args_init(&q.ca);
     int rc = cli_calib_take_sources(&q.ca, &argc, argv);
     if (!rc) rc = cli_take_repeated("tensor-type", &argc, argv, q.tts, MAX_TENSOR_TYPES, &q.n_tts);
@@ -380,6 +425,9 @@ int cmd_quantize(int argc, char **argv) {
          "GPTQ: GPTQModel's act_group_aware order (GAR): whole groups by decreasing max Hessian diagonal, the "
          "columns of a group likewise; groups stay contiguous, so g_idx is plain and --format awq holds it "
          "(not gguf; excludes --act-order, --static-groups)"},
+        {"grid", CLI_STR, &q.grid, "minmax",
+         "GPTQ into awq / gptq / fake: each group's (scale, zero): minmax (the reference), mse (the reference's "
+         "mse search: shrink grid 1..0.21, min sum |w-q|^2.4), hmse (the same grid, min sum diag(H)(w-q)^2)"},
         {"no-true-sequential", CLI_BOOL, &q.no_tseq, "off",
          "GPTQ: collect all Hessians of a block in one pass instead of [qkv] -> [o] -> [gate,up] -> [down]"},
         {"damp", CLI_FLOAT, &q.damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
@@ -423,6 +471,17 @@ int cmd_quantize(int argc, char **argv) {
          "quantize tensors that are already quantized (e.g. a Q4_1 GGUF input) instead of refusing them, as "
          "llama-quantize --allow-requantize does: the result is worse than quantizing the f32 / f16 original"},
         {"pure", CLI_BOOL, &q.pure, "off", "gguf: no mix rules, the file type's default type for every tensor"},
+        {"mix", CLI_STR, &q.mix, "llama",
+         "gguf: llama: llama-quantize's per-tensor types; quality: per tensor, the block type of no larger size "
+         "with the lowest importance-weighted error on that tensor (quant/gguf_choose.h)"},
+        {"target-bpw", CLI_FLOAT, &q.target_bpw, "none",
+         "gguf: one type per block linear minimising the summed importance-weighted error under this budget of "
+         "tensor data bits per weight (token_embd / output: --mix quality of the --gguf-type mix)"},
+        {"target-size", CLI_STR, &q.target_size, "none",
+         "gguf: the same budget as a tensor data size in bytes (K, M, G suffixes: powers of 1024)"},
+        {"mix-exclude", CLI_STR, &q.mix_exclude, "none",
+         "gguf: block types --mix quality / --target-* may not choose, comma separated (e.g. q4_1 for a model "
+         "dequantized from Q4_1, which that type reproduces exactly)"},
         {"dry-run", CLI_BOOL, &q.dry_run, "off",
          "gguf: print every tensor's type, size and bits per weight, write nothing"},
         {"no-provenance", CLI_BOOL, &q.no_prov, "off",

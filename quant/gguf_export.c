@@ -14,6 +14,7 @@
 #include "formats/hf/hfdir.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -51,6 +52,7 @@ struct entry {
     void *held; // (nbytes) encoded rows in the MODEL's row order, handed over early
     bool handed, written;
     double seconds;
+    double pred_err, pred_err_mix; // the type choice's err of the chosen type and of the mix's (free tensors)
 };
 
 struct llmq_gguf_export {
@@ -62,6 +64,7 @@ struct llmq_gguf_export {
     int64_t *lin;                      // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
     int *n_handed;                     // (n_layer) linears handed over per block
     float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
+    float **cimp;                      // the same from o.choice_imatrix (the type choice only), or NULL
     struct llmq_tensor_view rope_view; // HF llama3: generated rope_freqs.weight
     float *rope_gen;
     struct llmq_gguf_writer *w;
@@ -232,15 +235,15 @@ static int entry_cmp(const void *a, const void *b) {
 
 // ---- importance -----------------------------------------------------------------------------------
 
-static enum llmq_status load_importance(struct llmq_gguf_export *e) {
-    const struct llmq_calib_stats *s = e->o.imatrix;
+// The importance of every block input of statistics s into *imp (NULL without s).
+static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s, float ***imp) {
     const struct llmq_model *m = e->m;
     int64_t L = m->hp.n_layer;
     if (!s) return LLMQ_OK;
     if (s->n_layer != L)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: the importance statistics have %lld blocks, %s has %lld",
                            (long long)s->n_layer, m->path, (long long)L);
-    if (!(e->imp = calloc((size_t)(L * LLMQ_CALIB_N_SLOTS), sizeof(float *))))
+    if (!(*imp = calloc((size_t)(L * LLMQ_CALIB_N_SLOTS), sizeof(float *))))
         return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
     static const int slot_linear[LLMQ_CALIB_N_SLOTS] = {LLMQ_LIN_Q, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_DOWN};
     int n_missing = 0;
@@ -259,7 +262,7 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e) {
             float *v = malloc((size_t)C * sizeof(float));
             if (!v) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
             for (int64_t c = 0; c < C; c++) v[c] = (float)(in->sum_sq[c] / (double)in->count);
-            e->imp[l * LLMQ_CALIB_N_SLOTS + k] = v;
+            (*imp)[l * LLMQ_CALIB_N_SLOTS + k] = v;
         }
     if (n_missing)
         llmq_warn("gguf export: %d of %lld block inputs have no importance data (quantized without)", n_missing,
@@ -267,9 +270,13 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e) {
     return LLMQ_OK;
 }
 
+static const float *slot_importance(float *const *imp, const struct entry *x) {
+    if (!imp || x->kind != K_LINEAR) return NULL;
+    return imp[x->layer * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)x->which)];
+}
+
 static const float *entry_importance(const struct llmq_gguf_export *e, const struct entry *x) {
-    if (!e->imp || x->kind != K_LINEAR) return NULL;
-    return e->imp[x->layer * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)x->which)];
+    return slot_importance(e->imp, x);
 }
 
 // ---- output path and KVs -----------------------------------------------------------------------------
@@ -319,9 +326,10 @@ static void export_free(struct llmq_gguf_export *e) {
     if (!e) return;
     llmq_gguf_writer_free(e->w); // removes an uncommitted temporary file
     for (int64_t i = 0; i < e->n; i++) free(e->ent[i].held);
-    if (e->imp)
-        for (int64_t i = 0; i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->imp[i]);
+    for (int64_t i = 0; e->imp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->imp[i]);
+    for (int64_t i = 0; e->cimp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->cimp[i]);
     free(e->imp);
+    free(e->cimp);
     free(e->ent);
     free(e->lin);
     free(e->n_handed);
@@ -330,6 +338,96 @@ static void export_free(struct llmq_gguf_export *e) {
     free(e->q);
     free(e->out_path);
     free(e);
+}
+
+// ---- the type choice from the weights (quant/gguf_choose.h) ----------------------------------------------
+
+static void entry_rc(const struct entry *x, int64_t *R, int64_t *C) {
+    int64_t ne = 1;
+    for (int d = 0; d < x->n_dims; d++) ne *= x->shape[d];
+    *C = x->n_dims > 0 ? x->shape[x->n_dims - 1] : 1;
+    *R = *C > 0 ? ne / *C : 0;
+}
+
+// llmq_gguf_choose_rows_fn over the entries: rows 0, stride, ... of entry i's model view, decoded to f32.
+static enum llmq_status choice_rows(void *user, int64_t i, int64_t stride, int64_t n, float *out) {
+    const struct llmq_gguf_export *e = user;
+    const struct entry *x = &e->ent[i];
+    const struct llmq_tensor_view *v = entry_view(e, x);
+    int64_t R, C;
+    size_t rb = 0;
+    entry_rc(x, &R, &C);
+    if (!v || !llmq_dtype_nbytes(v->dtype, C, &rb) || llmq_tensor_nelements(v) != R * C)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s: the model's view has another shape", x->name);
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t k = 0; k < n && !st; k++)
+        st = llmq_dequantize_row(v->dtype, (const uint8_t *)v->data + (size_t)(k * stride) * rb, out + k * C, C);
+    return st;
+}
+
+// Whether the mix's choice of entry x may change: a quantized tensor typed by the mix rules (quant/gguf_export.h
+// "The type choice from the weights").
+static bool choice_free(const struct llmq_gguf_export *e, const struct entry *x, const struct llmq_gguf_mix_choice *c,
+                        bool tied) {
+    const struct llmq_gguf_mix_opts *mx = &e->o.mix;
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(c->type);
+    if (!c->quantized || c->manual || !tr || !tr->is_quant) return false;
+    if (x->kind == K_TOK_EMBD && mx->embedding_type != LLMQ_DTYPE_COUNT) return false;
+    return !((x->kind == K_OUTPUT || (tied && x->kind == K_TOK_EMBD)) && mx->output_type != LLMQ_DTYPE_COUNT);
+}
+
+// The choice's input for every entry (file order), from the plan mc.
+static void choice_tensors(const struct llmq_gguf_export *e, const struct llmq_gguf_mix_choice *mc,
+                           struct llmq_gguf_choose_tensor *ct) {
+    bool tied = true;
+    for (int64_t i = 0; i < e->n; i++) tied = tied && e->ent[i].kind != K_OUTPUT;
+    for (int64_t i = 0; i < e->n; i++) {
+        const struct entry *x = &e->ent[i];
+        struct llmq_gguf_choose_tensor *t = &ct[i];
+        entry_rc(x, &t->R, &t->C);
+        t->name = x->name;
+        t->type = mc[i].type;
+        t->is_free = choice_free(e, x, &mc[i], tied);
+        t->allocate = t->is_free && x->kind == K_LINEAR;
+        t->importance = e->imp ? slot_importance(e->imp, x) : slot_importance(e->cimp, x);
+    }
+}
+
+// The params (every entry's elements) and the TARGET budget in bytes of o.
+static uint64_t choice_budget(const struct llmq_gguf_export *e, const struct llmq_gguf_choose_tensor *ct,
+                              int64_t *params) {
+    int64_t p = 0;
+    for (int64_t i = 0; i < e->n; i++) p += ct[i].R * ct[i].C;
+    *params = p;
+    if (e->o.choose.target_bytes) return e->o.choose.target_bytes;
+    return (uint64_t)floor(e->o.target_bpw * (double)p / 8.0);
+}
+
+// Refines the plan mc with o.choose (nothing for mode MIX): the chosen types, their notes, the entries' errors.
+static enum llmq_status choose_types(struct llmq_gguf_export *e, struct llmq_gguf_mix_choice *mc) {
+    if (e->o.choose.mode == LLMQ_GGUF_CHOICE_MIX) return LLMQ_OK;
+    enum llmq_status st = load_importance(e, e->o.imatrix ? NULL : e->o.choice_imatrix, &e->cimp);
+    struct llmq_gguf_choose_tensor *ct = st ? NULL : calloc((size_t)e->n, sizeof(*ct));
+    if (st || !ct) return st ? st : llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+    struct llmq_gguf_choose_opts co = e->o.choose;
+    choice_tensors(e, mc, ct);
+    co.target_bytes = choice_budget(e, ct, &co.params);
+    co.n_threads = e->o.n_threads;
+    const char *mode = co.mode == LLMQ_GGUF_CHOICE_QUALITY ? "quality" : "target";
+    if (!(st = llmq_gguf_choose(&co, e->n, ct, choice_rows, e)))
+        for (int64_t i = 0; i < e->n; i++) {
+            struct llmq_gguf_mix_choice *c = &mc[i];
+            e->ent[i].pred_err = ct[i].err;
+            e->ent[i].pred_err_mix = ct[i].err_mix;
+            if (ct[i].type == c->type) continue;
+            char note[sizeof(c->note)];
+            snprintf(note, sizeof(note), "%s%s%s: -> %s (err %.3g of the mix's)", c->note, c->note[0] ? "; " : "", mode,
+                     llmq_dtype_name(ct[i].type), ct[i].err_mix > 0 ? ct[i].err / ct[i].err_mix : 0.0);
+            memcpy(c->note, note, sizeof(note));
+            c->type = ct[i].type;
+        }
+    free(ct);
+    return st;
 }
 
 enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *out_path,
@@ -357,7 +455,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
     for (int64_t i = 0; i < L * LLMQ_LIN_COUNT; i++) e->lin[i] = -1;
     if ((st = m->from_gguf ? list_gguf(e, &cap) : list_hf(e, &cap))) goto fail;
     qsort(e->ent, (size_t)e->n, sizeof(*e->ent), entry_cmp);
-    if ((st = load_importance(e))) goto fail;
+    if ((st = load_importance(e, o->imatrix, &e->imp))) goto fail;
 
     // ---- plan
     if (!(mt = calloc((size_t)e->n, sizeof(*mt))) || !(mc = calloc((size_t)e->n, sizeof(*mc)))) {
@@ -374,7 +472,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
     }
     struct llmq_gguf_mix_model mm;
     llmq_gguf_mix_model_from_hparams(&m->hp, &mm);
-    if ((st = llmq_gguf_mix_plan(&mm, &e->o.mix, e->n, mt, mc))) goto fail;
+    if ((st = llmq_gguf_mix_plan(&mm, &e->o.mix, e->n, mt, mc)) || (st = choose_types(e, mc))) goto fail;
     int64_t max_C = 1;
     for (int64_t i = 0; i < e->n; i++) {
         struct entry *x = &e->ent[i];
@@ -641,6 +739,7 @@ enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t
 static json_t *report_json(const struct llmq_gguf_export *e, double secs, uint64_t file_bytes) {
     json_t *r = json_object(), *ts = json_array(), *tot = json_object();
     int64_t params = 0;
+    double pe = 0, pm = 0; // Σ predicted errors of the chosen types and of the mix's
     for (int64_t i = 0; i < e->n; i++) {
         const struct entry *x = &e->ent[i];
         json_t *t = json_object(), *sh = json_array();
@@ -653,6 +752,12 @@ static json_t *report_json(const struct llmq_gguf_export *e, double secs, uint64
         json_object_set_new(t, "bytes", json_integer((json_int_t)x->nbytes));
         json_object_set_new(t, "note", json_string(x->ch.note));
         json_object_set_new(t, "seconds", json_real(x->seconds));
+        if (e->o.choose.mode != LLMQ_GGUF_CHOICE_MIX) {
+            json_object_set_new(t, "pred_err", json_real(x->pred_err));
+            json_object_set_new(t, "pred_err_mix", json_real(x->pred_err_mix));
+            pe += x->pred_err;
+            pm += x->pred_err_mix;
+        }
         json_array_append_new(ts, t);
         params += x->R * x->C;
     }
@@ -668,6 +773,10 @@ static json_t *report_json(const struct llmq_gguf_export *e, double secs, uint64
     json_object_set_new(tot, "file_bytes", json_integer((json_int_t)file_bytes));
     json_object_set_new(tot, "fallbacks", json_integer(e->n_fallback));
     json_object_set_new(tot, "seconds", json_real(secs));
+    if (e->o.choose.mode != LLMQ_GGUF_CHOICE_MIX) {
+        json_object_set_new(tot, "predicted_err", json_real(pe));
+        json_object_set_new(tot, "predicted_err_mix", json_real(pm));
+    }
     json_object_set_new(r, "totals", tot);
     return r;
 }
@@ -719,6 +828,43 @@ void llmq_gguf_export_print_plan(const struct llmq_gguf_export *e, FILE *f) {
             (long long)e->n, (long long)params, (double)e->total_bytes / 1048576.0, (unsigned long long)e->total_bytes,
             params ? 8.0 * (double)e->total_bytes / (double)params : 0.0, e->n_fallback,
             llmq_gguf_ftype_name(e->o.mix.ftype));
+    if (e->o.choose.mode != LLMQ_GGUF_CHOICE_MIX) {
+        double pe = 0, pm = 0;
+        for (int64_t i = 0; i < e->n; i++) {
+            pe += e->ent[i].pred_err;
+            pm += e->ent[i].pred_err_mix;
+        }
+        fprintf(f, "type choice: %s; predicted err %.6g (the mix's types: %.6g)\n",
+                e->o.choose.mode == LLMQ_GGUF_CHOICE_QUALITY ? "quality" : "target", pe, pm);
+    }
+}
+
+enum llmq_status llmq_gguf_export_target_range(const struct llmq_model *m, const struct llmq_gguf_export_opts *o,
+                                               uint64_t *min_bytes, uint64_t *max_bytes, int64_t *params) {
+    struct llmq_gguf_export_opts po = *o;
+    struct llmq_gguf_export *e = NULL;
+    po.dry_run = true;
+    po.progress = false;
+    po.report = NULL;
+    po.choose.mode = LLMQ_GGUF_CHOICE_MIX;
+    enum llmq_log_level lv = llmq_log_get_level();
+    llmq_log_set_level(LLMQ_LOG_ERROR); // the plan's warnings come again with the run
+    enum llmq_status st = llmq_gguf_export_begin(m, NULL, &po, &e);
+    llmq_log_set_level(lv);
+    if (st) return st;
+    struct llmq_gguf_mix_choice *mc = calloc((size_t)e->n, sizeof(*mc));
+    struct llmq_gguf_choose_tensor *ct = calloc((size_t)e->n, sizeof(*ct));
+    if (!mc || !ct) st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+    for (int64_t i = 0; !st && i < e->n; i++) mc[i] = e->ent[i].ch;
+    if (!st) {
+        choice_tensors(e, mc, ct);
+        (void)choice_budget(e, ct, params);
+        llmq_gguf_choose_range(&o->choose, e->n, ct, min_bytes, max_bytes);
+    }
+    free(mc);
+    free(ct);
+    export_free(e);
+    return st;
 }
 
 enum llmq_status llmq_gguf_export_rtn(const struct llmq_model *m, const char *out_path,

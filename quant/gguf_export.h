@@ -67,6 +67,20 @@
  *   The output path follows common/io.h's guard (llmq_output_check): an existing out is refused unless
  *   force (and then only a regular file is replaced); out may not be an input of the run.
  *
+ * ---- The type choice from the weights (quant/gguf_choose.h) -------------------------------------------
+ *   With choose.mode QUALITY or TARGET, begin refines the mix's plan before declaring the types: the free
+ *   tensors are the quantized ones whose type the mix rules chose (not --tensor-type, --output-type,
+ *   --embedding-type, not a type no block tiles); TARGET allocates the block linears (token_embd / output keep
+ *   the QUALITY choice at the mix's size: their errors are in other units than the linears' output error
+ *   energy). Each tensor's rows are read from the model's views at begin (the ORIGINAL weights: a GPTQ / AWQ
+ *   driver then solves onto the chosen types); the importance is the imatrix's, else choice_imatrix's (the
+ *   statistics of the full-precision model a solver run gathers for this), else none. TARGET's budget:
+ *   choose.target_bytes, or when 0 floor(target_bpw × params / 8) (params: every tensor's elements, as in the
+ *   plan's bits per weight; the budget is the tensor data, not the KVs). A changed type's note says so ("quality:
+ *   -> iq4_nl", "target: -> q3_k"); the report's tensors get "pred_err" / "pred_err_mix", its totals
+ *   "predicted_err" / "predicted_err_mix" (the sums over the free tensors), the plan table's total line too.
+ *   With mode MIX nothing of this happens (byte identity with llama-quantize is untouched).
+ *
  * ---- Dry run ---------------------------------------------------------------------------------------
  *   dry_run: begin plans and checks everything but creates nothing (out is not even looked at);
  *   hand-overs are checked and dropped; finish writes nothing. llmq_gguf_export_print_plan shows it.
@@ -88,6 +102,7 @@
 #include "calib/model/model.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "quant/gguf_choose.h"
 #include "quant/gguf_mix.h"
 
 #include <jansson.h>
@@ -100,11 +115,14 @@ struct llmq_gguf_export_opts {
     const struct llmq_calib_stats *imatrix; // NULL = no importance (see "Importance"); only read in begin
     int n_threads;                          // encoder threads (>= 1)
     bool force, dry_run;
-    bool progress;            // one stderr line per tensor with an ETA
-    const json_t *provenance; // an object (or NULL): "method", "calibration", "imatrix", ...
-    bool no_provenance;       // no llmq.* keys (then rtn output == llama.cpp's bytes)
-    bool allow_requantize;    // see "Requantization"
-    json_t **report;          // if not NULL: finish stores a new object here (see below)
+    bool progress;                                 // one stderr line per tensor with an ETA
+    const json_t *provenance;                      // an object (or NULL): "method", "calibration", "imatrix", ...
+    bool no_provenance;                            // no llmq.* keys (then rtn output == llama.cpp's bytes)
+    bool allow_requantize;                         // see "Requantization"
+    json_t **report;                               // if not NULL: finish stores a new object here (see below)
+    struct llmq_gguf_choose_opts choose;           // the type choice from the weights (mode MIX: none)
+    double target_bpw;                             // TARGET without choose.target_bytes: the budget in bpw
+    const struct llmq_calib_stats *choice_imatrix; // importance of the choice when imatrix is NULL (or NULL)
 };
 
 // Defaults: mix defaults (Q8_0), no imatrix, 1 thread, no force, no dry run, progress on,
@@ -146,6 +164,11 @@ void llmq_gguf_export_abort(struct llmq_gguf_export *e);
 
 // The plan as a table (name, shape, type, MiB, note) and totals (size, bits per weight) on f.
 void llmq_gguf_export_print_plan(const struct llmq_gguf_export *e, FILE *f);
+
+// The smallest and largest tensor data a TARGET choice can reach for m with o (its plan without encoding
+// anything: llmq_gguf_choose_range) and every tensor's element count. Errors: as begin's plan.
+enum llmq_status llmq_gguf_export_target_range(const struct llmq_model *m, const struct llmq_gguf_export_opts *o,
+                                               uint64_t *min_bytes, uint64_t *max_bytes, int64_t *params);
 
 // begin + finish: the whole `--method rtn` output.
 enum llmq_status llmq_gguf_export_rtn(const struct llmq_model *m, const char *out_path,

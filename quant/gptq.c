@@ -144,10 +144,22 @@ void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */,
 // Step 7 on the CPU: lazy blocks over W (R, C) (processing order) with Hinv (C, C) (upper). G_dyn > 0:
 // dynamic groups of G_dyn columns; gcol (C) the group of each processing position; perm (C) its original
 // column. *loss accumulates the Losses sum (rows in order, block by block).
+// One group's (scale, zero) with o's grid search: x (n) contiguous, dh (n) its columns' diag(H).
+static void group_params(const struct llmq_gptq_opts *o, const float *x, int64_t n, const float *dh, float *scale,
+                         float *zero) {
+    if (o->grid == LLMQ_GPTQ_GRID_MINMAX)
+        llmq_quant_params_gptq(x, n, 1, o->q.bits, o->q.sym, scale, zero);
+    else if (o->grid == LLMQ_GPTQ_GRID_MSE)
+        llmq_quant_params_gptq_mse(x, n, 1, o->q.bits, o->q.sym, NULL, 2.4f, scale, zero);
+    else
+        llmq_quant_params_gptq_mse(x, n, 1, o->q.bits, o->q.sym, dh, 2.0f, scale, zero);
+}
+
 static enum llmq_status blocks_cpu(const char *name, float *W, const float *Hinv, int64_t R, int64_t C, int64_t B,
                                    int64_t G_dyn, const int32_t *gcol, const int64_t *perm,
-                                   const struct llmq_qconfig *cfg, struct llmq_qlinear *out, double *loss,
-                                   double *t_gemm) {
+                                   const struct llmq_gptq_opts *o, const float *dhp, struct llmq_qlinear *out,
+                                   double *loss, double *t_gemm) {
+    const struct llmq_qconfig *cfg = &o->q;
     const int64_t NG = out->n_groups;
     const int maxq = (1 << cfg->bits) - 1;
     float *Err1 = malloc((size_t)(R * B) * sizeof *Err1); // (R, B) scaled errors of the current block
@@ -165,8 +177,8 @@ static enum llmq_status blocks_cpu(const char *name, float *W, const float *Hinv
             for (int64_t c = ((i1 + G_dyn - 1) / G_dyn) * G_dyn; c < i2; c += G_dyn) {
                 int64_t n = c + G_dyn <= C ? G_dyn : C - c;
                 for (int64_t r = 0; r < R; r++)
-                    llmq_quant_params_gptq(W + r * C + c, n, 1, cfg->bits, cfg->sym, &out->scales[r * NG + c / G_dyn],
-                                           &out->zeros[r * NG + c / G_dyn]);
+                    group_params(o, W + r * C + c, n, dhp + c, &out->scales[r * NG + c / G_dyn],
+                                 &out->zeros[r * NG + c / G_dyn]);
             }
 
         for (int64_t r = 0; r < R; r++) {
@@ -287,6 +299,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     int64_t *perm = NULL, *invperm = NULL; // (C) processing position -> original column, and back
     float *H0 = NULL;                      // (C, C) backup of H for the damping retry / permute scratch
     float *row = NULL;                     // (C) permutation scratch
+    float *dh = NULL, *dhp = NULL;         // (C) diag(H) after step 2, original and processing order
     int32_t *gcol = NULL;                  // (C) group of each processing position
     memset(out, 0, sizeof *out);
 
@@ -312,8 +325,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
 
     const int64_t B = o->blocksize > 0 ? o->blocksize : LLMQ_GPTQ_BLOCKSIZE_DEFAULT;
     const int64_t G = o->q.group_size; // -1 = per row
-    const int bits = o->q.bits;
-    const bool sym = o->q.sym, static_groups = o->static_groups && G > 0;
+    const bool static_groups = o->static_groups && G > 0;
     float percdamp = o->percdamp;
     double loss = 0.0, t0 = llmq_now_s(), t_chain = 0.0, t_gemm = 0.0;
 
@@ -329,15 +341,17 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     H0 = malloc((size_t)(C * C) * sizeof *H0);
     row = malloc((size_t)C * sizeof *row);
     gcol = malloc((size_t)C * sizeof *gcol);
-    if (!perm || !invperm || !H0 || !row || !gcol) {
+    dh = malloc((size_t)C * sizeof *dh);
+    dhp = malloc((size_t)C * sizeof *dhp);
+    if (!perm || !invperm || !H0 || !row || !gcol || !dh || !dhp) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (C = %lld)", name, (long long)C);
         goto fail;
     }
 
     // 1. per-row grid from the original W (quantizer.find_params(W) before anything else)
+    for (int64_t i = 0; i < C; i++) dh[i] = H[i * C + i];
     if (G <= 0)
-        for (int64_t r = 0; r < R; r++)
-            llmq_quant_params_gptq(W + r * C, C, 1, bits, sym, &out->scales[r], &out->zeros[r]);
+        for (int64_t r = 0; r < R; r++) group_params(o, W + r * C, C, dh, &out->scales[r], &out->zeros[r]);
 
     // 2. dead columns
     for (int64_t i = 0; i < C; i++) {
@@ -351,14 +365,13 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         for (int64_t r = 0; r < R; r++)
             for (int64_t g = 0; g < NG; g++) {
                 int64_t c0 = g * G, n = c0 + G <= C ? G : C - c0;
-                llmq_quant_params_gptq(W + r * C + c0, n, 1, bits, sym, &out->scales[r * NG + g],
-                                       &out->zeros[r * NG + g]);
+                group_params(o, W + r * C + c0, n, dh + c0, &out->scales[r * NG + g], &out->zeros[r * NG + g]);
             }
 
     // 4. act-order: perm = argsort(diag(H), descending, stable); W = W[:, perm]; H = H[perm][:, perm]
     //    (group-aware: the GAR order, groups kept whole)
     const bool reorder = o->act_order || o->group_aware;
-    for (int64_t i = 0; i < C; i++) row[i] = H[i * C + i];
+    for (int64_t i = 0; i < C; i++) row[i] = dh[i] = H[i * C + i];
     if (o->act_order) {
         llmq_gptq_argsort_desc(row, perm, invperm, C);
     } else if (o->group_aware) {
@@ -370,13 +383,14 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     if (reorder) {
         llmq_gptq_permute(W, H, R, C, perm, row, H0);
     }
+    for (int64_t j = 0; j < C; j++) dhp[j] = dh[perm[j]]; // diag(H) in processing order (step 7's groups)
 
     // group of each processing position (dynamic groups follow the processing order; static groups and
     // the per-row grid do not move with act-order)
     for (int64_t j = 0; j < C; j++) gcol[j] = G <= 0 ? 0 : (int32_t)((static_groups ? perm[j] : j) / G);
     const int64_t G_dyn = G > 0 && !static_groups ? G : 0;
 
-    if (o->backend == LLMQ_BACKEND_CUDA) {
+    if (o->backend == LLMQ_BACKEND_CUDA && o->grid == LLMQ_GPTQ_GRID_MINMAX) {
         free(H0); // 5. - 7. on the device (H stays the undamped host copy until Hinv comes back)
         H0 = NULL;
         if ((st = solve_cuda(name, W, H, R, C, B, G_dyn, gcol, perm, o, out, &percdamp, &loss, &t_chain))) goto fail;
@@ -388,7 +402,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         free(H0);
         H0 = NULL;
         // 7. lazy blocks
-        if ((st = blocks_cpu(name, W, H, R, C, B, G_dyn, gcol, perm, &o->q, out, &loss, &t_gemm))) goto fail;
+        if ((st = blocks_cpu(name, W, H, R, C, B, G_dyn, gcol, perm, o, dhp, out, &loss, &t_gemm))) goto fail;
     }
 
     // 8. un-permute Q; g_idx in original column order (group-aware: grids back to their own group)
@@ -410,6 +424,8 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
 fail:
     llmq_qlinear_free(out);
 done:
+    free(dhp);
+    free(dh);
     free(gcol);
     free(row);
     free(H0);

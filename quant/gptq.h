@@ -69,6 +69,13 @@
 #define LLMQ_GPTQ_DAMP_INCREMENT_DEFAULT 0.0025f // GPTQModel damp_auto_increment
 #define LLMQ_GPTQ_BLOCKSIZE_DEFAULT 128
 
+// How each group's (scale, zero) is found (at steps 1, 3 and 7, wherever the reference calls find_params).
+enum llmq_gptq_grid {
+    LLMQ_GPTQ_GRID_MINMAX, // the reference's default: the group's min / max (llmq_quant_params_gptq)
+    LLMQ_GPTQ_GRID_MSE,  // quant.py's mse=True: the shrink grid minimising Σ |w - q|^2.4 (llmq_quant_params_gptq_mse)
+    LLMQ_GPTQ_GRID_HMSE, // the same grid minimising Σ diag(H)_c (w - q)², diag(H) of the columns after step 2
+};
+
 struct llmq_gptq_opts {
     struct llmq_qconfig q;     // bits, group size (-1 = per row), sym
     float percdamp;            // relative damping of diag(H), in [0, 1); 0.01 (reference)
@@ -78,6 +85,7 @@ struct llmq_gptq_opts {
     int blocksize;             // lazy-update block width; 128 (0 -> 128)
     float damp_increment;      // added to percdamp on each Cholesky failure; 0 -> 0.0025
     enum llmq_backend backend; // where steps 5-7 run; LLMQ_BACKEND_CPU (= 0, so a zeroed struct means CPU)
+    enum llmq_gptq_grid grid;  // MINMAX (= 0); MSE / HMSE run steps 5-7 on the CPU whatever the backend
 };
 
 // Default options: 4-bit, group 128, asym, percdamp 0.01, no act-order, block 128, CPU.

@@ -344,6 +344,7 @@ static enum llmq_status gptq_onto(struct run *r, const struct llmq_qtarget *t, c
         go.static_groups = o->static_groups;
         go.group_aware = o->group_aware;
         go.backend = o->backend; // CUDA: steps 5-7 on the GPU (quant/gptq.h)
+        go.grid = o->gptq_grid;
         return llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, loss, NULL);
     }
     struct llmq_gptq_gguf_opts go = llmq_gptq_gguf_opts_default();
@@ -660,6 +661,8 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
         json_object_set_new(s, "static_groups", json_boolean(o->static_groups));
         json_object_set_new(s, "act_group_aware", json_boolean(o->group_aware));
         json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential));
+        if (o->gptq_grid != LLMQ_GPTQ_GRID_MINMAX) // absent by default: the outputs so far keep their bytes
+            json_object_set_new(s, "grid", json_string(o->gptq_grid == LLMQ_GPTQ_GRID_MSE ? "mse" : "hmse"));
     }
     json_object_set_new(s, "fallback", json_string(o->fallback_rtn_per_channel ? "rtn-per-channel" : "none"));
     json_object_set_new(s, "format", json_string(llmq_export_format_name(o->out.format)));
@@ -723,6 +726,20 @@ static json_t *gguf_settings(const struct llmq_quantize_opts *o, const json_t *i
         json_object_set_new(s, "damp", json_real(o->percdamp));
         json_object_set_new(s, "act_order", json_boolean(o->act_order));
     }
+    const struct llmq_gguf_export_opts *g = &o->gguf;
+    if (g->choose.mode != LLMQ_GGUF_CHOICE_MIX) // absent for llama-quantize's mix: its files keep their bytes
+        json_object_set_new(s, "mix", json_string(g->choose.mode == LLMQ_GGUF_CHOICE_QUALITY ? "quality" : "target"));
+    if (g->choose.mode == LLMQ_GGUF_CHOICE_TARGET)
+        json_object_set_new(s, g->choose.target_bytes ? "target_size" : "target_bpw",
+                            g->choose.target_bytes ? json_integer((json_int_t)g->choose.target_bytes)
+                                                   : json_real(g->target_bpw));
+    if (g->choose.exclude) {
+        json_t *ex = json_array();
+        for (int t = 0; t < 64; t++)
+            if (g->choose.exclude >> t & 1u)
+                json_array_append_new(ex, json_string(llmq_dtype_name((enum llmq_dtype)t)));
+        json_object_set_new(s, "mix_exclude", ex);
+    }
     if (imatrix) json_object_set(s, "imatrix", (json_t *)imatrix);
     return s;
 }
@@ -779,6 +796,20 @@ static enum llmq_status load_imatrix(const char *path, const struct llmq_model *
     return LLMQ_OK;
 }
 
+// The statistics of the full-precision model on the calibration (the importance llama-imatrix would gather)
+// into *d and *s.
+static enum llmq_status gather_stats(const struct llmq_model *m, const struct llmq_quantize_opts *o,
+                                     struct llmq_calib_data *d, struct llmq_calib_stats *s) {
+    struct llmq_calib_opts co = o->calib;
+    co.n_threads = o->n_threads;
+    co.backend = o->backend;
+    enum llmq_status st = llmq_calib_data_load(m, &co, d);
+    if (!st) st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, s);
+    if (st) return st;
+    s->backend = o->backend;
+    return llmq_calib_run(m, d, o->n_threads, o->micro_batch, s);
+}
+
 // The writer alone (rtn into GGUF, and every dry run): the importance loaded or gathered, then begin (the plan
 // printed for a dry run) and finish, which encodes every tensor from the model's views.
 static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq_quantize_opts *o,
@@ -790,25 +821,22 @@ static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq
     bool rtn = o->method == LLMQ_QMETHOD_RTN;
     go.imatrix = imat;
     if (!imat && (!rtn || o->calib.n_sources > 0)) {
-        if (o->gguf.dry_run || !rtn) {
-            // gptq / awq weight the encoders with their statistics, and a dry run gathers none: the file
-            // gets the imatrix mix (llama-quantize's Q4_0 / Q5_0 / IQ4_* ffn_down choices with --imatrix)
-            go.mix.have_imatrix = true;
-        } else if (!sh->have) { // rtn --calib: gather the importance on the fly (once per sweep)
-            struct llmq_calib_opts co = o->calib;
-            co.n_threads = o->n_threads;
-            co.backend = o->backend;
-            if ((st = llmq_calib_data_load(m, &co, &sh->d)) ||
-                (st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &sh->s)))
-                goto done;
-            sh->s.backend = o->backend;
-            if ((st = llmq_calib_run(m, &sh->d, o->n_threads, o->micro_batch, &sh->s))) goto done;
-            sh->have = true;
-        } else {
-            llmq_info("quantize: importance from the sweep's calibration pass (%lld tokens)",
-                      (long long)(sh->d.n_seq * sh->d.seqlen));
+        // gptq / awq weight the encoders with their statistics, and a dry run gathers none for them: the file
+        // gets the imatrix mix (llama-quantize's Q4_0 / Q5_0 / IQ4_* ffn_down choices with --imatrix)
+        bool solver_plan = o->gguf.dry_run || !rtn;
+        if (solver_plan) go.mix.have_imatrix = true;
+        // rtn --calib: gather the importance on the fly (once per sweep); a dry run with a type choice: for the
+        // choice only
+        if (!solver_plan || o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX) {
+            if (!sh->have) {
+                if ((st = gather_stats(m, o, &sh->d, &sh->s))) goto done;
+                sh->have = true;
+            } else {
+                llmq_info("quantize: importance from the sweep's calibration pass (%lld tokens)",
+                          (long long)(sh->d.n_seq * sh->d.seqlen));
+            }
         }
-        if (sh->have) go.imatrix = &sh->s;
+        if (sh->have) *(solver_plan ? &go.choice_imatrix : &go.imatrix) = &sh->s;
     }
     prov = provenance(o, &sh->d, imat_rec, false);
     go.provenance = prov;
@@ -854,6 +882,32 @@ static struct llmq_export_opts dir_opts(const struct llmq_quantize_opts *o, cons
     return eo;
 }
 
+// A TARGET choice's budget against what m's plan can reach (quant/gguf_export.h llmq_gguf_export_target_range).
+static enum llmq_status check_target(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
+    const struct llmq_gguf_export_opts *g = &o->gguf;
+    if (g->choose.mode != LLMQ_GGUF_CHOICE_TARGET) return LLMQ_OK;
+    if (!g->choose.target_bytes && !(g->target_bpw > 0))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: a size target needs --target-bpw > 0 or --target-size > 0");
+    uint64_t lo = 0, hi = 0;
+    int64_t params = 0;
+    enum llmq_status st = llmq_gguf_export_target_range(m, g, &lo, &hi, &params);
+    if (st) return st;
+    double want = g->choose.target_bytes ? 8.0 * (double)g->choose.target_bytes / (double)params : g->target_bpw;
+    uint64_t bytes = g->choose.target_bytes ? g->choose.target_bytes : (uint64_t)floor(want * (double)params / 8.0);
+    if (bytes < lo)
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "quantize: the size target (%llu bytes of tensor data, %.4f bits per weight) is below the "
+                           "smallest this model reaches with --gguf-type %s: %llu bytes (%.4f bits per weight: every "
+                           "block linear in its smallest type, the other tensors as the mix has them)",
+                           (unsigned long long)bytes, want, llmq_gguf_ftype_name(g->mix.ftype), (unsigned long long)lo,
+                           8.0 * (double)lo / (double)params);
+    if (bytes > hi)
+        llmq_warn("quantize: the size target (%.4f bits per weight) is above the largest this model reaches (%.4f): "
+                  "every block linear gets its largest type",
+                  want, 8.0 * (double)hi / (double)params);
+    return LLMQ_OK;
+}
+
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
     if (llmq_arch_info_of(m->hp.arch)->fused)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
@@ -868,6 +922,9 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
     if (o->to_gguf && o->static_groups)
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --static-groups does not apply to --format gguf (with "
                                          "--act-order the block grids are static already)");
+    if (o->gptq_grid != LLMQ_GPTQ_GRID_MINMAX && (o->to_gguf || !llmq_qmethod_uses_gptq(o->method)))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --grid mse / hmse needs --method gptq or awq+gptq and a directory "
+                                         "format (gguf blocks take the encoders' own scale searches)");
     if ((o->act_order || o->static_groups) && !llmq_qmethod_uses_gptq(o->method))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order and --static-groups need --method gptq or awq+gptq");
     if (o->group_aware &&
@@ -880,7 +937,9 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --method %s needs calibration data (--calib PATH|NAME|self)",
                            llmq_qmethod_name(o->method));
     if (o->micro_batch < 1) return llmq_errorf(LLMQ_ERR_ARG, "quantize: micro_batch must be >= 1");
-    if (o->to_gguf) return LLMQ_OK;
+    if (!o->to_gguf && o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --mix quality, --target-bpw and --target-size need --format gguf");
+    if (o->to_gguf) return check_target(m, o);
     // refuse non-tiled shapes before any work
     for (int64_t l = 0; l < m->hp.n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
@@ -973,12 +1032,13 @@ static enum llmq_status embed_inputs(struct run *r, int64_t N, int64_t D) {
 }
 
 // The writer for the run (a GGUF file or a directory), with the provenance prov.
-static enum llmq_status begin_writer(struct run *r, const struct llmq_calib_stats *imat, json_t *prov,
-                                     json_t **gguf_rep) {
+static enum llmq_status begin_writer(struct run *r, const struct llmq_calib_stats *imat,
+                                     const struct llmq_calib_stats *choice, json_t *prov, json_t **gguf_rep) {
     const struct llmq_quantize_opts *o = r->o;
     struct llmq_gguf_export_opts go = o->gguf;
     struct llmq_export_opts eo = dir_opts(o, prov);
     go.imatrix = imat;
+    go.choice_imatrix = choice;
     go.mix.have_imatrix = go.mix.have_imatrix || !imat; // the solvers weight the encoders with their statistics
     go.provenance = prov;
     go.report = gguf_rep;
@@ -1070,6 +1130,7 @@ static void run_free(struct run *r) {
 static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quantize_opts *o,
                                     const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
     struct run r = {.m = m, .o = o, .want_slot = -1};
+    struct llmq_calib_stats cs = {0}; // the type choice's importance (quant/gguf_export.h), or none
     json_t *prov = NULL, *gguf_rep = NULL;
     int64_t Rmax, Cmax, N = 0, D = m->hp.n_embd;
     enum llmq_status st = scan_linears(&r, &Rmax, &Cmax);
@@ -1089,7 +1150,13 @@ static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quan
     if ((st = alloc_buffers(&r, Rmax, Cmax, N, D))) goto done;
     if (r.have_calib && (st = embed_inputs(&r, N, D))) goto done;
     prov = provenance(o, &r.d, imat_rec, true);
-    if ((st = begin_writer(&r, imat, prov, &gguf_rep))) goto done;
+    if (o->to_gguf && !imat && o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX) {
+        // the type choice weighs each tensor's error with the full-precision model's importance
+        if ((st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &cs))) goto done;
+        cs.backend = o->backend;
+        if ((st = llmq_calib_run(m, &r.d, o->n_threads, o->micro_batch, &cs))) goto done;
+    }
+    if ((st = begin_writer(&r, imat, cs.in ? &cs : NULL, prov, &gguf_rep))) goto done;
     init_eta(&r);
     for (int l = 0; l < m->hp.n_layer && !st; l++) {
         if (r.have_calib) {
@@ -1113,6 +1180,7 @@ static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quan
 done:
     json_decref(gguf_rep);
     json_decref(prov);
+    llmq_calib_stats_free(&cs);
     run_free(&r);
     return st;
 }

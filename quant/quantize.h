@@ -64,6 +64,11 @@
  *   Calibration size: GPTQ fits H, so with few tokens per input column it overfits: its in-sample err
  *   (below rtn_err) says nothing about other text (bench/README.md, "GPTQ into GGUF and the calibration
  *   size"). Use tens of thousands of tokens (e.g. 32 x 512 or more) or a larger --damp when data is short.
+ *   Type choice (gguf.choose: --mix quality, --target-*; quant/gguf_choose.h): made by the writer at begin from
+ *             the original weights and the importance: the imatrix, else (rtn --calib) the gathered statistics,
+ *             else (gptq / awq, and dry runs with --calib) the full-precision model's statistics on the same
+ *             calibration (gguf.choice_imatrix; one more forward pass over it); the solvers then solve onto the
+ *             chosen types.
  *   Report: each layer row also has "type"; "totals" the writer's figures (tensors, bytes, whole-file
  *   bits_per_weight, fallbacks) plus linear_bits_per_weight; "gguf" the writer's own report.
  *
@@ -105,6 +110,7 @@
 #include "common/status.h"
 #include "quant/export.h"
 #include "quant/gguf_export.h"
+#include "quant/gptq.h"
 #include "quant/quantizer.h"
 
 #include <jansson.h>
@@ -128,6 +134,8 @@ struct llmq_quantize_opts {
     bool act_order, static_groups; // GPTQ
     bool group_aware;              // GPTQ: GPTQModel's act_group_aware order (quant/gptq.h step 4); not gguf
     bool true_sequential;          // GPTQ (default true)
+    enum llmq_gptq_grid gptq_grid; // GPTQ into a directory: each group's (scale, zero) search (quant/gptq.h);
+                                   // MINMAX by default; not gguf (the block encoders search their own scales)
     bool fallback_rtn_per_channel; // non-tiled C -> RTN per channel instead of an error
     bool allow_requantize;         // quantize linears stored in a block type (a Q4_1 GGUF input) instead
                                    // of refusing the first (LLMQ_ERR_ARG), as quant/gguf_export.h

@@ -83,6 +83,35 @@ void llmq_quant_params_gptq(const float *x, int64_t n, int64_t stride, int bits,
     llmq_gptq_grid_params(xmin, xmax, bits, sym, scale, zero);
 }
 
+void llmq_quant_params_gptq_mse(const float *x, int64_t n, int64_t stride, int bits, bool sym, const float *wt,
+                                float norm, float *scale, float *zero) {
+    float xmin = 0.0f, xmax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i * stride];
+        if (v < xmin) xmin = v;
+        if (v > xmax) xmax = v;
+    }
+    const int maxq = (1 << bits) - 1;
+    double best = INFINITY;
+    llmq_gptq_grid_params(xmin, xmax, bits, sym, scale, zero);
+    for (int i = 0; i < 80; i++) { // int(maxshrink · grid) = 80 steps
+        const float p = 1.0f - (float)i / 100.0f;
+        float s, z;
+        llmq_gptq_grid_params(p * xmin, p * xmax, bits, sym, &s, &z);
+        double e = 0;
+        for (int64_t k = 0; k < n; k++) {
+            float v = x[k * stride], q = s * ((float)llmq_gptq_grid_code(v, s, z, maxq) - z);
+            double d = fabsf(v - q);
+            e += (wt ? (double)wt[k] : 1.0) * (norm == 2.0f ? d * d : pow(d, (double)norm));
+        }
+        if (e < best) {
+            best = e;
+            *scale = s;
+            *zero = z;
+        }
+    }
+}
+
 void llmq_quant_params_awq(const float *x, int64_t n, int64_t stride, int bits, bool sym, float *scale, float *zero) {
     if (sym) {
         float amax = 0.0f;

@@ -76,6 +76,17 @@ void llmq_qlinear_dequant(const struct llmq_qlinear *ql, float *W_out);
 void llmq_quant_params_gptq(const float *x /* (n) with stride */, int64_t n, int64_t stride, int bits, bool sym,
                             float *scale, float *zero);
 
+// Grid parameters of one group searched over a shrink grid (the `mse` option of the GPTQ reference's
+// quant.py Quantizer.find_params, also GPTQModel's): the range [xmin, xmax] of llmq_quant_params_gptq is
+// shrunk to p·[xmin, xmax] for p = 1, 0.99, ..., 0.21 (grid 100, maxshrink 0.8), each p's (scale, zero) made as
+// llmq_quant_params_gptq makes them, and the p with the lowest Σ_i wt_i · |x_i - q_i|^norm is kept (q_i the
+// value on that grid; wt NULL = 1; ties keep the larger p). The reference uses norm 2.4, no weights; with
+// wt = diag(H) and norm 2 it is the diagonal approximation of the group's output error. Not bit-identical to
+// the reference's torch arithmetic: |x - q| is formed in f32, its power and the weighted sum in double, in
+// element order (tests/py/gptq_ref.py find_params does the same).
+void llmq_quant_params_gptq_mse(const float *x /* (n) with stride */, int64_t n, int64_t stride, int bits, bool sym,
+                                const float *wt /* (n) contiguous, or NULL */, float norm, float *scale, float *zero);
+
 // Grid parameters of one group, AutoAWQ (awq/quantize/quantizer.py pseudo_quantize_tensor, zero point):
 // max_val/min_val over the group (NOT forced to include 0); scale = clamp(max - min, 1e-5) / maxq;
 // zero = clamp(-round(min / scale), 0, maxq). sym (AutoAWQ zero_point=False): scale =

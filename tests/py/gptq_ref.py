@@ -22,12 +22,9 @@ import numpy as np
 F = np.float32
 
 
-def find_params(x, bits, sym):
-    """quant.py Quantizer.find_params(x, weight=True): x (R, n) -> scale (R,), zero (R,)."""
+def _grid(xmin, xmax, bits, sym):
+    """The (scale, zero) of find_params from a range already forced to include 0."""
     maxq = F(2 ** bits - 1)
-    zeros = np.zeros(x.shape[0], F)
-    xmin = np.minimum(x.min(1), zeros)
-    xmax = np.maximum(x.max(1), zeros)
     if sym:
         xmax = np.maximum(np.abs(xmin), xmax)
         xmin = np.where(xmin < 0, -xmax, xmin)
@@ -39,6 +36,34 @@ def find_params(x, bits, sym):
         zero = np.full_like(scale, (maxq + F(1)) / F(2))
     else:
         zero = np.round(-xmin / scale).astype(F)
+    return scale, zero
+
+
+def find_params(x, bits, sym, grid="minmax", wt=None):
+    """quant.py Quantizer.find_params(x, weight=True): x (R, n) -> scale (R,), zero (R,).
+    grid "mse": quant.py's mse=True search (grid 100, maxshrink 0.8, norm 2.4): the range shrunk by
+    p = 1, 0.99, ..., 0.21, the p of least sum |x - q|^norm kept (ties: the larger p); "hmse": the same
+    with norm 2 and the weights wt (n,) (diag H). llmq's convention for the sum (the reference sums in
+    float32): |x - q| in float32, its power, the weights and an element-order sum in float64."""
+    zeros = np.zeros(x.shape[0], F)
+    xmin = np.minimum(x.min(1), zeros)
+    xmax = np.maximum(x.max(1), zeros)
+    scale, zero = _grid(xmin, xmax, bits, sym)
+    if grid == "minmax":
+        return scale, zero
+    norm = 2.4 if grid == "mse" else 2.0
+    w = np.ones(x.shape[1]) if wt is None or grid == "mse" else np.asarray(wt, np.float64)
+    best = np.full(x.shape[0], np.inf)
+    for i in range(80):
+        p = F(1) - F(i) / F(100)
+        s1, z1 = _grid((p * xmin).astype(F), (p * xmax).astype(F), bits, sym)
+        q, _ = quantize(x, s1[:, None], z1[:, None], bits)
+        d = np.abs(q - x).astype(F).astype(np.float64)
+        e = np.cumsum(w * (d * d if norm == 2.0 else d ** norm), axis=1)[:, -1]
+        better = e < best
+        best[better] = e[better]
+        scale[better] = s1[better]
+        zero[better] = z1[better]
     return scale, zero
 
 
@@ -117,7 +142,7 @@ def gar_perm(diag, G):
 
 def fasterquant(W, H, bits=4, groupsize=128, sym=False, percdamp=0.01, actorder=False,
                 static_groups=False, blocksize=128, Hinv=None, lazy_update=lazy_update_numpy,
-                group_aware=False):
+                group_aware=False, grid="minmax"):
     """GPTQ.fasterquant on W (R, C), H (C, C). Returns a dict with codes (R, C) uint8 in original
     order, scales / zeros (R, NG), g_idx (C,), Q (R, C) dequantized, Hinv, loss, percdamp.
     group_aware: GPTQModel's act_group_aware (GAR) order instead of act-order; its grids are put back
@@ -129,8 +154,9 @@ def fasterquant(W, H, bits=4, groupsize=128, sym=False, percdamp=0.01, actorder=
     NG = 1 if G <= 0 else -(-C // G)
     scales = np.zeros((R, NG), F)
     zeros = np.zeros((R, NG), F)
+    dh = np.diag(H).copy()  # hmse's weights at steps 1 and 3 (a dead column's 0 weighs a zeroed weight)
     if G <= 0:
-        scales[:, 0], zeros[:, 0] = find_params(W, bits, sym)   # before dead columns, as the reference
+        scales[:, 0], zeros[:, 0] = find_params(W, bits, sym, grid, dh)   # before dead columns, as the reference
 
     dead = np.diag(H) == 0
     H[dead, dead] = 1
@@ -139,7 +165,7 @@ def fasterquant(W, H, bits=4, groupsize=128, sym=False, percdamp=0.01, actorder=
     static = static_groups and G > 0
     if static:
         for g in range(NG):
-            scales[:, g], zeros[:, g] = find_params(W[:, g * G:(g + 1) * G], bits, sym)
+            scales[:, g], zeros[:, g] = find_params(W[:, g * G:(g + 1) * G], bits, sym, grid, dh[g * G:(g + 1) * G])
 
     perm = np.arange(C)
     if actorder or group_aware:
@@ -170,7 +196,8 @@ def fasterquant(W, H, bits=4, groupsize=128, sym=False, percdamp=0.01, actorder=
             if G > 0:
                 if not static:
                     if j % G == 0:
-                        scales[:, j // G], zeros[:, j // G] = find_params(W[:, j:j + G], bits, sym)
+                        scales[:, j // G], zeros[:, j // G] = find_params(W[:, j:j + G], bits, sym, grid,
+                                                                          np.diag(H)[j:j + G])
                     g = j // G
                 else:
                     g = perm[j] // G

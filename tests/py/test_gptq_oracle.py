@@ -65,14 +65,14 @@ def gptq(tool, tmp_path_factory):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 
     def call(W, H, bits=4, groupsize=128, sym=False, actorder=False, static_groups=False,
-             percdamp=0.01, rtn=False, check=True, group_aware=False):
+             percdamp=0.01, rtn=False, check=True, group_aware=False, grid="minmax"):
         R, C = W.shape
         W.astype(F).tofile(d / "W")
         H.astype(F).tofile(d / "H")
         args = [exe, "--W", d / "W", "--H", d / "H", "--R", R, "--C", C, "--out", d / "o",
                 "--bits", bits, "--group", groupsize, "--percdamp", repr(percdamp)]
         args += ["--sym"] * sym + ["--act-order"] * actorder + ["--static-groups"] * static_groups
-        args += ["--rtn"] * rtn + ["--group-aware"] * group_aware
+        args += ["--rtn"] * rtn + ["--group-aware"] * group_aware + ["--grid", grid]
         r = run(args, check=False, env=env)
         if not check:
             return r
@@ -168,6 +168,27 @@ CASES += [(b, 128, b == 3, True, False) for b in (2, 3, 8)] + [(4, 32, True, Fal
 def test_random_exact(gptq, bits, group, sym, act, static):
     W, H = gptq_ref.correlated_problem(40, 300, seed=bits * 100 + max(group, 0))  # C = 300: ragged block
     compare(gptq, W, H, bits=bits, groupsize=group, sym=sym, actorder=act, static_groups=static)
+
+
+# The searched grids (quant/gptq.h llmq_gptq_grid): quant.py's mse search and its diag(H)-weighted form,
+# per row, dynamic, static and act-order groups; bit-identical with the port as the minmax cases.
+@pytest.mark.parametrize("grid,bits,group,sym,act,static", [
+    ("mse", 4, 64, False, False, False), ("mse", 3, -1, True, False, False), ("hmse", 4, 64, False, True, False),
+    ("hmse", 3, 128, False, True, True), ("hmse", 2, 32, True, False, False)])
+def test_grid_search_exact(gptq, grid, bits, group, sym, act, static):
+    W, H = gptq_ref.correlated_problem(40, 300, seed=7 + bits)
+    compare(gptq, W, H, bits=bits, groupsize=group, sym=sym, actorder=act, static_groups=static, grid=grid)
+    # the search includes p = 1 (minmax): each group's searched error is no larger than minmax's
+    x = W[:, :64].astype(F)
+    wt = np.diag(H)[:64] if grid == "hmse" else None
+    for g in ("minmax", grid):
+        s, z = gptq_ref.find_params(x, bits, sym, g, wt)
+        q, _ = gptq_ref.quantize(x, s[:, None], z[:, None], bits)
+        d = np.abs(q - x).astype(np.float64) ** (2.4 if grid == "mse" else 2.0)
+        e = (d * (wt if wt is not None else 1.0)).sum(1)
+        if g == "minmax":
+            e0 = e
+    assert np.all(e <= e0 * (1 + 1e-12)) and np.any(e < e0)
 
 
 # GPTQModel's act_group_aware (GAR) order: C = 300 leaves a tail of 300 % G columns after the full groups.

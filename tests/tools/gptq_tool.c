@@ -4,6 +4,7 @@
  *
  *   gptq_tool --W FILE --H FILE --R R --C C --out PREFIX [--bits 4] [--group 128] [--sym]
  *             [--act-order | --group-aware] [--static-groups] [--percdamp 0.01] [--blocksize 128] [--rtn]
+ *             [--grid minmax|mse|hmse]
  *
  * Inputs: W (R, C) and H (C, C) row-major little-endian f32 (H ignored with --rtn).
  * Outputs: PREFIX.q (R, C) u8 codes, PREFIX.scales / PREFIX.zeros (R, NG) f32, PREFIX.gidx (C) i32,
@@ -68,6 +69,10 @@ int main(int argc, char **argv) {
             o.q.group_size = atoi(argv[++i]);
         else if (!strcmp(a, "--percdamp"))
             o.percdamp = strtof(argv[++i], NULL);
+        else if (!strcmp(a, "--grid"))
+            o.grid = !strcmp(argv[++i], "mse")  ? LLMQ_GPTQ_GRID_MSE
+                     : !strcmp(argv[i], "hmse") ? LLMQ_GPTQ_GRID_HMSE
+                                                : LLMQ_GPTQ_GRID_MINMAX;
         else if (!strcmp(a, "--blocksize"))
             o.blocksize = atoi(argv[++i]);
         else {

@@ -13,15 +13,19 @@
  * perplexity (llmq_eval_ppl), or with --kld its perplexity and KLD against the cached logits
  * (llmq_eval_kld_file, the same chunks). PPL Δ% is against the base's exact (f32) perplexity; KLD against
  * its logits as cached (--logits-dtype, f16 by default: a KLD floor of ~3e-6, calib/eval/eval.h).
- * Zero-shot columns (--tasks) are wired through struct llmq_compare_task but refused until the task
- * harness lands (eval_tasks below is the one place to fill in).
+ * With --tasks LIST the base and every artifact also run the zero-shot tasks of calib/eval/tasks.h (protocol
+ * --task-protocol, lm-eval by default; --limit / --seed select the items as `llmq eval --tasks` does): acc and
+ * acc_norm with their standard errors, and the change in points against the base's. The task figures are not
+ * cached: the base's tasks run on every compare.
  */
 #include "calib/eval/compare.h"
 #include "calib/eval/eval.h"
 #include "calib/eval/gate.h"
+#include "calib/eval/tasks.h"
 #include "calib/model/model.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/eval_tasks.h"
 #include "common/eta.h"
 #include "common/io.h"
 #include "common/log.h"
@@ -38,10 +42,10 @@
 
 struct cargs {
     const char *base, *text_arg, *protocol_name, *device, *cache_dir, *json_path, *csv_path, *html_path, *tasks,
-        *logits_dtype, *gates_dummy;
+        *logits_dtype, *gates_dummy, *task_protocol_name;
     const char *artifacts[MAX_ARTIFACTS];
     int n_artifacts;
-    long ctx, chunks, threads;
+    long ctx, chunks, threads, limit, seed; // limit, seed: -1 when not given
     bool kld, force;
 };
 
@@ -79,14 +83,50 @@ static void on_progress(void *user, const struct llmq_eval_progress *p) {
 
 // ---- zero-shot tasks: the hook for calib/eval/tasks.h ----------------------------------------------------
 
-// Fills the task columns of an artifact. Not in this build: --tasks is refused at the flag check, so this
-// is never reached; with the task harness it runs `tasks` on m and returns one llmq_compare_task per task.
-static enum llmq_status eval_tasks(const struct llmq_model *m, const char *tasks, struct llmq_compare_task **out,
+// Runs a->tasks on m and returns one llmq_compare_task per task in *out (malloc'd, *n rows); base (n_base
+// rows, NULL for the base itself) gives the Δ points.
+static enum llmq_status eval_tasks(const struct cargs *a, const struct llmq_model *m, enum llmq_backend backend,
+                                   const struct llmq_compare_task *base, int n_base, struct llmq_compare_task **out,
                                    int *n) {
-    (void)tasks;
+    enum llmq_task_id ids[LLMQ_TASK_COUNT];
+    const char *paths[LLMQ_TASK_COUNT];
+    char *buf = NULL;
+    int n_ids = 0;
+    struct llmq_tasks_report rep = {0};
+    struct llmq_tasks_opts o = {.limit = a->limit,
+                                .use_seed = a->seed >= 0,
+                                .seed = (uint64_t)(a->seed >= 0 ? a->seed : 0),
+                                .n_threads = (int)a->threads,
+                                .backend = backend};
     *out = NULL;
     *n = 0;
-    return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: zero-shot tasks are not in this build", m->path);
+    llmq_task_protocol_from_name(a->task_protocol_name, &o.protocol); // checked by check_flags
+    enum llmq_status st = llmq_tasks_parse_list(a->tasks, ids, &n_ids, paths, &buf);
+    for (int i = 0; i < LLMQ_TASK_COUNT; i++) o.paths[i] = paths[i];
+    if (!st) llmq_info("compare: tasks %s on %s (protocol %s)", a->tasks, m->path, a->task_protocol_name);
+    if (!st) st = llmq_tasks_run(m, ids, n_ids, &o, &rep);
+    if (!st && !(*out = calloc((size_t)rep.n_tasks + 1, sizeof(**out))))
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
+    for (int t = 0; !st && t < rep.n_tasks; t++) {
+        const struct llmq_task_result *x = &rep.tasks[t];
+        struct llmq_compare_task *c = &(*out)[t];
+        *c = (struct llmq_compare_task){llmq_task_name(x->id),
+                                        x->n_items,
+                                        x->acc,
+                                        x->acc_stderr,
+                                        x->has_norm ? x->acc_norm : NAN,
+                                        x->has_norm ? x->acc_norm_stderr : NAN,
+                                        0,
+                                        0};
+        if (base && t < n_base) { // the same list in the same order: row t is the same task
+            c->acc_delta_pts = 100 * (c->acc - base[t].acc);
+            c->acc_norm_delta_pts = 100 * (c->acc_norm - base[t].acc_norm);
+        }
+        *n = t + 1;
+    }
+    llmq_tasks_report_free(&rep);
+    free(buf);
+    return st;
 }
 
 // ---- checks -----------------------------------------------------------------------------------------------
@@ -100,8 +140,12 @@ static const char *check_flags(const struct cargs *a, enum llmq_eval_protocol *p
     if (a->threads < 1 || a->threads > 256) return "--threads must be between 1 and 256";
     *dtype = llmq_dtype_from_name(a->logits_dtype);
     if (*dtype != LLMQ_DTYPE_F16 && *dtype != LLMQ_DTYPE_F32) return "--logits-dtype must be f16 or f32";
-    if (a->tasks)
-        return "--tasks needs the zero-shot task harness (calib/eval/tasks.h), which is not in this build yet";
+    enum llmq_task_protocol tp;
+    if (!llmq_task_protocol_from_name(a->task_protocol_name, &tp)) return "--task-protocol must be lm-eval or llamacpp";
+    if (!a->tasks && (a->limit != -1 || a->seed != -1)) return "--limit and --seed need --tasks";
+    if (a->limit == 0 || a->limit < -1) return "--limit must be -1 (all) or at least 1";
+    if (a->seed < -1) return "--seed must be at least 0";
+    if (a->tasks && !eval_tasks_list_ok(a->tasks)) return "--tasks: not a task list (the line above says why)";
     return NULL;
 }
 
@@ -190,9 +234,29 @@ static void fmt_or_dash(char *buf, size_t n, const char *fmt, double v) {
         snprintf(buf, n, "-");
 }
 
+// The task columns of row r: per task (those of the base row, rows[0]) acc ± stderr in % and Δ points.
+static void print_task_cells(const struct llmq_compare_row *r, const struct llmq_compare_row *base) {
+    for (int t = 0; t < base->n_tasks; t++) {
+        const struct llmq_compare_task *x = t < r->n_tasks ? &r->tasks[t] : NULL;
+        char acc[40] = "-", d[24];
+        if (x) snprintf(acc, sizeof(acc), "%.2f±%.2f", 100 * x->acc, 100 * x->acc_stderr); // '±': 2 bytes
+        if (r->is_base)
+            snprintf(d, sizeof(d), "base");
+        else
+            fmt_or_dash(d, sizeof(d), "%+.2f", x ? x->acc_delta_pts : NAN);
+        printf(" %*s %7s", x ? 15 : 14, acc, d);
+    }
+}
+
 static void print_table(const struct llmq_compare_row *rows, int n, int label_w) {
-    printf("\n%-*s %9s %7s %10s %10s %10s %10s %10s %9s\n", label_w, "artifact", "size MiB", "bpw", "PPL", "±", "ΔPPL",
+    printf("\n%-*s %9s %7s %10s %10s %10s %10s %10s %9s", label_w, "artifact", "size MiB", "bpw", "PPL", "±", "ΔPPL",
            "mean KLD", "KLD p99", "same top1");
+    for (int t = 0; n && t < rows[0].n_tasks; t++) {
+        char h[48];
+        snprintf(h, sizeof(h), "%s acc%%", rows[0].tasks[t].name);
+        printf(" %14s %8s", h, "Δpts"); // 'Δ': 2 bytes
+    }
+    printf("\n");
     for (int i = 0; i < n; i++) {
         const struct llmq_compare_row *r = &rows[i];
         char d[24], k[24], p[24], t[24];
@@ -203,8 +267,10 @@ static void print_table(const struct llmq_compare_row *rows, int n, int label_w)
         fmt_or_dash(k, sizeof(k), "%.6f", r->is_base ? NAN : r->kld_mean);
         fmt_or_dash(p, sizeof(p), "%.5f", r->is_base ? NAN : r->kld_p99);
         fmt_or_dash(t, sizeof(t), "%.2f%%", r->is_base ? NAN : r->top1_pct);
-        printf("%-*s %9.2f %7.3f %10.4f %9.5f %9s %10s %10s %9s\n", label_w, r->label,
+        printf("%-*s %9.2f %7.3f %10.4f %9.5f %9s %10s %10s %9s", label_w, r->label,
                (double)r->size.file_bytes / 1048576.0, r->size.bpw, r->ppl, r->ppl_unc, d, k, p, t);
+        print_task_cells(r, &rows[0]);
+        printf("\n");
     }
 }
 
@@ -339,7 +405,9 @@ static enum llmq_status eval_artifact(const struct cargs *a, struct run *r, int 
     enum llmq_status st = open_artifact(a->artifacts[i - 1], r->base, &m);
     if (st) return st;
     llmq_compare_model_size(m, &r->rows[i].size);
-    if (a->tasks && (st = eval_tasks(m, a->tasks, &r->tasks[i], &r->rows[i].n_tasks))) goto done;
+    if (a->tasks &&
+        (st = eval_tasks(a, m, o->backend, r->tasks[0], r->rows[0].n_tasks, &r->tasks[i], &r->rows[i].n_tasks)))
+        goto done;
     r->rows[i].tasks = r->tasks[i];
     st = r->cb.lf ? llmq_eval_kld_file(r->cb.lf, m, o, &rep) : llmq_eval_ppl(m, r->ids, r->n_ids, o, &rep);
     if (!st) row_from_report(&r->rows[i], &rep, r->cb.rep.res.ppl);
@@ -402,6 +470,8 @@ static enum llmq_status compare(const struct cargs *a, enum llmq_eval_protocol p
     llmq_compare_model_size(r->base, &r->rows[0].size);
     row_from_report(&r->rows[0], &r->cb.rep, r->cb.rep.res.ppl);
     if (a->kld) r->rows[0].kld_mean = r->rows[0].kld_p99 = r->rows[0].kld_max = 0, r->rows[0].top1_pct = 100;
+    if (a->tasks && (st = eval_tasks(a, r->base, backend, NULL, 0, &r->tasks[0], &r->rows[0].n_tasks))) goto done;
+    r->rows[0].tasks = r->tasks[0];
     for (int i = 1; i <= a->n_artifacts; i++, pr.index++, pr.chunks_done += k) {
         pr.label = r->labels[i];
         if ((st = eval_artifact(a, r, i, &o))) goto done;
@@ -435,7 +505,10 @@ int cmd_compare(int argc, char **argv) {
                       .protocol_name = "llamacpp",
                       .device = "auto",
                       .logits_dtype = "f16",
+                      .task_protocol_name = "lm-eval",
                       .chunks = -1,
+                      .limit = -1,
+                      .seed = -1,
                       .threads = sysconf(_SC_NPROCESSORS_ONLN)};
     if (a.threads < 1) a.threads = 1;
     struct cli_gates gs;
@@ -455,7 +528,13 @@ int cmd_compare(int argc, char **argv) {
          "where the base's figures and logits are cached (keyed by model sha256, text sha256, protocol, ctx, "
          "chunks)"},
         {"logits-dtype", CLI_STR, &a.logits_dtype, "f16", "element type of the cached base logits: f16 or f32"},
-        {"tasks", CLI_STR, &a.tasks, "none", "zero-shot task columns (needs the task harness: not in this build)"},
+        {"tasks", CLI_STR, &a.tasks, "none",
+         "zero-shot task columns (acc, acc_norm, Δ points vs the base): all, or a comma list of hellaswag, arc-easy, "
+         "arc-challenge, piqa, winogrande, lambada; NAME=FILE reads that file (as llmq eval --tasks)"},
+        {"task-protocol", CLI_STR, &a.task_protocol_name, "lm-eval",
+         "--tasks: lm-eval or llamacpp (llmq eval --help explains both)"},
+        {"limit", CLI_INT, &a.limit, "-1 (all)", "--tasks: N items per task (as llmq eval --limit)"},
+        {"seed", CLI_INT, &a.seed, "none", "--tasks: draw the --limit items at random with this seed"},
         {"fail-if", CLI_STR, &a.gates_dummy, "none", CLI_GATES_HELP},
         {"json", CLI_STR, &a.json_path, NULL, "write the table, the run's inputs and every gate's verdict as JSON"},
         {"csv", CLI_STR, &a.csv_path, NULL, "write the table as CSV"},
@@ -489,8 +568,8 @@ int cmd_compare(int argc, char **argv) {
         goto out;
     }
     if ((usage = check_flags(&a, &protocol, &dtype)) ||
-        (rc = cli_gates_check("compare", &gs, LLMQ_GATE_NEEDS_BASE | (a.kld ? LLMQ_GATE_NEEDS_KLD : 0), "a base",
-                              "--kld"))) {
+        (rc = cli_gates_check("compare", &gs, LLMQ_GATE_NEEDS_BASE | (a.kld ? LLMQ_GATE_NEEDS_KLD : 0), a.tasks,
+                              "a base", "--kld"))) {
         if (usage)
             fprintf(stderr, "llmq compare: %s\nrun 'llmq compare --help' for the flags and their defaults\n", usage);
         rc = 2;

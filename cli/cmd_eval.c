@@ -223,15 +223,7 @@ static const char *check_task_flags(const struct eargs *a, enum llmq_eval_protoc
     if (a->limit == 0 || a->limit < -1) return "--limit must be -1 (all) or at least 1";
     if (a->seed < -1) return "--seed must be at least 0";
     if (a->json_items && !a->json_path) return "--json-items needs --json FILE";
-    if (a->tasks) {
-        enum llmq_task_id ids[LLMQ_TASK_COUNT];
-        const char *paths[LLMQ_TASK_COUNT];
-        char *buf = NULL;
-        int n;
-        enum llmq_status st = llmq_tasks_parse_list(a->tasks, ids, &n, paths, &buf);
-        free(buf);
-        if (st) return "--tasks: not a task list (the line above says why)";
-    }
+    if (a->tasks && !eval_tasks_list_ok(a->tasks)) return "--tasks: not a task list (the line above says why)";
     return NULL;
 }
 
@@ -273,7 +265,21 @@ static int usage_errors(const struct eargs *a, const struct cli_gates *gs, enum 
         fprintf(stderr, "llmq eval: %s\nrun 'llmq eval --help' for the flags and their defaults\n", usage);
         return 2;
     }
-    return cli_gates_check("eval", gs, have, how, how);
+    for (int i = 0; i < gs->n; i++) {
+        const struct llmq_gate *g = &gs->g[i];
+        if (g->metric == LLMQ_GATE_TASK_ACC_DROP || g->metric == LLMQ_GATE_TASK_ACC_NORM_DROP) {
+            fprintf(stderr,
+                    "llmq eval: --fail-if '%s' needs the base's accuracy on %s, which llmq eval does not measure "
+                    "(it scores the model alone): use llmq compare --base BASE MODEL --tasks %s\n",
+                    g->expr, g->task, g->task);
+            return 2;
+        }
+        if (g->metric < LLMQ_GATE_N_CORE && !a->text_arg && !a->kld_file) {
+            fprintf(stderr, "llmq eval: --fail-if '%s' needs a perplexity run: --ppl FILE or --kld FILE\n", g->expr);
+            return 2;
+        }
+    }
+    return cli_gates_check("eval", gs, have, a->tasks, how, how);
 }
 
 // What one evaluation produced, for the printout and the JSON.
@@ -341,8 +347,10 @@ static enum llmq_status write_json(const struct eargs *a, const struct outcome *
 }
 
 // --tasks: the zero-shot tasks on m (cli/eval_tasks.h); with tj, *tj becomes a new object with their JSON keys.
+// gv's task rows point into tv (LLMQ_TASK_COUNT).
 static enum llmq_status run_tasks(const struct eargs *a, const struct llmq_model *m, enum llmq_backend backend,
-                                  enum llmq_emulate emulate, json_t **tj) {
+                                  enum llmq_emulate emulate, json_t **tj, struct llmq_gate_values *gv,
+                                  struct llmq_gate_task_values *tv) {
     if (tj && !(*tj = json_object())) return llmq_errorf(LLMQ_ERR_NOMEM, "out of memory");
     struct eval_tasks_args ta = {.list = a->tasks,
                                  .protocol = task_protocol(a),
@@ -354,17 +362,24 @@ static enum llmq_status run_tasks(const struct eargs *a, const struct llmq_model
                                  .emulate = emulate};
     printf("model:     %s\n", m->path);
     if (emulate) printf("emulate:   %s\n", llmq_emulate_name(emulate));
-    return eval_tasks_run(m, &ta, tj ? *tj : NULL);
+    gv->tasks = tv;
+    return eval_tasks_run(m, &ta, tj ? *tj : NULL, tv, &gv->n_tasks);
 }
 
-// --tasks without --ppl / --kld: loads the model, runs the tasks, writes their --json with what produced them.
-// Returns the exit code.
-static int tasks_only(const struct eargs *a, enum llmq_backend backend, enum llmq_emulate emulate, const char *device) {
+// --tasks without --ppl / --kld: loads the model, runs the tasks, checks the task gates, writes their --json
+// with what produced them. Returns the exit code.
+static int tasks_only(const struct eargs *a, enum llmq_backend backend, enum llmq_emulate emulate, const char *device,
+                      struct cli_gates *gs) {
     struct llmq_model *m = NULL;
     json_t *js = NULL;
+    struct llmq_gate_values gv;
+    struct llmq_gate_task_values tv[LLMQ_TASK_COUNT];
+    llmq_gate_values_init(&gv);
     enum llmq_status st = llmq_model_load(a->model_path, &m);
-    if (!st) st = run_tasks(a, m, backend, emulate, a->json_path ? &js : NULL);
+    if (!st) st = run_tasks(a, m, backend, emulate, a->json_path ? &js : NULL, &gv, tv);
+    if (!st) cli_gates_eval("eval", gs, m->path, &gv);
     if (!st && js) {
+        if (gs->n) cli_gates_json(gs, js);
         json_object_set_new(js, "llmq_version", json_string(LLMQ_VERSION));
         json_object_set_new(js, "model", json_string(m->path));
         json_object_set_new(js, "emulate", json_string(llmq_emulate_name(emulate)));
@@ -374,7 +389,7 @@ static int tasks_only(const struct eargs *a, enum llmq_backend backend, enum llm
     }
     json_decref(js);
     llmq_model_free(m);
-    return st ? 1 : 0;
+    return st ? 1 : gs->violated ? 3 : 0;
 }
 
 // --kld FILE: the logits file, whose protocol rules; a --ctx that differs from its context is a usage error
@@ -512,7 +527,11 @@ int cmd_eval(int argc, char **argv) {
     bool usage_late = false;
     json_t *tj = NULL; // the tasks' JSON keys when --tasks and --ppl / --kld are given together
 
-    if (!a.text_arg && !a.kld_file) return tasks_only(&a, backend, emulate, device_desc); // --tasks alone
+    if (!a.text_arg && !a.kld_file) { // --tasks alone
+        rc = tasks_only(&a, backend, emulate, device_desc, &gs);
+        cli_gates_free(&gs);
+        return rc;
+    }
     if (a.kld_file && (st = open_logits(&a, &lf, &protocol, &usage_late))) goto done;
     bool join = strcmp(a.rows, "on") == 0 || (strcmp(a.rows, "auto") == 0 && protocol == LLMQ_EVAL_PROTOCOL_GPTQ);
     if (a.text_arg && (st = llmq_eval_text_load(a.text_arg, protocol, join, &text))) goto done;
@@ -564,9 +583,10 @@ int cmd_eval(int argc, char **argv) {
     llmq_sha256_hex(lf ? llmq_logits_header(lf)->text_sha256 : text.sha, out.hex);
     print_results(&a, &out);
     struct llmq_gate_values gv;
+    struct llmq_gate_task_values tv[LLMQ_TASK_COUNT];
     cli_gate_values_from_eval(&rep.res, &gv);
+    if (a.tasks && (st = run_tasks(&a, m, backend, emulate, a.json_path ? &tj : NULL, &gv, tv))) goto done;
     cli_gates_eval("eval", &gs, m->path, &gv);
-    if (a.tasks && (st = run_tasks(&a, m, backend, emulate, a.json_path ? &tj : NULL))) goto done;
     if (a.json_path && (st = write_json(&a, &out, &gs, tj))) goto done;
 done:
     json_decref(tj);

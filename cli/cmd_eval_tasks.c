@@ -5,6 +5,7 @@
 #include "cli/eval_tasks.h"
 
 #include "calib/model/model.h"
+#include "cli/commands.h"
 #include "common/eta.h"
 #include "common/log.h"
 
@@ -111,13 +112,25 @@ static void print_table(const struct llmq_tasks_report *r, enum llmq_task_protoc
     fflush(stdout);
 }
 
-enum llmq_status eval_tasks_run(const struct llmq_model *m, const struct eval_tasks_args *a, struct json_t *js) {
+bool eval_tasks_list_ok(const char *list) {
+    enum llmq_task_id ids[LLMQ_TASK_COUNT];
+    const char *paths[LLMQ_TASK_COUNT];
+    char *buf = NULL;
+    int n;
+    enum llmq_status st = llmq_tasks_parse_list(list, ids, &n, paths, &buf);
+    free(buf);
+    return st == LLMQ_OK;
+}
+
+enum llmq_status eval_tasks_run(const struct llmq_model *m, const struct eval_tasks_args *a, struct json_t *js,
+                                struct llmq_gate_task_values *tv, int *n_tv) {
     enum llmq_task_id ids[LLMQ_TASK_COUNT];
     const char *paths[LLMQ_TASK_COUNT];
     char *buf = NULL;
     int n = 0;
     struct llmq_tasks_report rep = {0};
     struct tprogress pr = {.tty = isatty(STDERR_FILENO) != 0};
+    *n_tv = 0;
     enum llmq_status st = llmq_tasks_parse_list(a->list, ids, &n, paths, &buf);
     if (st) goto done;
     struct llmq_tasks_opts o = {.protocol = a->protocol,
@@ -139,6 +152,7 @@ enum llmq_status eval_tasks_run(const struct llmq_model *m, const struct eval_ta
         goto done;
     }
     print_table(&rep, a->protocol);
+    *n_tv = cli_gate_task_values(&rep, tv);
     if (js) {
         json_t *arr = json_array();
         for (int i = 0; i < rep.n_tasks; i++) json_array_append_new(arr, task_json(&rep.tasks[i], a->json_items));

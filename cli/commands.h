@@ -53,10 +53,15 @@ struct cli_gates {
 // Takes every --fail-if out of argv (before cli_parse) and parses it. 0, or 2 after printing the usage error
 // (naming the expression and why). Allocates nothing: only cli_gates_eval does (then cli_gates_free).
 int cli_gates_take(const char *cmd, int *argc, char **argv, struct cli_gates *gs);
-// 0 when every gate's needs (LLMQ_GATE_NEEDS_*) are among `have`; else 2 after printing which gate needs what
-// (how_base / how_kld: the flags that would measure it).
-int cli_gates_check(const char *cmd, const struct cli_gates *gs, unsigned have, const char *how_base,
+// 0 when every gate's needs (LLMQ_GATE_NEEDS_*) are among `have` and every task gate's task is in the
+// list `tasks` (--tasks, NULL when not given; LLMQ_GATE_NEEDS_TASK in `have` is not looked at); else 2
+// after printing which gate needs what (how_base / how_kld: the flags that would measure it).
+int cli_gates_check(const char *cmd, const struct cli_gates *gs, unsigned have, const char *tasks, const char *how_base,
                     const char *how_kld);
+// The task gate values of a task run (acc, acc_norm in points; the *_drop values NaN: no base) into tv
+// (LLMQ_TASK_COUNT rows; names are llmq_task_name's); returns the rows filled.
+struct llmq_tasks_report;
+int cli_gate_task_values(const struct llmq_tasks_report *r, struct llmq_gate_task_values *tv);
 // Evaluates every gate on one artifact: one stderr line per violated (or unmeasured: counted as violated)
 // gate, naming gate, artifact and measured value; a JSON record for every gate. Returns the violations.
 int cli_gates_eval(const char *cmd, struct cli_gates *gs, const char *artifact, const struct llmq_gate_values *v);

@@ -44,8 +44,15 @@ struct eval_tasks_args {
     enum llmq_emulate emulate;
 };
 
+// Whether list is a --tasks list llmq_tasks_parse_list accepts (the error was logged when not).
+bool eval_tasks_list_ok(const char *list);
+
 // Runs the tasks, prints the table, and when js is non-NULL sets js["tasks"] (and "task_protocol").
-// Returns the status of the run (the error was logged); a bad list is LLMQ_ERR_ARG.
-enum llmq_status eval_tasks_run(const struct llmq_model *m, const struct eval_tasks_args *a, struct json_t *js);
+// tv (LLMQ_TASK_COUNT rows) receives the task gate values (cli/commands.h cli_gate_task_values), *n_tv
+// their count (0 on failure). Returns the status of the run (the error was logged); a bad list is
+// LLMQ_ERR_ARG.
+struct llmq_gate_task_values;
+enum llmq_status eval_tasks_run(const struct llmq_model *m, const struct eval_tasks_args *a, struct json_t *js,
+                                struct llmq_gate_task_values *tv, int *n_tv);
 
 #endif // LLMQ_CLI_EVAL_TASKS_H

@@ -2,12 +2,14 @@
 // evaluating and reporting the quality gates of calib/eval/gate.h.
 #include "calib/eval/eval.h"
 #include "calib/eval/gate.h"
+#include "calib/eval/tasks.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int cli_gates_take(const char *cmd, int *argc, char **argv, struct cli_gates *gs) {
@@ -28,22 +30,47 @@ int cli_gates_take(const char *cmd, int *argc, char **argv, struct cli_gates *gs
     return 0;
 }
 
-int cli_gates_check(const char *cmd, const struct cli_gates *gs, unsigned have, const char *how_base,
+// Whether the task list `tasks` (--tasks; NULL: none) names the task `name`.
+static bool list_has_task(const char *tasks, const char *name) {
+    enum llmq_task_id ids[LLMQ_TASK_COUNT], want;
+    const char *paths[LLMQ_TASK_COUNT];
+    char *buf = NULL;
+    int n = 0;
+    bool has = false;
+    if (tasks && llmq_task_from_name(name, &want) && llmq_tasks_parse_list(tasks, ids, &n, paths, &buf) == LLMQ_OK)
+        for (int i = 0; i < n; i++) has |= ids[i] == want;
+    free(buf);
+    return has;
+}
+
+int cli_gates_check(const char *cmd, const struct cli_gates *gs, unsigned have, const char *tasks, const char *how_base,
                     const char *how_kld) {
     for (int i = 0; i < gs->n; i++) {
-        unsigned miss = llmq_gate_needs(&gs->g[i]) & ~have;
-        if (!miss) continue;
-        if (miss & LLMQ_GATE_NEEDS_TASK)
-            fprintf(stderr,
-                    "llmq %s: --fail-if '%s' needs --tasks %s: the zero-shot task harness (calib/eval/tasks.h) is not "
-                    "in this build yet\n",
-                    cmd, gs->g[i].expr, gs->g[i].task);
-        else
-            fprintf(stderr, "llmq %s: --fail-if '%s' needs %s\n", cmd, gs->g[i].expr,
-                    miss & LLMQ_GATE_NEEDS_BASE ? how_base : how_kld);
+        const struct llmq_gate *g = &gs->g[i];
+        unsigned miss = llmq_gate_needs(g) & ~have;
+        if ((llmq_gate_needs(g) & LLMQ_GATE_NEEDS_TASK) && !list_has_task(tasks, g->task)) {
+            if (tasks)
+                fprintf(stderr, "llmq %s: --fail-if '%s' needs the task %s, which --tasks %s does not name\n", cmd,
+                        g->expr, g->task, tasks);
+            else
+                fprintf(stderr, "llmq %s: --fail-if '%s' needs --tasks %s\n", cmd, g->expr, g->task);
+            return 2;
+        }
+        if (!(miss & ~(unsigned)LLMQ_GATE_NEEDS_TASK)) continue;
+        fprintf(stderr, "llmq %s: --fail-if '%s' needs %s\n", cmd, g->expr,
+                miss & LLMQ_GATE_NEEDS_BASE ? how_base : how_kld);
         return 2;
     }
     return 0;
+}
+
+int cli_gate_task_values(const struct llmq_tasks_report *r, struct llmq_gate_task_values *tv) {
+    for (int i = 0; i < r->n_tasks && i < LLMQ_TASK_COUNT; i++) {
+        const struct llmq_task_result *t = &r->tasks[i];
+        tv[i] = (struct llmq_gate_task_values){llmq_task_name(t->id), 100 * t->acc,
+                                               t->has_norm ? 100 * t->acc_norm : NAN, NAN, NAN};
+    }
+    return r->n_tasks < LLMQ_TASK_COUNT ? r->n_tasks : LLMQ_TASK_COUNT;
 }
 
 void cli_gate_values_from_eval(const struct llmq_eval_result *r, struct llmq_gate_values *v) {

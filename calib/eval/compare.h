@@ -96,8 +96,8 @@ enum llmq_status llmq_compare_base_get(const struct llmq_model *base, const int3
 
 // ---- the table --------------------------------------------------------------------------------------------
 
-// One zero-shot task's figures on an artifact (filled by the task harness, calib/eval/tasks.h, once it
-// exists): accuracies as fractions with their standard errors, and the change against the base in points.
+// One zero-shot task's figures on an artifact (cli/cmd_compare.c fills it from calib/eval/tasks.h's
+// llmq_tasks_run): accuracies as fractions with their standard errors, and the change against the base in points.
 struct llmq_compare_task {
     const char *name;
     int64_t items;

@@ -1,6 +1,8 @@
 // calib/eval/gate.c — the quality-gate expressions of calib/eval/gate.h.
 #include "calib/eval/gate.h"
 
+#include "calib/eval/tasks.h"
+
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,14 +26,11 @@ static const struct llmq_gate_metric_info METRICS[LLMQ_GATE_METRIC_COUNT] = {
                                       LLMQ_GATE_NEEDS_TASK | LLMQ_GATE_NEEDS_BASE, "acc_norm points lost"},
 };
 
-static const char *const TASKS[] = {"hellaswag", "arc-easy", "arc-challenge", "piqa", "winogrande", "lambada"};
-
 const struct llmq_gate_metric_info *llmq_gate_metric_info(enum llmq_gate_metric m) { return &METRICS[m]; }
 
 bool llmq_gate_task_known(const char *name) {
-    for (size_t i = 0; i < sizeof(TASKS) / sizeof(TASKS[0]); i++)
-        if (strcmp(name, TASKS[i]) == 0) return true;
-    return false;
+    enum llmq_task_id id;
+    return llmq_task_from_name(name, &id);
 }
 
 unsigned llmq_gate_needs(const struct llmq_gate *g) { return METRICS[g->metric].needs; }
@@ -53,9 +52,10 @@ static enum llmq_status parse_metric(const char *expr, const char *s, size_t n, 
         memcpy(g->task, s, tn);
         g->task[tn] = '\0';
         if (!llmq_gate_task_known(g->task)) {
-            snprintf(err, err_n,
-                     "'%s': unknown task '%s' (known: hellaswag, arc-easy, arc-challenge, piqa, winogrande, lambada)",
-                     expr, g->task);
+            int k = snprintf(err, err_n, "'%s': unknown task '%s' (known:", expr, g->task);
+            for (int t = 0; t < LLMQ_TASK_COUNT && k >= 0 && (size_t)k < err_n; t++)
+                k += snprintf(err + k, err_n - (size_t)k, " %s%s", llmq_task_name((enum llmq_task_id)t),
+                              t + 1 < LLMQ_TASK_COUNT ? "," : ")");
             return LLMQ_ERR_ARG;
         }
     }

@@ -95,9 +95,8 @@ struct llmq_gate {
 // '%' against the metric's unit. Nothing is logged: the caller prints err as a usage error.
 enum llmq_status llmq_gate_parse(const char *expr, struct llmq_gate *out, char *err, size_t err_n);
 
-// Whether `name` is a zero-shot task a gate may name: hellaswag, arc-easy, arc-challenge, piqa,
-// winogrande, lambada (the tasks of issue "Evaluation harness"; the task registry of calib/eval/tasks.h
-// replaces this list when it lands).
+// Whether `name` is a zero-shot task a gate may name: a task of calib/eval/tasks.h's registry
+// (llmq_task_from_name: hellaswag, arc-easy, arc-challenge, piqa, winogrande, lambada).
 bool llmq_gate_task_known(const char *name);
 
 // The LLMQ_GATE_NEEDS_* flags of g.

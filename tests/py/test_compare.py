@@ -3,7 +3,7 @@
 The figures compare prints are `llmq eval`'s (whose perplexity and KLD tests/py/test_eval_oracle.py checks against
 llama.cpp): the same PPL for every artifact and the base, the same KLD with f32 cached logits. On top of that:
 the gate demo CI runs (stories260K at 2 bits violates ppl_increase>5% and exits 3 naming the gate, 8 bits
-passes), the cache (a second run evaluates only the artifacts; a damaged entry is recomputed), bad inputs (exit
+passes), the zero-shot columns (--tasks: `llmq eval --tasks`'s figures, Δ points vs the base, task gates), the cache (a second run evaluates only the artifacts; a damaged entry is recomputed), bad inputs (exit
 1 naming the file, usage errors exit 2, no output clobbered without --force), and the HTML page rendered by
 headless Chromium (one point per artifact in each plot, no request leaves the page).
 """
@@ -153,7 +153,10 @@ USAGE = [
     (["--base", "B", "A", "--fail-if", "kld>0.05"], "needs --kld"),
     (["--base", "B", "A", "--fail-if", "hellaswag.acc_drop>1.0"], "needs --tasks hellaswag"),
     (["--base", "B", "A", "--fail-if", "mmlu.acc<30"], "unknown task 'mmlu'"),
-    (["--base", "B", "A", "--tasks", "hellaswag"], "task harness"),
+    (["--base", "B", "A", "--tasks", "hellaswag", "--fail-if", "piqa.acc>1"], "which --tasks hellaswag does not name"),
+    (["--base", "B", "A", "--tasks", "mmlu"], "unknown task 'mmlu'"),
+    (["--base", "B", "A", "--limit", "3"], "--limit and --seed need --tasks"),
+    (["--base", "B", "A", "--tasks", "piqa", "--task-protocol", "gptq"], "--task-protocol"),
     (["--base", "B", "A", "--chunks", "0"], "--chunks"),
     (["--base", "B", "A", "--logits-dtype", "q8"], "--logits-dtype"),
     (["--base", "B", "A", "--fail-if"], "--fail-if needs a value"),
@@ -185,6 +188,52 @@ def test_eval_gates(llmq_bin, stories_v1, quantized, tmp_path):
     assert r.returncode == 2 and "needs a base" in r.stderr
     r = run([llmq_bin, "eval", "--model", quantized[8], "--ppl", "wikitext-2", *EVAL, "--fail-if", "ppl>1e9"])
     assert r.returncode == 0
+
+
+TASKS = ["--tasks", "arc-easy,piqa", "--limit", "20", "--threads", "2"]
+
+
+def test_tasks(llmq_bin, stories_v1, quantized, tmp_path):
+    """--tasks: every row's acc / acc_norm / stderr are `llmq eval --tasks`'s on the same model and items (whose
+    figures tests/py/test_tasks_oracle.py checks against lm-eval); Δ points are against the base's row; the
+    terminal table shows them; task gates pass and fail on those figures (exit 3 naming the gate)."""
+    js = tmp_path / "c.json"
+    r = compare(llmq_bin, stories_v1, [quantized[2]], tmp_path, *TASKS, "--json", js, "--fail-if",
+                "arc-easy.acc_drop>50", "--fail-if", "arc-easy.acc>99")
+    rep = json.loads(js.read_text())
+    rows = rep["artifacts"]
+    for row, model in zip(rows, [stories_v1, quantized[2]]):
+        ej = tmp_path / "t.json"
+        run([llmq_bin, "eval", "--model", model, *TASKS, "--json", ej, "--force", "--quiet"])
+        want = {t["task"]: t for t in json.loads(ej.read_text())["tasks"]}
+        assert [t["task"] for t in row["tasks"]] == ["arc-easy", "piqa"]
+        for t in row["tasks"]:
+            w = want[t["task"]]
+            assert t["items"] == w["items"] == 20
+            for k in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):
+                assert t[k] == w[k], (model, t["task"], k)
+            assert t["acc_delta_points"] == pytest.approx(100 * (t["acc"] - rows[0]["tasks"][row["tasks"].index(t)]
+                                                                 ["acc"]), abs=1e-9)
+            assert f"{100 * t['acc']:.2f}±{100 * t['acc_stderr']:.2f}" in r.stdout
+    assert "arc-easy acc%" in r.stdout and "piqa acc%" in r.stdout
+    drop = -rows[1]["tasks"][0]["acc_delta_points"]
+    assert rep["exit_status"] == 0 and [g["verdict"] for g in rep["gates"]] == ["pass", "pass"]
+    assert rep["gates"][0]["value"] == pytest.approx(drop, abs=1e-9)
+    assert rep["gates"][1]["value"] == pytest.approx(100 * rows[1]["tasks"][0]["acc"], abs=1e-9)
+
+    r = compare(llmq_bin, stories_v1, [quantized[2]], tmp_path, *TASKS, "--fail-if", "arc-easy.acc<99", check=False)
+    lines = [l for l in r.stderr.splitlines() if "violated" in l]
+    assert r.returncode == 3 and len(lines) == 1 and "'arc-easy.acc<99'" in lines[0] and "q2" in lines[0], r.stderr
+
+    # llmq eval --tasks: acc / acc_norm gates on the model alone; *_drop needs a base eval does not have
+    r = run([llmq_bin, "eval", "--model", quantized[2], *TASKS, "--fail-if", "piqa.acc_norm<99", "--fail-if",
+             "arc-easy.acc>99"], check=False)
+    lines = [l for l in r.stderr.splitlines() if "violated" in l]
+    assert r.returncode == 3 and len(lines) == 1 and "'piqa.acc_norm<99'" in lines[0], r.stderr
+    r = run([llmq_bin, "eval", "--model", quantized[2], *TASKS, "--fail-if", "arc-easy.acc_drop>1"], check=False)
+    assert r.returncode == 2 and "needs the base's accuracy on arc-easy" in r.stderr and "llmq compare" in r.stderr
+    r = run([llmq_bin, "eval", "--model", quantized[2], *TASKS, "--fail-if", "ppl>1"], check=False)
+    assert r.returncode == 2 and "needs a perplexity run" in r.stderr
 
 
 # ---- the HTML page in headless Chromium ----------------------------------------------------------------------

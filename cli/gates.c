@@ -118,7 +118,10 @@ int cli_gates_eval(const char *cmd, struct cli_gates *gs, const char *artifact, 
 }
 
 void cli_gates_json(const struct cli_gates *gs, json_t *report) {
-    json_object_set(report, "gates", gs->results ? gs->results : json_array());
+    if (gs->results)
+        json_object_set(report, "gates", gs->results); // report shares the caller's array
+    else
+        json_object_set_new(report, "gates", json_array());
     json_object_set_new(report, "gates_violated", json_integer(gs->violated));
 }
 

@@ -292,7 +292,8 @@ def test_gzip_bomb_is_refused_early(llmq_bin, work):
     assert f"200 times its {(work / 'bomb.txt.gz').stat().st_size} bytes" in r.stderr, r.stderr
     if timed:  # the cap (50 MB here), the buffer's doubling, the model: far below the 256 MiB inflated
         rss_mb = int(r.stderr.split("maxrss_kb ")[1].split()[0]) / 1024
-        assert rss_mb < 160, rss_mb
+        # ASan's shadow memory and quarantine add about half again (161 MB measured under ASan, ~72 MB without)
+        assert rss_mb < (240 if os.environ.get("ASAN_OPTIONS") else 160), rss_mb
 
 
 @pytest.mark.parametrize("name", ["empty.txt", "empty.txt.gz"])

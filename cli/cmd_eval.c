@@ -435,50 +435,38 @@ static void log_plan(const struct eargs *a, const struct llmq_model *m, const st
               emulate ? ", emulating " : "", emulate ? llmq_emulate_name(emulate) : "");
 }
 
-int cmd_eval(int argc, char **argv) {
-    struct eargs a = {.limit = -1,
-                      .seed = -1,
-                      .logits_dtype = "f16",
-                      .rows = "auto",
-                      .device = "auto",
-                      .emulate_name = "none",
-                      .chunks = -1,
-                      .ctx = LONG_MIN,
-                      .threads = sysconf(_SC_NPROCESSORS_ONLN)};
-    if (a.threads < 1) a.threads = 1;
-    struct cli_gates gs;
-    int rc = cli_gates_take("eval", &argc, argv, &gs);
-    if (rc) return rc;
+// Eval's flag table, help text and parsing into *a: cli_parse's status (0: go on, 1: --help printed, 2: usage).
+static int parse_flags(int argc, char **argv, struct eargs *a) {
     const struct cli_flag flags[] = {
-        {"model", CLI_STR, &a.model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
-        {"ppl", CLI_STR, &a.text_arg, NULL,
+        {"model", CLI_STR, &a->model_path, NULL, "the model: GGUF file or Hugging Face directory (required)"},
+        {"ppl", CLI_STR, &a->text_arg, NULL,
          "text file (.txt, .raw, .gz), or a dataset name: wikitext-2 (= wikitext-2-test), wikitext-2-valid, ... "
          "(datasets/manifest.tsv; shipped with llmq, sha256-checked)"},
-        {"protocol", CLI_STR, &a.protocol_name, "llamacpp for --ppl, lm-eval for --tasks",
+        {"protocol", CLI_STR, &a->protocol_name, "llamacpp for --ppl, lm-eval for --tasks",
          "perplexity: llamacpp (n_ctx chunks, BOS per chunk, second half scored) or gptq (the papers' windows, all "
          "scored); --tasks: lm-eval (lm-evaluation-harness's prompts and log-likelihoods) or llamacpp "
          "(llama-perplexity --hellaswag / --winogrande / --multiple-choice scoring)"},
-        {"ctx", CLI_INT, &a.ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
-        {"chunks", CLI_INT, &a.chunks, "-1 (all)", "evaluate only the first N chunks"},
-        {"threads", CLI_INT, &a.threads, "the number of CPUs", "threads for the forward pass and the scoring"},
-        {"device", CLI_STR, &a.device, "auto", CLI_DEVICE_HELP},
-        {"base", CLI_STR, &a.base_path, NULL,
+        {"ctx", CLI_INT, &a->ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
+        {"chunks", CLI_INT, &a->chunks, "-1 (all)", "evaluate only the first N chunks"},
+        {"threads", CLI_INT, &a->threads, "the number of CPUs", "threads for the forward pass and the scoring"},
+        {"device", CLI_STR, &a->device, "auto", CLI_DEVICE_HELP},
+        {"base", CLI_STR, &a->base_path, NULL,
          "also evaluate this base model on the same tokens and print both PPLs and the difference (absolute, %)"},
-        {"kld-base", CLI_STR, &a.kld_base, NULL, "KL divergence mode: run this base model next to --model"},
-        {"save-logits", CLI_STR, &a.save_logits, NULL, "write the scored positions' logits here (for a later --kld)"},
-        {"logits-dtype", CLI_STR, &a.logits_dtype, "f16", "element type of --save-logits: f16 or f32"},
-        {"kld", CLI_STR, &a.kld_file, NULL, "KL divergence mode against a --save-logits file (chunks come from it)"},
-        {"rows", CLI_STR, &a.rows, "auto",
+        {"kld-base", CLI_STR, &a->kld_base, NULL, "KL divergence mode: run this base model next to --model"},
+        {"save-logits", CLI_STR, &a->save_logits, NULL, "write the scored positions' logits here (for a later --kld)"},
+        {"logits-dtype", CLI_STR, &a->logits_dtype, "f16", "element type of --save-logits: f16 or f32"},
+        {"kld", CLI_STR, &a->kld_file, NULL, "KL divergence mode against a --save-logits file (chunks come from it)"},
+        {"rows", CLI_STR, &a->rows, "auto",
          "on: each line of the text is a dataset row, rows joined with \"\\n\\n\" (as the papers load "
          "wikitext-2-raw-v1); off: the file as is; auto: on for gptq, off for llamacpp"},
-        {"emulate", CLI_STR, &a.emulate_name, "none",
+        {"emulate", CLI_STR, &a->emulate_name, "none",
          "none: f32 arithmetic; llamacpp-cpu: round activations as llama.cpp's CPU backend does (8-bit "
          "Q8_0/Q8_1/Q8_K or f16 inputs per weight type, f16 KV cache, flash attention as llama-perplexity's "
          "default); llamacpp-cpu-nofa: the same with flash attention off (also Q and softmax in f16)"},
-        {"json", CLI_STR, &a.json_path, NULL, "also write every figure as JSON to this file"},
-        {"fail-if", CLI_STR, &a.gates_dummy, "none", CLI_GATES_HELP ". Base metrics need --base, --kld-base or --kld"},
-        {"force", CLI_BOOL, &a.force, "off", "replace existing --json / --save-logits files (never an input)"},
-        EVAL_TASK_FLAGS(&a),
+        {"json", CLI_STR, &a->json_path, NULL, "also write every figure as JSON to this file"},
+        {"fail-if", CLI_STR, &a->gates_dummy, "none", CLI_GATES_HELP ". Base metrics need --base, --kld-base or --kld"},
+        {"force", CLI_BOOL, &a->force, "off", "replace existing --json / --save-logits files (never an input)"},
+        EVAL_TASK_FLAGS(a),
     };
     const struct cli_cmd cmd = {
         "eval",
@@ -502,8 +490,28 @@ int cmd_eval(int argc, char **argv) {
         0};
     const char *pos[1];
     int n_pos;
-    rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
-    if (rc) return rc == 1 ? 0 : rc;
+    return cli_parse(&cmd, argc, argv, pos, &n_pos);
+}
+
+int cmd_eval(int argc, char **argv) {
+    struct eargs a = {.limit = -1,
+                      .seed = -1,
+                      .logits_dtype = "f16",
+                      .rows = "auto",
+                      .device = "auto",
+                      .emulate_name = "none",
+                      .chunks = -1,
+                      .ctx = LONG_MIN,
+                      .threads = sysconf(_SC_NPROCESSORS_ONLN)};
+    if (a.threads < 1) a.threads = 1;
+    struct cli_gates gs;
+    int rc = cli_gates_take("eval", &argc, argv, &gs);
+    if (rc) return rc;
+    rc = parse_flags(argc, argv, &a);
+    if (rc) {
+        cli_gates_free(&gs);
+        return rc == 1 ? 0 : rc;
+    }
 
     enum llmq_eval_protocol protocol;
     enum llmq_emulate emulate = LLMQ_EMULATE_NONE;

@@ -395,96 +395,86 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
     }
 }
 
-int cmd_quantize(int argc, char **argv) {
-    struct qargs q = {.method = "rtn",
-                      .device = "auto",
-                      .bits = LONG_MIN,
-                      .group = LONG_MIN,
-                      .damp = NAN,
-                      .compare_chunks = 20,
-                      .target_bpw = NAN};
-    cli_calib_args_init(&q.ca);
-    int rc = cli_calib_take_sources(&q.ca, &argc, argv);
-    if (!rc) rc = cli_take_repeated("tensor-type", &argc, argv, q.tts, MAX_TENSOR_TYPES, &q.n_tts);
-    if (rc) return rc;
+// Quantize's flag table, help text and parsing into *q: cli_parse's status (0: go on, 1: --help printed, 2: usage).
+static int parse_flags(int argc, char **argv, struct qargs *q) {
     const struct cli_flag flags[] = {
-        {"model", CLI_STR, &q.model, NULL, "the model: GGUF file or Hugging Face directory (required)"},
-        {"method", CLI_STR, &q.method, "rtn", "rtn | gptq | awq | awq+gptq"},
-        {"bits", CLI_STR, &q.bits_arg, "4",
+        {"model", CLI_STR, &q->model, NULL, "the model: GGUF file or Hugging Face directory (required)"},
+        {"method", CLI_STR, &q->method, "rtn", "rtn | gptq | awq | awq+gptq"},
+        {"bits", CLI_STR, &q->bits_arg, "4",
          "bits per weight code, 2..8 (awq format: 4; gptq format: 2, 3, 4, 8; not gguf); a comma list (8,4,3) "
          "sweeps: one output per level"},
-        {"group-size", CLI_INT, &q.group, "128",
+        {"group-size", CLI_INT, &q->group, "128",
          "input columns per (scale, zero) group; -1 = one per output row (not gguf: its blocks are fixed)"},
-        {"sym", CLI_BOOL, &q.sym, "off", "symmetric grid (zero fixed at 2^(bits-1))"},
-        {"asym", CLI_BOOL, &q.asym, "on (unless --sym)", "asymmetric grid with a zero point"},
-        {"act-order", CLI_BOOL, &q.act_order, "off",
+        {"sym", CLI_BOOL, &q->sym, "off", "symmetric grid (zero fixed at 2^(bits-1))"},
+        {"asym", CLI_BOOL, &q->asym, "on (unless --sym)", "asymmetric grid with a zero point"},
+        {"act-order", CLI_BOOL, &q->act_order, "off",
          "GPTQ: columns in order of decreasing Hessian diagonal (gguf: every block's grid fixed first from the "
          "original weights)"},
-        {"static-groups", CLI_BOOL, &q.static_groups, "off", "GPTQ: group parameters from the original weights"},
-        {"act-group-aware", CLI_BOOL, &q.group_aware, "off",
+        {"static-groups", CLI_BOOL, &q->static_groups, "off", "GPTQ: group parameters from the original weights"},
+        {"act-group-aware", CLI_BOOL, &q->group_aware, "off",
          "GPTQ: GPTQModel's act_group_aware order (GAR): whole groups by decreasing max Hessian diagonal, the "
          "columns of a group likewise; groups stay contiguous, so g_idx is plain and --format awq holds it "
          "(not gguf; excludes --act-order, --static-groups)"},
-        {"grid", CLI_STR, &q.grid, "minmax",
+        {"grid", CLI_STR, &q->grid, "minmax",
          "GPTQ into awq / gptq / fake: each group's (scale, zero): minmax (the reference), mse (the reference's "
          "mse search: shrink grid 1..0.21, min sum |w-q|^2.4), hmse (the same grid, min sum diag(H)(w-q)^2)"},
-        {"no-true-sequential", CLI_BOOL, &q.no_tseq, "off",
+        {"no-true-sequential", CLI_BOOL, &q->no_tseq, "off",
          "GPTQ: collect all Hessians of a block in one pass instead of [qkv] -> [o] -> [gate,up] -> [down]"},
-        {"damp", CLI_FLOAT, &q.damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
-        {"format", CLI_STR, &q.format,
+        {"damp", CLI_FLOAT, &q->damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
+        {"format", CLI_STR, &q->format,
          "the method's packed format: awq for --method awq (4 bits with a group size), else gptq (2, 3, 4, 8 "
          "bits), else fake; fake with --fallback rtn-per-channel; gguf when --gguf-type is given or --out ends "
          "in .gguf",
          "awq | gptq (packed integer codes) | fake (dequantized weights in the model's dtype) | gguf"},
-        {"out", CLI_STR, &q.out, NULL,
+        {"out", CLI_STR, &q->out, NULL,
          "output directory, or the .gguf file (required, except with --dry-run; refused if it exists unless --force)"},
-        {"calib", CLI_STR, &q.ca.calib_help_dummy, "none",
+        {"calib", CLI_STR, &q->ca.calib_help_dummy, "none",
          CLI_CALIB_SOURCE_HELP ". Required except for rtn; with rtn into gguf it gathers the importance matrix"},
-        CLI_CALIB_FLAGS(&q.ca),
-        {"threads", CLI_INT, &q.ca.threads, "the number of CPUs", "threads (forward pass, OpenBLAS, GGUF encoders)"},
-        {"device", CLI_STR, &q.device, "auto",
+        CLI_CALIB_FLAGS(&q->ca),
+        {"threads", CLI_INT, &q->ca.threads, "the number of CPUs", "threads (forward pass, OpenBLAS, GGUF encoders)"},
+        {"device", CLI_STR, &q->device, "auto",
          CLI_DEVICE_HELP " (forward passes, statistics, AWQ's search and the GPTQ solve into awq / gptq / fake; the "
                          "GGUF encoders and the GPTQ solve into gguf run on the CPU)"},
-        {"json", CLI_STR, &q.json, NULL, "write settings, calibration provenance and the per-layer table here"},
-        {"force", CLI_BOOL, &q.force, "off",
+        {"json", CLI_STR, &q->json, NULL, "write settings, calibration provenance and the per-layer table here"},
+        {"force", CLI_BOOL, &q->force, "off",
          "replace existing outputs (--out: a directory llmq wrote, or a .gguf file; --json); never an input"},
-        {"fallback", CLI_STR, &q.fallback, "none",
+        {"fallback", CLI_STR, &q->fallback, "none",
          "none: refuse a layer whose in-features the group size does not tile; rtn-per-channel: round that "
          "layer per output channel instead (only --format fake can hold it; not gguf)"},
-        {"gguf-type", CLI_STR, &q.gguf_type, NULL,
+        {"gguf-type", CLI_STR, &q->gguf_type, NULL,
          "gguf: llama.cpp file type (the per-tensor mix of llama-quantize): Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_0, "
          "Q5_1, Q4_K_M, Q4_K_S, Q4_0, Q4_1, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, IQ4_NL, IQ4_XS, F16, BF16, F32 (required); "
          "a comma list (Q6_K,Q4_K_M,Q3_K_M) sweeps: one file per level, rtn's importance gathered once"},
-        {"compare", CLI_BOOL, &q.compare, "off",
+        {"compare", CLI_BOOL, &q->compare, "off",
          "after a sweep, run `llmq compare --kld` of the model against every level written"},
-        {"compare-chunks", CLI_INT, &q.compare_chunks, "20", "--chunks of that comparison"},
-        {"imatrix", CLI_STR, &q.imatrix, NULL,
+        {"compare-chunks", CLI_INT, &q->compare_chunks, "20", "--chunks of that comparison"},
+        {"imatrix", CLI_STR, &q->imatrix, NULL,
          "gguf: importance matrix: llmq statistics (.lcs from llmq calib) or a llama-imatrix file (GGUF, or the "
          "legacy .dat; told apart by content)"},
-        {"tensor-type", CLI_STR, &q.tt_dummy, "none",
+        {"tensor-type", CLI_STR, &q->tt_dummy, "none",
          "gguf, repeatable: REGEX=TYPE, tensors whose name matches REGEX (POSIX extended, lower-cased) get TYPE"},
-        {"output-type", CLI_STR, &q.output_type, "from the mix", "gguf: type of output.weight (token_embd when tied)"},
-        {"embedding-type", CLI_STR, &q.embedding_type, "from the mix", "gguf: type of token_embd.weight"},
+        {"output-type", CLI_STR, &q->output_type, "from the mix", "gguf: type of output.weight (token_embd when tied)"},
+        {"embedding-type", CLI_STR, &q->embedding_type, "from the mix", "gguf: type of token_embd.weight"},
         {"output-tensor-type", CLI_ALIAS, NULL, "output-type", "llama-quantize's name for it"},
         {"token-embedding-type", CLI_ALIAS, NULL, "embedding-type", "llama-quantize's name for it"},
-        {"allow-requantize", CLI_BOOL, &q.allow_requant, "off",
+        {"allow-requantize", CLI_BOOL, &q->allow_requant, "off",
          "quantize tensors that are already quantized (e.g. a Q4_1 GGUF input) instead of refusing them, as "
          "llama-quantize --allow-requantize does: the result is worse than quantizing the f32 / f16 original"},
-        {"pure", CLI_BOOL, &q.pure, "off", "gguf: no mix rules, the file type's default type for every tensor"},
-        {"mix", CLI_STR, &q.mix, "llama",
+        {"pure", CLI_BOOL, &q->pure, "off", "gguf: no mix rules, the file type's default type for every tensor"},
+        {"mix", CLI_STR, &q->mix, "llama",
          "gguf: llama: llama-quantize's per-tensor types; quality: per tensor, the block type of no larger size "
          "with the lowest importance-weighted error on that tensor (quant/gguf_choose.h)"},
-        {"target-bpw", CLI_FLOAT, &q.target_bpw, "none",
+        {"target-bpw", CLI_FLOAT, &q->target_bpw, "none",
          "gguf: one type per block linear minimising the summed importance-weighted error under this budget of "
          "tensor data bits per weight (token_embd / output: --mix quality of the --gguf-type mix)"},
-        {"target-size", CLI_STR, &q.target_size, "none",
+        {"target-size", CLI_STR, &q->target_size, "none",
          "gguf: the same budget as a tensor data size in bytes (K, M, G suffixes: powers of 1024)"},
-        {"mix-exclude", CLI_STR, &q.mix_exclude, "none",
+        {"mix-exclude", CLI_STR, &q->mix_exclude, "none",
          "gguf: block types --mix quality / --target-* may not choose, comma separated (e.g. q4_1 for a model "
          "dequantized from Q4_1, which that type reproduces exactly)"},
-        {"dry-run", CLI_BOOL, &q.dry_run, "off",
+        {"dry-run", CLI_BOOL, &q->dry_run, "off",
          "gguf: print every tensor's type, size and bits per weight, write nothing"},
-        {"no-provenance", CLI_BOOL, &q.no_prov, "off",
+        {"no-provenance", CLI_BOOL, &q->no_prov, "off",
          "gguf: write no llmq.* keys (then --method rtn gives llama-quantize's bytes)"},
     };
     const struct cli_cmd cmd = {
@@ -521,7 +511,22 @@ int cmd_quantize(int argc, char **argv) {
         0};
     const char *pos[1];
     int n_pos;
-    rc = cli_parse(&cmd, argc, argv, pos, &n_pos);
+    return cli_parse(&cmd, argc, argv, pos, &n_pos);
+}
+
+int cmd_quantize(int argc, char **argv) {
+    struct qargs q = {.method = "rtn",
+                      .device = "auto",
+                      .bits = LONG_MIN,
+                      .group = LONG_MIN,
+                      .damp = NAN,
+                      .compare_chunks = 20,
+                      .target_bpw = NAN};
+    cli_calib_args_init(&q.ca);
+    int rc = cli_calib_take_sources(&q.ca, &argc, argv);
+    if (!rc) rc = cli_take_repeated("tensor-type", &argc, argv, q.tts, MAX_TENSOR_TYPES, &q.n_tts);
+    if (rc) return rc;
+    rc = parse_flags(argc, argv, &q);
     if (rc) return rc == 1 ? 0 : rc;
     static char usage_buf[512];
     // the first level decides the default format; sweep_flags checks every level

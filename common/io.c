@@ -386,6 +386,14 @@ bool llmq_file_exists(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+char *llmq_strndup_bytes(const char *s, size_t n) {
+    char *out = malloc(n + 1);
+    if (!out) return NULL;
+    memcpy(out, s, n);
+    out[n] = '\0';
+    return out;
+}
+
 char *llmq_path_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);
     char *s = malloc(a + b + 2);

@@ -88,6 +88,9 @@ bool llmq_is_dir(const char *path);
 bool llmq_file_exists(const char *path);
 // Joins dir and name with one '/', into a malloc'd string (NULL on OOM).
 char *llmq_path_join(const char *dir, const char *name);
+// The n bytes at s as a malloc'd NUL-terminated string (caller frees; bytes after a NUL inside are kept); NULL when
+// out of memory.
+char *llmq_strndup_bytes(const char *s, size_t n);
 // Removes a file or directory tree, best effort (symbolic links are removed, not followed).
 void llmq_remove_tree(const char *path);
 // The file every output directory llmq creates holds (llmq_outdir_create): --force replaces only those.

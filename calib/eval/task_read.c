@@ -40,14 +40,6 @@ static char *cat(const char *first, ...) {
     return out;
 }
 
-static char *dupn(const char *s, size_t n) {
-    char *out = malloc(n + 1);
-    if (!out) return NULL;
-    memcpy(out, s, n);
-    out[n] = '\0';
-    return out;
-}
-
 // Unicode code points of a UTF-8 string (bytes that are not continuation bytes): Python's len(str).
 static int64_t code_points(const char *s) {
     int64_t n = 0;
@@ -282,10 +274,10 @@ static enum llmq_status read_winogrande(struct reader *r, json_t *o) {
             while (py_space((unsigned char)*rest)) rest++;
             size_t n = strlen(rest);
             while (n && py_space((unsigned char)rest[n - 1])) n--;
-            stripped = dupn(rest, n);
+            stripped = llmq_strndup_bytes(rest, n);
         }
         for (int c = 0; c < 2; c++) {
-            char *first = dupn(sent, (size_t)(us - sent));
+            char *first = llmq_strndup_bytes(sent, (size_t)(us - sent));
             ctx[c] = first ? cat(first, opt[c], (char *)NULL) : NULL;
             cont[c] = lm ? (stripped ? cat(" ", stripped, (char *)NULL) : NULL) : cat(rest, (char *)NULL);
             free(first);
@@ -319,7 +311,7 @@ static enum llmq_status read_lambada(struct reader *r, json_t *o) {
     } else if (text) { // lambada_openai.yaml: text.split(' ')[:-1] joined, ' ' + text.split(' ')[-1]
         const char *sp = strrchr(text, ' ');
         if (!sp) return bad(r, "\"text\" has no space to split off the last word");
-        ctx[0] = dupn(text, (size_t)(sp - text));
+        ctx[0] = llmq_strndup_bytes(text, (size_t)(sp - text));
         cont[0] = cat(sp, (char *)NULL);
     } else {
         return bad(r, "expected context and continuation, or text");
@@ -380,7 +372,7 @@ enum llmq_status llmq_task_set_parse(enum llmq_task_id id, enum llmq_task_protoc
     llmq_sha256(data, len, dig);
     llmq_sha256_hex(dig, out->sha256);
     if (id == LLMQ_TASK_HELLASWAG) {
-        char *copy = dupn(data, len);
+        char *copy = llmq_strndup_bytes(data, len);
         st = copy ? read_hellaswag(&r, copy, len) : llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", what);
         free(copy);
     } else {

@@ -83,14 +83,6 @@ static const char *const special_hf[CV_N_SPECIAL] = {"bos", "eos", "unk", "pad",
 
 // ============================================================================ small helpers ====
 
-static char *dup_bytes(const char *s, size_t n) {
-    char *p = malloc(n + 1);
-    if (!p) return NULL;
-    memcpy(p, s, n);
-    p[n] = '\0';
-    return p;
-}
-
 void cv_vocab_free(struct cv_vocab *v) {
     if (!v) return;
     for (int64_t i = 0; v->tok && i < v->n; i++) free(v->tok[i]);
@@ -225,7 +217,7 @@ enum llmq_status cv_vocab_from_gguf(const struct llmq_gguf *g, struct cv_vocab *
     for (int64_t i = 0; i < v->n; i++) {
         size_t len;
         const char *s = llmq_gguf_kv_arr_str(kv_tok, (uint64_t)i, &len);
-        if (!s || !(v->tok[i] = dup_bytes(s, len))) {
+        if (!s || !(v->tok[i] = llmq_strndup_bytes(s, len))) {
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: token %lld: out of memory", path, (long long)i);
             goto fail;
         }
@@ -279,7 +271,7 @@ enum llmq_status cv_vocab_from_gguf(const struct llmq_gguf *g, struct cv_vocab *
         for (int64_t i = 0; i < v->n_merges; i++) {
             size_t len;
             const char *s = llmq_gguf_kv_arr_str(kv_merges, (uint64_t)i, &len);
-            if (!s || !(v->merge[i] = dup_bytes(s, len))) {
+            if (!s || !(v->merge[i] = llmq_strndup_bytes(s, len))) {
                 st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: merge %lld: out of memory", path, (long long)i);
                 goto fail;
             }
@@ -330,7 +322,7 @@ enum llmq_status cv_vocab_from_gguf(const struct llmq_gguf *g, struct cv_vocab *
     if ((kv = llmq_gguf_find_kv(g, "tokenizer.chat_template"))) {
         size_t len;
         const char *s = llmq_gguf_kv_as_str(kv, &len);
-        if (s && !(v->chat_template = dup_bytes(s, len))) {
+        if (s && !(v->chat_template = llmq_strndup_bytes(s, len))) {
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
             goto fail;
         }
@@ -848,7 +840,7 @@ static void template_flags(const json_t *post, const struct cv_vocab *v, const s
 }
 
 static enum llmq_status set_token(struct cv_vocab *v, const char *path, int64_t id, const char *s, size_t len) {
-    char *p = dup_bytes(s, len);
+    char *p = llmq_strndup_bytes(s, len);
     if (!p) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
     if (strlen(p) != len || len == 0) {
         free(p);
@@ -1007,7 +999,7 @@ static enum llmq_status hf_specials(struct cv_vocab *v, const struct tokmap *map
         ct = json_object_get(pick, "template");
     }
     if (json_is_string(ct)) {
-        if (!(v->chat_template = dup_bytes(json_string_value(ct), json_string_length(ct))))
+        if (!(v->chat_template = llmq_strndup_bytes(json_string_value(ct), json_string_length(ct))))
             return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", tc_path);
     } else if (llmq_file_exists(tmpl_path)) {
         size_t n;

@@ -909,6 +909,11 @@ static enum llmq_status check_target(const struct llmq_model *m, const struct ll
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
+    if (m->hp.moe)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "quantize: %s: quantizing the experts of a mixture of experts (%s) is not implemented yet "
+                           "(llmq convert and llmq eval run it)",
+                           m->path, llmq_arch_name(m->hp.arch));
     if (llmq_arch_info_of(m->hp.arch)->fused)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "quantize: %s: writing the fused qkv_proj / gate_up_proj (attn_qkv / ffn_up) of %s is not "

@@ -18,6 +18,7 @@
  */
 #include "calib/model/forward.h"
 
+#include "calib/model/moe.h"
 #include "common/log.h"
 #include "common/spill.h"
 #include "kernels/gemm.h"
@@ -67,6 +68,10 @@ struct llmq_forward {
     float *up;     // (max_tokens, F)
     float *out;    // (max_tokens, D) output of the attention / MLP of a block, added to x
     float *scores; // (n_threads, RB, n_pos) attention scores per worker
+
+    struct llmq_moe *moe;   // moe families: the mixture's scratch (calib/model/moe.h); else NULL
+    llmq_expert_hook ehook; // llmq_forward_set_expert_hook
+    void *euser;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -463,11 +468,16 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     // The weight scratch: the largest block weight that is not usable in place, and a chunk of
     // the output head.
     int64_t wn = 0;
-    for (int64_t il = 0; il < L; il++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *w = m->layers[il].w[k];
-            if (!direct_f32(w) && w->shape[0] * w->shape[1] > wn) wn = w->shape[0] * w->shape[1];
+    for (int64_t il = 0; il < L; il++) {
+        const struct llmq_layer *ly = &m->layers[il];
+        const int64_t n_exp = ly->exps ? 3 * hp->n_expert : 0; // moe: every expert's weights, and the router
+        for (int64_t k = 0; k < LLMQ_LIN_COUNT + n_exp + 1; k++) {
+            const struct llmq_tensor_view *w = k < LLMQ_LIN_COUNT           ? ly->w[k]
+                                               : k < LLMQ_LIN_COUNT + n_exp ? ly->exps[k - LLMQ_LIN_COUNT]
+                                                                            : ly->router;
+            if (w && !direct_f32(w) && w->shape[0] * w->shape[1] > wn) wn = w->shape[0] * w->shape[1];
         }
+    }
     if (!direct_f32(m->output)) {
         int64_t rows = wn / D > HEAD_MIN_ROWS ? wn / D : HEAD_MIN_ROWS;
         if (rows > V) rows = V;
@@ -496,6 +506,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
         goto fail;
     }
 
+    if (hp->moe) st = llmq_moe_init(hp, T, &f->moe);
     for (int64_t il = 0; il < L && !st; il++) st = load_layer(f, (int)il);
     if (!st) st = llmq_model_weight_f32(m->output_norm, f->norms + 2 * L * D, 1);
     if (st) goto fail;
@@ -533,8 +544,20 @@ void llmq_forward_free(struct llmq_forward *f) {
     llmq_big_free(f->up);
     llmq_big_free(f->out);
     free(f->scores);
+    llmq_moe_free(f->moe);
     free(f);
 }
+
+void llmq_forward_set_expert_hook(struct llmq_forward *f, llmq_expert_hook hook, void *user) {
+    f->ehook = hook;
+    f->euser = user;
+}
+
+void llmq_forward_set_moe_calib_all(struct llmq_forward *f, bool all) {
+    if (f->moe) llmq_moe_set_calib_all(f->moe, all);
+}
+
+const int64_t *llmq_forward_moe_counts(const struct llmq_forward *f) { return f->moe ? llmq_moe_counts(f->moe) : NULL; }
 
 enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emulate e) {
     if ((unsigned)e >= LLMQ_EMULATE_COUNT)
@@ -542,6 +565,7 @@ enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emul
     const struct llmq_hparams *hp = &f->m->hp;
     int64_t c = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
     if (hp->n_head * hp->head_dim > c) c = hp->n_head * hp->head_dim;
+    if (hp->n_ff_exp > c) c = hp->n_ff_exp;
     if (e && !f->xq && !(f->xq = llmq_big_alloc((size_t)(f->max_tokens * c) * sizeof(float), "emulated activations")))
         return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld emulated activations of %s",
                            (long long)(f->max_tokens * c), f->m->path);
@@ -689,10 +713,26 @@ static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn,
     return LLMQ_OK;
 }
 
-// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) for xn (n, D).
+// The mixture's linear (calib/model/moe.h llmq_moe_linear_fn): this pass's linear.
+static enum llmq_status moe_linear(void *ctx, const struct llmq_tensor_view *w, const float *X, int64_t n, float *Y) {
+    return linear(ctx, w, X, n, Y, 0.0f);
+}
+
+// The expert hook with OpenBLAS's threads back, as call_hook.
+static void moe_hook(void *ctx, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                     int64_t n_in) {
+    struct llmq_forward *f = ctx;
+    blas_restore(f);
+    f->ehook(f->euser, layer, expert, which, in, n, n_in);
+    blas_serial(f);
+}
+
+// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) for xn (n, D); moe: the mixture (calib/model/moe.h).
 static enum llmq_status mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out,
                             llmq_linear_hook hook, void *user) {
     const struct llmq_layer *ly = &f->m->layers[layer];
+    if (ly->router)
+        return llmq_moe_ffn(f->moe, &f->m->hp, ly, layer, xn, n, out, moe_linear, f, f->ehook ? moe_hook : NULL, f);
     const int64_t F = f->m->hp.n_ff;
     enum llmq_status st;
     if ((st = linear(f, ly->w[LLMQ_LIN_GATE], xn, n, f->gate, 0.0f))) return st;

@@ -55,6 +55,7 @@
 
 #include "calib/model/actq.h"
 #include "calib/model/model.h"
+#include "calib/model/moe.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 
@@ -105,6 +106,16 @@ typedef void (*llmq_linear_hook)(void *user, int layer, enum llmq_linear which, 
 // Runs decoder block `layer` in place on x (n_seq * seqlen, D). hook may be NULL.
 enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
                                     llmq_linear_hook hook, void *user);
+
+// ---- Mixture of experts (mixtral, qwen3_moe: calib/model/moe.h) --------------------------------------
+// A moe block's MLP is the mixture: llmq_linear_hook sees LLMQ_LIN_GATE (the input of the router and every
+// expert) but no LLMQ_LIN_DOWN; the experts' inputs go to the expert hook set here (NULL: none), called from
+// the calling thread with OpenBLAS's thread count restored, as the linear hook.
+void llmq_forward_set_expert_hook(struct llmq_forward *f, llmq_expert_hook hook, void *user);
+// Every expert over every token for the expert hook (llmq_moe_set_calib_all); no-op for a dense model.
+void llmq_forward_set_moe_calib_all(struct llmq_forward *f, bool all);
+// (E) tokens routed to each expert in the last moe block run; NULL for a dense model. Owned by f.
+const int64_t *llmq_forward_moe_counts(const struct llmq_forward *f);
 
 // ---- Sub-block API (AWQ's scale search runs the attention and the MLP on their own) ------------
 // The same code paths as llmq_forward_block, which computes

@@ -510,6 +510,61 @@ static enum llmq_status bind_fused(struct llmq_model *m, bool hf, int il) {
     return LLMQ_OK;
 }
 
+// moe: the router and every expert's gate / up / down of layer il (calib/model/model.h "Mixture of experts").
+static enum llmq_status bind_experts(struct llmq_model *m, bool hf, int il) {
+    const struct llmq_hparams *hp = &m->hp;
+    const int64_t D = hp->n_embd, E = hp->n_expert, Fe = hp->n_ff_exp;
+    const int64_t shape[3][2] = {{Fe, D}, {Fe, D}, {D, Fe}};
+    const char *what[3] = {"n_ff_exp, n_embd", "n_ff_exp, n_embd", "n_embd, n_ff_exp"};
+    const struct llmq_tensor_view **p = m->exp_ptrs + (size_t)il * (size_t)E * 3;
+    struct llmq_layer *L = &m->layers[il];
+    char name[160];
+    enum llmq_status st;
+    if ((st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_FFN_GATE_INP, il, hf, name, sizeof name), true, 2,
+                         E, D, "n_expert, n_embd", &L->router)))
+        return st;
+    L->exps = p;
+    for (int k = 0; k < 3; k++) {
+        enum llmq_tensor_role role = LLMQ_T_FFN_GATE_EXPS + k;
+        if (hf) {
+            for (int64_t x = 0; x < E; x++)
+                if ((st = get_tensor(m, llmq_tensor_expert_hf_name(hp->arch, role, il, x, name, sizeof name), true, 2,
+                                     shape[k][0], shape[k][1], what[k], &p[3 * x + k])))
+                    return st;
+            continue;
+        }
+        const struct llmq_tensor_view *t = find_tensor(m, llmq_tensor_full_name(hp->arch, role, il, false, name,
+                                                                                 sizeof name));
+        size_t row_bytes = 0;
+        if (!t) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", src_name(m), name);
+        if (t->n_dims != 3 || t->shape[0] != E || t->shape[1] != shape[k][0] || t->shape[2] != shape[k][1]) {
+            char got[96];
+            llmq_tensor_shape_str(t, got, sizeof got);
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld, %lld, %lld] (n_expert, %s)",
+                               src_name(m), name, got, (long long)E, (long long)shape[k][0], (long long)shape[k][1],
+                               what[k]);
+        }
+        const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->dtype);
+        if (!tr || !tr->can_dequant || !llmq_dtype_nbytes(t->dtype, shape[k][1], &row_bytes))
+            return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s, which llmq cannot convert to f32",
+                               src_name(m), name, llmq_dtype_name(t->dtype));
+        for (int64_t x = 0; x < E; x++) {
+            struct llmq_tensor_view *v = &m->exp_slices[((size_t)il * (size_t)E + (size_t)x) * 3 + (size_t)k];
+            size_t off = (size_t)x * (size_t)shape[k][0] * row_bytes;
+            *v = *t;
+            v->n_dims = 2;
+            v->shape[0] = shape[k][0];
+            v->shape[1] = shape[k][1];
+            v->shape[2] = 1;
+            v->data = (const uint8_t *)t->data + off;
+            v->nbytes = (size_t)shape[k][0] * row_bytes;
+            v->file_offset = t->file_offset + off;
+            p[3 * x + k] = v;
+        }
+    }
+    return LLMQ_OK;
+}
+
 // Finds and checks every weight under its name in the source format (hf: HF spelling, else GGUF).
 static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
     const struct llmq_hparams *hp = &m->hp;
@@ -528,6 +583,13 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
                            "supported yet",
                            src_name(m), llmq_arch_name(hp->arch));
     if (fused && !(m->slices = calloc((size_t)hp->n_layer * LLMQ_LIN_COUNT, sizeof *m->slices)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
+    if (hp->moe && m->quant)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: a quantized %s directory (per-expert packed linears) is not "
+                           "supported yet", src_name(m), llmq_arch_name(hp->arch));
+    const size_t n_exp = hp->moe ? (size_t)hp->n_layer * (size_t)hp->n_expert * 3 : 0;
+    if (hp->moe && (!(m->exp_ptrs = calloc(n_exp, sizeof *m->exp_ptrs)) ||
+                    (!hf && !(m->exp_slices = calloc(n_exp, sizeof *m->exp_slices)))))
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
     if ((st = get_tensor(m, NAME(LLMQ_T_TOK_EMBD, 0), true, 2, V, D, "n_vocab, n_embd", &m->tok_embd))) return st;
     if ((st = get_norm(m, hf, LLMQ_T_OUTPUT_NORM, 0, D, "n_embd", &m->output_norm))) return st;
@@ -556,8 +618,10 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
                           (st = get_norm(m, hf, LLMQ_T_FFN_POST_NORM, il, D, "n_embd", &L->ffn_post_norm))))
             return st;
         if (fused && (st = bind_fused(m, hf, il))) return st;
+        if (hp->moe && (st = bind_experts(m, hf, il))) return st;
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
             if (fused && k != LLMQ_LIN_O && k != LLMQ_LIN_DOWN) continue; // bound by bind_fused
+            if (hp->moe && k >= LLMQ_LIN_GATE) continue;                  // experts: bound by bind_experts
             NAME(LLMQ_T_LINEAR_0 + k, il);
             if (m->quant && !find_tensor(m, name)) { // an AWQ / GPTQ linear: dequantize it now
                 if ((st = dequant_linear(m, il, k, wshape[k][0], wshape[k][1], &L->w[k]))) return st;
@@ -699,6 +763,8 @@ void llmq_model_free(struct llmq_model *m) {
     for (int64_t i = 0; i < m->n_shifted; i++) free((void *)m->shifted[i].data);
     free(m->shifted);
     free(m->slices);
+    free(m->exp_slices);
+    free(m->exp_ptrs);
     free(m->layers);
     llmq_gguf_free((struct llmq_gguf *)m->gguf);
     llmq_st_free((struct llmq_st_model *)m->st);

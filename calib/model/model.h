@@ -1,5 +1,6 @@
 /*
- * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3) opened from a
+ * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral,
+ * qwen3_moe) opened from a
  * GGUF file or a Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
  *
  * What it is: the loader that reads the architecture description (GGUF `<arch>.*` metadata, or
@@ -35,6 +36,13 @@
  *   "Gemma"): a GGUF stores them so; for an HF directory the loader makes owned F32 copies of 1 + w
  *   (m->shifted; (D) or (Dh) floats per norm, computed in f32), and the HF writers store them minus 1. rope_type: NORM
  * for a GGUF llama / mistral (llama.cpp permutes q/k rows so adjacent pairs rotate), NEOX otherwise.
+ *
+ * ---- Mixture of experts (mixtral, qwen3_moe: formats/llama/arch.h "Mixture of experts") -------------
+ *   layers[l].router is the (E, D) router; layers[l].exps[3 * x + {0, 1, 2}] are expert x's gate, up and down
+ *   as 2-D views: in a GGUF, row ranges of the stacked (E, Fe, D) / (E, D, Fe) tensors (m->exp_slices, no copy);
+ *   in an HF directory, the per-expert tensors. w[GATE], w[UP], w[DOWN] are NULL. Nothing is converted on load:
+ *   the forward pass converts one expert's weight at a time, only for experts some token is routed to.
+ *   AWQ / GPTQ directories of these families are refused (their per-expert packed linears are not read yet).
  *
  * ---- Quantized HF directories (the outputs of `llmq quantize`, AutoAWQ, AutoGPTQ, GPTQModel) ---
  *   config.json "quantization_config" decides (absent or null: a plain model, which includes
@@ -89,6 +97,9 @@ struct llmq_layer {
     const struct llmq_tensor_view *bq, *bk, *bv;         // (H*Dh), (Hkv*Dh); NULL unless qwen2
     const struct llmq_tensor_view *q_norm, *k_norm;      // (Dh) per-head RMSNorm weights; NULL unless qwen3 / gemma3
     const struct llmq_tensor_view *attn_post_norm, *ffn_post_norm; // (D) gemma: after attention / the MLP; else NULL
+    // moe families (w[GATE], w[UP], w[DOWN] are NULL there): see "Mixture of experts"
+    const struct llmq_tensor_view *router;      // (E, D) ffn_gate_inp; NULL unless moe
+    const struct llmq_tensor_view *const *exps; // (E, 3) expert x's gate (Fe, D), up (Fe, D), down (D, Fe); or NULL
 };
 
 struct llmq_model {
@@ -108,6 +119,8 @@ struct llmq_model {
     struct llmq_tensor_view *shifted;          // (n_shifted) owned F32 views of 1 + w: an HF gemma model's norms
     int64_t n_shifted;
     struct llmq_tensor_view *slices; // (n_layer, LLMQ_LIN_COUNT) phi3: row ranges of the fused tensors (data not owned)
+    struct llmq_tensor_view *exp_slices;      // (n_layer, E, 3) GGUF moe: each expert's part of a stacked tensor
+    const struct llmq_tensor_view **exp_ptrs; // (n_layer, E, 3) what layers[l].exps point into
 };
 
 // What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.

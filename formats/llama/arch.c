@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-// {gguf, hf, hf_gemma, per_block, linear, qk_rows, gemma_only, norm}
+// {gguf, hf, hf_gemma, per_block, linear, qk_rows, gemma_only, norm, moe_only}
 static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
     [LLMQ_T_TOK_EMBD] = {"token_embd.weight", "model.embed_tokens.weight", NULL, false, -1, false, false, false},
     [LLMQ_T_OUTPUT_NORM] = {"output_norm.weight", "model.norm.weight", NULL, false, -1, false, false, true},
@@ -32,6 +32,25 @@ static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
                                true, true},
     [LLMQ_T_FFN_POST_NORM] = {"post_ffw_norm.weight", "post_feedforward_layernorm.weight", NULL, true, -1, false, true,
                               true},
+    // moe: the HF names are the family's (moe_hf below); the experts have one HF tensor per expert
+    [LLMQ_T_FFN_GATE_INP] = {"ffn_gate_inp.weight", "mlp.gate.weight", NULL, true, -1, false, false, false, true},
+    [LLMQ_T_FFN_GATE_EXPS] = {"ffn_gate_exps.weight", NULL, NULL, true, LLMQ_LIN_GATE, false, false, false, true},
+    [LLMQ_T_FFN_UP_EXPS] = {"ffn_up_exps.weight", NULL, NULL, true, LLMQ_LIN_UP, false, false, false, true},
+    [LLMQ_T_FFN_DOWN_EXPS] = {"ffn_down_exps.weight", NULL, NULL, true, LLMQ_LIN_DOWN, false, false, false, true},
+};
+
+// The moe families' HF names in a block: the router, and each expert's gate, up, down around its index.
+static const struct {
+    const char *router;
+    const char *exp_prefix;  // before the expert index
+    const char *exp_lin[3];  // after it: gate, up, down
+} moe_hf[LLMQ_ARCH_COUNT] = {
+    [LLMQ_ARCH_MIXTRAL] = {"block_sparse_moe.gate.weight",
+                           "block_sparse_moe.experts.",
+                           {".w1.weight", ".w3.weight", ".w2.weight"}},
+    [LLMQ_ARCH_QWEN3_MOE] = {"mlp.gate.weight",
+                             "mlp.experts.",
+                             {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}},
 };
 
 // The linears' stems: the table's weight names without ".weight", and the short names.
@@ -54,10 +73,17 @@ static bool arch_gemma(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT 
 
 static bool arch_fused(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT && llmq_arch_info_of(a)->fused; }
 
+static bool arch_moe(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT && llmq_arch_info_of(a)->moe; }
+
 // The name of table row i in family a (NULL: not a tensor of a).
 static const char *row_name(enum llmq_arch a, int i, bool hf) {
     const struct llmq_tensor_name *t = &table[i];
     if (t->gemma_only && !arch_gemma(a)) return NULL;
+    if (t->moe_only != arch_moe(a) &&
+        (t->moe_only || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP ||
+         i == LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN))
+        return NULL; // the router and experts are the moe families' only, the dense MLP theirs not
+    if (t->moe_only && hf) return i == LLMQ_T_FFN_GATE_INP ? moe_hf[a].router : NULL;
     if (arch_fused(a)) { // phi3: q holds q, k, v; up holds gate, up (formats/llama/arch.h "Phi-3")
         if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_Q) return hf ? "self_attn.qkv_proj.weight" : "attn_qkv.weight";
         if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP) return hf ? "mlp.gate_up_proj.weight" : "ffn_up.weight";
@@ -79,7 +105,7 @@ char *llmq_tensor_full_name(enum llmq_arch a, enum llmq_tensor_role role, int64_
                             size_t size) {
     const struct llmq_tensor_name *t = llmq_tensor_name_of(role);
     const char *n = row_name(a, role, hf);
-    if (!n) n = hf ? t->hf : t->gguf;
+    if (!n) n = hf && t->hf ? t->hf : t->gguf;
     if (t->per_block)
         snprintf(buf, size, "%s%lld.%s", hf ? HF_BLOCK : GGUF_BLOCK, (long long)layer, n);
     else
@@ -87,15 +113,24 @@ char *llmq_tensor_full_name(enum llmq_arch a, enum llmq_tensor_role role, int64_
     return buf;
 }
 
+// Reads the decimal index at *p (no leading zeros, at most 6 digits) below limit; NULL when there is none.
+static const char *read_index(const char *p, int64_t limit, int64_t *out) {
+    const char *end;
+    long long v = 0;
+    for (end = p; *end >= '0' && *end <= '9' && end - p < 6; end++) v = v * 10 + (*end - '0');
+    if (end == p || (end - p > 1 && *p == '0') || v >= limit) return NULL;
+    *out = v;
+    return end;
+}
+
 int llmq_tensor_role_of(enum llmq_arch a, const char *name, bool hf, int64_t n_layer, int64_t *layer) {
     const char *prefix = hf ? HF_BLOCK : GGUF_BLOCK;
     size_t plen = strlen(prefix);
     *layer = -1;
     if (strncmp(name, prefix, plen) == 0) {
-        const char *p = name + plen, *end;
-        long long l = 0;
-        for (end = p; *end >= '0' && *end <= '9' && end - p < 6; end++) l = l * 10 + (*end - '0');
-        if (end == p || *end != '.' || (end - p > 1 && *p == '0') || l >= n_layer) return -1;
+        int64_t l = 0;
+        const char *end = read_index(name + plen, n_layer, &l);
+        if (!end || *end != '.') return -1;
         for (int i = 0; i < LLMQ_T_COUNT; i++) {
             const char *n = row_name(a, i, hf);
             if (!table[i].per_block || !n || strcmp(end + 1, n) != 0) continue;
@@ -108,6 +143,33 @@ int llmq_tensor_role_of(enum llmq_arch a, const char *name, bool hf, int64_t n_l
         const char *n = row_name(a, i, hf);
         if (!table[i].per_block && n && strcmp(name, n) == 0) return i;
     }
+    return -1;
+}
+
+char *llmq_tensor_expert_hf_name(enum llmq_arch a, enum llmq_tensor_role role, int64_t layer, int64_t expert, char *buf,
+                                 size_t size) {
+    LLMQ_ASSERT(arch_moe(a) && role >= LLMQ_T_FFN_GATE_EXPS && role <= LLMQ_T_FFN_DOWN_EXPS);
+    snprintf(buf, size, "%s%lld.%s%lld%s", HF_BLOCK, (long long)layer, moe_hf[a].exp_prefix, (long long)expert,
+             moe_hf[a].exp_lin[role - LLMQ_T_FFN_GATE_EXPS]);
+    return buf;
+}
+
+int llmq_tensor_expert_role_of(enum llmq_arch a, const char *name, int64_t n_layer, int64_t n_expert, int64_t *layer,
+                               int64_t *expert) {
+    size_t plen = strlen(HF_BLOCK);
+    *layer = *expert = -1;
+    if (!arch_moe(a) || strncmp(name, HF_BLOCK, plen) != 0) return -1;
+    int64_t l, e;
+    const char *p = read_index(name + plen, n_layer, &l);
+    size_t xlen = strlen(moe_hf[a].exp_prefix);
+    if (!p || *p != '.' || strncmp(p + 1, moe_hf[a].exp_prefix, xlen) != 0) return -1;
+    if (!(p = read_index(p + 1 + xlen, n_expert, &e))) return -1;
+    for (int k = 0; k < 3; k++)
+        if (strcmp(p, moe_hf[a].exp_lin[k]) == 0) {
+            *layer = l;
+            *expert = e;
+            return LLMQ_T_FFN_GATE_EXPS + k;
+        }
     return -1;
 }
 
@@ -131,7 +193,8 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 }
 const char *llmq_linear_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_short[l] : "?"; }
 
-// {name, hf_model_type, hf_class, gguf_name, qk_permuted, qkv_bias, qk_norm, gemma, always_tied, swa_pattern, fused}
+// {name, hf_model_type, hf_class, gguf_name, qk_permuted, qkv_bias, qk_norm, gemma, always_tied, swa_pattern, fused,
+//  moe}
 static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
     [LLMQ_ARCH_LLAMA] = {"llama", "llama", "LlamaForCausalLM", "llama", true, false, false, false, false, 0},
     [LLMQ_ARCH_MISTRAL] = {"mistral", "mistral", "MistralForCausalLM", "llama", true, false, false, false, false, 0},
@@ -140,6 +203,10 @@ static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
     [LLMQ_ARCH_GEMMA2] = {"gemma2", "gemma2", "Gemma2ForCausalLM", "gemma2", false, false, false, true, true, 2},
     [LLMQ_ARCH_GEMMA3] = {"gemma3", "gemma3_text", "Gemma3ForCausalLM", "gemma3", false, false, true, true, false, 6},
     [LLMQ_ARCH_PHI3] = {"phi3", "phi3", "Phi3ForCausalLM", "phi3", false, false, false, false, false, 0, true},
+    [LLMQ_ARCH_MIXTRAL] = {"mixtral", "mixtral", "MixtralForCausalLM", "llama", true, false, false, false, false, 0,
+                           false, true},
+    [LLMQ_ARCH_QWEN3_MOE] = {"qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", false, false, true, false,
+                             false, 0, false, true},
 };
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a) {
@@ -156,6 +223,9 @@ int llmq_arch_find(const char *s, enum llmq_arch_key key) {
                                                        : archs[a].name;
         if (strcmp(s, n) == 0) return a;
     }
+    if (key == LLMQ_ARCH_KEY_GGUF) // a GGUF name that is not llmq's name of a family ("qwen3moe")
+        for (int a = 0; a < LLMQ_ARCH_COUNT; a++)
+            if (strcmp(s, archs[a].gguf_name) == 0) return a;
     return -1;
 }
 

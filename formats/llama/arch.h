@@ -1,6 +1,6 @@
 /*
  * formats/llama/arch.h — the one description of the LLaMA-family architectures llmq reads and writes
- * (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3): the architecture enum, the hyper-parameters, the tensor-name
+ * (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe): the architecture enum, the hyper-parameters, the tensor-name
  * table (llmq role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k rows permuted and the row
  * map of that permutation, the llama3 RoPE frequency factors, and the Gemma block's rules.
  *
@@ -46,6 +46,28 @@
  *   RoPE NEOX in both formats, no permutation. rope_scaling "longrope" / "su" (short / long factors) is refused,
  *   as is partial_rotary_factor != 1. The sliding window (HF sliding_window, every layer) is honoured for an HF
  *   model; a GGUF has none (llama.cpp's phi3 disables it). Quantized output is not written yet.
+ *
+ * ---- Mixture of experts (mixtral: modeling_mixtral.py, qwen3_moe: modeling_qwen3_moe.py; llama.cpp
+ *      src/models/llama.cpp, qwen3moe.cpp, llama-graph.cpp build_moe_ffn; convert_hf_to_gguf.py LlamaModel,
+ *      Qwen2MoeModel) --------------------------------------------------------------------------------------
+ *   GGUF name                  HF name (mixtral | qwen3_moe)                                 shape
+ *   blk.N.ffn_gate_inp.weight  model.layers.N.block_sparse_moe.gate.weight | mlp.gate.weight  (E, D) router
+ *   blk.N.ffn_gate_exps.weight model.layers.N.block_sparse_moe.experts.X.w1.weight |          (E, Fe, D)
+ *                              mlp.experts.X.gate_proj.weight                      (HF: (Fe, D) per expert X)
+ *   blk.N.ffn_up_exps.weight   ...experts.X.w3.weight | ...experts.X.up_proj.weight           (E, Fe, D)
+ *   blk.N.ffn_down_exps.weight ...experts.X.w2.weight | ...experts.X.down_proj.weight         (E, D, Fe)
+ *   GGUF stacks the E experts of a tensor along the outermost dim (expert X = rows [X*Fe, (X+1)*Fe) of the
+ *   (E*Fe, D) view), one type for all of them; the router stays f32 (convert_hf_to_gguf.py, llama-quant.cpp).
+ *   The dense ffn_gate / ffn_up / ffn_down are not tensors of these families. Per token t (n2 = the normed
+ *   input of the MLP): p = softmax(router · n2) over E (f32), the K largest p_e (ties: the lower expert index),
+ *   w = p / sum of those K when norm_topk_prob (mixtral: always; llama.cpp: always, so a qwen3_moe with
+ *   norm_topk_prob false has no GGUF form), and out = sum over the K experts of w_e * Wdown_e · (SiLU(Wgate_e ·
+ *   n2) * (Wup_e · n2)). mixtral is GGUF "llama" with expert_count > 0 (q/k rows permuted as llama); qwen3_moe
+ *   is GGUF "qwen3moe" (qwen3's q/k norms, NEOX). Keys: E expert_count / num_local_experts (mixtral; qwen3_moe written so by transformers 5) |
+ *   num_experts; K expert_used_count / num_experts_per_tok; Fe expert_feed_forward_length (qwen3moe; mixtral:
+ *   feed_forward_length) / intermediate_size (mixtral) | moe_intermediate_size; norm_topk_prob (qwen3_moe,
+ *   default false as Qwen3MoeConfig; true when read from a GGUF). qwen3_moe's decoder_sparse_step other than 1
+ *   and a non-empty mlp_only_layers (dense blocks) are refused, as is Qwen2-MoE's shared expert (not modelled).
  *
  * ---- Gemma (gemma2, gemma3: modeling_gemma2.py / modeling_gemma3.py, llama.cpp src/models/gemma2.cpp,
  *      gemma3.cpp, conversion/gemma.py) ---------------------------------------------------------
@@ -109,7 +131,8 @@
  *   hidden_act "gelu_pytorch_tanh"), mlp_bias must be false, use_bidirectional_attention not true. null counts
  *   as absent in config.json. Keys as llama.cpp's gguf-py (gguf/constants.py Keys.LLM / Keys.Attention /
  *   Keys.Rope) and transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config (defaults) state them.
- *   Checks (llmq_hparams_check, run by both readers): every dim in [1, 2^24], n_layer <= 4096, n_head a
+ *   Checks (llmq_hparams_check, run by both readers): every dim in [1, 2^24], n_layer <= 4096, moe: 1 <= K <= E
+ *   <= 4096 and Fe in [1, 2^24], n_head a
  *   multiple of n_head_kv, head_dim even, n_head * head_dim <= 2^24, rms_eps and rope_theta finite and
  *   positive, scaling factors positive, llama3 low_freq_factor < high_freq_factor and
  *   original_max_position_embeddings >= 1; integer keys outside [0, 2^40] are refused while reading.
@@ -134,9 +157,12 @@ enum llmq_arch {
     LLMQ_ARCH_GEMMA2,
     LLMQ_ARCH_GEMMA3,
     LLMQ_ARCH_PHI3,
+    LLMQ_ARCH_MIXTRAL,
+    LLMQ_ARCH_QWEN3_MOE,
     LLMQ_ARCH_COUNT
 };
-#define LLMQ_ARCH_NAMES "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3" // the families, for messages
+#define LLMQ_ARCH_NAMES                                                                                                \
+    "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe" // the families, for messages
 
 // One row per family.
 struct llmq_arch_info {
@@ -152,6 +178,7 @@ struct llmq_arch_info {
     bool always_tied;          // the GGUF head is always token_embd (llama.cpp's gemma2 ignores output.weight)
     int swa_pattern;           // default period of the sliding-window layers (see "Gemma"); 0: no sliding window
     bool fused;                // q/k/v and gate/up stored as one tensor each (see "Phi-3")
+    bool moe;                  // every block's MLP is a mixture of experts (see "Mixture of experts")
 };
 
 // How RoPE pairs the dimensions of one head of Dh values.
@@ -190,7 +217,14 @@ struct llmq_hparams {
     int64_t sliding_window;      // keys visible to a query on a sliding layer (0: no sliding window)
     int64_t swa_pattern;         // see "Gemma"
     float rope_theta_swa;        // RoPE base of the sliding layers (gemma2: rope_theta)
+    // mixtral / qwen3_moe only (0 / false elsewhere; see "Mixture of experts"):
+    bool moe;               // the family's
+    int64_t n_expert;       // experts per block (E)
+    int64_t n_expert_used;  // experts per token (K), 1 <= K <= E
+    int64_t n_ff_exp;       // one expert's intermediate width (Fe); mixtral: n_ff
+    bool norm_topk_prob;    // the K routing weights renormalised to sum 1 (mixtral: always)
 };
+#define LLMQ_HPARAMS_MAX_EXPERTS 4096
 
 #define LLMQ_HPARAMS_MAX_DIM (1LL << 24) // any single dimension
 #define LLMQ_HPARAMS_MAX_LAYERS 4096
@@ -223,6 +257,10 @@ enum llmq_tensor_role {
     LLMQ_T_ATTN_K_NORM,
     LLMQ_T_ATTN_POST_NORM, // (D) gemma families: after attention
     LLMQ_T_FFN_POST_NORM,  // (D) after the MLP
+    LLMQ_T_FFN_GATE_INP,   // (E, D) moe families: the router (kept in f32)
+    LLMQ_T_FFN_GATE_EXPS,  // (E, Fe, D) moe: every expert's gate, stacked in GGUF (HF: one tensor per expert)
+    LLMQ_T_FFN_UP_EXPS,    // (E, Fe, D)
+    LLMQ_T_FFN_DOWN_EXPS,  // (E, D, Fe)
     LLMQ_T_COUNT
 };
 
@@ -239,6 +277,7 @@ struct llmq_tensor_name {
     bool qk_rows;         // rows follow the q/k head layout (q, k weights and biases): see "Q/K row permutation"
     bool gemma_only;      // a tensor of the gemma families only (their post norms)
     bool norm;            // a norm weight: 1 + w in GGUF and w in HF for the gemma families
+    bool moe_only;        // a tensor of the moe families only (router, experts); their dense MLP rows are absent
 };
 
 // The table row of a role (never NULL for role < LLMQ_T_COUNT).
@@ -256,6 +295,15 @@ char *llmq_tensor_full_name(enum llmq_arch a, enum llmq_tensor_role role, int64_
 // tensors); -1 when the name is not in the table (or not of family a) or its block index is malformed or
 // >= n_layer.
 int llmq_tensor_role_of(enum llmq_arch a, const char *name, bool hf, int64_t n_layer, int64_t *layer);
+
+// The moe families' expert tensors: the HF name of expert `expert`'s slice of role (LLMQ_T_FFN_{GATE,UP,DOWN}_EXPS)
+// in block `layer` ("model.layers.N.mlp.experts.E.gate_proj.weight"), into buf. Returns buf.
+char *llmq_tensor_expert_hf_name(enum llmq_arch a, enum llmq_tensor_role role, int64_t layer, int64_t expert, char *buf,
+                                 size_t size);
+// The expert tensor role and block of an HF per-expert name of family a, with *expert its expert (< n_expert);
+// -1 when name is not one (or its indices are malformed or out of range).
+int llmq_tensor_expert_role_of(enum llmq_arch a, const char *name, int64_t n_layer, int64_t n_expert, int64_t *layer,
+                               int64_t *expert);
 
 // True when role's weights are stored as w in HF and as 1 + w in GGUF for family a (gemma norms).
 bool llmq_tensor_norm_shifted(enum llmq_arch a, enum llmq_tensor_role role);

@@ -22,6 +22,7 @@ static void set_arch(struct llmq_hparams *hp, enum llmq_arch a, bool gguf) {
     hp->qkv_bias = ai->qkv_bias;
     hp->qk_norm = ai->qk_norm;
     hp->gemma = ai->gemma;
+    hp->moe = ai->moe;
     hp->swa_pattern = ai->swa_pattern;
     hp->rope_type = gguf && ai->qk_permuted ? LLMQ_ROPE_NORM : LLMQ_ROPE_NEOX;
 }
@@ -70,6 +71,13 @@ static enum llmq_status check(const struct llmq_hparams *hp, const char *file, b
             return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: sliding window %lld / pattern %lld out of range", file,
                                (long long)hp->sliding_window, (long long)hp->swa_pattern);
     }
+    if (hp->moe && (hp->n_expert < 1 || hp->n_expert > LLMQ_HPARAMS_MAX_EXPERTS || hp->n_expert_used < 1 ||
+                    hp->n_expert_used > hp->n_expert || hp->n_ff_exp < 1 || hp->n_ff_exp > LLMQ_HPARAMS_MAX_DIM))
+        return llmq_errorf(LLMQ_ERR_CORRUPT,
+                           "%s: %lld experts, %lld per token, expert width %lld: need 1 <= per token <= experts <= %d "
+                           "and a width in [1, %lld]",
+                           file, (long long)hp->n_expert, (long long)hp->n_expert_used, (long long)hp->n_ff_exp,
+                           LLMQ_HPARAMS_MAX_EXPERTS, (long long)LLMQ_HPARAMS_MAX_DIM);
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) {
         float factor = hp->rope_scaling.factor, lo = hp->rope_scaling.low_freq_factor;
         float hi = hp->rope_scaling.high_freq_factor;
@@ -156,6 +164,9 @@ enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "%s: general.architecture \"%s\" is not supported (" LLMQ_ARCH_NAMES ")", path, arch);
     set_arch(hp, a, true);
+    int64_t n_exp = 0;
+    if ((st = gguf_int(g, arch, "expert_count", false, 0, &n_exp))) return st;
+    if (a == LLMQ_ARCH_LLAMA && n_exp > 0) set_arch(hp, LLMQ_ARCH_MIXTRAL, true); // convert_hf_to_gguf.py: "llama"
     if ((st = gguf_int(g, arch, "embedding_length", true, 0, &hp->n_embd)) ||
         (st = gguf_int(g, arch, "feed_forward_length", true, 0, &hp->n_ff)) ||
         (st = gguf_int(g, arch, "block_count", true, 0, &hp->n_layer)) ||
@@ -209,10 +220,24 @@ enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx
     llmq_tensor_full_name(hp->arch, LLMQ_T_BIAS_Q, 0, false, name, sizeof name);
     hp->attn_bias = !hp->qkv_bias && llmq_gguf_find_tensor(g, name) != NULL;
     if (hp->gemma && (st = gemma_from_gguf(g, arch, hp))) return st;
+    if (hp->moe) { // llama.cpp's graphs renormalise the top-k weights (build_moe_ffn norm_w) in both families
+        hp->n_expert = n_exp;
+        hp->norm_topk_prob = true;
+        if ((st = gguf_int(g, arch, "expert_used_count", true, 0, &hp->n_expert_used)) ||
+            (st = gguf_int(g, arch, "expert_feed_forward_length", false, hp->n_ff, &hp->n_ff_exp)))
+            return st;
+    }
     return check(hp, path, true);
 }
 
 enum llmq_status llmq_hparams_check_gguf(const struct llmq_hparams *hp, const char *file) {
+    if (hp->moe && !hp->norm_topk_prob)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: %s with norm_topk_prob false: llama.cpp's graph always renormalises the top-k routing "
+                           "weights, so a GGUF cannot express it",
+                           file, llmq_arch_name(hp->arch));
+    if (hp->arch == LLMQ_ARCH_MIXTRAL && hp->n_ff_exp != hp->n_ff)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: mixtral with an expert width other than n_ff", file);
     if (!hp->gemma) return LLMQ_OK;
     const bool g2 = hp->arch == LLMQ_ARCH_GEMMA2;
     if (hp->query_pre_attn_scalar != gemma_gguf_attn_scalar(hp))
@@ -276,6 +301,13 @@ enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct l
         (st = llmq_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)hp->n_head_kv)) ||
         (st = llmq_gguf_writer_set_f32(w, KEY("rope.freq_base"), hp->rope_theta)) ||
         (st = llmq_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), hp->rms_eps)))
+        return st;
+    if (hp->moe && ((st = llmq_hparams_check_gguf(hp, llmq_arch_name(hp->arch))) ||
+                    (st = llmq_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)hp->n_expert)) ||
+                    (st = llmq_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)hp->n_expert_used))))
+        return st;
+    if (hp->arch == LLMQ_ARCH_QWEN3_MOE &&
+        (st = llmq_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)hp->n_ff_exp)))
         return st;
     if (hp->head_dim != hp->n_embd / hp->n_head &&
         ((st = llmq_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hp->head_dim)) ||
@@ -452,6 +484,32 @@ static enum llmq_status cfg_phi3(const struct cfg *c, struct llmq_hparams *hp) {
     return cfg_int(c, "sliding_window", false, 0, &hp->sliding_window);
 }
 
+// The moe keys of config.json (defaults as transformers' MixtralConfig / Qwen3MoeConfig); see "Mixture of experts".
+static enum llmq_status cfg_moe(const struct cfg *c, struct llmq_hparams *hp) {
+    const bool mix = hp->arch == LLMQ_ARCH_MIXTRAL;
+    int64_t step = 1;
+    enum llmq_status st;
+    hp->n_ff_exp = hp->n_ff;
+    hp->norm_topk_prob = mix;
+    // Qwen3MoeConfig reads num_experts; transformers 5 writes it as num_local_experts
+    const char *n_key = mix || !cfg_get(c, "num_experts") ? "num_local_experts" : "num_experts";
+    if ((st = cfg_int(c, n_key, false, mix ? 8 : 128, &hp->n_expert)) ||
+        (st = cfg_int(c, "num_experts_per_tok", false, mix ? 2 : 8, &hp->n_expert_used)) ||
+        (!mix && (st = cfg_int(c, "moe_intermediate_size", false, 768, &hp->n_ff_exp))) ||
+        (!mix && (st = cfg_bool(c, "norm_topk_prob", &hp->norm_topk_prob))) ||
+        (!mix && (st = cfg_int(c, "decoder_sparse_step", false, 1, &step))))
+        return st;
+    const json_t *dense = cfg_get(c, "mlp_only_layers");
+    if (step != 1 || (dense && (!json_is_array(dense) || json_array_size(dense) > 0)))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: decoder_sparse_step other than 1 or mlp_only_layers (dense blocks in a mixture of "
+                           "experts) are not supported",
+                           c->file);
+    if (cfg_get(c, "shared_expert_intermediate_size"))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: a shared expert (Qwen2-MoE) is not supported", c->file);
+    return LLMQ_OK;
+}
+
 // The gemma keys of config.json (defaults as transformers' Gemma2Config / Gemma3TextConfig).
 static enum llmq_status cfg_gemma(const struct cfg *c, struct llmq_hparams *hp) {
     const bool g2 = hp->arch == LLMQ_ARCH_GEMMA2;
@@ -534,6 +592,7 @@ enum llmq_status llmq_hparams_from_hf_config(const char *file, const json_t *cfg
     if (gemma && !cfg_get(&c, "tie_word_embeddings")) hp->tied_embeddings = true; // Gemma configs' default
     if (gemma && (st = cfg_gemma(&c, hp))) return st;
     if (hp->arch == LLMQ_ARCH_PHI3 && (st = cfg_phi3(&c, hp))) return st;
+    if (hp->moe && (st = cfg_moe(&c, hp))) return st;
     if (mlp_bias) return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: mlp_bias = true is not supported", file);
     hp->attn_bias = hp->attn_bias && !hp->qkv_bias; // qwen2's q/k/v biases are the family's, o has none
     hp->n_vocab = vocab < 0 ? 0 : vocab;
@@ -567,10 +626,28 @@ static void gemma_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
     if (hp->arch == LLMQ_ARCH_GEMMA3) json_object_set_new(c, "rope_local_base_freq", json_f32(hp->rope_theta_swa));
 }
 
+// The moe keys of config.json (MixtralConfig / Qwen3MoeConfig).
+static void moe_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
+    const bool mix = hp->arch == LLMQ_ARCH_MIXTRAL;
+    json_object_set_new(c, mix ? "num_local_experts" : "num_experts", json_integer(hp->n_expert));
+    json_object_set_new(c, "num_experts_per_tok", json_integer(hp->n_expert_used));
+    json_object_set_new(c, "output_router_logits", json_false());
+    json_object_set_new(c, "router_aux_loss_coef", json_real(0.001));
+    if (mix) {
+        json_object_set_new(c, "router_jitter_noise", json_real(0.0));
+        json_object_set_new(c, "sliding_window", json_null());
+        return;
+    }
+    json_object_set_new(c, "moe_intermediate_size", json_integer(hp->n_ff_exp));
+    json_object_set_new(c, "norm_topk_prob", json_boolean(hp->norm_topk_prob));
+    json_object_set_new(c, "decoder_sparse_step", json_integer(1));
+    json_object_set_new(c, "mlp_only_layers", json_array());
+}
+
 json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,
                                   const char *torch_dtype) {
-    bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3;
-    bool llama = !qwen && !hp->gemma && hp->arch != LLMQ_ARCH_PHI3;
+    bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3 || hp->arch == LLMQ_ARCH_QWEN3_MOE;
+    bool llama = !qwen && !hp->gemma && hp->arch != LLMQ_ARCH_PHI3 && !hp->moe;
     json_t *c = json_object();
     if (!c) return NULL;
     if (hp->gemma) gemma_to_hf_config(hp, c);
@@ -614,5 +691,6 @@ json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, in
     json_object_set_new(c, "use_cache", json_true());
     if (qwen) json_object_set_new(c, "use_sliding_window", json_false());
     json_object_set_new(c, "vocab_size", json_integer(hp->n_vocab));
+    if (hp->moe) moe_to_hf_config(hp, c);
     return c;
 }

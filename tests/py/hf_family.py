@@ -8,14 +8,14 @@ import transformers
 
 
 def randomize_and_save(model, out, tok_dir, norm_center):
-    """Draws every parameter (the caller seeds torch): linears and the embedding N(0, 1/in), 1-D (norm) weights
-    norm_center + N(0, 0.3^2); saves model as safetensors into out with the tokenizer files of tok_dir."""
+    """Draws every parameter (the caller seeds torch): linears, stacked experts and the embedding N(0, 1/in), 1-D
+    (norm) weights norm_center + N(0, 0.3^2); saves model as safetensors into out with the tokenizer files of tok_dir."""
     with torch.no_grad():
         for _, p in model.named_parameters():
             if p.dim() == 1:
                 p.copy_(norm_center + 0.3 * torch.randn_like(p))
             else:
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)  # (…, out, in): N(0, 1/in)
     model.save_pretrained(out, safe_serialization=True)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(pathlib.Path(tok_dir) / f, pathlib.Path(out) / f)

@@ -520,8 +520,8 @@ static enum llmq_status bind_experts(struct llmq_model *m, bool hf, int il) {
     struct llmq_layer *L = &m->layers[il];
     char name[160];
     enum llmq_status st;
-    if ((st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_FFN_GATE_INP, il, hf, name, sizeof name), true, 2,
-                         E, D, "n_expert, n_embd", &L->router)))
+    if ((st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_FFN_GATE_INP, il, hf, name, sizeof name), true, 2, E,
+                         D, "n_expert, n_embd", &L->router)))
         return st;
     L->exps = p;
     for (int k = 0; k < 3; k++) {
@@ -533,16 +533,16 @@ static enum llmq_status bind_experts(struct llmq_model *m, bool hf, int il) {
                     return st;
             continue;
         }
-        const struct llmq_tensor_view *t = find_tensor(m, llmq_tensor_full_name(hp->arch, role, il, false, name,
-                                                                                 sizeof name));
+        const struct llmq_tensor_view *t =
+            find_tensor(m, llmq_tensor_full_name(hp->arch, role, il, false, name, sizeof name));
         size_t row_bytes = 0;
         if (!t) return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", src_name(m), name);
         if (t->n_dims != 3 || t->shape[0] != E || t->shape[1] != shape[k][0] || t->shape[2] != shape[k][1]) {
             char got[96];
             llmq_tensor_shape_str(t, got, sizeof got);
-            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, expected [%lld, %lld, %lld] (n_expert, %s)",
-                               src_name(m), name, got, (long long)E, (long long)shape[k][0], (long long)shape[k][1],
-                               what[k]);
+            return llmq_errorf(LLMQ_ERR_CORRUPT,
+                               "%s: tensor %s has shape %s, expected [%lld, %lld, %lld] (n_expert, %s)", src_name(m),
+                               name, got, (long long)E, (long long)shape[k][0], (long long)shape[k][1], what[k]);
         }
         const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->dtype);
         if (!tr || !tr->can_dequant || !llmq_dtype_nbytes(t->dtype, shape[k][1], &row_bytes))
@@ -585,8 +585,10 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
     if (fused && !(m->slices = calloc((size_t)hp->n_layer * LLMQ_LIN_COUNT, sizeof *m->slices)))
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
     if (hp->moe && m->quant)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: a quantized %s directory (per-expert packed linears) is not "
-                           "supported yet", src_name(m), llmq_arch_name(hp->arch));
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: a quantized %s directory (per-expert packed linears) is not "
+                           "supported yet",
+                           src_name(m), llmq_arch_name(hp->arch));
     const size_t n_exp = hp->moe ? (size_t)hp->n_layer * (size_t)hp->n_expert * 3 : 0;
     if (hp->moe && (!(m->exp_ptrs = calloc(n_exp, sizeof *m->exp_ptrs)) ||
                     (!hf && !(m->exp_slices = calloc(n_exp, sizeof *m->exp_slices)))))

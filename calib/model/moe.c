@@ -134,8 +134,8 @@ static int64_t gather(struct llmq_moe *s, const float *xn, int64_t n, int32_t x)
     return ne;
 }
 
-enum llmq_status llmq_moe_ffn(struct llmq_moe *s, const struct llmq_hparams *hp, const struct llmq_layer *ly,
-                              int layer, const float *xn, int64_t n, float *out, llmq_moe_linear_fn lin, void *lin_ctx,
+enum llmq_status llmq_moe_ffn(struct llmq_moe *s, const struct llmq_hparams *hp, const struct llmq_layer *ly, int layer,
+                              const float *xn, int64_t n, float *out, llmq_moe_linear_fn lin, void *lin_ctx,
                               llmq_expert_hook hook, void *user) {
     LLMQ_ASSERT(n >= 1 && n <= s->T && ly->router && ly->exps);
     const int64_t D = s->D, Fe = s->Fe;

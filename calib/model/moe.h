@@ -37,8 +37,8 @@ typedef enum llmq_status (*llmq_moe_linear_fn)(void *ctx, const struct llmq_tens
 // Sees the input of expert `expert`'s linears in block `layer`: which is LLMQ_LIN_GATE (the rows of xn routed
 // to it, shared by gate and up; n_in = D) or LLMQ_LIN_DOWN (SiLU(gate) * up of those rows; n_in = Fe). in is
 // (n, n_in), valid during the call only; n >= 1 (an expert no token reaches is not called).
-typedef void (*llmq_expert_hook)(void *user, int layer, int expert, enum llmq_linear which, const float *in,
-                                 int64_t n, int64_t n_in);
+typedef void (*llmq_expert_hook)(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                                 int64_t n_in);
 
 // Scratch for calls of at most max_tokens tokens of a moe model hp. *out: llmq_moe_free. LLMQ_ERR_NOMEM.
 enum llmq_status llmq_moe_init(const struct llmq_hparams *hp, int64_t max_tokens, struct llmq_moe **out);
@@ -51,8 +51,8 @@ void llmq_moe_set_calib_all(struct llmq_moe *s, bool all);
 
 // out (n, D) = the mixture of block `layer` (ly: its router and experts) for xn (n, D), 1 <= n <= max_tokens
 // (out must not alias xn). hook may be NULL. Errors: those of lin (logged by it).
-enum llmq_status llmq_moe_ffn(struct llmq_moe *s, const struct llmq_hparams *hp, const struct llmq_layer *ly,
-                              int layer, const float *xn, int64_t n, float *out, llmq_moe_linear_fn lin, void *lin_ctx,
+enum llmq_status llmq_moe_ffn(struct llmq_moe *s, const struct llmq_hparams *hp, const struct llmq_layer *ly, int layer,
+                              const float *xn, int64_t n, float *out, llmq_moe_linear_fn lin, void *lin_ctx,
                               llmq_expert_hook hook, void *user);
 
 // Tokens routed to each expert by the last llmq_moe_ffn call: (E) counts, owned by s.

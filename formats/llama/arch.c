@@ -42,8 +42,8 @@ static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
 // The moe families' HF names in a block: the router, and each expert's gate, up, down around its index.
 static const struct {
     const char *router;
-    const char *exp_prefix;  // before the expert index
-    const char *exp_lin[3];  // after it: gate, up, down
+    const char *exp_prefix; // before the expert index
+    const char *exp_lin[3]; // after it: gate, up, down
 } moe_hf[LLMQ_ARCH_COUNT] = {
     [LLMQ_ARCH_MIXTRAL] = {"block_sparse_moe.gate.weight",
                            "block_sparse_moe.experts.",
@@ -79,9 +79,8 @@ static bool arch_moe(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT &&
 static const char *row_name(enum llmq_arch a, int i, bool hf) {
     const struct llmq_tensor_name *t = &table[i];
     if (t->gemma_only && !arch_gemma(a)) return NULL;
-    if (t->moe_only != arch_moe(a) &&
-        (t->moe_only || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP ||
-         i == LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN))
+    if (t->moe_only != arch_moe(a) && (t->moe_only || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE ||
+                                       i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN))
         return NULL; // the router and experts are the moe families' only, the dense MLP theirs not
     if (t->moe_only && hf) return i == LLMQ_T_FFN_GATE_INP ? moe_hf[a].router : NULL;
     if (arch_fused(a)) { // phi3: q holds q, k, v; up holds gate, up (formats/llama/arch.h "Phi-3")

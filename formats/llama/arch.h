@@ -1,8 +1,8 @@
 /*
  * formats/llama/arch.h — the one description of the LLaMA-family architectures llmq reads and writes
- * (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe): the architecture enum, the hyper-parameters, the tensor-name
- * table (llmq role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k rows permuted and the row
- * map of that permutation, the llama3 RoPE frequency factors, and the Gemma block's rules.
+ * (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe): the architecture enum, the
+ * hyper-parameters, the tensor-name table (llmq role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k
+ * rows permuted and the row map of that permutation, the llama3 RoPE frequency factors, and the Gemma block's rules.
  *
  * What it is: facts about the architectures, shared by the model loader (calib/model/model.h), the
  * converter (formats/convert/convert.h), the calibration files (calib/calib.h) and the quantized-model
@@ -63,11 +63,11 @@
  *   w = p / sum of those K when norm_topk_prob (mixtral: always; llama.cpp: always, so a qwen3_moe with
  *   norm_topk_prob false has no GGUF form), and out = sum over the K experts of w_e * Wdown_e · (SiLU(Wgate_e ·
  *   n2) * (Wup_e · n2)). mixtral is GGUF "llama" with expert_count > 0 (q/k rows permuted as llama); qwen3_moe
- *   is GGUF "qwen3moe" (qwen3's q/k norms, NEOX). Keys: E expert_count / num_local_experts (mixtral; qwen3_moe written so by transformers 5) |
- *   num_experts; K expert_used_count / num_experts_per_tok; Fe expert_feed_forward_length (qwen3moe; mixtral:
- *   feed_forward_length) / intermediate_size (mixtral) | moe_intermediate_size; norm_topk_prob (qwen3_moe,
- *   default false as Qwen3MoeConfig; true when read from a GGUF). qwen3_moe's decoder_sparse_step other than 1
- *   and a non-empty mlp_only_layers (dense blocks) are refused, as is Qwen2-MoE's shared expert (not modelled).
+ *   is GGUF "qwen3moe" (qwen3's q/k norms, NEOX). Keys: E expert_count / num_local_experts (mixtral; qwen3_moe written
+ * so by transformers 5) | num_experts; K expert_used_count / num_experts_per_tok; Fe expert_feed_forward_length
+ * (qwen3moe; mixtral: feed_forward_length) / intermediate_size (mixtral) | moe_intermediate_size; norm_topk_prob
+ * (qwen3_moe, default false as Qwen3MoeConfig; true when read from a GGUF). qwen3_moe's decoder_sparse_step other than
+ * 1 and a non-empty mlp_only_layers (dense blocks) are refused, as is Qwen2-MoE's shared expert (not modelled).
  *
  * ---- Gemma (gemma2, gemma3: modeling_gemma2.py / modeling_gemma3.py, llama.cpp src/models/gemma2.cpp,
  *      gemma3.cpp, conversion/gemma.py) ---------------------------------------------------------
@@ -218,11 +218,11 @@ struct llmq_hparams {
     int64_t swa_pattern;         // see "Gemma"
     float rope_theta_swa;        // RoPE base of the sliding layers (gemma2: rope_theta)
     // mixtral / qwen3_moe only (0 / false elsewhere; see "Mixture of experts"):
-    bool moe;               // the family's
-    int64_t n_expert;       // experts per block (E)
-    int64_t n_expert_used;  // experts per token (K), 1 <= K <= E
-    int64_t n_ff_exp;       // one expert's intermediate width (Fe); mixtral: n_ff
-    bool norm_topk_prob;    // the K routing weights renormalised to sum 1 (mixtral: always)
+    bool moe;              // the family's
+    int64_t n_expert;      // experts per block (E)
+    int64_t n_expert_used; // experts per token (K), 1 <= K <= E
+    int64_t n_ff_exp;      // one expert's intermediate width (Fe); mixtral: n_ff
+    bool norm_topk_prob;   // the K routing weights renormalised to sum 1 (mixtral: always)
 };
 #define LLMQ_HPARAMS_MAX_EXPERTS 4096
 

@@ -15,6 +15,8 @@ norm_topk_prob true, and the same weights with norm_topk_prob false), 48 token i
                  alike. A seed that produced a near-tie would fail that assertion, not the logit comparison.
                  Measured smallest gaps: 1.4e-3 (mixtral), 9.0e-5 (qwen3_moe), 7.4e-4 (unnormalised).
   norm_topk_prob the unnormalised variant matches transformers too and differs from the normalised one.
+  NOT DONE YET (skipped, NOT_DONE): the GGUF, llama.cpp, GGUF -> HF and quantize checks below; the GGUF
+  loader reads stacked experts, but `llmq convert` does not write them yet.
   GGUF           `llmq convert` stacks the experts as convert_hf_to_gguf.py does (ffn_{gate,up,down}_exps (E, ., .),
                  router ffn_gate_inp f32); mixtral is GGUF "llama" with expert_count; qwen3_moe "qwen3moe". llmq on
                  the GGUF equals llmq on the HF directory (qwen3_moe bit for bit; mixtral within TOL_REL: its
@@ -40,6 +42,8 @@ import test_gguf_mix as gm
 from test_gguf_mix import lc  # noqa: F401 (the fixture: llama_cpp, or a skip)
 
 pytestmark = [pytest.mark.heavy, pytest.mark.skipif(not HF_PYTHON, reason=HF_SKIP_REASON)]
+NOT_DONE = pytest.mark.skip(reason="not implemented yet: llmq convert does not stack the experts into "
+                                    "ffn_*_exps (issue 15, MoE step 2)")
 needs_llama_cpp = pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama_cpp (llama-cpp-python) is not importable")
 TOL_REL = 1e-4
 MARGIN = 1e-5  # derived in the module docstring
@@ -95,6 +99,7 @@ def test_unnormalised_routing_has_no_gguf(llmq_bin, models, work):
     assert r.returncode != 0 and "norm_topk_prob false" in r.stderr and not out.exists(), r.stderr
 
 
+@NOT_DONE
 @pytest.mark.parametrize("v", GGUF_VARIANTS)
 def test_gguf(ggufs, v):
     import gguf
@@ -125,6 +130,7 @@ def test_gguf(ggufs, v):
         assert d <= TOL_REL * float(np.abs(b).max()) and (a.argmax(1) == b.argmax(1)).all()
 
 
+@NOT_DONE
 @needs_llama_cpp
 @pytest.mark.parametrize("v", GGUF_VARIANTS)
 def test_llama_cpp_agrees(ggufs, ids, v):
@@ -133,6 +139,7 @@ def test_llama_cpp_agrees(ggufs, ids, v):
                1.0)
 
 
+@NOT_DONE
 @pytest.mark.parametrize("v", GGUF_VARIANTS)
 def test_gguf_to_hf_reproduces_tensors(llmq_bin, ggufs, work, v):
     models = ggufs
@@ -146,6 +153,7 @@ def test_gguf_to_hf_reproduces_tensors(llmq_bin, ggufs, work, v):
         assert cfg["moe_intermediate_size"] == 48 and cfg["norm_topk_prob"] is True
 
 
+@NOT_DONE
 @pytest.mark.parametrize("v", GGUF_VARIANTS)
 @pytest.mark.parametrize("gtype", ["Q8_0", "Q4_K_M", "Q6_K"])
 def test_rtn_gguf_byte_identical_to_llama_quantize(llmq_bin, lc, ggufs, work, v, gtype):

@@ -371,6 +371,7 @@ static void input_release(struct llmq_calib_input *in) {
 static enum llmq_status stats_alloc_scratch(struct llmq_calib_stats *s, int64_t cmax) {
     if (!s->with_xtx) return LLMQ_OK;
     s->scratch = malloc((size_t)(cmax * cmax) * sizeof(float));
+    s->scratch_n = cmax * cmax;
     return s->scratch ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
 }
 
@@ -455,11 +456,19 @@ void llmq_calib_stats_hook(void *user, int layer, enum llmq_linear which, const 
 void llmq_calib_stats_finish(struct llmq_calib_stats *s, int64_t layer) {
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
         struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + k];
-        if (!in->xtx) continue;
+        if (!in->xtx || in->count == 0) continue; // all zeros: nothing to mirror, and its pages stay untouched
         int64_t C = in->n_in;
         for (int64_t i = 0; i < C; i++)
             for (int64_t j = 0; j < i; j++) in->xtx[i * C + j] = in->xtx[j * C + i];
     }
+    llmq_scratch_release(s->scratch, (size_t)s->scratch_n * sizeof(float));
+}
+
+void llmq_calib_stats_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int slot) {
+    LLMQ_ASSERT(layer >= 0 && layer < s->n_layer && slot >= 0 && slot < LLMQ_CALIB_N_SLOTS);
+    struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
+    free(in->xtx);
+    in->xtx = NULL;
 }
 
 enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t layer, int slot, float *H) {

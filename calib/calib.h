@@ -197,7 +197,8 @@ struct llmq_calib_stats {
     int64_t n_layer;
     bool with_xtx;
     struct llmq_calib_input *in; // (n_layer, LLMQ_CALIB_N_SLOTS)
-    float *scratch;              // (Cmax, Cmax) ssyrk scratch
+    float *scratch;              // (Cmax, Cmax) ssyrk scratch; its pages are released by llmq_calib_stats_finish
+    int64_t scratch_n;           // Cmax * Cmax
     enum llmq_backend backend;   // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
                                  // after init / load: set it after llmq_calib_stats_init
     int64_t n_seq_hint;          // sequences per block call (for n_seq counting in the hook)
@@ -222,8 +223,13 @@ enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer,
 // A calib/model/forward.h hook; user is a struct llmq_calib_stats * whose n_seq_hint is set. Errors are
 // kept in s->err (the first one) since hooks return nothing.
 void llmq_calib_stats_hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in);
-// Mirrors the upper triangle of every xtx of a layer into the lower one (after the last add).
+// Mirrors the upper triangle of every xtx of a layer into the lower one (after the last add); an xtx that has
+// seen no token yet is not touched (its calloc'ed pages stay unmapped until its own pass). Releases the pages
+// of the syrk scratch (common/io.h llmq_scratch_release) until the next add.
 void llmq_calib_stats_finish(struct llmq_calib_stats *s, int64_t layer);
+// Frees the xtx of (layer, slot) once its Hessians have been taken (llmq_calib_hessian then refuses it): the
+// pipeline holds one block input's C x C f64 sums at a time, not four.
+void llmq_calib_stats_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int slot);
 
 // H (C, C) f32 = (2 / n_seq) · xtx of (layer, slot), the GPTQ reference's Hessian (see above).
 enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t layer, int slot, float *H);

@@ -47,6 +47,13 @@ void llmq_mmap_release(const void *p, size_t n) {
     }
 }
 
+void llmq_scratch_release(void *p, size_t n) {
+    if (!p || !n) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, lo = (a + page - 1) / page * page,
+              hi = (a + n) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 enum llmq_status llmq_mmap_open(struct llmq_mmap *m, const char *path) {
     struct stat st;
     int fd = -1;

@@ -51,6 +51,11 @@ void llmq_mmap_close(struct llmq_mmap *m); // safe on a zeroed struct
 // file); anything else (heap memory: a dequantized view) is left alone. For streaming writers: the pages
 // of weights already processed stop counting against a memory limit. Driver thread only.
 void llmq_mmap_release(const void *p, size_t n);
+// Drops the pages of a heap work buffer [p, p + n) whose contents the caller no longer needs: the whole pages
+// inside the range leave the RSS (madvise(MADV_DONTNEED) on private anonymous memory) and read as zeros when
+// touched again; the partial pages at both ends are kept. For C x C scratch that is rewritten before it is
+// read again, so that a phase that does not use it does not hold it. NULL / 0: no-op.
+void llmq_scratch_release(void *p, size_t n);
 
 struct llmq_afile {
     FILE *fp;

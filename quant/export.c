@@ -344,6 +344,9 @@ static enum llmq_status write_shifted(struct llmq_export *e, const struct llmq_t
     for (int64_t r0 = 0; r0 < R && !st; r0 += rows) {
         int64_t n = R - r0 < rows ? R - r0 : rows;
         if ((st = llmq_model_rows_f32(v, r0, n, e->work))) break;
+        size_t rb = 0; // these rows' file pages are done with (the embeddings and lm_head: GBs at 8B)
+        if (llmq_dtype_nbytes(v->dtype, C, &rb))
+            llmq_mmap_release((const uint8_t *)v->data + (size_t)r0 * rb, (size_t)n * rb);
         for (int64_t i = 0; shift != 0.0f && i < n * C; i++) e->work[i] += shift;
         st = write_f32(e, e->work, n * C);
     }

@@ -87,8 +87,20 @@ static enum llmq_status hinv_retry(const char *name, const float *H /* (C, C) */
     }
 }
 
+// H (C, C) := what steps 2 and 4 make of Hsrc (C, C): H[i, j] = Hsrc[perm[i], perm[j]], a zero diagonal
+// entry (a dead column) set to 1. The same values as the in-place steps, from the caller's copy.
+static void rebuild_h(float *H, const float *Hsrc, const int64_t *perm, int64_t C) {
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = 0; j < C; j++) {
+            float v = Hsrc[perm[i] * C + perm[j]];
+            H[i * C + j] = i == j && v == 0.0f ? 1.0f : v;
+        }
+}
+
 struct cpu_hinv {
-    float *H, *H0; // (C, C) working copy, undamped backup
+    float *H, *H0;       // (C, C) working copy, undamped backup (NULL: rebuilt from Hsrc)
+    const float *Hsrc;   // (C, C) the caller's unchanged H (with perm), when H0 is NULL
+    const int64_t *perm; // (C)
     int64_t C;
 };
 
@@ -96,14 +108,15 @@ static int cpu_hinv_attempt(void *ctx, float damp) {
     struct cpu_hinv *c = ctx;
     for (int64_t i = 0; i < c->C; i++) c->H[i * c->C + i] += damp;
     int fail = hinv_chain(c->H, c->C);
-    if (fail) memcpy(c->H, c->H0, (size_t)(c->C * c->C) * sizeof(float));
+    if (fail && c->H0) memcpy(c->H, c->H0, (size_t)(c->C * c->C) * sizeof(float));
+    if (fail && !c->H0) rebuild_h(c->H, c->Hsrc, c->perm, c->C);
     return fail;
 }
 
 enum llmq_status llmq_gptq_hinv(const char *name, float *H, float *H0, int64_t C, float *percdamp,
                                 float damp_increment) {
     memcpy(H0, H, (size_t)(C * C) * sizeof(float));
-    struct cpu_hinv ctx = {H, H0, C};
+    struct cpu_hinv ctx = {H, H0, NULL, NULL, C};
     return hinv_retry(name, H0, C, percdamp, damp_increment, cpu_hinv_attempt, &ctx);
 }
 
@@ -338,12 +351,12 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     const int64_t NG = out->n_groups;
     perm = malloc((size_t)C * sizeof *perm);
     invperm = malloc((size_t)C * sizeof *invperm);
-    H0 = malloc((size_t)(C * C) * sizeof *H0);
+    if (!o->H_src) H0 = malloc((size_t)(C * C) * sizeof *H0); // else a retry rebuilds H from H_src
     row = malloc((size_t)C * sizeof *row);
     gcol = malloc((size_t)C * sizeof *gcol);
     dh = malloc((size_t)C * sizeof *dh);
     dhp = malloc((size_t)C * sizeof *dhp);
-    if (!perm || !invperm || !H0 || !row || !gcol || !dh || !dhp) {
+    if (!perm || !invperm || (!H0 && !o->H_src) || !row || !gcol || !dh || !dhp) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (C = %lld)", name, (long long)C);
         goto fail;
     }
@@ -380,8 +393,14 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         for (int64_t i = 0; i < C; i++) perm[i] = i;
     }
     for (int64_t i = 0; i < C; i++) invperm[perm[i]] = i;
-    if (reorder) {
+    if (reorder && H0) {
         llmq_gptq_permute(W, H, R, C, perm, row, H0);
+    } else if (reorder) { // W's columns in place, H from the caller's copy (no C x C scratch)
+        for (int64_t r = 0; r < R; r++) {
+            for (int64_t j = 0; j < C; j++) row[j] = W[r * C + perm[j]];
+            memcpy(W + r * C, row, (size_t)C * sizeof *row);
+        }
+        rebuild_h(H, o->H_src, perm, C);
     }
     for (int64_t j = 0; j < C; j++) dhp[j] = dh[perm[j]]; // diag(H) in processing order (step 7's groups)
 
@@ -397,7 +416,13 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     } else {
         // 5. + 6. damping and Hinv = cholesky(cholesky_inverse(cholesky(H)), upper=True), with retries
         t_chain = llmq_now_s();
-        if ((st = llmq_gptq_hinv(name, H, H0, C, &percdamp, o->damp_increment))) goto fail;
+        if (H0) {
+            st = llmq_gptq_hinv(name, H, H0, C, &percdamp, o->damp_increment);
+        } else {
+            struct cpu_hinv ctx = {H, NULL, o->H_src, perm, C};
+            st = hinv_retry(name, H, C, &percdamp, o->damp_increment, cpu_hinv_attempt, &ctx);
+        }
+        if (st) goto fail;
         t_chain = llmq_now_s() - t_chain;
         free(H0);
         H0 = NULL;

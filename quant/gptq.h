@@ -86,6 +86,9 @@ struct llmq_gptq_opts {
     float damp_increment;      // added to percdamp on each Cholesky failure; 0 -> 0.0025
     enum llmq_backend backend; // where steps 5-7 run; LLMQ_BACKEND_CPU (= 0, so a zeroed struct means CPU)
     enum llmq_gptq_grid grid;  // MINMAX (= 0); MSE / HMSE run steps 5-7 on the CPU whatever the backend
+    const float *H_src;        // (C, C) NULL, or an unchanged copy of the H passed in, kept by the caller for
+                               // the whole call: then the solver holds no C x C backup of its own (the damping
+                               // retry and act-order's permutation rebuild H from it; same bytes), C² floats less
 };
 
 // Default options: 4-bit, group 128, asym, percdamp 0.01, no act-order, block 128, CPU.

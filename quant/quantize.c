@@ -82,6 +82,7 @@ struct run {
     float *H;                  // (Cmax, Cmax) Hessian given to GPTQ (destroyed)
     float *Hx;                 // (Cmax, Cmax) XᵀX kept for the error
     float *T;                  // (Rmax, Cmax) product scratch
+    int64_t n_w, n_h;          // Rmax * Cmax (W, Q, T), Cmax * Cmax (H, Hx): for release_work
     enum llmq_status gemm_st;  // first failed product of rel_err (it returns NaN then); checked per block
     float *wq[LLMQ_LIN_COUNT]; // (R, C) dequantized weights of the current block (gptq overrides)
     struct llmq_tensor_view ov[LLMQ_LIN_COUNT];
@@ -345,6 +346,7 @@ static enum llmq_status gptq_onto(struct run *r, const struct llmq_qtarget *t, c
         go.group_aware = o->group_aware;
         go.backend = o->backend; // CUDA: steps 5-7 on the GPU (quant/gptq.h)
         go.grid = o->gptq_grid;
+        go.H_src = r->Hx; // r->H is a copy of it (quantize_linear): the solver keeps no C x C backup
         return llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, loss, NULL);
     }
     struct llmq_gptq_gguf_opts go = llmq_gptq_gguf_opts_default();
@@ -463,10 +465,19 @@ static const int seq_groups[4][3] = {{LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V},
                                      {LLMQ_LIN_GATE, LLMQ_LIN_UP, -1},
                                      {LLMQ_LIN_DOWN, -1, -1}};
 
+// The pages of the per-linear work buffers (W, Q, T, H, Hx: every one is rewritten before it is read), so
+// that a statistics pass does not hold them next to its XᵀX sums (quant/quantize.h "Memory").
+static void release_work(struct run *r) {
+    float *w[] = {r->W, r->Q, r->T}, *h[] = {r->H, r->Hx};
+    for (int i = 0; i < 3; i++) llmq_scratch_release(w[i], (size_t)r->n_w * sizeof(float));
+    for (int i = 0; i < 2; i++) llmq_scratch_release(h[i], (size_t)r->n_h * sizeof(float));
+}
+
 static enum llmq_status block_gptq(struct run *r, int l) {
     enum llmq_status st = LLMQ_OK;
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
     if (!r->o->true_sequential) {
+        release_work(r);
         memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
         if ((st = block_pass(r, l, r->xt, -1))) return st;
         credit_data(r, l, -1);
@@ -474,6 +485,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     for (int g = 0; g < 4 && !st; g++) {
         int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
         if (r->o->true_sequential) {
+            release_work(r);
             if (g == 0 || g == 2)
                 st = norm_pass(r, l, g == 2);
             else {
@@ -489,6 +501,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             int64_t R = v->shape[0], C = v->shape[1];
             if ((st = load_weight(r, l, k))) break;
             if ((st = llmq_calib_hessian(&r->s, l, slot, r->H))) break;
+            if (j == 2 || seq_groups[g][j + 1] < 0) llmq_calib_stats_drop_xtx(&r->s, l, slot); // its last linear
             if ((st = quantize_linear(r, l, k, r->W, r->H, NULL))) break;
             // the quantized weights replace the model's for the following passes of this block
             memcpy(r->wq[k], r->W, (size_t)(R * C) * sizeof(float));
@@ -499,6 +512,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             r->saved[k] = v;
             r->overridden[k] = true;
             r->m->layers[l].w[k] = &r->ov[k];
+            llmq_mmap_release(v->data, v->nbytes); // the passes left in this block read the override
         }
     }
     if (!st) st = block_pass(r, l, r->x, -2); // x_q <- quantized block(x_q)
@@ -996,6 +1010,8 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
         (p) = malloc((size_t)(n) * sizeof(*(p)));                                                                      \
         ok = ok && (p);                                                                                                \
     } while (0)
+    r->n_w = Rmax * Cmax;
+    r->n_h = Cmax * Cmax;
     ALLOC(r->W, Rmax * Cmax);
     ALLOC(r->Q, Rmax * Cmax);
     ALLOC(r->T, Rmax * Cmax);

@@ -199,11 +199,48 @@ static void test_gptq_errors(void) {
     llmq_log_set_level(LLMQ_LOG_INFO);
 }
 
+// o.H_src (no C x C backup inside the solver) gives the bytes of the plain call: act-order and group-aware
+// permutations, a dead column, and a damping retry (an indefinite H) each rebuild H from the caller's copy.
+static void test_gptq_h_src(void) {
+    const int64_t R = 6, C = 40;
+    float W[6 * 40], H[40 * 40], Hs[40 * 40], W1[6 * 40], W2[6 * 40], H1[40 * 40], H2[40 * 40];
+    for (int retry = 0; retry < 2; retry++) {
+        make_problem(R, C, retry ? 10 : 80, W, H);
+        for (int64_t j = 0; j < C; j++) H[7 * C + j] = H[j * C + 7] = 0.0f; // column 7 dead
+        if (retry) { // indefinite: the first attempts fail (as in test_gptq_errors)
+            float mean = 0;
+            for (int i = 0; i < C; i++) mean += H[i * C + i] / C;
+            for (int i = 0; i < C; i++) H[i * C + i] -= 0.004f * mean;
+        }
+        for (int order = 0; order < 3; order++) {
+            struct llmq_gptq_opts o = llmq_gptq_opts_default();
+            o.q.group_size = 8;
+            o.act_order = order == 1;
+            o.group_aware = order == 2;
+            o.percdamp = retry ? 0.001f : 0.01f;
+            struct llmq_qlinear a, b;
+            float pa = 0, pb = 0;
+            memcpy(W1, W, sizeof W), memcpy(H1, H, sizeof H);
+            CHECK_EQ_INT(llmq_gptq_quantize("t", W1, H1, R, C, &o, &a, NULL, &pa), LLMQ_OK);
+            memcpy(W2, W, sizeof W), memcpy(H2, H, sizeof H), memcpy(Hs, H, sizeof H);
+            o.H_src = Hs;
+            CHECK_EQ_INT(llmq_gptq_quantize("t", W2, H2, R, C, &o, &b, NULL, &pb), LLMQ_OK);
+            CHECK(pa == pb && (!retry || pa > o.percdamp)); // the retry did run
+            CHECK(memcmp(W1, W2, sizeof W) == 0 && memcmp(H1, H2, sizeof H) == 0 && memcmp(a.q, b.q, R * C) == 0);
+            CHECK(memcmp(a.scales, b.scales, (size_t)(R * a.n_groups) * sizeof(float)) == 0);
+            CHECK(memcmp(Hs, H, sizeof H) == 0); // read only
+            llmq_qlinear_free(&a);
+            llmq_qlinear_free(&b);
+        }
+    }
+}
+
 int main(void) {
     test_rtn();
     test_awq_params();
     test_gptq_vs_rtn();
     test_gptq_errors();
+    test_gptq_h_src();
     printf("test_gptq: ok\n");
     return 0;
 }

@@ -3,13 +3,13 @@
  * Legend: R rows/out, C cols/in, G group size, NG groups per row, B blocksize.
  *
  * Layout: everything stays row-major as on the host. cuSOLVER / cuBLAS are column-major, so as in
- * quant/gptq.c "row-major lower" is "column-major upper": spotrf(UPPER) = cholesky (L in our lower),
+ * kernels/gptq.c "row-major lower" is "column-major upper": spotrf(UPPER) = cholesky (L in our lower),
  * spotri(UPPER) = cholesky_inverse (in our lower), mirror lower -> upper, spotrf(LOWER) =
  * cholesky(upper=True) (U in our upper). The lazy update W[:, i2:] -= Err1 · Hinv[i1:i2, i2:] is, in
  * column-major terms, Wᵀ[i2:, :] -= Hinv[i1:i2, i2:]ᵀ · Err1ᵀ: one cublasSgemm(N, N) on the same pointers.
  *
  * Bit-exactness with the C loops: built with -fmad=false (CMakeLists.txt) AND every fp32 operation
- * written as an explicit __f*_rn intrinsic, in the order of quant/gptq.c (the grid: kernels/gptq_grid.h,
+ * written as an explicit __f*_rn intrinsic, in the order of kernels/gptq.c (the grid: kernels/gptq_grid.h,
  * shared with the C code); min / max are exact in any order (and the strict comparisons from +0 keep the
  * same zero sign as the C loop).
  */

@@ -1,9 +1,9 @@
 /*
  * kernels/gptq_cuda.h — steps 5-7 of GPTQ (quant/gptq.h) on a CUDA device: damping + Cholesky chain
  * (cuSOLVER), the lazy block loop (own kernels: dynamic group grid, in-block loop) and the lazy update
- * (cuBLAS sgemm, plain FP32). quant/gptq.c drives it (the damping retry policy, its warnings and
- * errors, steps 1-4 and 8 stay there); this module only moves numbers. It depends on common/ only; the
- * grid rules are kernels/gptq_grid.h, the one header the C solver compiles too.
+ * (cuBLAS sgemm, plain FP32): the device half of kernels/gptq.h, which alone calls it (quant/gptq.c drives
+ * that dispatch: the damping retry policy, its warnings and errors, steps 1-4 and 8 stay there). It depends on common/
+ * only; the grid rules are kernels/gptq_grid.h, the one header the C solver compiles too.
  *
  * Legend: R rows = out_features, C cols = in_features, G group size, NG groups per row, B blocksize.
  * All matrices are row-major fp32 on the host side; "processing order" = the columns after act-order.
@@ -36,7 +36,7 @@ enum llmq_status llmq_cuda_gptq_init(const char *name, int64_t R, int64_t C, int
                                      struct llmq_cuda_gptq **out);
 
 // One attempt of steps 5 + 6: device H = H (host, undamped, processing order), H_ii += damp (fp32),
-// then spotrf(lower) -> spotri -> mirror -> spotrf(upper) as in quant/gptq.c. Returns 0 on success,
+// then spotrf(lower) -> spotri -> mirror -> spotrf(upper) as in kernels/gptq.c. Returns 0 on success,
 // else the failing step: 1 cholesky(H), 2 cholesky_inverse, 3 cholesky(H^-1, upper), 4 a diagonal of
 // the factor not > 0 or not finite (the numbering of gptq.c). H is not modified.
 int llmq_cuda_gptq_hinv_attempt(struct llmq_cuda_gptq *g, const float *H /* (C, C) */, float damp);

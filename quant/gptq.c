@@ -5,21 +5,10 @@
  *
  * Legend: R rows/out, C cols/in, G group size, NG groups per row, B blocksize.
  *
- * Layout notes. W is row-major (R, C); GPTQ rows are independent, so the in-block loop runs row by row
- * over a contiguous slice W[r, i1:i2] (the reference's W1 column block, updated in place: every value
- * the reference later reads from the stale W[:, i1:i2] — the dynamic-group ranges — is taken at the
- * start of the block, before the slice changes). The in-block update w1[k] -= err1 * Hinv[i, k] is a
- * product rounded to fp32 and then a subtraction, exactly like torch's outer product then `-=`; this
- * file is built with -ffp-contract=off so the compiler cannot fuse them.
- *
- * The Cholesky chain runs in column-major LAPACK on the symmetric row-major H, so "row-major lower" is
- * "column-major upper": spotrf('U') = reference cholesky (lower L, stored in our lower triangle),
- * spotri('U') = cholesky_inverse, mirror lower -> upper, spotrf('L') = cholesky(upper=True) in our upper
- * triangle. No LAPACKE row-major wrappers: they would transpose through a second C x C buffer.
- *
- * Backends: steps 1-4 and 8 always run here. Steps 5-7 run either here (llmq_gptq_hinv + blocks_cpu) or
- * on CUDA (solve_cuda -> kernels/gptq_cuda.h); both share the damping retry (hinv_retry), and the CUDA
- * in-block kernel is a port of llmq_gptq_block_row (the reference the GPU tests compare it with).
+ * Steps 5-7 (damping, the Cholesky chain, the lazy block loop) run behind kernels/gptq.h on either
+ * backend; this file keeps steps 1-4 and 8, the damping retry policy (hinv_retry: which damping next, its
+ * warnings and its error) and the choice of backend: a searched grid (--grid mse | hmse) is a CPU callback,
+ * so with it steps 5-7 run on the CPU whatever the backend. This file is built with -ffp-contract=off.
  */
 #include "quant/gptq.h"
 
@@ -30,7 +19,7 @@
 #include <time.h>
 
 #include "common/log.h"
-#include "kernels/gptq_cuda.h"
+#include "kernels/gptq.h"
 
 struct llmq_gptq_opts llmq_gptq_opts_default(void) {
     struct llmq_gptq_opts o = {
@@ -44,34 +33,15 @@ struct llmq_gptq_opts llmq_gptq_opts_default(void) {
     return o;
 }
 
-// One attempt of step 6 on H (already damped): 0 on success.
-static int hinv_chain(float *H /* (C, C) */, int64_t C) {
-    lapack_int n = (lapack_int)C;
-    if (LAPACKE_spotrf(LAPACK_COL_MAJOR, 'U', n, H, n) != 0) return 1; // H = L·Lᵀ, L in our lower
-    if (LAPACKE_spotri(LAPACK_COL_MAJOR, 'U', n, H, n) != 0) return 2; // H⁻¹ in our lower
-    for (int64_t i = 0; i < C; i++)                                    // mirror lower -> upper
-        for (int64_t j = 0; j < i; j++) H[j * C + i] = H[i * C + j];
-    if (LAPACKE_spotrf(LAPACK_COL_MAJOR, 'L', n, H, n) != 0) return 3; // H⁻¹ = Uᵀ·U, U in our upper
-    for (int64_t i = 0; i < C; i++) {
-        float d = H[i * C + i];
-        if (!(d > 0.0f) || !isfinite(d)) return 4;
-        memset(H + i * C, 0, (size_t)i * sizeof(float)); // strict lower = 0
-    }
-    return 0;
-}
-
-// One attempt of steps 5 + 6 with absolute damping `damp`: 0 on success, else the failing step (1..4).
-typedef int (*hinv_attempt_fn)(void *ctx, float damp);
-
 // Steps 5 + 6 with GPTQModel's retry, for either backend: mean(diag H) of the undamped H (C, C), then
-// attempts with percdamp, percdamp + increment, ... until one succeeds or percdamp reaches 1.
+// attempts (kernels/gptq.h) with percdamp, percdamp + increment, ... until one succeeds or percdamp reaches 1.
 static enum llmq_status hinv_retry(const char *name, const float *H /* (C, C) */, int64_t C, float *percdamp,
-                                   float damp_increment, hinv_attempt_fn attempt, void *ctx) {
+                                   float damp_increment, struct llmq_gptq_solver *g) {
     double sum = 0.0;
     for (int64_t i = 0; i < C; i++) sum += H[i * C + i];
     const float mean = (float)(sum / (double)C); // torch.mean(torch.diag(H))
     for (;;) {
-        int fail = attempt(ctx, *percdamp * mean);
+        int fail = llmq_gptq_solver_hinv_attempt(g, *percdamp * mean);
         if (!fail) return LLMQ_OK;
         static const char *what[] = {"", "cholesky(H)", "cholesky_inverse", "cholesky(H^-1, upper)",
                                      "cholesky(H^-1, upper)"};
@@ -87,56 +57,14 @@ static enum llmq_status hinv_retry(const char *name, const float *H /* (C, C) */
     }
 }
 
-// H (C, C) := what steps 2 and 4 make of Hsrc (C, C): H[i, j] = Hsrc[perm[i], perm[j]], a zero diagonal
-// entry (a dead column) set to 1. The same values as the in-place steps, from the caller's copy.
-static void rebuild_h(float *H, const float *Hsrc, const int64_t *perm, int64_t C) {
-    for (int64_t i = 0; i < C; i++)
-        for (int64_t j = 0; j < C; j++) {
-            float v = Hsrc[perm[i] * C + perm[j]];
-            H[i * C + j] = i == j && v == 0.0f ? 1.0f : v;
-        }
-}
-
-struct cpu_hinv {
-    float *H, *H0;       // (C, C) working copy, undamped backup (NULL: rebuilt from Hsrc)
-    const float *Hsrc;   // (C, C) the caller's unchanged H (with perm), when H0 is NULL
-    const int64_t *perm; // (C)
-    int64_t C;
-};
-
-static int cpu_hinv_attempt(void *ctx, float damp) {
-    struct cpu_hinv *c = ctx;
-    for (int64_t i = 0; i < c->C; i++) c->H[i * c->C + i] += damp;
-    int fail = hinv_chain(c->H, c->C);
-    if (fail && c->H0) memcpy(c->H, c->H0, (size_t)(c->C * c->C) * sizeof(float));
-    if (fail && !c->H0) rebuild_h(c->H, c->Hsrc, c->perm, c->C);
-    return fail;
-}
-
 enum llmq_status llmq_gptq_hinv(const char *name, float *H, float *H0, int64_t C, float *percdamp,
                                 float damp_increment) {
-    memcpy(H0, H, (size_t)(C * C) * sizeof(float));
-    struct cpu_hinv ctx = {H, H0, NULL, NULL, C};
-    return hinv_retry(name, H0, C, percdamp, damp_increment, cpu_hinv_attempt, &ctx);
-}
-
-double llmq_gptq_block_row(float *W1, float *err1, uint8_t *code1, const float *Hinv1, int64_t ldh, int64_t count,
-                           const float *scales, const float *zeros, const int32_t *gcol, int maxq) {
-    double rloss = 0.0;
-    for (int64_t i = 0; i < count; i++) {
-        const float scale = scales[gcol[i]], zero = zeros[gcol[i]];
-        const float w = W1[i], d = Hinv1[i * ldh + i];
-        const uint8_t code = llmq_quant_code(w, scale, zero, maxq);
-        const float q = scale * ((float)code - zero);   // Q1[:, i]
-        const float e = (w - q) / d;                    // err1
-        rloss += (double)((w - q) * (w - q) / (d * d)); // Losses1[:, i]
-        const float *hrow = Hinv1 + i * ldh;            // Hinv1[i, :]
-        for (int64_t k = i + 1; k < count; k++) W1[k] -= e * hrow[k];
-        err1[i] = e;
-        W1[i] = q;
-        code1[i] = code;
-    }
-    return rloss;
+    struct llmq_gptq_solve sv = {.backend = LLMQ_BACKEND_CPU, .name = name, .C = C, .backup = H0};
+    struct llmq_gptq_solver *g = NULL;
+    enum llmq_status st = llmq_gptq_solver_init(&sv, H, &g);
+    if (!st) st = hinv_retry(name, H, C, percdamp, damp_increment, g);
+    llmq_gptq_solver_free(g);
+    return st;
 }
 
 // Stable descending argsort of diag(H) (merge sort on indices; ties keep ascending index).
@@ -154,9 +82,6 @@ void llmq_gptq_argsort_desc(const float *key /* (C) */, int64_t *perm /* (C) */,
     }
 }
 
-// Step 7 on the CPU: lazy blocks over W (R, C) (processing order) with Hinv (C, C) (upper). G_dyn > 0:
-// dynamic groups of G_dyn columns; gcol (C) the group of each processing position; perm (C) its original
-// column. *loss accumulates the Losses sum (rows in order, block by block).
 // One group's (scale, zero) with o's grid search: x (n) contiguous, dh (n) its columns' diag(H).
 static void group_params(const struct llmq_gptq_opts *o, const float *x, int64_t n, const float *dh, float *scale,
                          float *zero) {
@@ -168,90 +93,15 @@ static void group_params(const struct llmq_gptq_opts *o, const float *x, int64_t
         llmq_quant_params_gptq_mse(x, n, 1, o->q.bits, o->q.sym, dh, 2.0f, scale, zero);
 }
 
-static enum llmq_status blocks_cpu(const char *name, float *W, const float *Hinv, int64_t R, int64_t C, int64_t B,
-                                   int64_t G_dyn, const int32_t *gcol, const int64_t *perm,
-                                   const struct llmq_gptq_opts *o, const float *dhp, struct llmq_qlinear *out,
-                                   double *loss, double *t_gemm) {
-    const struct llmq_qconfig *cfg = &o->q;
-    const int64_t NG = out->n_groups;
-    const int maxq = (1 << cfg->bits) - 1;
-    float *Err1 = malloc((size_t)(R * B) * sizeof *Err1); // (R, B) scaled errors of the current block
-    uint8_t *code1 = malloc((size_t)B);                   // (B) one row's codes, block order
-    if (!Err1 || !code1) {
-        free(code1);
-        free(Err1);
-        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (R = %lld)", name, (long long)R);
-    }
-    for (int64_t i1 = 0; i1 < C; i1 += B) {
-        const int64_t i2 = i1 + B < C ? i1 + B : C, count = i2 - i1;
-
-        // dynamic groups starting in this block: find_params(W[:, c:c+G]) from W as it is now
-        if (G_dyn > 0)
-            for (int64_t c = ((i1 + G_dyn - 1) / G_dyn) * G_dyn; c < i2; c += G_dyn) {
-                int64_t n = c + G_dyn <= C ? G_dyn : C - c;
-                for (int64_t r = 0; r < R; r++)
-                    group_params(o, W + r * C + c, n, dhp + c, &out->scales[r * NG + c / G_dyn],
-                                 &out->zeros[r * NG + c / G_dyn]);
-            }
-
-        for (int64_t r = 0; r < R; r++) {
-            // W[r, i1:i2] is this row's block of the reference's W1, updated in place; ends as Q1
-            *loss += llmq_gptq_block_row(W + r * C + i1, Err1 + r * count, code1, Hinv + i1 * C + i1, C, count,
-                                         out->scales + r * NG, out->zeros + r * NG, gcol + i1, maxq);
-            for (int64_t i = 0; i < count; i++) out->q[r * C + perm[i1 + i]] = code1[i]; // original order
-        }
-
-        // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
-        double tg = llmq_now_s();
-        if (i2 < C)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count, -1.0f,
-                        Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
-        *t_gemm += llmq_now_s() - tg;
-    }
-    free(code1);
-    free(Err1);
-    return LLMQ_OK;
-}
-
-struct cuda_hinv {
-    struct llmq_cuda_gptq *g;
-    const float *H; // (C, C) undamped, processing order
+// Step 7's dynamic grid as a kernels/gptq.h callback (the searched grids; CPU only).
+struct grid_ctx {
+    const struct llmq_gptq_opts *o;
+    const float *dhp; // (C) diag(H) in processing order
 };
 
-static int cuda_hinv_attempt(void *ctx, float damp) {
-    struct cuda_hinv *c = ctx;
-    return llmq_cuda_gptq_hinv_attempt(c->g, c->H, damp);
-}
-
-// Steps 5 - 7 on the CUDA device (kernels/gptq_cuda.h), same retry policy as the CPU (hinv_retry). W (R, C)
-// processing order -> Q; H (C, C) undamped -> Hinv (upper, strict lower 0); codes, grids, loss into out.
-static enum llmq_status solve_cuda(const char *name, float *W, float *H, int64_t R, int64_t C, int64_t B, int64_t G_dyn,
-                                   const int32_t *gcol, const int64_t *perm, const struct llmq_gptq_opts *o,
-                                   struct llmq_qlinear *out, float *percdamp, double *loss, double *t_chain) {
-    const int64_t nblocks = (C + B - 1) / B;
-    struct llmq_cuda_gptq *g = NULL;
-    int32_t *perm32 = malloc((size_t)C * sizeof *perm32);                  // (C)
-    double *loss_rows = malloc((size_t)(nblocks * R) * sizeof *loss_rows); // (nblocks, R)
-    enum llmq_status st = LLMQ_OK;
-    if (!perm32 || !loss_rows) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (R = %lld)", name, (long long)R);
-        goto done;
-    }
-    for (int64_t j = 0; j < C; j++) perm32[j] = (int32_t)perm[j];
-    if ((st = llmq_cuda_gptq_init(name, R, C, out->n_groups, B, &g))) goto done;
-    double t = llmq_now_s();
-    struct cuda_hinv ctx = {g, H};
-    if ((st = hinv_retry(name, H, C, percdamp, o->damp_increment, cuda_hinv_attempt, &ctx))) goto done;
-    *t_chain = llmq_now_s() - t;
-    if ((st = llmq_cuda_gptq_blocks(g, W, gcol, perm32, G_dyn, o->q.bits, o->q.sym, out->scales, out->zeros, out->q,
-                                    loss_rows, H)))
-        goto done;
-    for (int64_t i = 0; i < nblocks * R; i++) *loss += loss_rows[i]; // the CPU's order: block by block, rows
-done:
-    llmq_cuda_gptq_free(g);
-    free(loss_rows);
-    free(perm32);
-    return st;
+static void grid_cb(void *ctx, const float *x, int64_t n, int64_t c, float *scale, float *zero) {
+    const struct grid_ctx *g = ctx;
+    group_params(g->o, x, n, g->dhp + c, scale, zero);
 }
 
 // Step 4, group-aware (GAR): the full groups by decreasing max diag within the group, each group's
@@ -314,6 +164,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     float *row = NULL;                     // (C) permutation scratch
     float *dh = NULL, *dhp = NULL;         // (C) diag(H) after step 2, original and processing order
     int32_t *gcol = NULL;                  // (C) group of each processing position
+    struct llmq_gptq_solver *solver = NULL;
     memset(out, 0, sizeof *out);
 
     if ((st = llmq_qconfig_check(&o->q, name))) return st;
@@ -400,7 +251,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
             for (int64_t j = 0; j < C; j++) row[j] = W[r * C + perm[j]];
             memcpy(W + r * C, row, (size_t)C * sizeof *row);
         }
-        rebuild_h(H, o->H_src, perm, C);
+        llmq_gptq_rebuild_h(H, o->H_src, perm, C);
     }
     for (int64_t j = 0; j < C; j++) dhp[j] = dh[perm[j]]; // diag(H) in processing order (step 7's groups)
 
@@ -409,26 +260,34 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     for (int64_t j = 0; j < C; j++) gcol[j] = G <= 0 ? 0 : (int32_t)((static_groups ? perm[j] : j) / G);
     const int64_t G_dyn = G > 0 && !static_groups ? G : 0;
 
-    if (o->backend == LLMQ_BACKEND_CUDA && o->grid == LLMQ_GPTQ_GRID_MINMAX) {
-        free(H0); // 5. - 7. on the device (H stays the undamped host copy until Hinv comes back)
-        H0 = NULL;
-        if ((st = solve_cuda(name, W, H, R, C, B, G_dyn, gcol, perm, o, out, &percdamp, &loss, &t_chain))) goto fail;
-    } else {
-        // 5. + 6. damping and Hinv = cholesky(cholesky_inverse(cholesky(H)), upper=True), with retries
-        t_chain = llmq_now_s();
-        if (H0) {
-            st = llmq_gptq_hinv(name, H, H0, C, &percdamp, o->damp_increment);
-        } else {
-            struct cpu_hinv ctx = {H, NULL, o->H_src, perm, C};
-            st = hinv_retry(name, H, C, &percdamp, o->damp_increment, cpu_hinv_attempt, &ctx);
-        }
-        if (st) goto fail;
-        t_chain = llmq_now_s() - t_chain;
-        free(H0);
-        H0 = NULL;
-        // 7. lazy blocks
-        if ((st = blocks_cpu(name, W, H, R, C, B, G_dyn, gcol, perm, o, dhp, out, &loss, &t_gemm))) goto fail;
-    }
+    // 5. - 7. behind kernels/gptq.h: damping and Hinv = cholesky(cholesky_inverse(cholesky(H)), upper=True)
+    //    with retries, then the lazy blocks. The retry's backup of H: rebuilt from H_src, or the solver's own
+    //    copy (H0 was only the permutation's scratch).
+    free(H0);
+    H0 = NULL;
+    struct grid_ctx gctx = {o, dhp};
+    const bool on_device = o->backend == LLMQ_BACKEND_CUDA && o->grid == LLMQ_GPTQ_GRID_MINMAX;
+    struct llmq_gptq_solve sv = {
+        .backend = on_device ? LLMQ_BACKEND_CUDA : LLMQ_BACKEND_CPU,
+        .name = name,
+        .R = R,
+        .C = C,
+        .B = B,
+        .NG = NG,
+        .G_dyn = G_dyn,
+        .bits = o->q.bits,
+        .sym = o->q.sym,
+        .gcol = gcol,
+        .perm = perm,
+        .grid = on_device || o->grid == LLMQ_GPTQ_GRID_MINMAX ? NULL : grid_cb,
+        .grid_ctx = &gctx,
+        .H_src = on_device ? NULL : o->H_src,
+    };
+    if ((st = llmq_gptq_solver_init(&sv, H, &solver))) goto fail;
+    t_chain = llmq_now_s();
+    if ((st = hinv_retry(name, H, C, &percdamp, o->damp_increment, solver))) goto fail;
+    t_chain = llmq_now_s() - t_chain;
+    if ((st = llmq_gptq_solver_blocks(solver, W, out->scales, out->zeros, out->q, &loss, &t_gemm))) goto fail;
 
     // 8. un-permute Q; g_idx in original column order (group-aware: grids back to their own group)
     if (o->group_aware) gar_unpermute_grids(out, R, C, G, perm, row);
@@ -449,6 +308,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
 fail:
     llmq_qlinear_free(out);
 done:
+    llmq_gptq_solver_free(solver);
     free(dhp);
     free(dh);
     free(gcol);

@@ -43,10 +43,11 @@
  * (OPENBLAS_NUM_THREADS / openblas_set_num_threads); the in-block loop is single-threaded per layer.
  * Results are bit-identical for a given OpenBLAS build and thread count.
  *
- * CUDA (opts.backend = LLMQ_BACKEND_CUDA, kernels/gptq_cuda.h): steps 1-4 and 8 stay here on the CPU;
- * steps 5-7 run on the device: damping and the Cholesky chain in cuSOLVER (spotrf/spotri/spotrf, the
- * same retry loop and warnings as the CPU, shared code), the in-block loop as one warp per row with the
- * same fp32 operations as llmq_gptq_block_row (bit-identical for identical inputs; tests/gpu checks it),
+ * Steps 5-7 run behind the kernels/gptq.h dispatch (its CPU reference is the text above; its in-block loop
+ * llmq_gptq_block_row). CUDA (opts.backend = LLMQ_BACKEND_CUDA, kernels/gptq_cuda.h underneath): steps 1-4
+ * and 8 stay here on the CPU; steps 5-7 run on the device: damping and the Cholesky chain in cuSOLVER
+ * (spotrf/spotri/spotrf, the same retry loop and warnings as the CPU, shared code), the in-block loop as one warp per
+ * row with the same fp32 operations as llmq_gptq_block_row (bit-identical for identical inputs; tests/gpu checks it),
  * dynamic (scale, zero) bit-identical to llmq_quant_params_gptq, the lazy update in cublasSgemm (plain
  * FP32, no TF32). The result differs from the CPU one only through cuSOLVER / cuBLAS vs OpenBLAS fp32
  * rounding (codes agree on >= 99%, tests/gpu/test_gptq_cuda.c). Reruns on the same GPU, driver and
@@ -113,26 +114,12 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W /* (R, C) */, flo
                                     int64_t C, const struct llmq_gptq_opts *o, struct llmq_qlinear *out, double *err,
                                     float *percdamp_used);
 
-// Step 6 alone (exposed for tests and for the CUDA dispatch): H (C, C) (already dead-column fixed and
+// Steps 5 + 6 alone on the CPU (quant/gptq_gguf.c; kernels/gptq.h underneath): H (C, C) (already dead-column fixed and
 // permuted) -> on LLMQ_OK its upper triangle holds the upper Cholesky factor of (H + damp·I)⁻¹, strict
 // lower zero; *percdamp is updated to the value that succeeded. H0 (C, C) is scratch for the backup of
 // H (the retry restarts from it).
 enum llmq_status llmq_gptq_hinv(const char *name, float *H /* (C, C) */, float *H0 /* (C, C) */, int64_t C,
                                 float *percdamp, float damp_increment);
-
-// Step 7's in-block loop for one row (the CPU reference of the CUDA kernel; exposed for tests):
-// for i in 0..count-1: code = quant(W1[i]) with (scales[gcol[i]], zeros[gcol[i]]), q, e = (w - q) / d,
-// W1[k] -= e * Hinv1[i, k] for k > i (product rounded to fp32, then the subtraction), W1[i] = q.
-//   W1     : (count) in: the row's block of W; out: Q1
-//   err1   : (count) out: Err1 row
-//   code1  : (count) out: integer codes, in block (processing) order
-//   Hinv1  : (count, ldh) Hinv[i1:i2, i1:i2] with row stride ldh (C in the solve)
-//   scales, zeros : (NG) this row's grid; gcol (count): group of each block column
-// Returns the row's Losses1 sum Σ (w - q)² / d² (fp64 sum of fp32 terms; the caller halves the total).
-double llmq_gptq_block_row(float *W1 /* (count) */, float *err1 /* (count) */, uint8_t *code1 /* (count) */,
-                           const float *Hinv1 /* (count, ldh) */, int64_t ldh, int64_t count,
-                           const float *scales /* (NG) */, const float *zeros /* (NG) */,
-                           const int32_t *gcol /* (count) */, int maxq);
 
 // Step 4's order: perm = argsort(key, descending), STABLE (ties keep ascending index); tmp is (C)
 // scratch. Shared with quant/gptq_gguf.c.

@@ -1,4 +1,4 @@
-// tests/gpu/test_gptq_cuda.c — GPTQ on CUDA (kernels/gptq_cuda.h) against the CPU code (quant/gptq.c),
+// tests/gpu/test_gptq_cuda.c — GPTQ on CUDA (kernels/gptq_cuda.h) against the CPU code (kernels/gptq.c, quant/gptq.c),
 // label gpu; exits 77 (skipped) when llmq was built without CUDA or no device is present.
 //
 //   1. the group-params kernel and the in-block kernel are BIT-EXACT against llmq_quant_params_gptq /
@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "harness.h"
 #include "kernels/backend.h"
+#include "kernels/gptq.h"
 #include "kernels/gptq_cuda.h"
 #include "quant/gptq.h"
 #include "quant/quantizer.h"

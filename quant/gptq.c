@@ -155,18 +155,10 @@ void llmq_gptq_permute(float *W, float *H, int64_t R, int64_t C, const int64_t *
     memcpy(H, Hs, (size_t)(C * C) * sizeof *H);
 }
 
-enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_t R, int64_t C,
-                                    const struct llmq_gptq_opts *o, struct llmq_qlinear *out, double *err,
-                                    float *percdamp_used) {
-    enum llmq_status st = LLMQ_OK;
-    int64_t *perm = NULL, *invperm = NULL; // (C) processing position -> original column, and back
-    float *H0 = NULL;                      // (C, C) backup of H for the damping retry / permute scratch
-    float *row = NULL;                     // (C) permutation scratch
-    float *dh = NULL, *dhp = NULL;         // (C) diag(H) after step 2, original and processing order
-    int32_t *gcol = NULL;                  // (C) group of each processing position
-    struct llmq_gptq_solver *solver = NULL;
-    memset(out, 0, sizeof *out);
-
+// The options, the shape, W and H (finite) and the backend, before any allocation.
+static enum llmq_status check_inputs(const char *name, const float *W, const float *H, int64_t R, int64_t C,
+                                     const struct llmq_gptq_opts *o) {
+    enum llmq_status st;
     if ((st = llmq_qconfig_check(&o->q, name))) return st;
     if (!(o->percdamp >= 0.0f && o->percdamp < 1.0f))
         return llmq_errorf(LLMQ_ERR_ARG, "%s: percdamp must be in [0, 1), got %g", name, (double)o->percdamp);
@@ -187,17 +179,34 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
             return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: Hessian (%lld, %lld) is %f", name, (long long)(i / C),
                                (long long)(i % C), (double)H[i]);
 
+    if (o->backend != LLMQ_BACKEND_CPU && o->backend != LLMQ_BACKEND_CUDA)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: unknown backend %d", name, (int)o->backend);
+    const char *why = NULL;
+    if (o->backend == LLMQ_BACKEND_CUDA && llmq_cuda_device_count(&why) == 0)
+        return llmq_errorf(LLMQ_ERR_DEVICE, "%s: GPTQ on CUDA: no CUDA device: %s", name, why);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_t R, int64_t C,
+                                    const struct llmq_gptq_opts *o, struct llmq_qlinear *out, double *err,
+                                    float *percdamp_used) {
+    enum llmq_status st = LLMQ_OK;
+    int64_t *perm = NULL, *invperm = NULL; // (C) processing position -> original column, and back
+    float *H0 = NULL;                      // (C, C) backup of H for the damping retry / permute scratch
+    float *row = NULL;                     // (C) permutation scratch
+    float *dh = NULL, *dhp = NULL;         // (C) diag(H) after step 2, original and processing order
+    int32_t *gcol = NULL;                  // (C) group of each processing position
+    struct llmq_gptq_solver *solver = NULL;
+    memset(out, 0, sizeof *out);
+
+    if ((st = check_inputs(name, W, H, R, C, o))) return st;
+
     const int64_t B = o->blocksize > 0 ? o->blocksize : LLMQ_GPTQ_BLOCKSIZE_DEFAULT;
     const int64_t G = o->q.group_size; // -1 = per row
     const bool static_groups = o->static_groups && G > 0;
     float percdamp = o->percdamp;
     double loss = 0.0, t0 = llmq_now_s(), t_chain = 0.0, t_gemm = 0.0;
 
-    if (o->backend != LLMQ_BACKEND_CPU && o->backend != LLMQ_BACKEND_CUDA)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: unknown backend %d", name, (int)o->backend);
-    const char *why = NULL;
-    if (o->backend == LLMQ_BACKEND_CUDA && llmq_cuda_device_count(&why) == 0)
-        return llmq_errorf(LLMQ_ERR_DEVICE, "%s: GPTQ on CUDA: no CUDA device: %s", name, why);
     if ((st = llmq_qlinear_init(R, C, &o->q, out))) return st;
     const int64_t NG = out->n_groups;
     perm = malloc((size_t)C * sizeof *perm);

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# bench/zeroshot.sh — zero-shot accuracy of SmolLM2-135M quantized by RTN, GPTQ, AWQ and AWQ+GPTQ at 4 and 3
+# bits (group 64, asym, --format fake), next to the base model: `llmq eval --tasks` on the six tasks, lm-eval
+# protocol, acc / acc_norm with their standard errors, as one markdown table (README's zero-shot table).
+#
+#   bench/zeroshot.sh [--quick]
+# Base: ~/.cache/llmq/smollm2-f32.gguf (the f32 dequantization of SmolLM2-135M-Instruct.Q4_1.gguf; made with
+#   `llmq convert` when missing). Calibration (all but RTN): wiki.valid.raw, NSAMPLES windows of SEQLEN tokens,
+#   seed 0. Tasks: TASKS (default all), the first LIMIT items of each (-1: every item of the file).
+# Defaults: NSAMPLES=16 SEQLEN=512 LIMIT=-1. --quick: NSAMPLES=4 SEQLEN=256 LIMIT=20 BITS=4 METHODS="rtn gptq".
+# Environment overrides: NSAMPLES, SEQLEN, LIMIT, TASKS, THREADS (default nproc), BITS ("4 3"), METHODS
+#   ("rtn gptq awq awq+gptq"), BUILD_DIR, LLMQ_CACHE, LLMQ_DATA, WORK (a directory to keep the quantized
+#   models, logs and JSON reports in; default a new /tmp/llmq_zeroshot.XXXXXX). Resumable: with a fixed WORK, a
+#   model whose quantization finished (its JSON report exists) is not quantized again, and a model whose task
+#   JSON exists is not evaluated again, so an interrupted run continues where it stopped.
+# Output (stdout): one markdown row per model: per task acc ± stderr (and acc_norm where the task defines it),
+#   in %, then the mean acc over the tasks. Each model's figures are in $WORK/eval_<model>.json.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+QUICK=0
+[[ "${1:-}" == "--quick" ]] && QUICK=1
+if [[ $QUICK == 1 ]]; then
+  NSAMPLES="${NSAMPLES:-4}"; SEQLEN="${SEQLEN:-256}"; LIMIT="${LIMIT:-20}"; BITS="${BITS:-4}"
+  METHODS="${METHODS:-rtn gptq}"
+else
+  NSAMPLES="${NSAMPLES:-16}"; SEQLEN="${SEQLEN:-512}"; LIMIT="${LIMIT:--1}"; BITS="${BITS:-4 3}"
+  METHODS="${METHODS:-rtn gptq awq awq+gptq}"
+fi
+TASKS="${TASKS:-all}"
+THREADS="${THREADS:-$(nproc)}"
+bench_need_llmq
+BASE="$CACHE/smollm2-f32.gguf"
+bench_smollm2_f32 "$BASE"
+WORK="${WORK:-$(mktemp -d /tmp/llmq_zeroshot.XXXXXX)}"
+mkdir -p "$WORK"
+COMMIT=$(git -C "$SRC" describe --always --dirty 2>/dev/null || echo unknown)
+echo "source $COMMIT; base $BASE; calibration wikitext-2-valid ${NSAMPLES}x${SEQLEN} seed 0; tasks $TASKS limit $LIMIT lm-eval protocol; group 64; threads $THREADS; work in $WORK" >&2
+
+evaluate() { # model name
+  local json="$WORK/eval_$2.json"
+  [[ -f "$json" ]] && { echo "$2: tasks kept from an earlier run ($json)" >&2; return; }
+  "$LLMQ" eval --model "$1" --tasks "$TASKS" --limit "$LIMIT" --protocol lm-eval --threads "$THREADS" \
+    --json "$json.part" --force >"$WORK/eval_$2.txt" 2>"$WORK/eval_$2.err"
+  mv "$json.part" "$json"
+  echo "$2: tasks done" >&2
+}
+
+MODELS=(base)
+evaluate "$BASE" base
+for b in $BITS; do
+  for m in $METHODS; do
+    name="${m}_${b}"
+    out="$WORK/q_$name"
+    if [[ ! -f "$WORK/q_$name.json" ]]; then
+      rm -rf "$out"
+      cal=()
+      [[ $m != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
+      "$LLMQ" quantize --model "$BASE" --method "$m" --bits "$b" --group-size 64 --format fake --out "$out" \
+        --threads "$THREADS" --json "$WORK/q_$name.json.part" "${cal[@]}" >"$WORK/q_$name.log" 2>&1
+      mv "$WORK/q_$name.json.part" "$WORK/q_$name.json"
+    fi
+    evaluate "$out" "$name"
+    MODELS+=("$name")
+  done
+done
+
+printf '\nSmolLM2-135M (f32 base from Q4_1); `llmq eval --tasks %s --limit %s` (lm-eval protocol); calibration wiki.valid %sx%s seed 0; group 64 asym; source %s\n\n' \
+  "$TASKS" "$LIMIT" "$NSAMPLES" "$SEQLEN" "$COMMIT"
+python3 - "$WORK" "${MODELS[@]}" <<'EOF'
+import json, sys
+work, models = sys.argv[1], sys.argv[2:]
+reports = {m: json.load(open(f"{work}/eval_{m}.json"))["tasks"] for m in models}
+tasks = [t["task"] for t in reports[models[0]]]
+head = ["model"]
+for t in reports[models[0]]:
+    head.append(f"{t['task']} acc ({t['items']})")
+    if "acc_norm" in t:
+        head.append(f"{t['task']} acc_norm")
+head.append("mean acc")
+print("| " + " | ".join(head) + " |")
+print("|" + "---|" * len(head))
+for m in models:
+    row, accs = [m.replace("_", " ") + ("" if m == "base" else "-bit")], []
+    for t in reports[m]:
+        row.append(f"{100 * t['acc']:.2f} ± {100 * t['acc_stderr']:.2f}")
+        accs.append(t["acc"])
+        if "acc_norm" in t:
+            row.append(f"{100 * t['acc_norm']:.2f} ± {100 * t['acc_norm_stderr']:.2f}")
+    row.append(f"{100 * sum(accs) / len(accs):.2f}")
+    print("| " + " | ".join(row) + " |")
+EOF

@@ -99,7 +99,6 @@ def test_unnormalised_routing_has_no_gguf(llmq_bin, models, work):
     assert r.returncode != 0 and "norm_topk_prob false" in r.stderr and not out.exists(), r.stderr
 
 
-@NOT_DONE
 @pytest.mark.parametrize("v", GGUF_VARIANTS)
 def test_gguf(ggufs, v):
     import gguf
@@ -139,7 +138,6 @@ def test_llama_cpp_agrees(ggufs, ids, v):
                1.0)
 
 
-@NOT_DONE
 @pytest.mark.parametrize("v", GGUF_VARIANTS)
 def test_gguf_to_hf_reproduces_tensors(llmq_bin, ggufs, work, v):
     models = ggufs

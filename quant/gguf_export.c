@@ -34,13 +34,15 @@ enum kind {
     K_BQ,
     K_BK,
     K_BV,
+    K_ROUTER, // m->layers[l].router (moe)
+    K_EXPS,   // the stacked experts of m->layers[l].exps, which = 0 gate, 1 up, 2 down (moe)
 };
 
 struct entry {
     char name[96];
     enum kind kind;
     int64_t layer;                       // -1 for globals
-    int which;                           // K_LINEAR: enum llmq_linear
+    int which;                           // K_LINEAR: enum llmq_linear; K_EXPS: 0 gate, 1 up, 2 down
     const struct llmq_tensor_view *view; // K_VIEW: the file tensor; others are resolved when written
     int n_dims;
     int64_t shape[LLMQ_MAX_DIMS]; // outermost first
@@ -120,6 +122,10 @@ static enum kind classify(const struct llmq_hparams *hp, const char *name, int64
     case LLMQ_T_BIAS_Q: return K_BQ;
     case LLMQ_T_BIAS_K: return K_BK;
     case LLMQ_T_BIAS_V: return K_BV;
+    case LLMQ_T_FFN_GATE_INP: return K_ROUTER;
+    case LLMQ_T_FFN_GATE_EXPS:
+    case LLMQ_T_FFN_UP_EXPS:
+    case LLMQ_T_FFN_DOWN_EXPS: *which = role - LLMQ_T_FFN_GATE_EXPS; return K_EXPS;
     default:
         if (role >= LLMQ_T_LINEAR_0 && role < LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT) {
             *which = role - LLMQ_T_LINEAR_0;
@@ -148,6 +154,8 @@ static const struct llmq_tensor_view *entry_view(const struct llmq_gguf_export *
     case K_BQ: v = L->bq; break;
     case K_BK: v = L->bk; break;
     case K_BV: v = L->bv; break;
+    case K_ROUTER: v = L->router; break;
+    case K_EXPS: break; // one view per expert: write_exps
     }
     return v ? v : x->view;
 }
@@ -203,9 +211,18 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
         ADD(L->attn_norm, K_ATTN_NORM, l, -1, "%s", TN(LLMQ_T_ATTN_NORM, l));
         ADD(L->ffn_norm, K_FFN_NORM, l, -1, "%s", TN(LLMQ_T_FFN_NORM, l));
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            if (!L->w[k]) continue; // a moe block's gate / up / down: the experts below
             ADD(L->w[k], K_LINEAR, l, k, "%s", TN(LLMQ_T_LINEAR_0 + k, l));
             if (llmq_arch_qk_permuted(hp->arch) && llmq_tensor_name_of(LLMQ_T_LINEAR_0 + k)->qk_rows)
                 x->perm_heads = k == LLMQ_LIN_Q ? hp->n_head : hp->n_head_kv;
+        }
+        if (L->router) ADD(L->router, K_ROUTER, l, -1, "%s", TN(LLMQ_T_FFN_GATE_INP, l));
+        for (int k = 0; L->exps && k < 3; k++) { // (E, R, C): the experts' (R, C) stacked as llmq convert does
+            ADD(L->exps[k], K_EXPS, l, k, "%s", TN(LLMQ_T_FFN_GATE_EXPS + k, l));
+            x->n_dims = 3;
+            x->shape[0] = hp->n_expert;
+            x->shape[1] = L->exps[k]->shape[0];
+            x->shape[2] = L->exps[k]->shape[1];
         }
         if (L->bq) ADD(L->bq, K_BQ, l, -1, "%s", TN(LLMQ_T_BIAS_Q, l));
         if (L->bk) ADD(L->bk, K_BK, l, -1, "%s", TN(LLMQ_T_BIAS_K, l));
@@ -229,6 +246,9 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
     return LLMQ_OK;
 }
 
+// The linears of a block handed over one by one: all seven, or a moe block's q, k, v, o (its experts are K_EXPS).
+static int block_linears(const struct llmq_hparams *hp) { return hp->moe ? LLMQ_LIN_GATE : LLMQ_LIN_COUNT; }
+
 static int entry_cmp(const void *a, const void *b) {
     return llmq_gguf_mix_name_cmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
 }
@@ -240,6 +260,11 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct
     const struct llmq_model *m = e->m;
     int64_t L = m->hp.n_layer;
     if (!s) return LLMQ_OK;
+    if (m->hp.moe)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "gguf export: %s: importance for the experts of a mixture of experts (%s) is not "
+                           "implemented yet (quantize it without an imatrix)",
+                           m->path, llmq_arch_name(m->hp.arch));
     if (s->n_layer != L)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: the importance statistics have %lld blocks, %s has %lld",
                            (long long)s->n_layer, m->path, (long long)L);
@@ -406,6 +431,12 @@ static uint64_t choice_budget(const struct llmq_gguf_export *e, const struct llm
 // Refines the plan mc with o.choose (nothing for mode MIX): the chosen types, their notes, the entries' errors.
 static enum llmq_status choose_types(struct llmq_gguf_export *e, struct llmq_gguf_mix_choice *mc) {
     if (e->o.choose.mode == LLMQ_GGUF_CHOICE_MIX) return LLMQ_OK;
+    if (e->m->hp.moe)
+        return llmq_errorf(
+            LLMQ_ERR_UNSUPPORTED,
+            "gguf export: %s: --mix quality / --target-bpw / --target-size for a mixture of experts (%s) "
+            "are not implemented yet (llama.cpp's mix is)",
+            e->m->path, llmq_arch_name(e->m->hp.arch));
     enum llmq_status st = load_importance(e, e->o.imatrix ? NULL : e->o.choice_imatrix, &e->cimp);
     struct llmq_gguf_choose_tensor *ct = st ? NULL : calloc((size_t)e->n, sizeof(*ct));
     if (st || !ct) return st ? st : llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
@@ -516,7 +547,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         }
     }
     for (int64_t i = 0; i < L * LLMQ_LIN_COUNT; i++)
-        if (e->lin[i] < 0) {
+        if (e->lin[i] < 0 && i % LLMQ_LIN_COUNT < block_linears(&m->hp)) {
             st = llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: blk.%lld.%s.weight missing", m->path,
                              (long long)(i / LLMQ_LIN_COUNT), llmq_linear_gguf_name(i % LLMQ_LIN_COUNT));
             goto fail;
@@ -613,6 +644,24 @@ static enum llmq_status write_from_view(struct llmq_gguf_export *e, const struct
     return st;
 }
 
+// A stacked expert tensor (E, R, C): expert x's rows (its own view, layers[l].exps) are rows x R .. (x + 1) R - 1, each
+// expert written as a tensor of its own would be (every encoder works row by row; no importance here).
+static enum llmq_status write_exps(struct llmq_gguf_export *e, const struct entry *x) {
+    const struct llmq_layer *L = &e->m->layers[x->layer];
+    const int64_t E = e->m->hp.n_expert;
+    enum llmq_status st = LLMQ_OK;
+    struct entry part = *x;
+    part.kind = K_VIEW;
+    part.n_dims = 2;
+    part.shape[0] = x->shape[1];
+    part.shape[1] = x->shape[2];
+    part.shape[2] = 1;
+    part.R = x->R / E;
+    part.nbytes = x->row_bytes * (size_t)part.R;
+    for (int64_t k = 0; k < E && !st; k++) st = write_from_view(e, &part, L->exps[3 * k + x->which]);
+    return st;
+}
+
 static void progress(struct llmq_gguf_export *e, int64_t i, double secs) {
     const struct entry *x = &e->ent[i];
     if (!e->o.progress) return;
@@ -634,7 +683,7 @@ static void progress(struct llmq_gguf_export *e, int64_t i, double secs) {
 static bool ready(const struct llmq_gguf_export *e, const struct entry *x) {
     if (e->finishing) return true;
     if (x->kind == K_LINEAR) return x->handed;
-    if (x->layer >= 0) return e->n_handed[x->layer] == LLMQ_LIN_COUNT;
+    if (x->layer >= 0) return e->n_handed[x->layer] == block_linears(&e->m->hp);
     return true;
 }
 
@@ -647,6 +696,8 @@ static enum llmq_status pump(struct llmq_gguf_export *e) {
         if (!e->o.dry_run) {
             if (x->held)
                 st = write_encoded(e, x, x->held);
+            else if (x->kind == K_EXPS)
+                st = write_exps(e, x);
             else
                 st = write_from_view(e, x, entry_view(e, x));
             if (st) {
@@ -669,7 +720,8 @@ static enum llmq_status pump(struct llmq_gguf_export *e) {
 
 static struct entry *linear_entry(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
     if (!e || layer < 0 || layer >= e->m->hp.n_layer || (int)which < 0 || which >= LLMQ_LIN_COUNT) return NULL;
-    return &e->ent[e->lin[layer * LLMQ_LIN_COUNT + which]];
+    int64_t i = e->lin[layer * LLMQ_LIN_COUNT + which];
+    return i >= 0 ? &e->ent[i] : NULL; // a moe block has no dense gate / up / down
 }
 
 enum llmq_dtype llmq_gguf_export_linear_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {

@@ -27,6 +27,14 @@
  *     n_threads). An HF llama / mistral model's q and k rows are permuted as llmq convert does
  *     (formats/llama/arch.h llmq_arch_qk_src_row): whole encoded rows move.
  *   Alignment 32 (or the input's general.alignment), version 3.
+ *   Mixtures of experts (mixtral, qwen3_moe): blk.N.ffn_{gate,up,down}_exps (E, R, C) are written expert by expert
+ *     from the model's per-expert views (m->layers[l].exps: slices of the stacked tensor for a GGUF input, the
+ *     per-expert HF tensors stacked in index order for an HF input, as llmq convert stacks them), one type for the
+ *     whole stacked tensor as llama-quantize chooses it (quant/gguf_mix.h: n_expert, the block of ffn_down_exps from
+ *     its name); every encoder works row by row, so this is llama_model_quantize's output when no importance is
+ *     given. The router ffn_gate_inp keeps its type (llama-quantize never quantizes it). Not implemented for them
+ *     (refused, LLMQ_ERR_UNSUPPORTED): an imatrix (per-expert importance), choose.mode QUALITY / TARGET, and the
+ *     hand-overs of the dense gate / up / down (a moe block hands over q, k, v, o only).
  *
  * ---- Provenance keys (absent with no_provenance) ------------------------------------------------
  *   llmq.version                string  LLMQ_VERSION

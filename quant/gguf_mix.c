@@ -129,7 +129,7 @@ void llmq_gguf_mix_model_from_hparams(const struct llmq_hparams *hp, struct llmq
     out->n_layer = hp->n_layer;
     out->n_head = hp->n_head;
     out->n_head_kv = hp->n_head_kv;
-    out->n_expert = 0;
+    out->n_expert = hp->moe ? hp->n_expert : 0; // llama.cpp hparams.n_expert (<arch>.expert_count)
     // src/models/llama.cpp: 80 layers -> 65B when n_head == n_head_kv, else 70B; qwen2: 80 -> 70B
     out->is_70b = hp->n_layer == 80 && (hp->arch == LLMQ_ARCH_QWEN2 || hp->n_head != hp->n_head_kv);
 }

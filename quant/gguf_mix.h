@@ -130,7 +130,7 @@ struct llmq_gguf_mix_opts llmq_gguf_mix_default_opts(void);
 struct llmq_gguf_mix_model {
     int64_t n_layer;           // block count (llama.cpp n_ffn_down = n_layer_all)
     int64_t n_head, n_head_kv; // n_gqa = n_head / n_head_kv (0 when n_head_kv is 0)
-    int64_t n_expert;          // 0 for llama / mistral / qwen2
+    int64_t n_expert;          // <arch>.expert_count: mixtral / qwen3_moe's E, 0 for the dense families
     bool is_70b;               // llama.cpp LLM_TYPE_70B: 80 blocks, and GQA for llama
 };
 void llmq_gguf_mix_model_from_hparams(const struct llmq_hparams *hp, struct llmq_gguf_mix_model *out);

@@ -923,10 +923,12 @@ static enum llmq_status check_target(const struct llmq_model *m, const struct ll
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
-    if (m->hp.moe)
+    if (m->hp.moe && (!o->to_gguf || o->method != LLMQ_QMETHOD_RTN || o->imatrix_path || o->calib.n_sources > 0 ||
+                      o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "quantize: %s: quantizing the experts of a mixture of experts (%s) is not implemented yet "
-                           "(llmq convert and llmq eval run it)",
+                           "quantize: %s: a mixture of experts (%s) is quantized only by --method rtn --format gguf "
+                           "with llama.cpp's mix, no --imatrix / --calib (GPTQ / AWQ, directories, per-expert "
+                           "importance and the type choice from the weights are not implemented yet)",
                            m->path, llmq_arch_name(m->hp.arch));
     if (llmq_arch_info_of(m->hp.arch)->fused)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
@@ -1209,28 +1211,49 @@ done:
 // Every linear weight is finite, else one refusal naming the tensor and its first bad element, the same for
 // every method and format and before any work (a NaN would otherwise surface as a solver's, a calibration
 // pass's or no error at all: ggml's encoders write a NaN as a finite code). One pass over the weights.
+// Weight j of block l for the finiteness check: its linears, then (moe) each expert's gate, up, down; NULL for none.
+static const struct llmq_tensor_view *block_weight(const struct llmq_model *m, int64_t l, int64_t j) {
+    const struct llmq_layer *L = &m->layers[l];
+    if (j < LLMQ_LIN_COUNT) return L->w[j];
+    return L->exps && j - LLMQ_LIN_COUNT < 3 * m->hp.n_expert ? L->exps[j - LLMQ_LIN_COUNT] : NULL;
+}
+
+// The name of block_weight(m, l, j) = v in messages: "blk.L.attn_q.weight", an expert's "<its tensor> expert X".
+static const char *weight_label(const struct llmq_model *m, int64_t l, int64_t j, const struct llmq_tensor_view *v,
+                                char *buf, size_t size) {
+    if (j < LLMQ_LIN_COUNT)
+        snprintf(buf, size, "blk.%lld.%s.weight", (long long)l, llmq_linear_gguf_name((enum llmq_linear)j));
+    else if (m->from_gguf) // a slice of the stacked tensor
+        snprintf(buf, size, "%s expert %lld", v->name, (long long)((j - LLMQ_LIN_COUNT) / 3));
+    else
+        snprintf(buf, size, "%s", v->name);
+    return buf;
+}
+
 static enum llmq_status check_finite_weights(const struct llmq_model *m, int n_threads) {
-    int64_t max = 0;
+    char nm[192];
+    int64_t max = 0, nw = LLMQ_LIN_COUNT + (m->hp.moe ? 3 * m->hp.n_expert : 0);
     for (int64_t l = 0; l < m->hp.n_layer; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *v = m->layers[l].w[k];
-            max = v->shape[0] * v->shape[1] > max ? v->shape[0] * v->shape[1] : max;
+        for (int64_t j = 0; j < nw; j++) {
+            const struct llmq_tensor_view *v = block_weight(m, l, j);
+            if (v) max = v->shape[0] * v->shape[1] > max ? v->shape[0] * v->shape[1] : max;
         }
     float *W = malloc((size_t)max * sizeof(float)); // (R, C) of one linear at a time
     if (!W) return llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for a %lld-element weight", (long long)max);
     enum llmq_status st = LLMQ_OK;
     for (int64_t l = 0; !st && l < m->hp.n_layer; l++)
-        for (int k = 0; !st && k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *v = m->layers[l].w[k];
+        for (int64_t j = 0; !st && j < nw; j++) {
+            const struct llmq_tensor_view *v = block_weight(m, l, j);
+            if (!v) continue;
             int64_t C = v->shape[1], n = v->shape[0] * C;
             if ((st = llmq_model_weight_f32(v, W, n_threads))) break;
             llmq_mmap_release(v->data, v->nbytes); // read again when its block comes
             for (int64_t i = 0; i < n; i++)
                 if (!isfinite(W[i])) {
                     st = llmq_errorf(LLMQ_ERR_NUMERIC,
-                                     "quantize: %s: blk.%lld.%s.weight: element [%lld, %lld] (index %lld) is %s: "
-                                     "non-finite weights are refused",
-                                     m->path, (long long)l, llmq_linear_gguf_name(k), (long long)(i / C),
+                                     "quantize: %s: %s: element [%lld, %lld] (index %lld) is %s: non-finite weights "
+                                     "are refused",
+                                     m->path, weight_label(m, l, j, v, nm, sizeof nm), (long long)(i / C),
                                      (long long)(i % C), (long long)i,
                                      isnan(W[i]) ? "NaN"
                                      : W[i] > 0  ? "+Inf"

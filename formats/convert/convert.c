@@ -77,17 +77,26 @@ struct job {
     float shift;                  // added to every value in f32 (gemma norms: +1 to GGUF, -1 to HF), else 0
     int64_t perm_heads;           // q/k permutation with this many heads; 0 = rows in order
     bool to_gguf;                 // direction of the permutation
+    // HF -> GGUF moe: a stacked (E, R, C) expert tensor whose rows come from n_parts (= E) 2-D (R, C) inputs in
+    // order (src NULL); parts owned by the job, the views not
+    const struct llmq_tensor_view **parts;
+    int64_t n_parts;
 };
 
 struct plan {
     struct job *jobs; // (n)
     int64_t n, cap;
-    float *rope_freqs; // (Dh/2) generated llama3 factors, owned
+    float *rope_freqs;               // (Dh/2) generated llama3 factors, owned
+    struct llmq_tensor_view *slices; // (n_layer, 3, E) GGUF -> HF moe: each expert's rows of a stacked tensor
+    int64_t *exp_job;                // (n_layer, 3) HF -> GGUF moe: the job of each stacked tensor, -1 before
 };
 
 static void plan_free(struct plan *p) {
+    for (int64_t i = 0; i < p->n; i++) free(p->jobs[i].parts);
     free(p->jobs);
     free(p->rope_freqs);
+    free(p->slices);
+    free(p->exp_job);
     memset(p, 0, sizeof(*p));
 }
 
@@ -120,9 +129,28 @@ static void job_rc(const struct job *j, int64_t *R, int64_t *C) {
     *C = *R > 0 ? n / *R : 0;
 }
 
+// Part x of a stacked job: a job of its own over the (R, C) input parts[x].
+static struct job part_job(const struct job *j, int64_t x) {
+    struct job s = *j;
+    s.src = j->parts[x];
+    s.parts = NULL;
+    s.n_parts = 0;
+    s.n_dims = 2;
+    s.shape[0] = j->shape[1];
+    s.shape[1] = j->shape[2];
+    s.shape[2] = 1;
+    return s;
+}
+
 // Checks that a job can run: a decodable input dtype, rows that fit the block size, a permutable
-// shape. Fills name / dtype / shape from src.
+// shape (every part of a stacked job).
 static enum llmq_status job_check(const char *path, struct job *j) {
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t x = 0; x < j->n_parts && !st; x++) {
+        struct job s = part_job(j, x);
+        st = job_check(path, &s);
+    }
+    if (j->n_parts) return st;
     const struct llmq_dtype_traits *tr = j->src ? llmq_dtype_traits(j->src->dtype) : NULL;
     int64_t R, C;
     size_t row_bytes;
@@ -173,6 +201,11 @@ static enum llmq_status run_job(const struct job *j, struct sink *s, struct work
     enum llmq_dtype sd = j->src ? j->src->dtype : LLMQ_DTYPE_F32;
     const uint8_t *base = j->src ? (const uint8_t *)j->src->data : (const uint8_t *)j->gen;
     enum llmq_status st = LLMQ_OK;
+    for (int64_t x = 0; x < j->n_parts && !st; x++) { // a stacked tensor: its parts' rows one after the other
+        struct job pj = part_job(j, x);
+        if (!(st = run_job(&pj, s, w))) drop_pages(pj.src->data, pj.src->nbytes);
+    }
+    if (j->n_parts) return st;
     job_rc(j, &R, &C);
     if (R == 0 || C == 0) return LLMQ_OK;
     llmq_dtype_nbytes(sd, C, &row_bytes);                       // checked by job_check
@@ -252,15 +285,18 @@ static enum llmq_status run_plan(const struct plan *p, struct sink *s, bool prog
             struct llmq_tensor_view v = {.n_dims = j->n_dims};
             memcpy(v.shape, j->shape, sizeof(v.shape));
             llmq_tensor_shape_str(&v, shape, sizeof(shape));
-            const char *src_name = j->src ? j->src->name : "(generated)";
+            const char *src_name = j->src ? j->src->name : j->n_parts ? j->parts[0]->name : "(generated)";
             bool renamed = strcmp(src_name, j->name) != 0;
+            char stacked[48] = "";
+            if (j->n_parts) snprintf(stacked, sizeof stacked, ", %lld experts stacked", (long long)j->n_parts);
             double done_s = llmq_now_s() - start,
                    eta = stats->bytes_out ? done_s * (double)(total - stats->bytes_out) / (double)stats->bytes_out : 0;
-            llmq_info("[%*lld/%lld] %s%s%s: %s -> %s %s, %.2f MiB%s, %.0f ms, ETA %.0f s", width, (long long)i + 1,
+            const struct llmq_tensor_view *sv = j->src ? j->src : j->n_parts ? j->parts[0] : NULL;
+            llmq_info("[%*lld/%lld] %s%s%s: %s -> %s %s, %.2f MiB%s%s, %.0f ms, ETA %.0f s", width, (long long)i + 1,
                       (long long)p->n, src_name, renamed ? " -> " : "", renamed ? j->name : "",
-                      j->src ? llmq_dtype_name(j->src->dtype) : "f32", llmq_dtype_name(j->dtype), shape,
+                      sv ? llmq_dtype_name(sv->dtype) : "f32", llmq_dtype_name(j->dtype), shape,
                       (double)out_bytes / 1048576.0,
-                      j->perm_heads ? (j->to_gguf ? ", q/k rows permuted" : ", q/k rows un-permuted") : "",
+                      j->perm_heads ? (j->to_gguf ? ", q/k rows permuted" : ", q/k rows un-permuted") : "", stacked,
                       1e3 * (llmq_now_s() - t0), eta);
         }
     }
@@ -295,8 +331,18 @@ static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) 
     }
     case LLMQ_T_ATTN_Q_NORM:
     case LLMQ_T_ATTN_K_NORM: return hp->qk_norm ? (shape[0] = hp->head_dim, 1) : 0;
+    case LLMQ_T_FFN_GATE_INP: return hp->moe ? (shape[0] = hp->n_expert, shape[1] = D, 2) : 0;
+    case LLMQ_T_FFN_GATE_EXPS:
+    case LLMQ_T_FFN_UP_EXPS:
+    case LLMQ_T_FFN_DOWN_EXPS: {
+        bool down = i == LLMQ_T_FFN_DOWN_EXPS;
+        return hp->moe ? (shape[0] = hp->n_expert, shape[1] = down ? D : hp->n_ff_exp,
+                          shape[2] = down ? hp->n_ff_exp : D, 3)
+                       : 0;
+    }
     default:
         if (i < LLMQ_T_LINEAR_0 || i >= LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT) return 0;
+        if (hp->moe && i >= LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE) return 0; // the experts replace the dense MLP
         if (llmq_arch_info_of(hp->arch)->fused) { // phi3: q is q, k, v; up is gate, up; no k, v, gate of their own
             if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_Q) return shape[0] = q + 2 * kv, shape[1] = D, 2;
             if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP) return shape[0] = 2 * F, shape[1] = D, 2;
@@ -342,6 +388,100 @@ static enum llmq_status check_complete(const char *path, const struct llmq_hpara
     return LLMQ_OK;
 }
 
+// What convert_hf_to_gguf.py always writes in f32: 1-D tensors (norms, biases) and the moe router (ffn_gate_inp,
+// which llama-quantize never quantizes either).
+static bool keeps_f32(const char *gguf_name, int n_dims) {
+    static const char router[] = "ffn_gate_inp.weight";
+    size_t n = strlen(gguf_name), r = sizeof router - 1;
+    return n_dims <= 1 || (n >= r && strcmp(gguf_name + n - r, router) == 0);
+}
+
+// ============================================================================ experts ====
+// The moe families' experts: one stacked tensor per block and role in GGUF ((E, Fe, D) gate / up, (E, D, Fe)
+// down, as convert_hf_to_gguf.py's torch.stack of the experts in index order), E 2-D tensors in HF.
+
+static bool role_is_exps(int e) { return e >= LLMQ_T_FFN_GATE_EXPS && e <= LLMQ_T_FFN_DOWN_EXPS; }
+
+// HF -> GGUF: tv, expert x's slice of role e in block l, becomes part x of the stacked job of (l, e), which the
+// first expert met creates (in dtype; marked in seen).
+static enum llmq_status plan_expert_part(const char *in, const struct llmq_hparams *hp, struct plan *p,
+                                         const struct llmq_tensor_view *tv, int e, int64_t l, int64_t x,
+                                         enum llmq_dtype dtype, bool *seen) {
+    int64_t shape[LLMQ_MAX_DIMS] = {1, 1, 1, 1}, *slot = &p->exp_job[l * 3 + (e - LLMQ_T_FFN_GATE_EXPS)];
+    char got[64];
+    expected_shape(hp, e, shape);
+    if (tv->n_dims != 2 || tv->shape[0] != shape[1] || tv->shape[1] != shape[2])
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s has shape %s, the hyper-parameters say [%lld, %lld]", in,
+                           tv->name, llmq_tensor_shape_str(tv, got, sizeof got), (long long)shape[1],
+                           (long long)shape[2]);
+    if (*slot < 0) {
+        struct job *j = plan_add(p);
+        if (!j || !(j->parts = calloc((size_t)hp->n_expert, sizeof *j->parts)))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
+        *slot = p->n - 1;
+        j->n_parts = hp->n_expert;
+        llmq_tensor_full_name(hp->arch, e, l, false, j->name, sizeof j->name);
+        j->dtype = dtype;
+        j->n_dims = 3;
+        memcpy(j->shape, shape, sizeof j->shape);
+        seen[(size_t)l * N_NAMES + (size_t)e] = true;
+    }
+    struct job *j = &p->jobs[*slot];
+    if (j->parts[x]) return llmq_errorf(LLMQ_ERR_DUPLICATE, "%s: tensor %s given twice", in, tv->name);
+    j->parts[x] = tv;
+    return LLMQ_OK;
+}
+
+// HF -> GGUF: every expert of every stacked tensor is there, and every part can be converted.
+static enum llmq_status check_experts(const char *in, const struct llmq_hparams *hp, struct plan *p) {
+    char nm[160];
+    enum llmq_status st;
+    for (int64_t l = 0; hp->moe && l < hp->n_layer; l++)
+        for (int k = 0; k < 3; k++) {
+            int64_t slot = p->exp_job[l * 3 + k];
+            for (int64_t x = 0; x < hp->n_expert; x++)
+                if (slot < 0 || !p->jobs[slot].parts[x])
+                    return llmq_errorf(
+                        LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", in,
+                        llmq_tensor_expert_hf_name(hp->arch, LLMQ_T_FFN_GATE_EXPS + k, l, x, nm, sizeof nm));
+            if ((st = job_check(in, &p->jobs[slot]))) return st;
+        }
+    return LLMQ_OK;
+}
+
+// GGUF -> HF: the stacked tensor tv of role e in block l (its shape checked) becomes E jobs in dtype, one per expert,
+// over views of its rows (p->slices).
+static enum llmq_status plan_expert_split(const char *in, const struct llmq_hparams *hp, struct plan *p,
+                                          const struct llmq_tensor_view *tv, int e, int64_t l, enum llmq_dtype dtype) {
+    const int64_t E = hp->n_expert, R = tv->shape[1], C = tv->shape[2];
+    size_t row_bytes = 0;
+    enum llmq_status st;
+    if (!llmq_dtype_nbytes(tv->dtype, C, &row_bytes))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: tensor %s: rows of %lld elements do not fit dtype %s", in, tv->name,
+                           (long long)C, llmq_dtype_name(tv->dtype));
+    for (int64_t x = 0; x < E; x++) {
+        struct llmq_tensor_view *v = &p->slices[(l * 3 + (e - LLMQ_T_FFN_GATE_EXPS)) * E + x];
+        struct job *j = plan_add(p);
+        if (!j) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
+        size_t off = (size_t)x * (size_t)R * row_bytes;
+        *v = *tv;
+        v->n_dims = 2;
+        v->shape[0] = R;
+        v->shape[1] = C;
+        v->shape[2] = 1;
+        v->data = (const uint8_t *)tv->data + off;
+        v->nbytes = (size_t)R * row_bytes;
+        v->file_offset = tv->file_offset + off;
+        j->src = v;
+        llmq_tensor_expert_hf_name(hp->arch, e, l, x, j->name, sizeof j->name);
+        j->dtype = dtype;
+        j->n_dims = 2;
+        memcpy(j->shape, v->shape, sizeof j->shape);
+        if ((st = job_check(in, j))) return st;
+    }
+    return LLMQ_OK;
+}
+
 // ============================================================================ GGUF -> GGUF ====
 
 static uint32_t file_type_of(enum llmq_dtype d) { return d == LLMQ_DTYPE_F16 ? 1 : d == LLMQ_DTYPE_BF16 ? 32 : 0; }
@@ -363,7 +503,7 @@ static enum llmq_status gguf_to_gguf(const char *in, const char *out, const stru
         }
         j->src = v;
         snprintf(j->name, sizeof(j->name), "%s", v->name);
-        j->dtype = v->n_dims <= 1 ? LLMQ_DTYPE_F32 : o->dtype; // llama.cpp keeps 1-D tensors in f32
+        j->dtype = keeps_f32(v->name, v->n_dims) ? LLMQ_DTYPE_F32 : o->dtype;
         j->n_dims = v->n_dims;
         memcpy(j->shape, v->shape, sizeof(j->shape));
         if ((st = job_check(in, j))) goto done;
@@ -407,20 +547,17 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
     if ((st = llmq_gguf_open(in, &g)) || (st = llmq_hf_hparams_from_gguf(g, &hp)) ||
         (st = llmq_hf_files_from_gguf(g, &hp, o->dtype, &files)))
         goto done;
-    if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool)))) {
+    if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool))) ||
+        (hp.moe && !(p.slices = calloc((size_t)(hp.n_layer * 3 * hp.n_expert), sizeof *p.slices)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
         goto done;
     }
     for (int64_t i = 0; i < llmq_gguf_n_tensors(g); i++) {
         const struct llmq_tensor_view *tv = &llmq_gguf_tensor_at(g, i)->view;
         int64_t layer;
-        struct job *j;
+        char hname[128];
         if (!strcmp(tv->name, "rope_freqs.weight")) continue; // became config.json rope_scaling
-        if (!(j = plan_add(&p))) {
-            st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
-            goto done;
-        }
-        int e = map_name(&hp, tv->name, true, j->name, sizeof(j->name), &layer);
+        int e = map_name(&hp, tv->name, true, hname, sizeof(hname), &layer);
         if (e < 0) {
             st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has no Hugging Face name (not a %s tensor)", in,
                              tv->name, llmq_arch_name(hp.arch));
@@ -428,6 +565,16 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
         }
         if ((st = check_shape(in, tv, &hp, e))) goto done;
         seen[(size_t)(layer < 0 ? 0 : layer) * N_NAMES + (size_t)e] = true;
+        if (role_is_exps(e)) { // one HF tensor per expert
+            if ((st = plan_expert_split(in, &hp, &p, tv, e, layer, o->dtype))) goto done;
+            continue;
+        }
+        struct job *j = plan_add(&p);
+        if (!j) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
+            goto done;
+        }
+        snprintf(j->name, sizeof(j->name), "%s", hname);
         j->src = tv;
         j->dtype = o->dtype;
         j->n_dims = tv->n_dims;
@@ -484,10 +631,12 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
     if ((st = llmq_hf_hparams_from_dir(in, &cfg, &hp)) || (st = llmq_hparams_check_gguf(&hp, in))) goto done;
     if ((st = llmq_st_open(in, &m))) goto done;
     if ((st = cv_vocab_from_hf(in, cfg, hp.n_vocab, &v))) goto done;
-    if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool)))) {
+    if (!(seen = calloc((size_t)hp.n_layer * N_NAMES, sizeof(bool))) ||
+        (hp.moe && !(p.exp_job = malloc((size_t)(hp.n_layer * 3) * sizeof *p.exp_job)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
         goto done;
     }
+    for (int64_t i = 0; hp.moe && i < hp.n_layer * 3; i++) p.exp_job[i] = -1;
     if (hp.rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) { // convert_hf_to_gguf.py writes the factors as a tensor
         struct job *j = plan_add(&p);
         if (!j || !(p.rope_freqs = malloc((size_t)(hp.head_dim / 2) * sizeof(float)))) {
@@ -508,10 +657,16 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
         const char *dot = strrchr(tv->name, '.');
         if (dot && !strcmp(dot, ".inv_freq")) continue; // rotary buffers of old checkpoints
         int e = map_name(&hp, tv->name, false, gname, sizeof(gname), &layer);
+        int64_t x = -1;
+        if (e < 0 && hp.moe) e = llmq_tensor_expert_role_of(hp.arch, tv->name, hp.n_layer, hp.n_expert, &layer, &x);
         if (e < 0) {
             st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has no GGUF name (not a %s tensor)", in, tv->name,
                              llmq_arch_name(hp.arch));
             goto done;
+        }
+        if (x >= 0) { // an expert's slice: part of its stacked tensor
+            if ((st = plan_expert_part(in, &hp, &p, tv, e, layer, x, o->dtype, seen))) goto done;
+            continue;
         }
         if (e == LLMQ_T_OUTPUT && hp.tied_embeddings) continue; // tied: the embedding is the head
         if ((st = check_shape(in, tv, &hp, e))) goto done;
@@ -527,7 +682,7 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
         }
         j->src = tv;
         snprintf(j->name, sizeof(j->name), "%s", gname);
-        j->dtype = tv->n_dims <= 1 ? LLMQ_DTYPE_F32 : o->dtype;
+        j->dtype = keeps_f32(gname, tv->n_dims) ? LLMQ_DTYPE_F32 : o->dtype;
         j->n_dims = tv->n_dims;
         memcpy(j->shape, tv->shape, sizeof(j->shape));
         if (qk_heads(&hp, e)) {
@@ -537,7 +692,7 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
         j->shift = llmq_tensor_norm_shifted(hp.arch, e) ? 1.0f : 0.0f; // conversion/gemma.py: norm weights + 1
         if ((st = job_check(in, j))) goto done;
     }
-    if ((st = check_complete(in, &hp, seen, false))) goto done;
+    if ((st = check_experts(in, &hp, &p)) || (st = check_complete(in, &hp, seen, false))) goto done;
 
     // ---- write
     char name[256];

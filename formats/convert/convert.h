@@ -7,11 +7,11 @@
  *
  *   GGUF -> GGUF   every KV copied in order (general.file_type set: f32 0, f16 1, bf16 32;
  *                  general.quantization_version dropped: no tensor stays quantized), every tensor
- *                  in order: 1-D tensors (norms, biases) become f32 as llama.cpp keeps them, the
- *                  others opts->dtype. Quantized tensors are dequantized bit-exactly as ggml does
- *                  (formats/ggml/quants.h), f32 -> f16 / bf16 rounds to nearest even.
- *   GGUF -> HF     a directory with config.json, generation_config.json, tokenizer.json,
- *                  tokenizer_config.json and model.safetensors (or model-0000i-of-0000n.safetensors
+ *                  in order: 1-D tensors (norms, biases) and the moe router (ffn_gate_inp) become f32
+ *                  as llama.cpp keeps them, the others opts->dtype. Quantized tensors are dequantized bit-exactly as
+ * ggml does (formats/ggml/quants.h), f32 -> f16 / bf16 rounds to nearest even. GGUF -> HF     a directory with
+ * config.json, generation_config.json, tokenizer.json, tokenizer_config.json and model.safetensors (or
+ * model-0000i-of-0000n.safetensors
  *                  + model.safetensors.index.json above opts->max_shard_bytes), every tensor in
  *                  opts->dtype under its HF name (table in calib/model/model.h), llama.cpp's q/k row
  *                  permutation undone for arch "llama".
@@ -24,7 +24,9 @@
  * permutation), "gemma2" and "gemma3" (post norms, norm weights stored as 1 + w: HF -> GGUF adds 1 to every
  * norm weight in f32 as conversion/gemma.py does, GGUF -> HF subtracts it, so a round trip gives w back within
  * 2^-23; the window / soft-capping / local RoPE keys as formats/llama/arch.h "Gemma"); HF model_type "llama",
- * "mistral" (written as GGUF "llama", as llama.cpp does), "qwen2", "qwen3", "gemma2" and "gemma3_text".
+ * "mistral" (written as GGUF "llama", as llama.cpp does), "qwen2", "qwen3", "gemma2" and "gemma3_text"; the
+ * mixtures of experts "mixtral" (GGUF "llama" with <arch>.expert_count) and "qwen3_moe" (GGUF "qwen3moe"), see
+ * "Experts".
  * Anything else (GGUF "mistral" included): LLMQ_ERR_UNSUPPORTED naming it; so is a Gemma model a GGUF cannot
  * express (formats/llama/arch.h llmq_hparams_to_gguf).
  * Hyper-parameters: read and written by formats/llama/arch.h ("Hyper-parameters": the GGUF keys and
@@ -37,6 +39,18 @@
  *   permute(W) = W.reshape(n_head, 2, Dh/2, C).swapaxes(1, 2).reshape(R, C)
  * i.e. GGUF row h*Dh + 2*i + j holds HF row h*Dh + j*Dh/2 + i (i < Dh/2, j in {0, 1}); k uses
  * n_head_kv. llmq_arch_qk_src_row() (formats/llama/arch.h) gives the source row of an output row in either direction.
+ *
+ * ---- Experts (mixtral, qwen3_moe: formats/llama/arch.h "Mixture of experts") ----------------------
+ * HF -> GGUF stacks the E per-expert tensors of a block (model.layers.N.block_sparse_moe.experts.X.w1 / w3 / w2,
+ * or mlp.experts.X.gate_proj / up_proj / down_proj) into one 3-D tensor each, expert X's rows at [X] as
+ * convert_hf_to_gguf.py's torch.stack: blk.N.ffn_gate_exps / ffn_up_exps (E, Fe, D), ffn_down_exps (E, D, Fe),
+ * in opts->dtype; the router (E, D) becomes blk.N.ffn_gate_inp.weight in f32 (convert_hf_to_gguf.py keeps
+ * FFN_GATE_INP in f32). The KVs: <arch>.expert_count, .expert_used_count, and for qwen3moe
+ * .expert_feed_forward_length (formats/llama/arch.h). A missing or repeated expert, or one of another shape, is
+ * refused naming it. GGUF -> HF splits every stacked tensor back into the E per-expert tensors (rows of the
+ * stacked tensor, no copy before conversion); config.json gets num_local_experts / num_experts,
+ * num_experts_per_tok, moe_intermediate_size and norm_topk_prob true (llama.cpp always renormalises). A qwen3_moe
+ * with norm_topk_prob false has no GGUF form (LLMQ_ERR_UNSUPPORTED before anything is written).
  *
  * ---- Tokenizer ---------------------------------------------------------------------------------
  * GGUF -> HF rebuilds tokenizer.json from tokenizer.ggml.*:

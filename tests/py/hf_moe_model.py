@@ -8,8 +8,11 @@ Every model: vocab 512, hidden 64, 2 layers, 4 heads, 2 kv heads, rope_theta 1e4
 drawn from torch.manual_seed(SEED + i) (linears, router, stacked experts and the embedding N(0, 1/in), norms
 1 + N(0, 0.3^2)). "tiny-mix": MixtralConfig, 8 experts of width 96, top-2, no sliding window. "tiny-qmoe":
 Qwen3MoeConfig, 8 experts of width 48 (intermediate_size 128 is its dense width, unused), top-3, head_dim 16,
-norm_topk_prob true. "tiny-qmoe-raw": the same weights with norm_topk_prob false. (The names avoid the family
-names, as tests/py/test_phi3.py explains.)
+norm_topk_prob true. "tiny-qmoe-raw": the same weights with norm_topk_prob false. "wide-mix" / "wide-qmoe": hidden
+256, 4 experts of width 256, top-2 (qwen3_moe: head_dim 64, intermediate_size 512): rows that the 256-element K-quant
+blocks tile, so that quantizing the stacked experts exercises Q4_K / Q6_K themselves (the tiny models' 48- to 96-wide
+rows fall back to 32-element types), with 4 experts rather than 8 (llama-quantize's n_expert == 8 rules off). (The
+names avoid the family names, as tests/py/test_phi3.py explains.)
 D.hf.f32: the logits (n, 512) of the ids of IDS_FILE (from_pretrained, float32, CPU, eager attention).
 D.margin.json: per layer, the smallest gap over the tokens between the K-th and (K+1)-th largest router
 probability, and the tokens routed to each expert: the routing is unambiguous when the gap is well above float
@@ -58,10 +61,17 @@ def main():
                                      sliding_window=None, **COMMON)
     qmoe = dict(intermediate_size=128, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=3, head_dim=16,
                 **COMMON)
+    wide = dict(COMMON, hidden_size=256)
+    wide_mix = transformers.MixtralConfig(intermediate_size=256, num_local_experts=4, num_experts_per_tok=2,
+                                          sliding_window=None, **wide)
+    wide_qmoe = transformers.Qwen3MoeConfig(intermediate_size=512, moe_intermediate_size=256, num_experts=4,
+                                            num_experts_per_tok=2, head_dim=64, norm_topk_prob=True, **wide)
     models = [("tiny-mix", transformers.MixtralForCausalLM, mix, 2, None),
               ("tiny-qmoe", transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(norm_topk_prob=True, **qmoe),
                3, None),
-              ("tiny-qmoe-raw", None, None, 3, "tiny-qmoe")]
+              ("tiny-qmoe-raw", None, None, 3, "tiny-qmoe"),
+              ("wide-mix", transformers.MixtralForCausalLM, wide_mix, 2, None),
+              ("wide-qmoe", transformers.Qwen3MoeForCausalLM, wide_qmoe, 2, None)]
     for i, (name, cls, cfg, k, same_as) in enumerate(models):
         d = pathlib.Path(out_dir) / name
         if same_as:  # the same weights, norm_topk_prob false

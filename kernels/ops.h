@@ -24,16 +24,18 @@
  * The attention kernel therefore runs on the FP32 CUDA cores; it is the obvious candidate for BF16 tensor
  * cores once measured.
  *
- * Device agreement with the CPU reference (derivations in tests/gpu/test_ops_cuda.c and tests/ops_tolerance.h; u =
- * 2^-24): RoPE, residual add: bit for bit (every operation an explicit round-to-nearest intrinsic, no FMA). RMSNorm:
- * |gpu - cpu| <= 5 · FLT_EPSILON · |cpu| + 1e-37 (the double sum of squares is reduced in another order, so the f32
- * mean may round to the neighbouring float; the rest is the same operations). SwiGLU: |gpu - cpu| <= 6 · FLT_EPSILON ·
- * |cpu| + 1e-36 · |up| + 1e-44 (CUDA expf is within 2 ulp, glibc's within 1). Attention: per output element d, |gpu -
- * cpu| <= (expm1(4 (Dh + 8) u Smax) + (2 nk + 5 nt + 12) u) · Σ_j p_j |v_jd|, Smax = max_j scale · Σ_i |q_i k_ji|, nk
- * visible keys, nt key tiles of 32: the bound of two FP32 softmax-attentions that sum in different orders
- * (tests/ops_tolerance.h; the device runs a flash-style online softmax). tests/unit/test_ops.c checks the CPU reference
- * against float64 with it. Each backend is deterministic on its own: the kernels use no atomics and a fixed reduction
- * order.
+ * Device agreement with the CPU reference (u = 2^-24; derivations in tests/gpu/test_ops_cuda.c and
+ * tests/ops_tolerance.h):
+ *   RoPE, residual add: bit for bit (every operation an explicit round-to-nearest intrinsic, no FMA).
+ *   RMSNorm: |gpu - cpu| <= 5 · FLT_EPSILON · |cpu| + 1e-37 (the double sum of squares is reduced in another
+ *     order, so the f32 mean may round to the neighbouring float; the rest is the same operations).
+ *   SwiGLU: |gpu - cpu| <= 6 · FLT_EPSILON · |cpu| + 1e-36 · |up| + 1e-44 (CUDA expf is within 2 ulp, glibc's
+ *     within 1).
+ *   Attention: per output element d, |gpu - cpu| <= (expm1(4 (Dh + 8) u Smax) + (2 nk + 5 nt + 12) u) ·
+ *     Σ_j p_j |v_jd|, Smax = max_j scale · Σ_i |q_i k_ji|, nk visible keys, nt key tiles of 32: the bound of two
+ *     FP32 softmax-attentions that sum in different orders (the device runs a flash-style online softmax).
+ *     tests/unit/test_ops.c checks the CPU reference against float64 with the same bound.
+ *   Each backend is deterministic on its own: the kernels use no atomics and a fixed reduction order.
  *
  * Residency: buffers are allocated once (llmq_ops_buf_alloc: cudaMalloc on CUDA, malloc on the CPU) and
  * reused; the ops allocate nothing on the device (the attention kernel is tiled: it never materialises the

@@ -75,8 +75,8 @@ static inline int ops_attn_exact(const struct llmq_ops_attn *a, const float *q, 
     return 0;
 }
 
-// Elements of got (n) farther than bound from want; prints the first 5 (label first) and the largest
-// |got - want| / bound into *worst.
+// Elements of got (n) farther than bound from want; prints the first 5 (label first; NULL: silent) and the
+// largest |got - want| / bound into *worst.
 static inline int64_t ops_count_outside(const char *label, const float *got, const double *want, const double *bound,
                                         int64_t n, double *worst) {
     int64_t bad = 0;
@@ -84,7 +84,7 @@ static inline int64_t ops_count_outside(const char *label, const float *got, con
     for (int64_t i = 0; i < n; i++) {
         const double e = fabs((double)got[i] - want[i]), r = e / bound[i];
         if (!(r <= *worst)) *worst = r; // NaN wins
-        if (!(e <= bound[i]) && bad++ < 5)
+        if (!(e <= bound[i]) && bad++ < 5 && label)
             fprintf(stderr, "%s: element %lld: got %.9g, want %.9g, |diff| %.3g > bound %.3g\n", label, (long long)i,
                     got[i], want[i], e, bound[i]);
     }

@@ -160,7 +160,8 @@ enum llmq_status llmq_awq_block_bind(struct llmq_awq_block *b, struct llmq_forwa
         }
         b->bound = true;
     }
-    return f ? llmq_forward_reload_layer(f, b->layer) : LLMQ_OK;
+    (void)f;
+    return LLMQ_OK;
 }
 
 enum llmq_status llmq_awq_block_unbind(struct llmq_awq_block *b, struct llmq_forward *f) {
@@ -174,7 +175,8 @@ enum llmq_status llmq_awq_block_unbind(struct llmq_awq_block *b, struct llmq_for
         ly->bv = b->saved_bias[2];
         b->bound = false;
     }
-    return f ? llmq_forward_reload_layer(f, b->layer) : LLMQ_OK;
+    (void)f;
+    return LLMQ_OK;
 }
 
 const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin) {
@@ -405,9 +407,9 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         if (by_gram)
             st = gram_loss(o->backend, j->cand[0], b->w[g->lin[0]], G, N, R1, C, dW, T, &loss);
         else if (g->prev == LLMQ_AWQ_PREV_ATTN_NORM)
-            st = llmq_forward_attn(j->f, b->layer, j->in, j->n_seq, j->seqlen, j->out);
+            st = llmq_forward_attn(j->f, b->layer, &b->m->layers[b->layer], j->in, j->n_seq, j->seqlen, j->out);
         else if (g->prev == LLMQ_AWQ_PREV_FFN_NORM)
-            st = llmq_forward_mlp(j->f, b->layer, j->in, N, j->out);
+            st = llmq_forward_mlp(j->f, b->layer, &b->m->layers[b->layer], j->in, N, j->out);
         else
             st = gemm_nt(o->backend, j->in, j->cand[0], N, D, C, j->out);
         for (int k = 0; k < g->n_lin; k++) b->vw[g->lin[k]].data = b->w[g->lin[k]];
@@ -651,9 +653,10 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
 
     // The fp pass: every linear's input, the attention and MLP outputs.
     memcpy(h, x, (size_t)(N * D) * sizeof(float));
-    if ((st = llmq_forward_block(f, b->layer, h, n_seq, seqlen, capture_hook, &cap))) goto done;
-    if ((st = llmq_forward_attn(f, b->layer, cap.n1, n_seq, seqlen, attn_fp))) goto done;
-    if ((st = llmq_forward_mlp(f, b->layer, cap.n2, N, mlp_fp))) goto done;
+    if ((st = llmq_forward_block(f, b->layer, &b->m->layers[b->layer], h, n_seq, seqlen, capture_hook, &cap)))
+        goto done;
+    if ((st = llmq_forward_attn(f, b->layer, &b->m->layers[b->layer], cap.n1, n_seq, seqlen, attn_fp))) goto done;
+    if ((st = llmq_forward_mlp(f, b->layer, &b->m->layers[b->layer], cap.n2, N, mlp_fp))) goto done;
     job.out = cand_out;
     job.fp_scratch = h; // free now: o's and down's fp outputs when their loss takes the output form
 
@@ -687,7 +690,6 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
 
     // apply_scale, in the order of the groups (v and up see their column scale before the row one).
     for (int k = 0; k < b->n_groups; k++) apply_scale(b, &b->groups[k]);
-    if ((st = llmq_forward_reload_layer(f, b->layer))) goto done;
 
     // Clip search on the scaled weights with the scaled inputs.
     if (o->clip) {

@@ -56,9 +56,8 @@
  * that OWNS f32 copies of the block's 7 linears, 2 norms and (qwen2) q/k/v biases. While a block is
  * bound (llmq_awq_block_bind), the model's layer pointers point at F32 views of those copies, so the
  * forward pass (calib/model/forward.h), the GPTQ driver and the writers see the scaled weights; unbind
- * restores the original pointers. Bind/unbind also refresh the forward object's cached norm and
- * bias copies of that layer (llmq_forward_reload_layer). The search binds and unbinds internally
- * and leaves the binding state as it found it.
+ * restores the original pointers (the forward pass reads a block's views at every call, so nothing
+ * needs refreshing). The search binds and unbinds internally and leaves the binding state as it found it.
  *
  * Memory of llmq_awq_search (f32): the block copies (its weights once), plus for N tokens the
  * captured inputs n1 (N, D), o input (N, Dq), n2 (N, D), down input (N, F), and five (N, D) buffers
@@ -183,9 +182,8 @@ enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int 
 // frees. NULL is a no-op.
 void llmq_awq_block_free(struct llmq_awq_block *b);
 
-// Points the model's layer views (weights, norms, biases) at the block's F32 copies; f (may be
-// NULL) gets llmq_forward_reload_layer. Binding twice is a no-op. unbind restores the model's
-// own views (and reloads f).
+// Points the model's layer views (weights, norms, biases) at the block's F32 copies; f is unused
+// (may be NULL). Binding twice is a no-op. unbind restores the model's own views.
 enum llmq_status llmq_awq_block_bind(struct llmq_awq_block *b, struct llmq_forward *f);
 enum llmq_status llmq_awq_block_unbind(struct llmq_awq_block *b, struct llmq_forward *f);
 

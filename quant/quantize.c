@@ -117,7 +117,8 @@ static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_sl
     for (int64_t s0 = 0; s0 < r->d.n_seq; s0 += mb) {
         int64_t ns = r->d.n_seq - s0 < mb ? r->d.n_seq - s0 : mb;
         r->s.n_seq_hint = ns;
-        enum llmq_status st = llmq_forward_block(r->f, l, buf + s0 * L * D, ns, L, want_slot == -2 ? NULL : hook, r);
+        enum llmq_status st =
+            llmq_forward_block(r->f, l, &r->m->layers[l], buf + s0 * L * D, ns, L, want_slot == -2 ? NULL : hook, r);
         if (!st) st = r->s.err;
         if (st) return st;
     }
@@ -148,7 +149,7 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
         const float *x = r->x + s0 * L * D;
         if ((st = llmq_forward_rmsnorm(r->f, x, n, wn, a))) break;
         if (ffn) {
-            if ((st = llmq_forward_attn(r->f, l, a, ns, L, b))) break;
+            if ((st = llmq_forward_attn(r->f, l, &r->m->layers[l], a, ns, L, b))) break;
             for (int64_t i = 0; i < n * D; i++) b[i] = x[i] + b[i];
             if ((st = llmq_forward_rmsnorm(r->f, b, n, wn + D, a))) break;
         }

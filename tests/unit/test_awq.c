@@ -67,7 +67,8 @@ static float *block_input(struct llmq_forward *f, const struct llmq_model *m, co
     CHECK(toks && x);
     for (int64_t i = 0; i < N; i++) toks[i] = ids ? ids[i] : (int32_t)((i * 37 + 3) % m->hp.n_vocab);
     CHECK(llmq_forward_embed(f, toks, N, x) == LLMQ_OK);
-    for (int l = 0; l < layer; l++) CHECK(llmq_forward_block(f, l, x, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    for (int l = 0; l < layer; l++)
+        CHECK(llmq_forward_block(f, l, &m->layers[l], x, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
     free(toks);
     return x;
 }
@@ -79,7 +80,7 @@ static float *block_output(struct llmq_forward *f, const struct llmq_model *m, c
     float *ref = malloc(bytes);
     CHECK(ref);
     memcpy(ref, x, bytes);
-    CHECK(llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    CHECK(llmq_forward_block(f, layer, &m->layers[layer], ref, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
     return ref;
 }
 
@@ -97,13 +98,13 @@ static void test_pieces(const struct llmq_model *m, const char *label, int64_t n
     CHECK(xb && xn && out);
     for (int l = 0; l < m->hp.n_layer; l++) {
         memcpy(xb, x, (size_t)(N * D) * sizeof(float));
-        CHECK(llmq_forward_block(f, l, xb, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+        CHECK(llmq_forward_block(f, l, &m->layers[l], xb, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
         float *an = f32_of(m->layers[l].attn_norm), *fn = f32_of(m->layers[l].ffn_norm);
         CHECK(llmq_forward_rmsnorm(f, x, N, an, xn) == LLMQ_OK);
-        CHECK(llmq_forward_attn(f, l, xn, n_seq, seqlen, out) == LLMQ_OK);
+        CHECK(llmq_forward_attn(f, l, &m->layers[l], xn, n_seq, seqlen, out) == LLMQ_OK);
         for (int64_t i = 0; i < N * D; i++) x[i] += out[i];
         CHECK(llmq_forward_rmsnorm(f, x, N, fn, xn) == LLMQ_OK);
-        CHECK(llmq_forward_mlp(f, l, xn, N, out) == LLMQ_OK);
+        CHECK(llmq_forward_mlp(f, l, &m->layers[l], xn, N, out) == LLMQ_OK);
         for (int64_t i = 0; i < N * D; i++) x[i] += out[i];
         CHECK(memcmp(x, xb, (size_t)(N * D) * sizeof(float)) == 0);
         free(an);
@@ -111,8 +112,8 @@ static void test_pieces(const struct llmq_model *m, const char *label, int64_t n
     }
     // argument errors
     llmq_log_set_level(LLMQ_LOG_SILENT);
-    CHECK(llmq_forward_attn(f, (int)m->hp.n_layer, xn, n_seq, seqlen, out) == LLMQ_ERR_ARG);
-    CHECK(llmq_forward_mlp(f, 0, xn, N + 1, out) == LLMQ_ERR_ARG);
+    CHECK(llmq_forward_attn(f, (int)m->hp.n_layer, m->layers, xn, n_seq, seqlen, out) == LLMQ_ERR_ARG);
+    CHECK(llmq_forward_mlp(f, 0, m->layers, xn, N + 1, out) == LLMQ_ERR_ARG);
     CHECK(llmq_forward_rmsnorm(f, x, 0, xn, out) == LLMQ_ERR_ARG);
     llmq_log_set_level(LLMQ_LOG_INFO);
     printf("  %s: attn/mlp/rmsnorm == block on %lld layers (bitwise)\n", label, (long long)m->hp.n_layer);
@@ -149,12 +150,12 @@ static void test_fold(struct llmq_model *m, const char *label, int layer, int gr
     CHECK((llmq_awq_input_scales(b, LLMQ_LIN_O) != NULL) == (want_groups == 4));
     // the search leaves the model as it was
     memcpy(y, x, (size_t)(N * D) * sizeof(float));
-    CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    CHECK(llmq_forward_block(f, layer, &m->layers[layer], y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
     CHECK(memcmp(y, ref, (size_t)(N * D) * sizeof(float)) == 0);
 
     CHECK(llmq_awq_block_bind(b, f) == LLMQ_OK);
     memcpy(y, x, (size_t)(N * D) * sizeof(float));
-    CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    CHECK(llmq_forward_block(f, layer, &m->layers[layer], y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
     const double rel = max_diff(y, ref, N * D) / max_abs(ref, N * D);
     printf("  %s layer %d: %d scale groups (ratios", label, layer, b->n_groups);
     for (int g = 0; g < b->n_groups; g++) printf(" %.2f", (double)b->groups[g].ratio);
@@ -162,7 +163,7 @@ static void test_fold(struct llmq_model *m, const char *label, int layer, int gr
     CHECK(rel < 1e-5);
     CHECK(llmq_awq_block_unbind(b, f) == LLMQ_OK);
     memcpy(y, x, (size_t)(N * D) * sizeof(float));
-    CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    CHECK(llmq_forward_block(f, layer, &m->layers[layer], y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
     CHECK(memcmp(y, ref, (size_t)(N * D) * sizeof(float)) == 0);
 
     // the scaled Hessian helper: H' = diag(1/s) H diag(1/s)
@@ -288,7 +289,7 @@ static double quantized_block_mse(struct llmq_model *m, struct llmq_forward *f, 
     CHECK(y);
     memcpy(y, x, (size_t)(N * D) * sizeof(float));
     CHECK(llmq_awq_block_bind(b, f) == LLMQ_OK);
-    CHECK(llmq_forward_block(f, layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
+    CHECK(llmq_forward_block(f, layer, &m->layers[layer], y, n_seq, seqlen, NULL, NULL) == LLMQ_OK);
     CHECK(llmq_awq_block_unbind(b, f) == LLMQ_OK);
     double e = mse(y, ref, N * D);
     free(y);

@@ -39,13 +39,11 @@ static double block_mse(struct llmq_model *m, struct llmq_forward *f, struct llm
     if (!y) return -1;
     memcpy(y, x, (size_t)(N * D) * sizeof(float));
     double e = -1;
-    if (llmq_awq_block_bind(b, f) == LLMQ_OK &&
-        llmq_forward_block(f, b->layer, &m->layers[b->layer], y, n_seq, seqlen, NULL, NULL) == LLMQ_OK) {
+    if (llmq_forward_block(f, b->layer, &b->ly, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK) {
         e = 0;
         for (int64_t i = 0; i < N * D; i++) e += ((double)y[i] - ref[i]) * ((double)y[i] - ref[i]);
         e /= (double)(N * D);
     }
-    llmq_awq_block_unbind(b, f);
     free(y);
     return e;
 }

@@ -786,7 +786,10 @@ static enum llmq_status block(struct llmq_forward *f, int layer, const struct ll
 // A weight of the weight set with the shape of the model's (both NULL: the family has none).
 static bool same_shape(const struct llmq_tensor_view *a, const struct llmq_tensor_view *b) {
     if (!a || !b) return a == b;
-    return a->n_dims == b->n_dims && memcmp(a->shape, b->shape, sizeof a->shape) == 0;
+    if (a->n_dims != b->n_dims) return false;
+    for (int d = 0; d < a->n_dims; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
 }
 
 static enum llmq_status check_block_args(const struct llmq_forward *f, int layer, const struct llmq_layer *ly,

@@ -399,8 +399,8 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
 
 // Writes every slot from e->pos up to the first linear not handed over yet. A block's norm is declared
 // just before its first linear (input_layernorm before q, post_attention_layernorm before gate) and is
-// read only once that linear has arrived, so a driver that folds AWQ scales into the norm of block l
-// can do so until it hands over block l's q / gate (block l-1's down no longer pulls it out early).
+// written only once that linear has arrived, so it comes from the copy of a block handed over before its
+// linears (llmq_export_block), whatever the driver did with the block before.
 static enum llmq_status advance(struct llmq_export *e) {
     enum llmq_status st;
     while (e->pos < e->n_slots) {

@@ -366,9 +366,9 @@ static double result_bits(const struct llmq_qtarget *t, const struct llmq_qlinea
 
 // One linear onto the writer's target and into the writer, as the run's method does it; logs the line and
 // records the JSON row. W (R, C): in, the weights to quantize (AWQ: scaled and clipped); out, the decoding of
-// what was handed over (the true-sequential override). Hsrc (C, C): the Hessian of W's input (AWQ: scaled),
-// read only (it may be r->H or r->Hx); NULL without calibration (rtn: the weight error, "werr"). imp: a ROWS
-// target's encoder importance (AWQ: of the scaled input); NULL: the writer's, else diag(Hsrc).
+// what was handed over (the block's weight set for the true-sequential passes). Hsrc (C, C): the Hessian of W's input
+// (AWQ: scaled), read only (it may be r->H or r->Hx); NULL without calibration (rtn: the weight error, "werr"). imp: a
+// ROWS target's encoder importance (AWQ: of the scaled input); NULL: the writer's, else diag(Hsrc).
 //   rtn, awq   rounded onto the target (round_onto; awq on AutoAWQ's grid).
 //   gptq, awq+gptq   rtn_err of the plain rounding (GPTQ's grid, same importance), then GPTQ onto the target.
 //              Into ggml rows, when GPTQ's err is not below rtn_err (little data, an importance-weighted

@@ -49,11 +49,12 @@
  *   below; without any, rtn is unweighted.
  *   gptq      the same true-sequential loop; each linear through llmq_gptq_gguf_quantize (quant/gptq_gguf.h)
  *             with importance = imatrix, else diag(H); its blocks are handed over as encoded rows and
- *             their decoding is the override for the following passes. rtn_err: the encoder alone with
- *             the same importance. When GPTQ's err is not below rtn_err (it happens with little data on a
- *             type whose importance-weighted encoder is already strong, e.g. Q4_K ffn_down), the
- *             encoder's blocks are written instead: method "gptq:rtn", the rejected "gptq_err" in the JSON
- *             (onto a directory's grid GPTQ's result is always written: its rtn_err is the unweighted grid).
+ *             their decoding replaces the linear in the block's weight set for the following passes.
+ *             rtn_err: the encoder alone with the same importance. When GPTQ's err is not below rtn_err (it
+ *             happens with little data on a type whose importance-weighted encoder is already strong, e.g.
+ *             Q4_K ffn_down), the encoder's blocks are written instead: method "gptq:rtn", the rejected
+ *             "gptq_err" in the JSON (onto a directory's grid GPTQ's result is always written: its rtn_err
+ *             is the unweighted grid).
  *   awq       AWQ's search with the GGUF quantizer (llmq_awq_opts.fake_quant: encode with the linear's type
  *             and the importance of the scaled input, imp / s², then decode; group = the type's block);
  *             importance = imatrix, else Σx²/count of the block's fp inputs. Each scaled and clipped

@@ -39,13 +39,11 @@ static double block_mse(struct llmq_model *m, struct llmq_forward *f, struct llm
     if (!y) return -1;
     memcpy(y, x, (size_t)(N * D) * sizeof(float));
     double e = -1;
-    if (llmq_awq_block_bind(b, f) == LLMQ_OK &&
-        llmq_forward_block(f, b->layer, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK) {
+    if (llmq_forward_block(f, b->layer, &b->ly, y, n_seq, seqlen, NULL, NULL) == LLMQ_OK) {
         e = 0;
         for (int64_t i = 0; i < N * D; i++) e += ((double)y[i] - ref[i]) * ((double)y[i] - ref[i]);
         e /= (double)(N * D);
     }
-    llmq_awq_block_unbind(b, f);
     free(y);
     return e;
 }
@@ -78,10 +76,10 @@ int main(int argc, char **argv) {
     if (!x || !ref || llmq_forward_init(m, N, threads, &f) != LLMQ_OK || llmq_forward_embed(f, ids, N, x) != LLMQ_OK)
         return 1;
     for (int l = 0; l < layer; l++)
-        if (llmq_forward_block(f, l, x, n_seq, seqlen, NULL, NULL) != LLMQ_OK) return 1;
+        if (llmq_forward_block(f, l, &m->layers[l], x, n_seq, seqlen, NULL, NULL) != LLMQ_OK) return 1;
     memcpy(ref, x, (size_t)(N * D) * sizeof(float));
     double t0 = now();
-    if (llmq_forward_block(f, layer, ref, n_seq, seqlen, NULL, NULL) != LLMQ_OK) return 1;
+    if (llmq_forward_block(f, layer, &m->layers[layer], ref, n_seq, seqlen, NULL, NULL) != LLMQ_OK) return 1;
     const double t_block = now() - t0;
 
     struct llmq_awq_opts o;

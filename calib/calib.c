@@ -503,7 +503,8 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
         for (int64_t s0 = 0; !st && s0 < d->n_seq; s0 += micro_batch) {
             int64_t ns = d->n_seq - s0 < micro_batch ? d->n_seq - s0 : micro_batch;
             s->n_seq_hint = ns;
-            st = llmq_forward_block(f, (int)l, x + s0 * d->seqlen * D, ns, d->seqlen, llmq_calib_stats_hook, s);
+            st = llmq_forward_block(f, (int)l, &m->layers[l], x + s0 * d->seqlen * D, ns, d->seqlen,
+                                    llmq_calib_stats_hook, s);
             if (!st) st = s->err;
         }
         if (st) break;

@@ -10,6 +10,8 @@
 
 #include "common/dtype.h"
 
+#include <stdbool.h>
+
 #define LLMQ_MAX_DIMS 4
 
 struct llmq_tensor_view {
@@ -25,6 +27,12 @@ struct llmq_tensor_view {
 // Number of elements (product of the shape; 1 for a scalar). The file readers guarantee that it
 // does not overflow for every view they hand out.
 int64_t llmq_tensor_nelements(const struct llmq_tensor_view *t);
+
+// *dst = an owned copy of v: v's header (name still v's pointer) on a malloc'd copy of its nbytes of data; v NULL:
+// *dst zeroed (data NULL). Release with llmq_tensor_copy_free. false when out of memory (*dst zeroed).
+bool llmq_tensor_copy(const struct llmq_tensor_view *v, struct llmq_tensor_view *dst);
+// Frees the data of a copy made by llmq_tensor_copy and zeroes *t (a zeroed view: no-op).
+void llmq_tensor_copy_free(struct llmq_tensor_view *t);
 
 // Writes "[576, 49152]" style text into buf (always NUL-terminated). Returns buf.
 char *llmq_tensor_shape_str(const struct llmq_tensor_view *t, char *buf, size_t bufsize);

@@ -62,7 +62,7 @@ static void f32_view(struct llmq_tensor_view *v, float *data, int64_t R, int64_t
 }
 
 // ---------------------------------------------------------------------------------------------
-// Options, block copies, binding
+// Options, block copies and their weight set
 // ---------------------------------------------------------------------------------------------
 
 void llmq_awq_opts_default(struct llmq_awq_opts *o) {
@@ -116,6 +116,13 @@ enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int 
         if ((st = llmq_model_weight_f32(bias[i], b->bias[i], 1))) goto fail;
         f32_view(&b->vbias[i], b->bias[i], 1, n, bias[i]->name);
     }
+    b->ly = *ly; // the weight set: the model's block with its views on the copies
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++) b->ly.w[l] = &b->vw[l];
+    b->ly.attn_norm = &b->vattn_norm;
+    b->ly.ffn_norm = &b->vffn_norm;
+    const struct llmq_tensor_view **lb[3] = {&b->ly.bq, &b->ly.bk, &b->ly.bv};
+    for (int i = 0; i < 3; i++)
+        if (b->bias[i]) *lb[i] = &b->vbias[i];
     *out = b;
     return LLMQ_OK;
 nomem:
@@ -127,7 +134,6 @@ fail:
 
 void llmq_awq_block_free(struct llmq_awq_block *b) {
     if (!b) return;
-    if (b->bound) llmq_awq_block_unbind(b, NULL);
     for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
         free(b->w[l]);
         free(b->clip[l]);
@@ -140,41 +146,6 @@ void llmq_awq_block_free(struct llmq_awq_block *b) {
         free(b->groups[g].scales);
     }
     free(b);
-}
-
-enum llmq_status llmq_awq_block_bind(struct llmq_awq_block *b, struct llmq_forward *f) {
-    if (!b->bound) {
-        struct llmq_layer *ly = &b->m->layers[b->layer];
-        for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
-            b->saved_w[l] = ly->w[l];
-            ly->w[l] = &b->vw[l];
-        }
-        b->saved_attn_norm = ly->attn_norm;
-        b->saved_ffn_norm = ly->ffn_norm;
-        ly->attn_norm = &b->vattn_norm;
-        ly->ffn_norm = &b->vffn_norm;
-        const struct llmq_tensor_view **bias[3] = {&ly->bq, &ly->bk, &ly->bv};
-        for (int i = 0; i < 3; i++) {
-            b->saved_bias[i] = *bias[i];
-            if (b->bias[i]) *bias[i] = &b->vbias[i];
-        }
-        b->bound = true;
-    }
-    return f ? llmq_forward_reload_layer(f, b->layer) : LLMQ_OK;
-}
-
-enum llmq_status llmq_awq_block_unbind(struct llmq_awq_block *b, struct llmq_forward *f) {
-    if (b->bound) {
-        struct llmq_layer *ly = &b->m->layers[b->layer];
-        for (int l = 0; l < LLMQ_LIN_COUNT; l++) ly->w[l] = b->saved_w[l];
-        ly->attn_norm = b->saved_attn_norm;
-        ly->ffn_norm = b->saved_ffn_norm;
-        ly->bq = b->saved_bias[0];
-        ly->bk = b->saved_bias[1];
-        ly->bv = b->saved_bias[2];
-        b->bound = false;
-    }
-    return f ? llmq_forward_reload_layer(f, b->layer) : LLMQ_OK;
 }
 
 const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin) {
@@ -405,9 +376,9 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         if (by_gram)
             st = gram_loss(o->backend, j->cand[0], b->w[g->lin[0]], G, N, R1, C, dW, T, &loss);
         else if (g->prev == LLMQ_AWQ_PREV_ATTN_NORM)
-            st = llmq_forward_attn(j->f, b->layer, j->in, j->n_seq, j->seqlen, j->out);
+            st = llmq_forward_attn(j->f, b->layer, &b->ly, j->in, j->n_seq, j->seqlen, j->out);
         else if (g->prev == LLMQ_AWQ_PREV_FFN_NORM)
-            st = llmq_forward_mlp(j->f, b->layer, j->in, N, j->out);
+            st = llmq_forward_mlp(j->f, b->layer, &b->ly, j->in, N, j->out);
         else
             st = gemm_nt(o->backend, j->in, j->cand[0], N, D, C, j->out);
         for (int k = 0; k < g->n_lin; k++) b->vw[g->lin[k]].data = b->w[g->lin[k]];
@@ -621,7 +592,6 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         if (!isfinite(x[i]))
             return llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d: block input (%lld, %lld) is %g", b->layer,
                                (long long)(i / D), (long long)(i % D), (double)x[i]);
-    const bool was_bound = b->bound;
     const bool has_vo =
         lin_rows(b, LLMQ_LIN_V) == lin_rows(b, LLMQ_LIN_O) && lin_cols(b, LLMQ_LIN_V) == lin_cols(b, LLMQ_LIN_O);
     struct captured cap = {.N = N};
@@ -647,13 +617,12 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for %lld tokens (layer %d)", (long long)N, b->layer);
         goto done;
     }
-    if ((st = llmq_awq_block_bind(b, f))) goto done;
 
     // The fp pass: every linear's input, the attention and MLP outputs.
     memcpy(h, x, (size_t)(N * D) * sizeof(float));
-    if ((st = llmq_forward_block(f, b->layer, h, n_seq, seqlen, capture_hook, &cap))) goto done;
-    if ((st = llmq_forward_attn(f, b->layer, cap.n1, n_seq, seqlen, attn_fp))) goto done;
-    if ((st = llmq_forward_mlp(f, b->layer, cap.n2, N, mlp_fp))) goto done;
+    if ((st = llmq_forward_block(f, b->layer, &b->ly, h, n_seq, seqlen, capture_hook, &cap))) goto done;
+    if ((st = llmq_forward_attn(f, b->layer, &b->ly, cap.n1, n_seq, seqlen, attn_fp))) goto done;
+    if ((st = llmq_forward_mlp(f, b->layer, &b->ly, cap.n2, N, mlp_fp))) goto done;
     job.out = cand_out;
     job.fp_scratch = h; // free now: o's and down's fp outputs when their loss takes the output form
 
@@ -687,7 +656,6 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
 
     // apply_scale, in the order of the groups (v and up see their column scale before the row one).
     for (int k = 0; k < b->n_groups; k++) apply_scale(b, &b->groups[k]);
-    if ((st = llmq_forward_reload_layer(f, b->layer))) goto done;
 
     // Clip search on the scaled weights with the scaled inputs.
     if (o->clip) {
@@ -724,10 +692,6 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     b->seconds_clip = llmq_now_s() - t0;
 
 done:
-    if (!was_bound) {
-        enum llmq_status st2 = llmq_awq_block_unbind(b, f);
-        if (!st) st = st2;
-    }
     free(cap.n1);
     free(cap.att);
     free(cap.n2);

@@ -52,13 +52,12 @@
  *   llmq_quant_params_awq; round = half to even).
  *
  * ---- Weights, views, and the model ------------------------------------------------------------
- * Model weights are const views into a mapped file, so the search works on a struct llmq_awq_block
- * that OWNS f32 copies of the block's 7 linears, 2 norms and (qwen2) q/k/v biases. While a block is
- * bound (llmq_awq_block_bind), the model's layer pointers point at F32 views of those copies, so the
- * forward pass (calib/model/forward.h), the GPTQ driver and the writers see the scaled weights; unbind
- * restores the original pointers. Bind/unbind also refresh the forward object's cached norm and
- * bias copies of that layer (llmq_forward_reload_layer). The search binds and unbinds internally
- * and leaves the binding state as it found it.
+ * Model weights are const views into a mapped file, and the model is never changed: the search works on
+ * a struct llmq_awq_block that OWNS f32 copies of the block's 7 linears, 2 norms and (qwen2) q/k/v biases,
+ * and its weight set b->ly (the model's block with those views on the copies; q/k norms, post norms,
+ * router and experts the model's). The forward pass (calib/model/forward.h) runs b->ly; after the search
+ * it holds the scaled, folded and clipped weights, which the driver hands to the solvers and the writer
+ * (quant/quantize.h, quant/writer.h llmq_qwriter_put_block).
  *
  * Memory of llmq_awq_search (f32): the block copies (its weights once), plus for N tokens the
  * captured inputs n1 (N, D), o input (N, Dq), n2 (N, D), down input (N, F), and five (N, D) buffers
@@ -80,8 +79,7 @@
  *
  * Errors: LLMQ_ERR_ARG (bad options, a second search on the same block), LLMQ_ERR_NUMERIC (NaN/Inf
  * in the input or a loss, naming layer and group), LLMQ_ERR_NOMEM, and whatever the forward pass
- * returns. Each is logged once. On failure the block's weights are unspecified (free it) and the
- * model's binding is as it was before the call.
+ * returns. Each is logged once. On failure the block's weights are unspecified (free it).
  */
 #ifndef LLMQ_QUANT_AWQ_H
 #define LLMQ_QUANT_AWQ_H
@@ -170,24 +168,17 @@ struct llmq_awq_block {
     double clip_err[LLMQ_LIN_COUNT];     // sum over (row, group) of the chosen clip error (0 if none)
     double seconds_scale, seconds_clip;  // wall time of the two searches
 
-    // private: the F32 views on the copies and the model pointers saved while bound
+    // The block's weight set: m->layers[layer] with w, attn_norm, ffn_norm and bq / bk / bv on F32 views of
+    // the copies above (vw, vattn_norm, vffn_norm, vbias). Valid until llmq_awq_block_free.
+    struct llmq_layer ly;
     struct llmq_tensor_view vw[LLMQ_LIN_COUNT], vattn_norm, vffn_norm, vbias[3];
-    const struct llmq_tensor_view *saved_w[LLMQ_LIN_COUNT], *saved_attn_norm, *saved_ffn_norm, *saved_bias[3];
-    bool bound;
 };
 
 // Copies block `layer` of m to f32 (any weight dtype llmq_model_weight_f32 reads) into a new block.
 // *out must be released with llmq_awq_block_free. LLMQ_ERR_ARG for a layer out of range.
 enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int n_threads, struct llmq_awq_block **out);
-// Unbinds if bound (without a forward object: call llmq_awq_block_unbind first to refresh one), then
-// frees. NULL is a no-op.
+// NULL is a no-op.
 void llmq_awq_block_free(struct llmq_awq_block *b);
-
-// Points the model's layer views (weights, norms, biases) at the block's F32 copies; f (may be
-// NULL) gets llmq_forward_reload_layer. Binding twice is a no-op. unbind restores the model's
-// own views (and reloads f).
-enum llmq_status llmq_awq_block_bind(struct llmq_awq_block *b, struct llmq_forward *f);
-enum llmq_status llmq_awq_block_unbind(struct llmq_awq_block *b, struct llmq_forward *f);
 
 // The whole AWQ step for block b->layer: scale search on the ORIGINAL copies (b must be fresh from
 // llmq_awq_block_init), apply_scale (the copies now hold the scaled weights and folded norms /

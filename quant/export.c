@@ -21,6 +21,7 @@
 
 #define CHUNK_FLOATS (1 << 20) // model tensors are converted 4 MiB of f32 at a time
 #define MAX_PARTS 5            // qweight, qzeros, scales, g_idx, bias
+#define N_GIVEN 5              // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases
 
 const int LLMQ_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
@@ -120,8 +121,10 @@ struct llmq_export {
     struct slot *slots;   // (n_slots) in stream order
     int64_t n_slots, pos; // pos: first slot not yet written
     enum llmq_status poisoned;
-    float *work; // (CHUNK_FLOATS) f32 conversion buffer
-    void *conv;  // (CHUNK_FLOATS * 4 bytes) converted buffer
+    float *work;                    // (CHUNK_FLOATS) f32 conversion buffer
+    void *conv;                     // (CHUNK_FLOATS * 4 bytes) converted buffer
+    struct llmq_tensor_view *given; // (n_layer, N_GIVEN) copies of attn_norm, ffn_norm, bq, bk, bv handed over
+                                    // (llmq_export_block; data NULL: none, or written already)
 };
 
 static void lin_name(char *buf, size_t n, int64_t layer, enum llmq_linear w) {
@@ -357,9 +360,20 @@ static enum llmq_status write_view(struct llmq_export *e, const struct llmq_tens
     return write_shifted(e, v, 0.0f);
 }
 
-// Norm `role` of block l as HF stores it (w, not 1 + w, for the gemma families).
+// The copy handed over for tensor g (0..N_GIVEN-1: attn_norm, ffn_norm, bq, bk, bv) of block l, or NULL.
+static struct llmq_tensor_view *given(const struct llmq_export *e, int64_t l, int g) {
+    struct llmq_tensor_view *v = l >= 0 && g >= 0 ? &e->given[l * N_GIVEN + g] : NULL;
+    return v && v->data ? v : NULL;
+}
+
+// Norm `role` of block l as HF stores it (w, not 1 + w, for the gemma families): the copy handed over for the
+// block (llmq_export_block, freed once written), else the model's view.
 static enum llmq_status write_norm(struct llmq_export *e, int64_t l, enum llmq_tensor_role role) {
-    return write_shifted(e, norm_view(e->m, l, role), llmq_tensor_norm_shifted(e->m->hp.arch, role) ? -1.0f : 0.0f);
+    struct llmq_tensor_view *g = given(e, l, role == LLMQ_T_ATTN_NORM ? 0 : role == LLMQ_T_FFN_NORM ? 1 : -1);
+    enum llmq_status st = write_shifted(e, g ? g : norm_view(e->m, l, role),
+                                        llmq_tensor_norm_shifted(e->m->hp.arch, role) ? -1.0f : 0.0f);
+    if (g) llmq_tensor_copy_free(g);
+    return st;
 }
 
 static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
@@ -385,8 +399,8 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
 
 // Writes every slot from e->pos up to the first linear not handed over yet. A block's norm is declared
 // just before its first linear (input_layernorm before q, post_attention_layernorm before gate) and is
-// read only once that linear has arrived, so a driver that folds AWQ scales into the norm of block l
-// can do so until it hands over block l's q / gate (block l-1's down no longer pulls it out early).
+// written only once that linear has arrived, so it comes from the copy of a block handed over before its
+// linears (llmq_export_block), whatever the driver did with the block before.
 static enum llmq_status advance(struct llmq_export *e) {
     enum llmq_status st;
     while (e->pos < e->n_slots) {
@@ -438,7 +452,8 @@ static enum llmq_status pack_linear(struct llmq_export *e, struct slot *s, const
     int64_t R = ql->R, C = ql->C, ng = ql->n_groups, heads = perm_heads(e->m, s->which);
     int b = ql->bits;
     uint32_t maxq = (1u << b) - 1;
-    const struct llmq_tensor_view *bv = lin_bias(e->m, s->layer, s->which);
+    struct llmq_tensor_view *gb = s->which <= LLMQ_LIN_V ? given(e, s->layer, 2 + (int)s->which) : NULL;
+    const struct llmq_tensor_view *bv = gb ? gb : lin_bias(e->m, s->layer, s->which);
     uint8_t *tmp = NULL;
     enum llmq_status st = LLMQ_OK;
     struct part *P = s->parts;
@@ -536,6 +551,7 @@ static enum llmq_status pack_linear(struct llmq_export *e, struct slot *s, const
     }
     }
     if (bv) st = pack_bias(e, bv, heads, &P[s->n_parts - 1]);
+    if (!st && gb) llmq_tensor_copy_free(gb); // packed: the copy is done with
 done:
     free(tmp);
     if (st)
@@ -553,6 +569,8 @@ static void export_free(struct llmq_export *e) {
     for (int64_t i = 0; i < e->n_slots; i++)
         for (int p = 0; p < e->slots[i].n_parts; p++) free(e->slots[i].parts[p].data);
     free(e->slots);
+    for (int64_t i = 0; e->given && i < e->m->hp.n_layer * N_GIVEN; i++) llmq_tensor_copy_free(&e->given[i]);
+    free(e->given);
     free(e->work);
     free(e->conv);
     free(e->out);
@@ -600,7 +618,8 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
     e->work = malloc((size_t)CHUNK_FLOATS * sizeof(float));
     e->conv = malloc((size_t)CHUNK_FLOATS * sizeof(float));
     e->out = strdup(out_dir);
-    if (!e->slots || !e->work || !e->conv || !e->out) {
+    e->given = calloc((size_t)(m->hp.n_layer > 0 ? m->hp.n_layer * N_GIVEN : 1), sizeof *e->given);
+    if (!e->slots || !e->work || !e->conv || !e->out || !e->given) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out_dir);
         goto fail;
     }
@@ -722,6 +741,26 @@ enum llmq_status llmq_export_layer(struct llmq_export *e, int64_t layer, enum ll
     if ((st = pack_linear(e, s, ql, what))) return e->poisoned = st;
     s->ready = true;
     if ((st = advance(e))) return e->poisoned = st;
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_export_block(struct llmq_export *e, int64_t layer, const struct llmq_layer *ly) {
+    if (!e || !ly || layer < 0 || layer >= e->m->hp.n_layer)
+        return llmq_errorf(LLMQ_ERR_ARG, "export: block %lld out of range or no weights", (long long)layer);
+    if (e->poisoned) return e->poisoned;
+    // the block's first slot (input_layernorm) and its q / k / v: none may be written or packed yet
+    const int64_t first = 1 + layer * slots_per_layer(e->m);
+    bool late = e->pos > first;
+    for (int w = LLMQ_LIN_Q; w <= LLMQ_LIN_V; w++) late = late || e->slots[first + 1 + w].ready;
+    if (late)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: block %lld handed over after its first linear", e->out, (long long)layer);
+    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv};
+    for (int g = 0; g < N_GIVEN; g++) {
+        struct llmq_tensor_view *c = &e->given[layer * N_GIVEN + g];
+        llmq_tensor_copy_free(c); // handed over again: the last one counts
+        if (!llmq_tensor_copy(v[g], c))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for block %lld's tensors", e->out, (long long)layer);
+    }
     return LLMQ_OK;
 }
 

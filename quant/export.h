@@ -87,12 +87,11 @@
  *   (awq / gptq: about b/16 of its fp16 size; fake: its full converted size) until its turn.
  *   In order — block by block, linears q,k,v,o,gate,up,down, as the driver goes — nothing is held
  *   beyond one linear's packed buffers. llmq_export_finish writes model.norm and lm_head.
- *   The model's views are read when the stream reaches them: norms and biases of block l at the
- *   export_layer calls of block l (input_layernorm when q arrives, post_attention_layernorm when gate
- *   arrives — never earlier, e.g. not at block l-1's down — biases with their linear), embed_tokens at
- *   the first call, model.norm / lm_head at finish.
- *   So a driver that points m->layers[l] at override views (AWQ's folded norms and v bias) must
- *   keep them in place until export_layer(l, LLMQ_LIN_DOWN) has returned.
+ *   Block l's input_layernorm, post_attention_layernorm and q / k / v biases are what
+ *   llmq_export_block handed over for it (copies; AWQ's folded norms and v bias), else the model's
+ *   views; every other tensor is the model's. They are read when the stream reaches them
+ *   (input_layernorm when q arrives, post_attention_layernorm when gate arrives, biases with their
+ *   linear), embed_tokens at the first call, model.norm / lm_head at finish.
  *
  * ---- Errors ---------------------------------------------------------------------------------------
  *   One log line naming the output / layer (e.g. "blk.3.ffn_down (576 x 1536): ...") and a status:
@@ -166,6 +165,12 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
 // order (GGUF row order for a GGUF input; the writer undoes the q/k permutation).
 enum llmq_status llmq_export_layer(struct llmq_export *e, int64_t layer, enum llmq_linear which,
                                    const struct llmq_qlinear *ql);
+
+// Hands over block `layer`'s input_layernorm, post_attention_layernorm and q / k / v biases as the driver's
+// weight set ly holds them (attn_norm, ffn_norm, bq, bk, bv; a NULL one: the model's), copied during the call; they are
+// written instead of the model's views. Before the block's q, k and v (LLMQ_ERR_ARG after); a second call
+// replaces the first.
+enum llmq_status llmq_export_block(struct llmq_export *e, int64_t layer, const struct llmq_layer *ly);
 
 // Writes the remaining tensors, commits the safetensors files and renames the directory onto
 // out_dir. Always frees e; on failure nothing is left at out_dir (an output replaced by force is

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #define CHUNK_FLOATS ((int64_t)4 << 20) // rows decoded per step: about 16 MiB of f32
+#define N_GIVEN 5                       // a block's tensors a driver hands over (llmq_gguf_export_block)
 
 enum kind {
     K_VIEW,      // a tensor of the input GGUF that the model does not use (copied / converted as planned)
@@ -65,6 +66,7 @@ struct llmq_gguf_export {
     int64_t n, next;                   // next: the first entry not written yet
     int64_t *lin;                      // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
     int *n_handed;                     // (n_layer) linears handed over per block
+    struct llmq_tensor_view *given;    // (n_layer, N_GIVEN) copies of the handed-over block tensors (data NULL: none)
     float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
     float **cimp;                      // the same from o.choice_imatrix (the type choice only), or NULL
     struct llmq_tensor_view rope_view; // HF llama3: generated rope_freqs.weight
@@ -136,12 +138,32 @@ static enum kind classify(const struct llmq_hparams *hp, const char *name, int64
     }
 }
 
-// The view an entry reads when it is written (the model's CURRENT views: override views count).
-// A model without that view (e.g. a bias the loader does not use) falls back to the file's tensor.
+// The slot of kind k among a block's handed-over tensors (attn_norm, ffn_norm, bq, bk, bv), or -1.
+static int given_slot(enum kind k) {
+    switch (k) {
+    case K_ATTN_NORM: return 0;
+    case K_FFN_NORM: return 1;
+    case K_BQ: return 2;
+    case K_BK: return 3;
+    case K_BV: return 4;
+    default: return -1;
+    }
+}
+
+static struct llmq_tensor_view *given_view(const struct llmq_gguf_export *e, const struct entry *x) {
+    int g = given_slot(x->kind);
+    return g >= 0 && e->given ? &e->given[x->layer * N_GIVEN + g] : NULL;
+}
+
+// The view an entry reads when it is written: the driver's copy handed over for its block
+// (llmq_gguf_export_block), else the model's. A model without that view (e.g. a bias the loader does not use)
+// falls back to the file's tensor.
 static const struct llmq_tensor_view *entry_view(const struct llmq_gguf_export *e, const struct entry *x) {
     const struct llmq_model *m = e->m;
     const struct llmq_layer *L = x->layer >= 0 ? &m->layers[x->layer] : NULL;
-    const struct llmq_tensor_view *v = NULL;
+    const struct llmq_tensor_view *v = given_view(e, x);
+    if (v && v->data) return v;
+    v = NULL;
     switch (x->kind) {
     case K_VIEW: break;
     case K_TOK_EMBD: v = m->tok_embd; break;
@@ -351,6 +373,8 @@ static void export_free(struct llmq_gguf_export *e) {
     if (!e) return;
     llmq_gguf_writer_free(e->w); // removes an uncommitted temporary file
     for (int64_t i = 0; i < e->n; i++) free(e->ent[i].held);
+    for (int64_t i = 0; e->given && i < e->m->hp.n_layer * N_GIVEN; i++) llmq_tensor_copy_free(&e->given[i]);
+    free(e->given);
     for (int64_t i = 0; e->imp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->imp[i]);
     for (int64_t i = 0; e->cimp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->cimp[i]);
     free(e->imp);
@@ -479,7 +503,8 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
     e->t0 = llmq_now_s();
     if ((out_path && !(e->out_path = strdup(out_path))) ||
         !(e->lin = malloc((size_t)(L * LLMQ_LIN_COUNT) * sizeof(int64_t))) ||
-        !(e->n_handed = calloc((size_t)(L > 0 ? L : 1), sizeof(int)))) {
+        !(e->n_handed = calloc((size_t)(L > 0 ? L : 1), sizeof(int))) ||
+        !(e->given = calloc((size_t)(L > 0 ? L * N_GIVEN : 1), sizeof(*e->given)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
         goto fail;
     }
@@ -707,6 +732,7 @@ static enum llmq_status pump(struct llmq_gguf_export *e) {
         }
         free(x->held);
         x->held = NULL;
+        if (given_view(e, x)) llmq_tensor_copy_free(given_view(e, x)); // written: the copy is done with
         x->written = true;
         x->seconds = llmq_now_s() - t0;
         if (!e->o.dry_run) progress(e, e->next, x->seconds);
@@ -784,6 +810,26 @@ enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t
         return st;
     }
     return accept(e, x, rows);
+}
+
+enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t layer, const struct llmq_layer *ly) {
+    if (!e || !ly || layer < 0 || layer >= e->m->hp.n_layer)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: block %lld out of range or no weights", (long long)layer);
+    if (e->err) return e->err;
+    for (int64_t i = 0; i < e->n; i++) {
+        const struct entry *x = &e->ent[i];
+        if (x->layer == layer && given_slot(x->kind) >= 0 && x->written)
+            return llmq_errorf(LLMQ_ERR_ARG, "gguf export: block %lld handed over after %s was written",
+                               (long long)layer, x->name);
+    }
+    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv};
+    for (int g = 0; g < N_GIVEN; g++) {
+        struct llmq_tensor_view *c = &e->given[layer * N_GIVEN + g];
+        llmq_tensor_copy_free(c); // handed over again: the last one counts
+        if (!e->o.dry_run && !llmq_tensor_copy(v[g], c))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory for block %lld's tensors", (long long)layer);
+    }
+    return LLMQ_OK;
 }
 
 // ---- finish ------------------------------------------------------------------------------------------------

@@ -62,13 +62,13 @@
  *   and quant/quantize.h refuses a block-type linear for them before begin). With allow_requantize the
  *   output is unchanged.
  *
- * ---- Streaming, holding, order of reads -----------------------------------------------------------
+ * ---- Streaming and holding ------------------------------------------------------------------------
  *   The output is written in file order. A tensor is written as soon as every tensor before it is:
  *     - a linear when it was handed over (llmq_gguf_export_linear_bytes / _f32);
- *     - a norm / bias of block l once all seven linears of block l were handed over (its model
- *       view is read then: a driver may keep override views on m->layers[l] until that point);
+ *     - a norm / bias of block l once all seven linears of block l were handed over, from the copy
+ *       llmq_gguf_export_block took of the driver's block (else from the model's view);
  *     - a global tensor (token_embd, output_norm, output, rope_freqs) at once.
- *   llmq_gguf_export_finish writes whatever is left from the model's views. Linears handed over
+ *   llmq_gguf_export_finish writes whatever is left (those copies, the model's views). Linears handed over
  *   ahead of their turn are held, encoded (at most about one block's linears for a driver going
  *   block by block). Memory otherwise: one chunk of rows in f32 (~16 MiB) plus its encoding.
  *   Atomic: "<out>.tmp.<pid>" renamed onto out by finish; abort / failure / crash leave out as it was.
@@ -160,6 +160,11 @@ enum llmq_status llmq_gguf_export_linear_bytes(struct llmq_gguf_export *e, int64
 // Or as f32 weights W (R, C) in the model's row order, encoded here with the linear's importance.
 enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
                                              const float *W);
+
+// Hands over block `layer`'s attn_norm, ffn_norm and q / k / v biases as the driver's weight set ly holds them
+// (AWQ's folded norms and v bias), copied during the call; they are written instead of the model's views. Before
+// the block's seventh linear (LLMQ_ERR_ARG once one of them was written); a second call replaces the first.
+enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t layer, const struct llmq_layer *ly);
 
 // Writes every tensor not written yet, commits and renames the file, stores the report, frees e.
 // The report: {"output", "model", "ftype", "dry_run", "tensors": [{"name", "shape", "src_type",

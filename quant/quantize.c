@@ -66,7 +66,7 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void) {
 // ---- the run's state -------------------------------------------------------------------------------
 
 struct run {
-    struct llmq_model *m;
+    const struct llmq_model *m; // only read: each block runs on its own weight set (ly)
     const struct llmq_quantize_opts *o;
     struct llmq_qwriter *w;    // the output (quant/writer.h)
     struct llmq_forward *f;    // micro-batch forward (micro_batch * seqlen tokens)
@@ -84,10 +84,10 @@ struct run {
     float *T;                  // (Rmax, Cmax) product scratch
     int64_t n_w, n_h;          // Rmax * Cmax (W, Q, T), Cmax * Cmax (H, Hx): for release_work
     enum llmq_status gemm_st;  // first failed product of rel_err (it returns NaN then); checked per block
-    float *wq[LLMQ_LIN_COUNT]; // (R, C) dequantized weights of the current block (gptq overrides)
-    struct llmq_tensor_view ov[LLMQ_LIN_COUNT];
-    const struct llmq_tensor_view *saved[LLMQ_LIN_COUNT];
-    bool overridden[LLMQ_LIN_COUNT];
+    struct llmq_layer ly;      // the current block's weight set: the model's block, with gptq's quantized
+                               // linears on ov as they are done (AWQ runs its own, struct llmq_awq_block.ly)
+    float *wq[LLMQ_LIN_COUNT]; // (R, C) dequantized weights of the current block (gptq)
+    struct llmq_tensor_view ov[LLMQ_LIN_COUNT]; // F32 views on wq
     // to_gguf only (the targets are ggml types)
     uint8_t *blk;                    // (Rmax, Cmax * 4 bytes) one linear's encoded rows
     float *imp;                      // (Cmax) importance handed to the encoder / solver
@@ -110,14 +110,16 @@ static void hook(void *user, int layer, enum llmq_linear which, const float *in,
     llmq_calib_stats_hook(&r->s, layer, which, in, n, n_in);
 }
 
-// Runs block l over buf (N, D) in micro-batches (in place), statistics for want_slot (-2: none).
+// Runs block l (its weight set r->ly) over buf (N, D) in micro-batches (in place), statistics for want_slot
+// (-2: none).
 static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_slot) {
     int64_t D = r->m->hp.n_embd, mb = r->o->micro_batch, L = r->d.seqlen;
     r->want_slot = want_slot;
     for (int64_t s0 = 0; s0 < r->d.n_seq; s0 += mb) {
         int64_t ns = r->d.n_seq - s0 < mb ? r->d.n_seq - s0 : mb;
         r->s.n_seq_hint = ns;
-        enum llmq_status st = llmq_forward_block(r->f, l, buf + s0 * L * D, ns, L, want_slot == -2 ? NULL : hook, r);
+        enum llmq_status st =
+            llmq_forward_block(r->f, l, &r->ly, buf + s0 * L * D, ns, L, want_slot == -2 ? NULL : hook, r);
         if (!st) st = r->s.err;
         if (st) return st;
     }
@@ -141,14 +143,14 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
         a = own;
         b = own ? own + mb * L * D : NULL;
     }
-    if (!st) st = llmq_model_weight_f32(r->m->layers[l].attn_norm, wn, 1);
-    if (!st) st = llmq_model_weight_f32(r->m->layers[l].ffn_norm, wn + D, 1);
+    if (!st) st = llmq_model_weight_f32(r->ly.attn_norm, wn, 1);
+    if (!st) st = llmq_model_weight_f32(r->ly.ffn_norm, wn + D, 1);
     for (int64_t s0 = 0; !st && s0 < r->d.n_seq; s0 += mb) {
         int64_t ns = r->d.n_seq - s0 < mb ? r->d.n_seq - s0 : mb, n = ns * L;
         const float *x = r->x + s0 * L * D;
         if ((st = llmq_forward_rmsnorm(r->f, x, n, wn, a))) break;
         if (ffn) {
-            if ((st = llmq_forward_attn(r->f, l, a, ns, L, b))) break;
+            if ((st = llmq_forward_attn(r->f, l, &r->ly, a, ns, L, b))) break;
             for (int64_t i = 0; i < n * D; i++) b[i] = x[i] + b[i];
             if ((st = llmq_forward_rmsnorm(r->f, b, n, wn + D, a))) break;
         }
@@ -158,14 +160,6 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
     free(own);
     free(wn);
     return st;
-}
-
-static void restore_overrides(struct run *r, int l) {
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++)
-        if (r->overridden[k]) {
-            r->m->layers[l].w[k] = r->saved[k];
-            r->overridden[k] = false;
-        }
 }
 
 // Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double.
@@ -372,9 +366,9 @@ static double result_bits(const struct llmq_qtarget *t, const struct llmq_qlinea
 
 // One linear onto the writer's target and into the writer, as the run's method does it; logs the line and
 // records the JSON row. W (R, C): in, the weights to quantize (AWQ: scaled and clipped); out, the decoding of
-// what was handed over (the true-sequential override). Hsrc (C, C): the Hessian of W's input (AWQ: scaled),
-// read only (it may be r->H or r->Hx); NULL without calibration (rtn: the weight error, "werr"). imp: a ROWS
-// target's encoder importance (AWQ: of the scaled input); NULL: the writer's, else diag(Hsrc).
+// what was handed over (the block's weight set for the true-sequential passes). Hsrc (C, C): the Hessian of W's input
+// (AWQ: scaled), read only (it may be r->H or r->Hx); NULL without calibration (rtn: the weight error, "werr"). imp: a
+// ROWS target's encoder importance (AWQ: of the scaled input); NULL: the writer's, else diag(Hsrc).
 //   rtn, awq   rounded onto the target (round_onto; awq on AutoAWQ's grid).
 //   gptq, awq+gptq   rtn_err of the plain rounding (GPTQ's grid, same importance), then GPTQ onto the target.
 //              Into ggml rows, when GPTQ's err is not below rtn_err (little data, an importance-weighted
@@ -448,8 +442,8 @@ done:
 // ---- RTN ---------------------------------------------------------------------------------------------------
 
 static enum llmq_status block_rtn(struct run *r, int l) {
-    enum llmq_status st = LLMQ_OK;
-    if (r->have_calib) st = block_pass(r, l, r->x, -1); // fp inputs, only for the reported error
+    enum llmq_status st = llmq_qwriter_put_block(r->w, l, &r->ly);
+    if (!st && r->have_calib) st = block_pass(r, l, r->x, -1); // fp inputs, only for the reported error
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         if ((st = load_weight(r, l, k))) break;
         if (r->have_calib && (st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->Hx))) break;
@@ -474,8 +468,9 @@ static void release_work(struct run *r) {
 }
 
 static enum llmq_status block_gptq(struct run *r, int l) {
-    enum llmq_status st = LLMQ_OK;
+    enum llmq_status st = llmq_qwriter_put_block(r->w, l, &r->ly); // GPTQ changes no norm or bias
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
+    if (st) return st;
     if (!r->o->true_sequential) {
         release_work(r);
         memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
@@ -503,20 +498,17 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             if ((st = llmq_calib_hessian(&r->s, l, slot, r->H))) break;
             if (j == 2 || seq_groups[g][j + 1] < 0) llmq_calib_stats_drop_xtx(&r->s, l, slot); // its last linear
             if ((st = quantize_linear(r, l, k, r->W, r->H, NULL))) break;
-            // the quantized weights replace the model's for the following passes of this block
+            // the quantized weights replace the model's in the block's weight set for its following passes
             memcpy(r->wq[k], r->W, (size_t)(R * C) * sizeof(float));
             r->ov[k] = *v;
             r->ov[k].dtype = LLMQ_DTYPE_F32;
             r->ov[k].data = r->wq[k];
             r->ov[k].nbytes = (size_t)(R * C) * sizeof(float);
-            r->saved[k] = v;
-            r->overridden[k] = true;
-            r->m->layers[l].w[k] = &r->ov[k];
-            llmq_mmap_release(v->data, v->nbytes); // the passes left in this block read the override
+            r->ly.w[k] = &r->ov[k];
+            llmq_mmap_release(v->data, v->nbytes); // the passes left in this block read the quantized copy
         }
     }
     if (!st) st = block_pass(r, l, r->x, -2); // x_q <- quantized block(x_q)
-    restore_overrides(r, l);
     return st;
 }
 
@@ -588,9 +580,8 @@ static void awq_quantizer(struct run *r, int l, struct llmq_awq_opts *ao, struct
 
 // AWQ (and AWQ+GPTQ): the block's fp inputs, the scale and clip search with the quantizer of the writer's
 // targets, then every scaled and clipped linear through quantize_linear with H' = H / (s_i s_j) and, for a
-// ggml type, the importance of the scaled input. The block is bound (the model's views on the folded norms /
-// v / up) while its linears are handed over: the writers read those views then (quant/writer.h "Order of
-// reads").
+// ggml type, the importance of the scaled input. The search's weight set b->ly (the folded norms and v bias
+// among it) goes to the writer before the block's linears (llmq_qwriter_put_block).
 static enum llmq_status block_awq(struct run *r, int l) {
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
     struct llmq_awq_block *b = NULL;
@@ -606,7 +597,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
     if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
-    if (!st) st = llmq_awq_block_bind(b, NULL);
+    if (!st) st = llmq_qwriter_put_block(r->w, l, &b->ly);
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[k];
         int64_t R = v->shape[0], C = v->shape[1];
@@ -619,10 +610,6 @@ static enum llmq_status block_awq(struct run *r, int l) {
             imp = r->fq_qw;
         }
         st = quantize_linear(r, l, k, r->W, r->H, imp);
-    }
-    if (b && b->bound) {
-        enum llmq_status s2 = llmq_awq_block_unbind(b, NULL);
-        if (!st) st = s2;
     }
     llmq_awq_block_free(b);
     return st;
@@ -1150,7 +1137,7 @@ static void run_free(struct run *r) {
 }
 
 // The solvers' run: block by block, each linear through its method and into the writer.
-static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quantize_opts *o,
+static enum llmq_status run_solvers(const struct llmq_model *m, const struct llmq_quantize_opts *o,
                                     const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
     struct run r = {.m = m, .o = o, .want_slot = -1};
     struct llmq_calib_stats cs = {0}; // the type choice's importance (quant/gguf_export.h), or none
@@ -1187,6 +1174,7 @@ static enum llmq_status run_solvers(struct llmq_model *m, const struct llmq_quan
             if ((st = llmq_calib_stats_init(m, true, l, l + 1, &r.s))) break;
             r.s.backend = o->backend;
         }
+        r.ly = m->layers[l]; // the block's weight set: the model's until a method rebinds it
         switch (o->method) {
         case LLMQ_QMETHOD_RTN: st = block_rtn(&r, l); break;
         case LLMQ_QMETHOD_GPTQ: st = block_gptq(&r, l); break;
@@ -1265,7 +1253,7 @@ static enum llmq_status check_finite_weights(const struct llmq_model *m, int n_t
     return st;
 }
 
-enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
+enum llmq_status llmq_quantize_run(const struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
     if (report) *report = NULL;
     enum llmq_status st = llmq_quantize_check(m, o);
     if (st) return st;

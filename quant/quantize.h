@@ -14,12 +14,14 @@
  *   gptq      true-sequential, as IST-DASLab/gptq llama.py --true-sequential: per block, the groups
  *             [q,k,v] -> [o] -> [gate,up] -> [down]; for each group the block is run (micro-batches)
  *             on x_q, the block input of the QUANTIZED model so far, with the already quantized linears
- *             of this block in place (F32 override views on their dequantized weights), collecting the
+ *             of this block in place (the block's weight set: F32 views on their dequantized weights,
+ *             the model's views for the rest; the model itself is never changed), collecting the
  *             group's XᵀX; H = 2/n_seq · XᵀX (calib/calib.h); each linear: llmq_gptq_quantize. After the
  *             block, x_q <- block(x_q) with all seven quantized: 5 block passes per block.
  *   awq       AutoAWQ: block inputs x_fp from the full-precision model; llmq_awq_search (scale + clip)
  *             on the block's fp input; each scaled and clipped linear rounded on the AWQ grid
- *             (llmq_quant_params_awq); the folded norms / v / up rows go to the output.
+ *             (llmq_quant_params_awq); the folded norms and v bias go to the output with the search's
+ *             weight set (llmq_qwriter_put_block), the folded v / up rows with their linears.
  *   awq+gptq  AWQ's scaling and clipping, then GPTQ on the scaled weights with the Hessian of the scaled
  *             input H' = H / (s_i s_j) (llmq_awq_scale_hessian), H from the same full-precision inputs
  *             (not true-sequential: AWQ's search needs the fp block input anyway).
@@ -47,17 +49,17 @@
  *   below; without any, rtn is unweighted.
  *   gptq      the same true-sequential loop; each linear through llmq_gptq_gguf_quantize (quant/gptq_gguf.h)
  *             with importance = imatrix, else diag(H); its blocks are handed over as encoded rows and
- *             their decoding is the override for the following passes. rtn_err: the encoder alone with
- *             the same importance. When GPTQ's err is not below rtn_err (it happens with little data on a
- *             type whose importance-weighted encoder is already strong, e.g. Q4_K ffn_down), the
- *             encoder's blocks are written instead: method "gptq:rtn", the rejected "gptq_err" in the JSON
- *             (onto a directory's grid GPTQ's result is always written: its rtn_err is the unweighted grid).
+ *             their decoding replaces the linear in the block's weight set for the following passes.
+ *             rtn_err: the encoder alone with the same importance. When GPTQ's err is not below rtn_err (it
+ *             happens with little data on a type whose importance-weighted encoder is already strong, e.g.
+ *             Q4_K ffn_down), the encoder's blocks are written instead: method "gptq:rtn", the rejected
+ *             "gptq_err" in the JSON (onto a directory's grid GPTQ's result is always written: its rtn_err
+ *             is the unweighted grid).
  *   awq       AWQ's search with the GGUF quantizer (llmq_awq_opts.fake_quant: encode with the linear's type
  *             and the importance of the scaled input, imp / s², then decode; group = the type's block);
  *             importance = imatrix, else Σx²/count of the block's fp inputs. Each scaled and clipped
- *             linear is encoded the same way and handed over as rows; the block stays bound (folded
- *             norms / v / up in the model's views) while its seven linears are handed over (into any
- *             writer: quant/writer.h "Order of reads").
+ *             linear is encoded the same way and handed over as rows (the folded norms and v bias as
+ *             for a directory).
  *   awq+gptq  the same search, then llmq_gptq_gguf_quantize on the scaled weights with H' and imp / s².
  *   F32 / F16 / BF16 linears (the mix's last resort): handed over as f32, converted by the writer
  *             (method "convert").
@@ -179,13 +181,13 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void);
 // every failure is the caller's choice of options (the CLI exits 2 on it).
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o);
 
-// Runs the whole pipeline on m (weights are only read; override views are restored before return)
-// and writes opts->out_dir: the one entry for every method and format. rtn into GGUF and every
+// Runs the whole pipeline on m (only read: every block runs on a weight set of the pipeline's, see "Per
+// method") and writes opts->out_dir: the one entry for every method and format. rtn into GGUF and every
 // gguf.dry_run are the writer alone (llmq_gguf_export_rtn / the plan on o->plan), after the importance
 // is loaded (imatrix_path) or, for rtn with calibration, gathered (llmq_calib_run over every block); the
 // report is then the writer's, with "settings" added. *report (may be NULL) receives a new JSON object: {"settings":
 // ..., "calibration": {...sources, sha256, tokens}, "layers": [{name, shape, method, err, loss, rtn_err, seconds,
 // ...}], "totals": {...}}. Errors: see the modules; one line naming the layer / tensor.
-enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report);
+enum llmq_status llmq_quantize_run(const struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report);
 
 #endif // LLMQ_QUANT_QUANTIZE_H

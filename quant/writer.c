@@ -79,6 +79,10 @@ enum llmq_status llmq_qwriter_put_linear(struct llmq_qwriter *w, int64_t layer, 
     return llmq_errorf(LLMQ_ERR_ARG, "writer: unknown payload kind %d", (int)p->kind);
 }
 
+enum llmq_status llmq_qwriter_put_block(struct llmq_qwriter *w, int64_t layer, const struct llmq_layer *ly) {
+    return w->dir ? llmq_export_block(w->dir, layer, ly) : llmq_gguf_export_block(w->gguf, layer, ly);
+}
+
 void llmq_qwriter_print_plan(const struct llmq_qwriter *w, FILE *f) {
     if (w->gguf) llmq_gguf_export_print_plan(w->gguf, f);
 }

@@ -22,14 +22,14 @@
  *   Every payload is in the MODEL's row order (the writers undo a llama q / k permutation themselves) and
  *   is only read during the call.
  *
- * ---- Order of reads (what a driver may override) ---------------------------------------------------
- *   The writers read block l's norms and biases from the model's views only during the put_linear calls
- *   of block l (a directory: input_layernorm with q, post_attention_layernorm with gate, a bias with its
- *   linear; GGUF: all of them with the seventh linear), the other tensors at begin, at finish or when the
- *   stream reaches them. So a driver that points m->layers[l] at override views (AWQ's folded norms and v
- *   bias) keeps them in place from before block l's first put_linear until its last has returned, and may
- *   restore them right after. Linears may come in any order (early ones are held, packed or encoded); block
- *   by block, q k v o gate up down, nothing is held beyond one block.
+ * ---- Block tensors and order ----------------------------------------------------------------------
+ *   The tensors of block l a method may change besides its linears (attn_norm, ffn_norm, q / k / v biases:
+ *   AWQ folds its scales into them) come from the driver explicitly: llmq_qwriter_put_block hands over the
+ *   block's weight set before the block's first put_linear, and the writer keeps copies until it writes
+ *   them; a block never handed over is written from the model's own views. Every other tensor (embeddings,
+ *   output, q / k norms, post norms) is the model's. The writers never read a driver's weight set after the
+ *   call returned, so the driver may free it at once. Linears may come in any order (early ones are held,
+ *   packed or encoded); block by block, q k v o gate up down, nothing is held beyond one block.
  *
  * ---- Errors ----------------------------------------------------------------------------------------
  *   As the writer behind: one log line naming the output / linear and a status. A put_linear refused for
@@ -94,9 +94,13 @@ enum llmq_status llmq_qwriter_begin(const struct llmq_model *m, const char *out,
 // The target of block `layer`'s linear `which` (see "Targets and payloads").
 struct llmq_qtarget llmq_qwriter_target(const struct llmq_qwriter *w, int64_t layer, enum llmq_linear which);
 
-// Hands over that linear (see "Targets and payloads" and "Order of reads").
+// Hands over that linear (see "Targets and payloads" and "Block tensors and order").
 enum llmq_status llmq_qwriter_put_linear(struct llmq_qwriter *w, int64_t layer, enum llmq_linear which,
                                          const struct llmq_qpayload *p);
+
+// Hands over block `layer`'s non-linear tensors as ly holds them (see "Block tensors and order"): before its
+// first put_linear (LLMQ_ERR_ARG later), copied during the call.
+enum llmq_status llmq_qwriter_put_block(struct llmq_qwriter *w, int64_t layer, const struct llmq_layer *ly);
 
 // A GGUF dry run's plan table on f (llmq_gguf_export_print_plan); a directory has none: nothing printed.
 void llmq_qwriter_print_plan(const struct llmq_qwriter *w, FILE *f);

@@ -63,7 +63,7 @@ static enum llmq_status run_blocks(struct llmq_forward *f, const struct llmq_mod
     enum llmq_status st = llmq_forward_embed(f, chunk, n_ctx, x);
     if (!st) st = check_finite(m, -1, x, n_ctx);
     for (int l = 0; !st && l < (int)m->hp.n_layer; l++) {
-        st = llmq_forward_block(f, l, x, 1, n_ctx, NULL, NULL);
+        st = llmq_forward_block(f, l, &m->layers[l], x, 1, n_ctx, NULL, NULL);
         if (!st) st = check_finite(m, l, x, n_ctx);
     }
     return st;

@@ -400,7 +400,8 @@ static enum llmq_status run_call(struct engine *e, struct req **rs, int nr) {
         for (int64_t j = rs[s]->n_tok; j < T; j++) e->tokens[s * T + j] = rs[s]->tok[0]; // padding after the end
     }
     enum llmq_status st = llmq_forward_embed(e->f, e->tokens, nr * T, e->x);
-    for (int l = 0; !st && l < (int)e->m->hp.n_layer; l++) st = llmq_forward_block(e->f, l, e->x, nr, T, NULL, NULL);
+    for (int l = 0; !st && l < (int)e->m->hp.n_layer; l++)
+        st = llmq_forward_block(e->f, l, &e->m->layers[l], e->x, nr, T, NULL, NULL);
     if (st) return st;
     int64_t k = 0;
     for (int s = 0; s < nr && !st; s++) {

@@ -47,10 +47,12 @@ struct llmq_forward {
 
     float *wbuf; // (wbuf_n) f32 copy of the weight rows in use
     int64_t wbuf_n;
-    float *norms;      // (2 * n_layer + 1, D): attn_norm, ffn_norm per layer, then output_norm
-    float *bias;       // (n_layer, Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
-    float *qk_norms;   // (n_layer, 2 Dh) q_norm, k_norm weights per layer; NULL without qk_norm
-    float *post_norms; // (n_layer, 2, D) gemma attn_post_norm, ffn_post_norm per layer; NULL otherwise
+    float *out_norm; // (D) output_norm
+    // the small weights of the block in use, converted from its weight set (struct llmq_layer) at every call
+    float *norms;      // (2, D) attn_norm, ffn_norm
+    float *bias;       // (Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
+    float *qk_norms;   // (2 Dh) q_norm, k_norm; NULL without qk_norm
+    float *post_norms; // (2, D) gemma attn_post_norm, ffn_post_norm; NULL otherwise
     float *ff;         // (Dh/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors)
     int64_t n_pos;     // positions in the RoPE tables and keys in the score buffers (grown on demand)
     float *rope_cos;   // (n_pos, Dh/2) cos(pos * theta_i / ff_i)
@@ -206,11 +208,25 @@ static const float *emulate_input(struct llmq_forward *f, const struct llmq_tens
     return f->xq;
 }
 
-// Y[:, 0:nr] (n, ldy) = X (n, C) · W[r0 : r0+nr]^T + beta · Y. nr * C fits in wbuf.
+// Grows the weight scratch to n floats (a caller's weight set may hold a converted weight the model has in f32).
+static enum llmq_status ensure_wbuf(struct llmq_forward *f, int64_t n) {
+    if (n <= f->wbuf_n) return LLMQ_OK;
+    float *p = realloc(f->wbuf, (size_t)n * sizeof(float));
+    if (!p) return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for a %lld-element weight", (long long)n);
+    f->wbuf = p;
+    f->wbuf_n = n;
+    return LLMQ_OK;
+}
+
+// Y[:, 0:nr] (n, ldy) = X (n, C) · W[r0 : r0+nr]^T + beta · Y; wbuf grows to nr * C when W is converted.
 // On the device (kernels/gemm.h decides by size): the threads convert W's rows into wbuf (rows
 // [r0, r0+nr) at wbuf[0..nr*C)), then ONE GEMM over all rows instead of a GEMM per thread slice.
 static enum llmq_status linear_rows(struct llmq_forward *f, const struct llmq_tensor_view *w, int64_t r0, int64_t nr,
                                     const float *X, int64_t n, float *Y, int64_t ldy, float beta) {
+    if (!direct_f32(w)) {
+        enum llmq_status st = ensure_wbuf(f, nr * w->shape[1]);
+        if (st) return st;
+    }
     if (f->emulate) X = emulate_input(f, w, X, n);
     const bool dev = llmq_gemm_on_device(f->backend, n, nr, w->shape[1]);
     struct linear_ctx c = {.f = f,
@@ -425,30 +441,6 @@ static float *alloc_act(int64_t n, bool *ok) {
     return p;
 }
 
-// Converts the small per-layer weights of block `layer` (norms, q/k/v biases, q/k norms) into f's copies.
-static enum llmq_status load_layer(struct llmq_forward *f, int layer) {
-    const struct llmq_hparams *hp = &f->m->hp;
-    const int64_t D = hp->n_embd, Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh;
-    const struct llmq_layer *ly = &f->m->layers[layer];
-    enum llmq_status st = llmq_model_weight_f32(ly->attn_norm, f->norms + (2 * layer) * D, 1);
-    if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + (2 * layer + 1) * D, 1);
-    if (!st && f->bias) {
-        float *b = f->bias + layer * (Dq + 2 * Dkv);
-        st = llmq_model_weight_f32(ly->bq, b, 1);
-        if (!st) st = llmq_model_weight_f32(ly->bk, b + Dq, 1);
-        if (!st) st = llmq_model_weight_f32(ly->bv, b + Dq + Dkv, 1);
-    }
-    if (!st && f->qk_norms) {
-        st = llmq_model_weight_f32(ly->q_norm, f->qk_norms + layer * 2 * Dh, 1);
-        if (!st) st = llmq_model_weight_f32(ly->k_norm, f->qk_norms + layer * 2 * Dh + Dh, 1);
-    }
-    if (!st && f->post_norms) {
-        st = llmq_model_weight_f32(ly->attn_post_norm, f->post_norms + layer * 2 * D, 1);
-        if (!st) st = llmq_model_weight_f32(ly->ffn_post_norm, f->post_norms + layer * 2 * D + D, 1);
-    }
-    return st;
-}
-
 enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_tokens, int n_threads,
                                    struct llmq_forward **out) {
     *out = NULL;
@@ -487,10 +479,11 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
 
     bool ok = true;
     f->wbuf = wn ? alloc_f32(wn, &ok) : NULL;
-    f->norms = alloc_f32((2 * L + 1) * D, &ok);
-    f->bias = hp->qkv_bias ? alloc_f32(L * (Dq + 2 * Dkv), &ok) : NULL;
-    f->qk_norms = hp->qk_norm ? alloc_f32(L * 2 * Dh, &ok) : NULL;
-    f->post_norms = hp->gemma ? alloc_f32(L * 2 * D, &ok) : NULL;
+    f->out_norm = alloc_f32(D, &ok);
+    f->norms = alloc_f32(2 * D, &ok);
+    f->bias = hp->qkv_bias ? alloc_f32(Dq + 2 * Dkv, &ok) : NULL;
+    f->qk_norms = hp->qk_norm ? alloc_f32(2 * Dh, &ok) : NULL;
+    f->post_norms = hp->gemma ? alloc_f32(2 * D, &ok) : NULL;
     f->ff = alloc_f32(Dh, &ok); // (Dh/2) factors, then (Dh/2) ones for the sliding layers' table
     f->xn = alloc_act(T * D, &ok);
     f->q = alloc_act(T * Dq, &ok);
@@ -507,8 +500,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     }
 
     if (hp->moe) st = llmq_moe_init(hp, T, &f->moe);
-    for (int64_t il = 0; il < L && !st; il++) st = load_layer(f, (int)il);
-    if (!st) st = llmq_model_weight_f32(m->output_norm, f->norms + 2 * L * D, 1);
+    if (!st) st = llmq_model_weight_f32(m->output_norm, f->out_norm, 1);
     if (st) goto fail;
     llmq_model_rope_freq_factors(m, f->ff);
     for (int64_t i = Dh / 2; i < Dh; i++) f->ff[i] = 1.0f;
@@ -525,6 +517,7 @@ void llmq_forward_free(struct llmq_forward *f) {
     if (!f) return;
     free(f->wbuf);
     llmq_big_free(f->xq);
+    free(f->out_norm);
     free(f->norms);
     free(f->bias);
     free(f->qk_norms);
@@ -654,20 +647,38 @@ static void call_hook(struct llmq_forward *f, llmq_linear_hook hook, void *user,
     blas_serial(f);
 }
 
+// The attention's small weights of the weight set ly (q / k / v biases, q / k norms, gemma's attn_post_norm)
+// into f's f32 copies.
+static enum llmq_status attn_weights(struct llmq_forward *f, const struct llmq_layer *ly) {
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh;
+    enum llmq_status st = LLMQ_OK;
+    if (f->bias) {
+        st = llmq_model_weight_f32(ly->bq, f->bias, 1);
+        if (!st) st = llmq_model_weight_f32(ly->bk, f->bias + Dq, 1);
+        if (!st) st = llmq_model_weight_f32(ly->bv, f->bias + Dq + Dkv, 1);
+    }
+    if (!st && f->qk_norms) {
+        st = llmq_model_weight_f32(ly->q_norm, f->qk_norms, 1);
+        if (!st) st = llmq_model_weight_f32(ly->k_norm, f->qk_norms + Dh, 1);
+    }
+    if (!st && f->post_norms) st = llmq_model_weight_f32(ly->attn_post_norm, f->post_norms, 1);
+    return st;
+}
+
 // out (n, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) for xn (n_seq * seqlen, D).
 // xn may be f->xn; out must not alias f's buffers other than f->out.
-static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
-                             float *out, llmq_linear_hook hook, void *user) {
-    const struct llmq_model *m = f->m;
-    const struct llmq_hparams *hp = &m->hp;
-    const struct llmq_layer *ly = &m->layers[layer];
+static enum llmq_status attn(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
+                             int64_t n_seq, int64_t seqlen, float *out, llmq_linear_hook hook, void *user) {
+    const struct llmq_hparams *hp = &f->m->hp;
     const int64_t Dh = hp->head_dim;
     const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
-    enum llmq_status st;
+    enum llmq_status st = attn_weights(f, ly);
+    if (st) return st;
 
     float beta = 0.0f;
     if (f->bias) { // y = W x + b, as ggml_add after the matmul: start from b and accumulate
-        const float *b = f->bias + layer * (Dq + 2 * Dkv);
+        const float *b = f->bias;
         for (int64_t t = 0; t < n; t++) {
             memcpy(f->q + t * Dq, b, (size_t)Dq * sizeof(float));
             memcpy(f->k + t * Dkv, b + Dq, (size_t)Dkv * sizeof(float));
@@ -679,7 +690,7 @@ static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn,
     if ((st = linear(f, ly->w[LLMQ_LIN_K], xn, n, f->k, beta))) return st;
     if ((st = linear(f, ly->w[LLMQ_LIN_V], xn, n, f->v, beta))) return st;
     if (f->qk_norms) { // qwen3: RMSNorm of every head (rows of Dh values) before RoPE, as ggml_rms_norm on (Dh, H, n)
-        const float *w = f->qk_norms + layer * 2 * Dh; // (2, Dh) q_norm, k_norm
+        const float *w = f->qk_norms; // (2, Dh) q_norm, k_norm
         rms_rows(f, f->q, w, f->q, n * hp->n_head, Dh);
         rms_rows(f, f->k, w + Dh, f->k, n * hp->n_head_kv, Dh);
     }
@@ -709,7 +720,7 @@ static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn,
     parallel(nth, attn_worker, &ac);
     call_hook(f, hook, user, layer, LLMQ_LIN_O, f->att, n, Dq);
     if ((st = linear(f, ly->w[LLMQ_LIN_O], f->att, n, out, 0.0f))) return st;
-    if (f->post_norms) rms_norm(f, out, f->post_norms + layer * 2 * hp->n_embd, out, n); // gemma's post norm
+    if (f->post_norms) rms_norm(f, out, f->post_norms, out, n); // gemma's post norm
     return LLMQ_OK;
 }
 
@@ -728,20 +739,21 @@ static void moe_hook(void *ctx, int layer, int expert, enum llmq_linear which, c
 }
 
 // out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) for xn (n, D); moe: the mixture (calib/model/moe.h).
-static enum llmq_status mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out,
-                            llmq_linear_hook hook, void *user) {
-    const struct llmq_layer *ly = &f->m->layers[layer];
+static enum llmq_status mlp(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn, int64_t n,
+                            float *out, llmq_linear_hook hook, void *user) {
     if (ly->router)
         return llmq_moe_ffn(f->moe, &f->m->hp, ly, layer, xn, n, out, moe_linear, f, f->ehook ? moe_hook : NULL, f);
     const int64_t F = f->m->hp.n_ff;
-    enum llmq_status st;
+    enum llmq_status st =
+        f->post_norms ? llmq_model_weight_f32(ly->ffn_post_norm, f->post_norms + f->m->hp.n_embd, 1) : LLMQ_OK;
+    if (st) return st;
     if ((st = linear(f, ly->w[LLMQ_LIN_GATE], xn, n, f->gate, 0.0f))) return st;
     if ((st = linear(f, ly->w[LLMQ_LIN_UP], xn, n, f->up, 0.0f))) return st;
     struct swiglu_ctx sc = {f->gate, f->up, n * F, f->m->hp.gemma, f->emulate != LLMQ_EMULATE_NONE};
     parallel(threads_for(f, n * F * 8), swiglu_worker, &sc);
     call_hook(f, hook, user, layer, LLMQ_LIN_DOWN, f->gate, n, F);
     if ((st = linear(f, ly->w[LLMQ_LIN_DOWN], f->gate, n, out, 0.0f))) return st;
-    if (f->post_norms) rms_norm(f, out, f->post_norms + (layer * 2 + 1) * f->m->hp.n_embd, out, n);
+    if (f->post_norms) rms_norm(f, out, f->post_norms + f->m->hp.n_embd, out, n);
     return LLMQ_OK;
 }
 
@@ -750,51 +762,72 @@ static void add_inplace(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-static enum llmq_status block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
-                              llmq_linear_hook hook, void *user) {
+static enum llmq_status block(struct llmq_forward *f, int layer, const struct llmq_layer *ly, float *x, int64_t n_seq,
+                              int64_t seqlen, llmq_linear_hook hook, void *user) {
     const int64_t D = f->m->hp.n_embd, n = n_seq * seqlen;
-    enum llmq_status st;
+    enum llmq_status st = llmq_model_weight_f32(ly->attn_norm, f->norms, 1);
+    if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + D, 1);
+    if (st) return st;
 
     // ---- attention: x += attn(RMSNorm(x) * attn_norm)
-    rms_norm(f, x, f->norms + 2 * layer * D, f->xn, n);
+    rms_norm(f, x, f->norms, f->xn, n);
     call_hook(f, hook, user, layer, LLMQ_LIN_Q, f->xn, n, D);
-    if ((st = attn(f, layer, f->xn, n_seq, seqlen, f->out, hook, user))) return st;
+    if ((st = attn(f, layer, ly, f->xn, n_seq, seqlen, f->out, hook, user))) return st;
     add_inplace(x, f->out, n * D);
 
     // ---- MLP: x += mlp(RMSNorm(x) * ffn_norm)
-    rms_norm(f, x, f->norms + (2 * layer + 1) * D, f->xn, n);
+    rms_norm(f, x, f->norms + D, f->xn, n);
     call_hook(f, hook, user, layer, LLMQ_LIN_GATE, f->xn, n, D);
-    if ((st = mlp(f, layer, f->xn, n, f->out, hook, user))) return st;
+    if ((st = mlp(f, layer, ly, f->xn, n, f->out, hook, user))) return st;
     add_inplace(x, f->out, n * D);
     return LLMQ_OK;
 }
 
-static enum llmq_status check_block_args(const struct llmq_forward *f, int layer, int64_t n_seq, int64_t seqlen) {
+// A weight of the weight set with the shape of the model's (both NULL: the family has none).
+static bool same_shape(const struct llmq_tensor_view *a, const struct llmq_tensor_view *b) {
+    if (!a || !b) return a == b;
+    if (a->n_dims != b->n_dims) return false;
+    for (int d = 0; d < a->n_dims; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+static enum llmq_status check_block_args(const struct llmq_forward *f, int layer, const struct llmq_layer *ly,
+                                         int64_t n_seq, int64_t seqlen) {
     if (layer < 0 || layer >= f->m->hp.n_layer)
         return llmq_errorf(LLMQ_ERR_ARG, "forward: layer %d out of range [0, %lld)", layer,
                            (long long)f->m->hp.n_layer);
+    if (!ly) return llmq_errorf(LLMQ_ERR_ARG, "forward: block %d without weights", layer);
+    const struct llmq_layer *ml = &f->m->layers[layer];
+    bool ok = same_shape(ly->attn_norm, ml->attn_norm) && same_shape(ly->ffn_norm, ml->ffn_norm) &&
+              same_shape(ly->router, ml->router) && !ly->exps == !ml->exps;
+    for (int k = 0; k < LLMQ_LIN_COUNT && ok; k++) ok = same_shape(ly->w[k], ml->w[k]);
+    if (!ok)
+        return llmq_errorf(LLMQ_ERR_ARG, "forward: the weights given for block %d have other shapes than the model's",
+                           layer);
     if (n_seq < 1 || seqlen < 1 || n_seq > f->max_tokens / seqlen)
         return llmq_errorf(LLMQ_ERR_ARG, "forward: %lld sequences of %lld tokens exceed max_tokens %lld",
                            (long long)n_seq, (long long)seqlen, (long long)f->max_tokens);
     return LLMQ_OK;
 }
 
-enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
-                                   float *out) {
-    enum llmq_status st = check_block_args(f, layer, n_seq, seqlen);
+enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
+                                   int64_t n_seq, int64_t seqlen, float *out) {
+    enum llmq_status st = check_block_args(f, layer, ly, n_seq, seqlen);
     if (!st) st = ensure_positions(f, seqlen);
     if (st) return st;
     blas_serial(f);
-    st = attn(f, layer, xn, n_seq, seqlen, out, NULL, NULL);
+    st = attn(f, layer, ly, xn, n_seq, seqlen, out, NULL, NULL);
     blas_restore(f);
     return st;
 }
 
-enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out) {
-    enum llmq_status st = check_block_args(f, layer, n < 1 ? 0 : 1, n);
+enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
+                                  int64_t n, float *out) {
+    enum llmq_status st = check_block_args(f, layer, ly, n < 1 ? 0 : 1, n);
     if (st) return st;
     blas_serial(f);
-    st = mlp(f, layer, xn, n, out, NULL, NULL);
+    st = mlp(f, layer, ly, xn, n, out, NULL, NULL);
     blas_restore(f);
     return st;
 }
@@ -807,21 +840,13 @@ enum llmq_status llmq_forward_rmsnorm(struct llmq_forward *f, const float *x, in
     return LLMQ_OK;
 }
 
-enum llmq_status llmq_forward_reload_layer(struct llmq_forward *f, int layer) {
-    const struct llmq_model *m = f->m;
-    const struct llmq_hparams *hp = &m->hp;
-    if (layer < 0 || layer >= hp->n_layer)
-        return llmq_errorf(LLMQ_ERR_ARG, "forward: layer %d out of range [0, %lld)", layer, (long long)hp->n_layer);
-    return load_layer(f, layer);
-}
-
-enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
-                                    llmq_linear_hook hook, void *user) {
-    enum llmq_status st = check_block_args(f, layer, n_seq, seqlen);
+enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, const struct llmq_layer *ly, float *x,
+                                    int64_t n_seq, int64_t seqlen, llmq_linear_hook hook, void *user) {
+    enum llmq_status st = check_block_args(f, layer, ly, n_seq, seqlen);
     if (!st) st = ensure_positions(f, seqlen);
     if (st) return st;
     blas_serial(f);
-    st = block(f, layer, x, n_seq, seqlen, hook, user);
+    st = block(f, layer, ly, x, n_seq, seqlen, hook, user);
     blas_restore(f);
     return st;
 }
@@ -832,7 +857,7 @@ static enum llmq_status head(struct llmq_forward *f, const float *x, int64_t n, 
     const int64_t chunk = direct_f32(m->output) ? V : f->wbuf_n / D;
     for (int64_t t0 = 0; t0 < n; t0 += f->max_tokens) {
         int64_t nt = n - t0 < f->max_tokens ? n - t0 : f->max_tokens;
-        rms_norm(f, x + t0 * D, f->norms + 2 * m->hp.n_layer * D, f->xn, nt);
+        rms_norm(f, x + t0 * D, f->out_norm, f->xn, nt);
         for (int64_t r0 = 0; r0 < V; r0 += chunk) {
             int64_t nr = V - r0 < chunk ? V - r0 : chunk;
             enum llmq_status st = linear_rows(f, m->output, r0, nr, f->xn, nt, logits + t0 * V + r0, V, 0.0f);
@@ -867,7 +892,7 @@ enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *toke
     if (!st) st = llmq_forward_embed(f, tokens, n, f->x);
     if (st) return st;
     blas_serial(f);
-    for (int il = 0; il < f->m->hp.n_layer && !st; il++) st = block(f, il, f->x, 1, n, NULL, NULL);
+    for (int il = 0; il < f->m->hp.n_layer && !st; il++) st = block(f, il, &f->m->layers[il], f->x, 1, n, NULL, NULL);
     if (!st) st = head(f, f->x + first_logit * f->m->hp.n_embd, n - first_logit, logits);
     blas_restore(f);
     return st;

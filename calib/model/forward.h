@@ -40,8 +40,9 @@
  * are used in place from the mapping — or a chunk of >= 4096 rows of the output head); activations
  * for max_tokens tokens (normed input, q, k, v, attention output, gate, up, sub-block output; plus the hidden state of
  * llmq_forward_logits, allocated by its first call); RoPE tables and one (64, seqlen) score block
- * per thread, grown to the longest sequence seen. Logits go to the caller's buffer (peak RSS measured:
- * bench/README.md, forward_speed).
+ * per thread, grown to the longest sequence seen; f32 copies of the output norm and of the block in use's
+ * norms and biases (converted from its weight set at every call). Logits go to the caller's buffer (peak RSS
+ * measured: bench/README.md, forward_speed).
  *
  * Legend: n tokens in a call, D n_embd, V n_vocab, F n_ff, H / Hkv / Dh as in calib/model/model.h.
  *
@@ -103,9 +104,16 @@ enum llmq_status llmq_forward_embed(struct llmq_forward *f, const int32_t *token
 typedef void (*llmq_linear_hook)(void *user, int layer, enum llmq_linear which, const float *in, int64_t n,
                                  int64_t n_in);
 
-// Runs decoder block `layer` in place on x (n_seq * seqlen, D). hook may be NULL.
-enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
-                                    llmq_linear_hook hook, void *user);
+// The weights of a block call: ly, the block's weight set (its linears, norms, biases, router and experts;
+// &m->layers[layer] for the model's own, or a set of the caller's with the same shapes, e.g. quant/quantize.h's
+// block with its quantized linears or AWQ's folded copies). Everything is read through ly's views during the
+// call: nothing of a block is kept between calls. A linear of ly that is not f32 and larger than the init-time
+// scratch grows it. Errors as below, plus LLMQ_ERR_ARG for a NULL ly or a linear / norm whose shape differs
+// from the model's block `layer`.
+
+// Runs decoder block `layer` with the weights ly in place on x (n_seq * seqlen, D). hook may be NULL.
+enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, const struct llmq_layer *ly, float *x,
+                                    int64_t n_seq, int64_t seqlen, llmq_linear_hook hook, void *user);
 
 // ---- Mixture of experts (mixtral, qwen3_moe: calib/model/moe.h) --------------------------------------
 // A moe block's MLP is the mixture: llmq_linear_hook sees LLMQ_LIN_GATE (the input of the router and every
@@ -118,30 +126,26 @@ void llmq_forward_set_moe_calib_all(struct llmq_forward *f, bool all);
 const int64_t *llmq_forward_moe_counts(const struct llmq_forward *f);
 
 // ---- Sub-block API (AWQ's scale search runs the attention and the MLP on their own) ------------
-// The same code paths as llmq_forward_block, which computes
+// The same code paths as llmq_forward_block, which computes (attn_norm, ffn_norm: ly's)
 //     x += llmq_forward_attn(RMSNorm(x) * attn_norm);   x += llmq_forward_mlp(RMSNorm(x) * ffn_norm)
 // with exactly these functions (the sums in f32, one add per element), so the pieces reproduce
 // llmq_forward_block bit for bit (tests/unit/test_awq.c).
 
 // out (n_seq * seqlen, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) of block
-// `layer` for the normed input xn (n_seq * seqlen, D) (not modified), n_seq * seqlen <= max_tokens; gemma:
-// RMSNorm(that) * attn_post_norm. out must not alias xn. Errors as llmq_forward_block.
-enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
-                                   float *out);
+// `layer` with the weights ly for the normed input xn (n_seq * seqlen, D) (not modified), n_seq * seqlen <=
+// max_tokens; gemma: RMSNorm(that) * attn_post_norm. out must not alias xn. Errors as llmq_forward_block.
+enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
+                                   int64_t n_seq, int64_t seqlen, float *out);
 
-// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) of block `layer` for xn (n, D) (not modified),
-// 1 <= n <= max_tokens; gemma: RMSNorm(Wdown · (GELU(Wgate·xn) * (Wup·xn))) * ffn_post_norm. out must not
-// alias xn.
-enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const float *xn, int64_t n, float *out);
+// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) of block `layer` with the weights ly for xn (n, D) (not
+// modified), 1 <= n <= max_tokens; gemma: RMSNorm(Wdown · (GELU(Wgate·xn) * (Wup·xn))) * ffn_post_norm; moe:
+// the mixture. out must not alias xn.
+enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
+                                  int64_t n, float *out);
 
 // y (n, D) = RMSNorm(x) * w for x (n, D), w (D) (the formula above). y may equal x. Any n >= 1
 // (not limited by max_tokens).
 enum llmq_status llmq_forward_rmsnorm(struct llmq_forward *f, const float *x, int64_t n, const float *w, float *y);
-
-// The forward object keeps f32 copies of every norm weight (and qwen2 q/k/v biases) made at init.
-// After pointing block `layer`'s attn_norm / ffn_norm / bq / bk / bv views at other data (quant/awq.h
-// does), call this to re-read them. Linear weights are read through the views at every call.
-enum llmq_status llmq_forward_reload_layer(struct llmq_forward *f, int layer);
 
 // logits (n, V) = output · (RMSNorm(x) * output_norm) for x (n, D). Any n >= 1 (processed in
 // chunks of max_tokens).

@@ -90,7 +90,9 @@ struct llmq_gguf;
 struct llmq_st_model;
 struct llmq_tokenizer;
 
-// One decoder block. Every pointer is a view owned by the model's file object.
+// One decoder block's weights, a weight set: in m->layers, views owned by the model's file object; a set of a
+// caller's own (quant/quantize.h's block with its quantized linears, quant/awq.h's folded copies) has the same
+// shapes on views of its own, and is what calib/model/forward.h and quant/writer.h take explicitly.
 struct llmq_layer {
     const struct llmq_tensor_view *attn_norm, *ffn_norm; // (D) RMSNorm weights
     const struct llmq_tensor_view *w[LLMQ_LIN_COUNT];    // W[out, in], shapes in the table above

@@ -98,11 +98,11 @@ int main(int argc, char **argv) {
     if (llmq_forward_init(m, N, threads, &f) != LLMQ_OK) goto done;
     if (llmq_forward_embed(f, ids, N, x) != LLMQ_OK) goto done;
     for (int l = 0; l < layer; l++)
-        if (llmq_forward_block(f, l, x, n_seq, seqlen, NULL, NULL) != LLMQ_OK) goto done;
+        if (llmq_forward_block(f, l, &m->layers[l], x, n_seq, seqlen, NULL, NULL) != LLMQ_OK) goto done;
     if (dump(out_dir, "x.f32", x, N * D)) goto done;
     if (!(h = malloc((size_t)(N * D) * sizeof(float)))) goto done;
     memcpy(h, x, (size_t)(N * D) * sizeof(float));
-    if (llmq_forward_block(f, layer, h, n_seq, seqlen, hook, &cap) != LLMQ_OK) goto done;
+    if (llmq_forward_block(f, layer, &m->layers[layer], h, n_seq, seqlen, hook, &cap) != LLMQ_OK) goto done;
     const int64_t Dq = m->hp.n_head * m->hp.head_dim, F = m->hp.n_ff;
     if (!cap.p[0] || !cap.p[1] || !cap.p[2] || !cap.p[3]) goto done;
     if (dump(out_dir, "n1.f32", cap.p[0], N * D) || dump(out_dir, "att.f32", cap.p[1], N * Dq) ||

@@ -109,7 +109,8 @@ static void test_stats(void) {
         struct llmq_forward *f;
         CHECK(llmq_forward_init(m, N, 1, &f) == LLMQ_OK);
         CHECK(llmq_forward_embed(f, d.tokens, N, x) == LLMQ_OK);
-        for (int l = 0; l <= layer; l++) CHECK(llmq_forward_block(f, l, x, 5, 16, grab_hook, &g) == LLMQ_OK);
+        for (int l = 0; l <= layer; l++)
+            CHECK(llmq_forward_block(f, l, &m->layers[l], x, 5, 16, grab_hook, &g) == LLMQ_OK);
         const struct llmq_calib_input *in = &s.in[layer * LLMQ_CALIB_N_SLOTS + slot];
         CHECK_EQ_INT(in->count, N);
         CHECK_EQ_INT(g.count, N);

@@ -4,8 +4,9 @@
 // back bit for bit as W = f32(q - z) * f32(fp16(s)) in HF row order (q/k permutation undone); layers handed over out of
 // order give the same bytes; an existing output is refused (kept) and replaced with force; abort and failed finishes
 // leave nothing; bad bits / shapes / qlinears are refused naming the layer; quant/writer.h's targets and its refusal of
-// a payload of the wrong kind, over this writer and the GGUF one. The independent Python unpacker and SmolLM2 cases are
-// in tests/py/test_export_oracle.py.
+// a payload of the wrong kind, over this writer and the GGUF one; a block's norms handed over through
+// llmq_qwriter_put_block are what both writers store (copied at the call), a late hand-over is refused. The independent
+// Python unpacker and SmolLM2 cases are in tests/py/test_export_oracle.py.
 #include "harness.h"
 
 #include "calib/model/model.h"
@@ -14,6 +15,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "formats/convert/convert.h"
+#include "formats/ggml/encode.h"
 #include "quant/export.h"
 #include "quant/quantizer.h"
 #include "quant/writer.h"
@@ -90,6 +92,86 @@ static enum llmq_status export_all(const struct llmq_model *m, const char *out, 
         }
     }
     return llmq_export_finish(e);
+}
+
+// The seven linears of block l of m into w as their targets take them (CODES: RTN on the grid, ROWS: the type's
+// encoder, F32: the weights).
+static enum llmq_status put_linears(const struct llmq_model *m, struct llmq_qwriter *w, int64_t l) {
+    enum llmq_status st = LLMQ_OK;
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        const struct llmq_tensor_view *v = m->layers[l].w[k];
+        int64_t R = v->shape[0], C = v->shape[1];
+        struct llmq_qtarget t = llmq_qwriter_target(w, l, (enum llmq_linear)k);
+        float *W = malloc((size_t)(R * C) * 4);
+        uint8_t *rows = malloc((size_t)(R * C) * 4);
+        struct llmq_qlinear ql = {0};
+        CHECK(W && rows);
+        CHECK_OK(llmq_model_weight_f32(v, W, 1));
+        if (t.kind == LLMQ_QPAYLOAD_CODES) CHECK_OK(llmq_rtn_quantize("t", W, R, C, &t.q, &ql));
+        if (t.kind == LLMQ_QPAYLOAD_ROWS) CHECK_OK(llmq_gguf_encode_rows(t.type, W, rows, R, C, NULL, 1));
+        st = llmq_qwriter_put_linear(w, l, (enum llmq_linear)k,
+                                     &(struct llmq_qpayload){.kind = t.kind, .codes = &ql, .rows = rows, .w = W});
+        llmq_qlinear_free(&ql);
+        free(W);
+        free(rows);
+    }
+    return st;
+}
+
+// The norms of block 2 handed over as a weight set of the driver's (attn_norm * 3, ffn_norm + 0.5, F32 views
+// overwritten right after the call): a directory and a GGUF file store exactly those, every other block the
+// model's; a hand-over after the block's linears is refused.
+static void test_block_tensors(const struct llmq_model *m, const struct llmq_export_opts *dir) {
+    const int64_t D = m->hp.n_embd;
+    struct llmq_gguf_export_opts go = llmq_gguf_export_default_opts();
+    go.progress = false;
+    const struct llmq_qwriter_opts wo[2] = {{.dir = dir}, {.gguf = &go}};
+    const char *out[2] = {"blockdir", "block.gguf"};
+    for (int i = 0; i < 2; i++) {
+        float *an = malloc((size_t)D * 4), *fn = malloc((size_t)D * 4), *want = malloc((size_t)(2 * D) * 4);
+        float *a = malloc((size_t)(2 * D) * 4), *b = malloc((size_t)(2 * D) * 4);
+        CHECK(an && fn && want && a && b);
+        CHECK_OK(llmq_model_weight_f32(m->layers[2].attn_norm, an, 1));
+        CHECK_OK(llmq_model_weight_f32(m->layers[2].ffn_norm, fn, 1));
+        for (int64_t d = 0; d < D; d++) {
+            want[d] = an[d] *= 3.0f;
+            want[D + d] = fn[d] += 0.5f;
+        }
+        struct llmq_tensor_view va = *m->layers[2].attn_norm, vf = *m->layers[2].ffn_norm;
+        va.dtype = vf.dtype = LLMQ_DTYPE_F32;
+        va.data = an, vf.data = fn;
+        va.nbytes = vf.nbytes = (size_t)D * 4;
+        struct llmq_layer ly = m->layers[2];
+        ly.attn_norm = &va, ly.ffn_norm = &vf;
+        struct llmq_qwriter *w = NULL;
+        CHECK_OK(llmq_qwriter_begin(m, tpath(out[i]), &wo[i], &w));
+        for (int64_t l = 0; l < m->hp.n_layer; l++) {
+            if (l == 2) {
+                CHECK_OK(llmq_qwriter_put_block(w, l, &ly));
+                for (int64_t d = 0; d < D; d++) an[d] = fn[d] = -7.0f; // copied at the call: not read again
+            }
+            CHECK_OK(put_linears(m, w, l));
+        }
+        CHECK_OK(llmq_qwriter_finish(w));
+        struct llmq_model *back = NULL;
+        CHECK_OK(llmq_model_load(tpath(out[i]), &back));
+        for (int64_t l = 0; l < m->hp.n_layer; l++) {
+            CHECK_OK(llmq_model_weight_f32(back->layers[l].attn_norm, a, 1));
+            CHECK_OK(llmq_model_weight_f32(back->layers[l].ffn_norm, a + D, 1));
+            CHECK_OK(llmq_model_weight_f32(m->layers[l].attn_norm, b, 1));
+            CHECK_OK(llmq_model_weight_f32(m->layers[l].ffn_norm, b + D, 1));
+            CHECK(memcmp(a, l == 2 ? want : b, (size_t)(2 * D) * 4) == 0);
+        }
+        llmq_model_free(back);
+        free(an), free(fn), free(want), free(a), free(b);
+        // too late: after the block's linears (a directory refuses from its q on, GGUF once the norms are written)
+        CHECK_OK(llmq_qwriter_begin(m, tpath("late"), &wo[i], &w));
+        CHECK_OK(put_linears(m, w, 0));
+        CHECK(llmq_qwriter_put_block(w, 0, &m->layers[0]) == LLMQ_ERR_ARG);
+        CHECK_CONTAINS(llmq_last_error(), "handed over after");
+        CHECK(llmq_qwriter_put_block(w, m->hp.n_layer, &m->layers[0]) == LLMQ_ERR_ARG);
+        llmq_qwriter_abort(w);
+    }
 }
 
 static void test_stories_gptq(const char *stories) {
@@ -276,6 +358,7 @@ static void test_stories_gptq(const char *stories) {
     CHECK_OK(llmq_model_load(tpath("fake"), &back));
     CHECK(back->quant == NULL && back->layers[0].w[LLMQ_LIN_DOWN]->dtype == LLMQ_DTYPE_F32);
     llmq_model_free(back);
+    test_block_tensors(m, &o);
     llmq_model_free(m);
 }
 

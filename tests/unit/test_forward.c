@@ -8,6 +8,10 @@
  *  2. The block API (embed + blocks + head) equals llmq_forward_logits; two sequences in one block
  *     call equal two separate calls; the hook sees Q, O, GATE, DOWN with the right shapes, and its
  *     Q input of layer 0 is RMSNorm(embedding) * attn_norm.
+ *     A block's weights are the weight set given to the call: a set of F16 views of the f16-rounded linears
+ *     (converted on the fly, growing the scratch of an f32 model) equals a set of F32 views of the same
+ *     values bit for bit; a doubled attn_norm changes the output and the model's own set right after gives
+ *     the reference back (nothing cached); other shapes or no set are LLMQ_ERR_ARG.
  *  3. stories260K written as an HF directory (q/k rows un-permuted, as transformers stores them;
  *     LLMQ_ROPE_NEOX) gives the same logits as the GGUF.
  *  4. Tiny random HF models (qwen2 with q/k/v biases; llama with llama3 rope scaling, separate
@@ -21,6 +25,7 @@
 #include "calib/model/forward.h"
 #include "calib/model/model.h"
 #include "calib/tokenizer/tokenizer.h"
+#include "common/dtype.h"
 #include "common/io.h"
 #include "common/log.h"
 #include "formats/gguf.h"
@@ -318,6 +323,86 @@ static void hook(void *user, int layer, enum llmq_linear which, const float *in,
     h->calls++;
 }
 
+// A view like v on data of dtype dt (F16 / F32) owned by the caller.
+static struct llmq_tensor_view view_on(const struct llmq_tensor_view *v, enum llmq_dtype dt, void *data) {
+    struct llmq_tensor_view o = *v;
+    o.dtype = dt;
+    o.data = data;
+    o.nbytes = (size_t)llmq_tensor_nelements(v) * (dt == LLMQ_DTYPE_F16 ? 2 : 4);
+    return o;
+}
+
+// Block `layer` run with weight sets of the caller's (calib/model/forward.h "The weights of a block call").
+static void test_weight_sets(const struct llmq_model *m, int layer) {
+    const int64_t D = m->hp.n_embd, S = 24, N = 2 * S;
+    struct llmq_forward *f = NULL;
+    CHECK(llmq_forward_init(m, N, 2, &f) == LLMQ_OK);
+    int32_t toks[48];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)((i * 53 + 11) % m->hp.n_vocab);
+    float *x = malloc((size_t)(N * D) * sizeof(float)), *ref = malloc((size_t)(N * D) * sizeof(float));
+    float *y16 = malloc((size_t)(N * D) * sizeof(float)), *y32 = malloc((size_t)(N * D) * sizeof(float));
+    CHECK(x && ref && y16 && y32);
+    CHECK(llmq_forward_embed(f, toks, N, x) == LLMQ_OK);
+    for (int l = 0; l < layer; l++) CHECK(llmq_forward_block(f, l, &m->layers[l], x, 2, S, NULL, NULL) == LLMQ_OK);
+    memcpy(ref, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, &m->layers[layer], ref, 2, S, NULL, NULL) == LLMQ_OK);
+
+    // the linears in f16: as F16 views, and as F32 views of the same values
+    struct llmq_layer s16 = m->layers[layer], s32 = m->layers[layer];
+    struct llmq_tensor_view v16[LLMQ_LIN_COUNT], v32[LLMQ_LIN_COUNT];
+    uint16_t *h[LLMQ_LIN_COUNT];
+    float *w[LLMQ_LIN_COUNT];
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+        const struct llmq_tensor_view *v = m->layers[layer].w[k];
+        const int64_t n = llmq_tensor_nelements(v);
+        w[k] = weight(v);
+        CHECK((h[k] = malloc((size_t)n * sizeof(uint16_t))) != NULL);
+        for (int64_t i = 0; i < n; i++) {
+            h[k][i] = llmq_f32_to_f16(w[k][i]);
+            w[k][i] = llmq_f16_to_f32(h[k][i]);
+        }
+        v16[k] = view_on(v, LLMQ_DTYPE_F16, h[k]);
+        v32[k] = view_on(v, LLMQ_DTYPE_F32, w[k]);
+        s16.w[k] = &v16[k];
+        s32.w[k] = &v32[k];
+    }
+    memcpy(y16, x, (size_t)(N * D) * sizeof(float));
+    memcpy(y32, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, &s16, y16, 2, S, NULL, NULL) == LLMQ_OK);
+    CHECK(llmq_forward_block(f, layer, &s32, y32, 2, S, NULL, NULL) == LLMQ_OK);
+    CHECK(memcmp(y16, y32, (size_t)(N * D) * sizeof(float)) == 0);
+    const float d16 = max_abs_diff(y16, ref, N * D);
+    CHECK(d16 > 0.0f && d16 < 1e-2f);
+
+    // a doubled attn_norm is used; the model's own set right after gives the reference again
+    float *an = weight(m->layers[layer].attn_norm);
+    for (int64_t i = 0; i < D; i++) an[i] *= 2.0f;
+    struct llmq_tensor_view van = view_on(m->layers[layer].attn_norm, LLMQ_DTYPE_F32, an);
+    struct llmq_layer sn = m->layers[layer];
+    sn.attn_norm = &van;
+    memcpy(y16, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, &sn, y16, 2, S, NULL, NULL) == LLMQ_OK);
+    CHECK(max_abs_diff(y16, ref, N * D) > 1e-3f);
+    memcpy(y16, x, (size_t)(N * D) * sizeof(float));
+    CHECK(llmq_forward_block(f, layer, &m->layers[layer], y16, 2, S, NULL, NULL) == LLMQ_OK);
+    CHECK(memcmp(y16, ref, (size_t)(N * D) * sizeof(float)) == 0);
+
+    // other shapes, no set
+    struct llmq_layer bad = m->layers[layer];
+    bad.w[LLMQ_LIN_DOWN] = m->layers[layer].w[LLMQ_LIN_UP];
+    llmq_log_set_level(LLMQ_LOG_SILENT);
+    CHECK(llmq_forward_block(f, layer, &bad, y16, 2, S, NULL, NULL) == LLMQ_ERR_ARG);
+    CHECK_CONTAINS(llmq_last_error(), "other shapes");
+    CHECK(llmq_forward_mlp(f, layer, NULL, y16, N, y32) == LLMQ_ERR_ARG);
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    printf("weight sets, block %d: F16 views == F32 views of the same values (bitwise), %.3g from f32; the given "
+           "norms used, nothing cached\n",
+           layer, (double)d16);
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) free(h[k]), free(w[k]);
+    free(an), free(x), free(ref), free(y16), free(y32);
+    llmq_forward_free(f);
+}
+
 static void test_block_api(const struct llmq_model *m) {
     const struct llmq_hparams *hp = &m->hp;
     const int64_t D = hp->n_embd, V = hp->n_vocab, S = 37; // odd length: a partial attention row block
@@ -334,7 +419,8 @@ static void test_block_api(const struct llmq_model *m) {
     // one sequence through embed + blocks + head: identical
     struct hook_log hl = {0};
     CHECK(llmq_forward_embed(f, toks, S, x) == LLMQ_OK);
-    for (int il = 0; il < hp->n_layer; il++) CHECK(llmq_forward_block(f, il, x, 1, S, hook, &hl) == LLMQ_OK);
+    for (int il = 0; il < hp->n_layer; il++)
+        CHECK(llmq_forward_block(f, il, &m->layers[il], x, 1, S, hook, &hl) == LLMQ_OK);
     CHECK(llmq_forward_head(f, x, S, lg) == LLMQ_OK);
     CHECK(max_abs_diff(lg, ref, S * V) == 0.0f);
     CHECK_EQ_INT(hl.calls, 4 * hp->n_layer);
@@ -360,7 +446,8 @@ static void test_block_api(const struct llmq_model *m) {
 
     // two sequences in one block call: each equals its own run
     CHECK(llmq_forward_embed(f, toks, 2 * S, x) == LLMQ_OK);
-    for (int il = 0; il < hp->n_layer; il++) CHECK(llmq_forward_block(f, il, x, 2, S, NULL, NULL) == LLMQ_OK);
+    for (int il = 0; il < hp->n_layer; il++)
+        CHECK(llmq_forward_block(f, il, &m->layers[il], x, 2, S, NULL, NULL) == LLMQ_OK);
     CHECK(llmq_forward_head(f, x, 2 * S, lg) == LLMQ_OK);
     float d = max_abs_diff(lg, ref, 2 * S * V);
     printf("block API, 2 sequences of %lld in one call vs separate: max diff %.3g\n", (long long)S, d);
@@ -373,8 +460,8 @@ static void test_block_api(const struct llmq_model *m) {
     CHECK_CONTAINS(llmq_last_error(), "outside the vocabulary");
     CHECK(llmq_forward_logits(f, toks, 2 * S + 1, 0, lg) == LLMQ_ERR_ARG);
     CHECK(llmq_forward_logits(f, toks, S, S, lg) == LLMQ_ERR_ARG);
-    CHECK(llmq_forward_block(f, (int)hp->n_layer, x, 1, S, NULL, NULL) == LLMQ_ERR_ARG);
-    CHECK(llmq_forward_block(f, 0, x, 3, S, NULL, NULL) == LLMQ_ERR_ARG);
+    CHECK(llmq_forward_block(f, (int)hp->n_layer, m->layers, x, 1, S, NULL, NULL) == LLMQ_ERR_ARG);
+    CHECK(llmq_forward_block(f, 0, m->layers, x, 3, S, NULL, NULL) == LLMQ_ERR_ARG);
     llmq_log_set_level(LLMQ_LOG_INFO);
     free(ref), free(lg), free(x);
     llmq_forward_free(f);
@@ -775,6 +862,7 @@ int main(void) {
     test_stories_reference(m);
     test_stories_greedy(m);
     test_block_api(m);
+    test_weight_sets(m, 1);
     test_stories_as_hf(m, tmp);
     llmq_model_free(m);
     test_random_models(tmp);

@@ -127,7 +127,7 @@ static void check_blocks(struct llmq_model *m, const char *label, int64_t n_seq,
     CHECK_OK(llmq_forward_embed(f, toks, n, x_ref));
     memcpy(x_ops, x_ref, (size_t)(n * D) * sizeof(float));
     for (int il = 0; il < hp->n_layer; il++) {
-        CHECK_OK(llmq_forward_block(f, il, x_ref, n_seq, S, NULL, NULL));
+        CHECK_OK(llmq_forward_block(f, il, &m->layers[il], x_ref, n_seq, S, NULL, NULL));
         block_by_ops(ops, &a, m, il, x_ops, n_seq, S);
         const int64_t d = bits_differ(x_ref, x_ops, n * D);
         if (d)

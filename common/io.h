@@ -135,6 +135,9 @@ void llmq_temp_unregister(const char *path);
 // `in` is compared), and SIGINT / SIGTERM remove every registered temporary, print one line and
 // _exit(128 + signal).
 void llmq_guard_begin_run(void);
+// A line the SIGINT / SIGTERM handler prints after its own (what was kept and how to continue: a
+// quantization's checkpoint, quant/checkpoint.h); NULL clears it. Copied (at most 1023 bytes); driver thread.
+void llmq_guard_set_note(const char *line);
 
 // Whether s ends with suffix (byte comparison; "" is a suffix of every string).
 bool llmq_ends_with(const char *s, const char *suffix);

@@ -209,14 +209,17 @@ static void on_signal(int sig) {
     static atomic_flag once = ATOMIC_FLAG_INIT;
     if (atomic_flag_test_and_set(&once)) return; // another thread is already on its way out
     remove_temps_signal_safe();
-    const char *msg = sig == SIGINT ? "llmq: interrupted (SIGINT): temporary outputs removed, nothing written\n"
-                                    : "llmq: terminated (SIGTERM): temporary outputs removed, nothing written\n";
-    ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
+    const char *msg = sig == SIGINT ? "llmq: interrupted (SIGINT): temporary outputs removed"
+                                    : "llmq: terminated (SIGTERM): temporary outputs removed";
     int at = atomic_load(&note_at);
-    if (at >= 0) {
+    ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
+    if (at >= 0) { // one line: what was kept and how to continue
+        w = write(STDERR_FILENO, "; ", 2);
         w = write(STDERR_FILENO, notes[at], strlen(notes[at]));
-        w = write(STDERR_FILENO, "\n", 1);
+    } else {
+        w = write(STDERR_FILENO, ", nothing written", 17);
     }
+    w = write(STDERR_FILENO, "\n", 1);
     (void)w;
     _exit(128 + sig);
 }

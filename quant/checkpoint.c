@@ -189,6 +189,21 @@ static char *partial_path(const char *out) {
     return p;
 }
 
+// Whether another process holds the lock of the checkpoint directory dir (a run writing that output).
+static bool locked_by_another(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    bool busy = fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (fd >= 0) close(fd); // releases the probe's lock
+    return busy;
+}
+
+static enum llmq_status busy_error(const char *out, const char *dir) {
+    return llmq_errorf(LLMQ_ERR_IO,
+                       "%s: another llmq run is writing this output (its checkpoint %s is locked): not "
+                       "started",
+                       out, dir);
+}
+
 enum llmq_status llmq_ckpt_check(const char *out, bool resume, bool force) {
     char *dir = partial_path(out);
     struct stat sb;
@@ -196,6 +211,8 @@ enum llmq_status llmq_ckpt_check(const char *out, bool resume, bool force) {
     if (!dir) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
     if (lstat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
         st = llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is not a checkpoint directory: not replaced or resumed", dir);
+    else if (lstat(dir, &sb) == 0 && locked_by_another(dir))
+        st = busy_error(out, dir);
     else if (lstat(dir, &sb) == 0 && !resume && !force)
         st = llmq_errorf(LLMQ_ERR_ARG,
                          "%s: the checkpoint of an interrupted run of this output is there: add --resume to continue "
@@ -205,11 +222,14 @@ enum llmq_status llmq_ckpt_check(const char *out, bool resume, bool force) {
     return st;
 }
 
-static enum llmq_status lock_dir(struct llmq_ckpt *ck, const char *path) {
+static enum llmq_status lock_dir(struct llmq_ckpt *ck, const char *path, const char *out) {
     ck->lock_fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (ck->lock_fd < 0) return llmq_errorf(LLMQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (flock(ck->lock_fd, LOCK_EX | LOCK_NB) != 0)
-        return llmq_errorf(LLMQ_ERR_IO, "%s: in use by another llmq run (locked): not resumed", ck->dir);
+    if (flock(ck->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        close(ck->lock_fd);
+        ck->lock_fd = -1;
+        return busy_error(out, ck->dir);
+    }
     return LLMQ_OK;
 }
 
@@ -225,14 +245,14 @@ static enum llmq_status write_state(struct llmq_ckpt *ck, const char *dir) {
 
 // A new checkpoint: staged as "<dir>.tmp.<pid>" (marker, lock, state.json of block 0), then renamed onto
 // dir exclusively (replace: an existing checkpoint the guard let --force replace).
-static enum llmq_status create_fresh(struct llmq_ckpt *ck, const json_t *fp, bool replace) {
+static enum llmq_status create_fresh(struct llmq_ckpt *ck, const char *out, const json_t *fp, bool replace) {
     char *tmp = NULL;
     enum llmq_status st = llmq_outdir_create(ck->dir, &tmp);
     if (st) return st;
     ck->state = json_pack("{s:i, s:I, s:i, s:O, s:[], s:n}", "format", CKPT_FORMAT, "n_layer", (json_int_t)ck->n_layer,
                           "next_block", 0, "fingerprint", fp, "blocks", "x");
     if (!ck->state) st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", ck->dir);
-    if (!st) st = lock_dir(ck, tmp);
+    if (!st) st = lock_dir(ck, tmp, out);
     if (!st) st = write_state(ck, tmp);
     if (!st) st = llmq_outdir_publish(tmp, ck->dir, replace);
     if (st) llmq_outdir_discard(tmp);
@@ -297,8 +317,8 @@ static bool state_valid(const json_t *s, int64_t n_layer) {
     return f && !strcmp(f, want) && h && strlen(h) == 64 && json_is_integer(json_object_get(x, "bytes"));
 }
 
-static enum llmq_status resume_existing(struct llmq_ckpt *ck, const json_t *fp) {
-    enum llmq_status st = lock_dir(ck, ck->dir);
+static enum llmq_status resume_existing(struct llmq_ckpt *ck, const char *out, const json_t *fp) {
+    enum llmq_status st = lock_dir(ck, ck->dir, out);
     if (st) return st;
     char *p = llmq_path_join(ck->dir, "state.json"), msg[1024];
     struct stat sb;
@@ -328,7 +348,7 @@ static enum llmq_status resume_existing(struct llmq_ckpt *ck, const json_t *fp) 
 static void set_note(const struct llmq_ckpt *ck) {
     char line[1024];
     snprintf(line, sizeof line,
-             "llmq: checkpoint kept in %s (%lld of %lld blocks done): run the same command with --resume to continue",
+             "checkpoint kept in %s (%lld of %lld blocks done): run the same command with --resume to continue",
              ck->dir, (long long)ck->next_block, (long long)ck->n_layer);
     llmq_guard_set_note(line);
 }
@@ -350,11 +370,11 @@ enum llmq_status llmq_ckpt_open(const char *out, const json_t *fp, bool resume, 
     // the guard's rules: never an input (nor a directory holding one); an existing one only if llmq wrote it
     st = llmq_output_check(NULL, ck->dir, true, true, &exists);
     if (!st && exists && resume) {
-        st = resume_existing(ck, fp);
+        st = resume_existing(ck, out, fp);
     } else if (!st) {
         if (resume) llmq_info("quantize: no checkpoint at %s: nothing to resume, starting at block 0", ck->dir);
         if (exists) llmq_info("quantize: %s: the previous checkpoint is discarded (--force)", ck->dir);
-        st = create_fresh(ck, fp, exists);
+        st = create_fresh(ck, out, fp, exists);
     }
     if (st) {
         ck->fresh = false; // an existing one stays as it was; a failed new one was discarded

@@ -1,7 +1,7 @@
 """`llmq quantize --resume` (quant/checkpoint.h): a run killed at any point continues from its checkpoint
 OUT.partial and writes the bytes of an uninterrupted run.
 
-Model: tests/tools/synth_ckpt.c's "small" shape (six LlamaForCausalLM blocks of width 256, FF 512, bf16, with
+Model: tests/tools/synth_ckpt.c's "small" shape (four LlamaForCausalLM blocks of width 256, FF 512, bf16, with
 stories260K's tokenizer), which every writer tiles: Q4_K_M's 256-blocks, AWQ's and GPTQ's 8-row packing.
 Calibration: 4 x 16 tokens of the first 20 kB of wikitext-2 valid, one thread. The three runs of the issue's
 "Done when" (GPTQ -> GGUF, AWQ -> awq directory, AWQ+GPTQ -> gptq directory) are each killed with SIGKILL at
@@ -17,7 +17,10 @@ Also: SIGTERM keeps the checkpoint and says how to resume (exit 143); a checkpoi
 what differs), and discarded by --force; --resume without a checkpoint starts at block 0; two runs onto one
 output: the second stops at the first's locked checkpoint.
 
-Light: about 40 runs of a second or less; every CI variant runs it.
+Every other method x format pair (rtn / gptq / awq / awq+gptq x gguf / awq / gptq / fake) is killed once and
+resumed, against its uninterrupted --no-checkpoint run; rtn into GGUF, which has no block loop, reruns.
+
+Light: about 70 runs of a second or less; every CI variant runs it.
 """
 import hashlib
 import json
@@ -32,7 +35,7 @@ import pytest
 
 from conftest import run
 
-N_LAYER = 6
+N_LAYER = 4  # synth_ckpt --layers
 # checkpoint events of a run of N_LAYER blocks with activations: 7 linears, the block file, state.json per
 # block, the next block's activations for all but the last, the previous activations' removal for all but
 # the first (quant/checkpoint.c llmq_ckpt_commit_block); block 0's state.json is event 10
@@ -51,7 +54,7 @@ def work(llmq_bin, tool, stories_v3, data_dir, tmp_path_factory):
     """{model, cal}: the synthetic model and the calibration text."""
     d = tmp_path_factory.mktemp("resume")
     run([llmq_bin, "convert", "--model", stories_v3, "--out", d / "tok", "--to", "hf", "--quiet"])
-    run([tool("synth_ckpt"), "--shape", "small", "--out", d / "model", "--tokenizer", d / "tok"])
+    run([tool("synth_ckpt"), "--shape", "small", "--layers", N_LAYER, "--out", d / "model", "--tokenizer", d / "tok"])
     cal = d / "cal.txt"
     cal.write_bytes((data_dir / "wikitext-2-raw" / "wiki.valid.raw").read_bytes()[:20000])
     return {"model": d / "model", "cal": cal, "root": d}
@@ -141,6 +144,45 @@ def test_kill9_then_resume_is_byte_identical(llmq_bin, work, reference, case):
         r = resume_and_check(llmq_bin, work, case, d, name, reference, why)
         if k >= 10:  # block 0 was committed: 7 linears, its file, its activations, its state.json
             assert "resuming from the checkpoint" in r.stderr, (why, r.stderr[-2000:])
+
+
+# The other method x format pairs (each with one kill): GGUF takes Q4_K_M (AWQ's Q8_0: its search encodes with the
+# type 20 times per linear, and Q4_K's importance search makes that seconds), the directories group 64; rtn runs
+# without calibration (no activations: 9 events a block) except into fake, which takes them for its err column.
+METHODS = ["rtn", "gptq", "awq", "awq+gptq"]
+FORMATS = ["gguf", "awq", "gptq", "fake"]
+DONE = {("gptq", "gguf"), ("awq", "awq"), ("awq+gptq", "gptq")}
+OTHERS = [(m, f) for m in METHODS for f in FORMATS if (m, f) not in DONE]
+
+
+def pair_argv(llmq_bin, work, method, fmt, out, *extra):
+    gguf_type = "Q8_0" if method.startswith("awq") else "Q4_K_M"
+    flags = ["--gguf-type", gguf_type] if fmt == "gguf" else ["--group-size", "64"]
+    cal = [] if method == "rtn" and fmt != "fake" else ["--calib", work["cal"], *CAL]
+    return [llmq_bin, "quantize", "--model", work["model"], "--method", method, "--format", fmt, *flags, *cal,
+            "--threads", "1", "--out", out, *extra]
+
+
+@pytest.mark.parametrize("method,fmt", OTHERS)
+def test_every_method_and_format(llmq_bin, work, method, fmt):
+    name = "out.gguf" if fmt == "gguf" else "out"
+    d = work["root"] / f"pair-{method}-{fmt}"
+    (d / "ref").mkdir(parents=True)
+    r = llmq(pair_argv(llmq_bin, work, method, fmt, d / "ref" / name, "--no-checkpoint"))
+    assert r.returncode == 0 and "checkpoint" not in r.stderr, r.stderr[-2000:]
+    ref = digest(d / "ref" / name)
+    out = d / name
+    if method == "rtn" and fmt == "gguf":  # the writer alone: no block loop, no checkpoint; --resume reruns it
+        r = llmq(pair_argv(llmq_bin, work, method, fmt, out, "--resume"))
+        assert r.returncode == 0 and "no block loop to resume" in r.stderr, r.stderr[-2000:]
+    else:
+        k = random.Random(f"{SEED}{method}{fmt}").randint(10, 9 * N_LAYER)
+        r = llmq(pair_argv(llmq_bin, work, method, fmt, out), kill_at=k)
+        assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr[-2000:])
+        r = llmq(pair_argv(llmq_bin, work, method, fmt, out, "--resume"))
+        assert r.returncode == 0 and "resuming from the checkpoint" in r.stderr, (k, r.stderr[-2000:])
+    assert digest(out) == ref, (method, fmt)
+    assert leftovers(d) == [], leftovers(d)
 
 
 def state(out):

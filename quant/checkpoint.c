@@ -209,8 +209,11 @@ enum llmq_status llmq_ckpt_check(const char *out, bool resume, bool force) {
     struct stat sb;
     enum llmq_status st = LLMQ_OK;
     if (!dir) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
-    if (lstat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
-        st = llmq_errorf(LLMQ_ERR_ARG, "%s: exists and is not a checkpoint directory: not replaced or resumed", dir);
+    char *mark = llmq_path_join(dir, LLMQ_OUTDIR_MARKER);
+    bool exists = lstat(dir, &sb) == 0, is_dir = exists && S_ISDIR(sb.st_mode);
+    if (exists && (!is_dir || !mark || !llmq_file_exists(mark)))
+        st = llmq_errorf(LLMQ_ERR_ARG,
+                         "%s: exists and is not a checkpoint directory llmq wrote: not replaced or resumed", dir);
     else if (lstat(dir, &sb) == 0 && locked_by_another(dir))
         st = busy_error(out, dir);
     else if (lstat(dir, &sb) == 0 && !resume && !force)
@@ -218,6 +221,7 @@ enum llmq_status llmq_ckpt_check(const char *out, bool resume, bool force) {
                          "%s: the checkpoint of an interrupted run of this output is there: add --resume to continue "
                          "it, or --force to discard it and start over",
                          dir);
+    free(mark);
     free(dir);
     return st;
 }

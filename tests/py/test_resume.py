@@ -15,7 +15,7 @@ the same executable: what resume promises is that identity, which no other tool 
 Also: SIGTERM keeps the checkpoint and says how to resume (exit 143); a checkpoint is refused without
 --resume, by a resume with other options, another model file or another calibration (the message names
 what differs), and discarded by --force; --resume without a checkpoint starts at block 0; two runs onto one
-output: the second stops at the first's locked checkpoint.
+output: the second stops at the first's locked checkpoint; OUT.partial is guarded as every output is.
 
 Every other method x format pair (rtn / gptq / awq / awq+gptq x gguf / awq / gptq / fake) is killed once and
 resumed, against its uninterrupted --no-checkpoint run; rtn into GGUF, which has no block loop, reruns.
@@ -90,6 +90,21 @@ def leftovers(d):
 def rows(report):
     """The report's per-linear rows without their timings."""
     return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads(pathlib.Path(report).read_text())["layers"]]
+
+
+def case_dir(work, case, label):
+    """A new directory for one scenario of case, and the case's output name."""
+    d = work["root"] / label
+    d.mkdir()
+    return d, CASES[case][1]
+
+
+def killed_run(llmq_bin, work, case, label, k):
+    """case run in a new directory and SIGKILLed at checkpoint event k: (directory, output name, output)."""
+    d, name = case_dir(work, case, label)
+    r = llmq(argv(llmq_bin, work, case, d / name), kill_at=k)
+    assert r.returncode == -signal.SIGKILL, (case, k, r.returncode, r.stderr[-2000:])
+    return d, name, d / name
 
 
 def partial(out):
@@ -212,9 +227,7 @@ def test_timer_kill9_then_resume(llmq_bin, work, reference):
     rng = random.Random(SEED + 1)
     killed = 0
     for i, case in enumerate(["awq-awq", "gptq-gguf"]):
-        _, name, _ = CASES[case]
-        d = work["root"] / f"timer-{case}"
-        d.mkdir()
+        d, name = case_dir(work, case, f"timer-{case}")
         p = start(argv(llmq_bin, work, case, d / name))
         k = rng.randint(1, N_LAYER - 2)
         if wait_blocks(p, d / name, k):
@@ -229,9 +242,7 @@ def test_timer_kill9_then_resume(llmq_bin, work, reference):
 
 def test_sigterm_keeps_the_checkpoint(llmq_bin, work, reference):
     case = "awqgptq-gptq"
-    _, name, _ = CASES[case]
-    d = work["root"] / "sigterm"
-    d.mkdir()
+    d, name = case_dir(work, case, "sigterm")
     p = start(argv(llmq_bin, work, case, d / name))
     assert wait_blocks(p, d / name, 2), "the run ended before block 2"
     p.send_signal(signal.SIGTERM)
@@ -246,11 +257,7 @@ def test_sigterm_keeps_the_checkpoint(llmq_bin, work, reference):
 
 def test_a_checkpoint_of_another_run_is_refused(llmq_bin, work, reference):
     case = "gptq-gguf"
-    _, name, _ = CASES[case]
-    d = work["root"] / "mismatch"
-    d.mkdir()
-    out = d / name
-    assert llmq(argv(llmq_bin, work, case, out), kill_at=25).returncode == -signal.SIGKILL
+    d, name, out = killed_run(llmq_bin, work, case, "mismatch", 25)
     before = digest(partial(out))
     r = llmq(argv(llmq_bin, work, case, out))
     assert r.returncode == 1 and "add --resume to continue it, or --force" in r.stderr, r.stderr[-2000:]
@@ -276,11 +283,7 @@ def test_a_checkpoint_of_another_run_is_refused(llmq_bin, work, reference):
 
 def test_force_discards_and_resume_without_checkpoint_starts_over(llmq_bin, work, reference):
     case = "awq-awq"
-    _, name, _ = CASES[case]
-    d = work["root"] / "force"
-    d.mkdir()
-    out = d / name
-    assert llmq(argv(llmq_bin, work, case, out), kill_at=30).returncode == -signal.SIGKILL
+    d, name, out = killed_run(llmq_bin, work, case, "force", 30)
     r = llmq(argv(llmq_bin, work, case, out, "--force"))
     assert r.returncode == 0 and "the previous checkpoint is discarded (--force)" in r.stderr, r.stderr[-2000:]
     assert digest(out) == reference[case][0] and leftovers(d) == []
@@ -290,11 +293,29 @@ def test_force_discards_and_resume_without_checkpoint_starts_over(llmq_bin, work
     assert "nothing to resume, starting at block 0" in r.stderr, r.stderr[-2000:]
 
 
+def test_the_checkpoint_path_is_guarded(llmq_bin, work):
+    """OUT.partial goes through the output guard: a directory llmq did not write is neither resumed nor
+    replaced, and one that holds an input of the run is not replaced even with --force."""
+    case = "awq-awq"
+    d, name = case_dir(work, case, "guard")
+    p = partial(d / name)
+    p.mkdir()
+    (p / "notes.txt").write_text("the user's")
+    for extra in (["--resume"], ["--force"]):
+        r = llmq(argv(llmq_bin, work, case, d / name, *extra))
+        assert r.returncode == 1 and "is not a checkpoint directory llmq wrote" in r.stderr, (extra, r.stderr[-2000:])
+    (p / ".llmq-output").write_text("")
+    (p / "cal.txt").write_bytes(work["cal"].read_bytes())
+    cmd = argv(llmq_bin, work, case, d / name, "--force")
+    cmd[cmd.index("--calib") + 1] = p / "cal.txt"
+    r = llmq(cmd)
+    assert r.returncode == 1 and "is an input of this run" in r.stderr, r.stderr[-2000:]
+    assert (p / "notes.txt").read_text() == "the user's" and not (d / name).exists()
+
+
 def test_second_run_stops_at_the_first_ones_checkpoint(llmq_bin, work):
     case = "awq-awq"
-    _, name, _ = CASES[case]
-    d = work["root"] / "two"
-    d.mkdir()
+    d, name = case_dir(work, case, "two")
     p = start(argv(llmq_bin, work, case, d / name))
     assert wait_blocks(p, d / name, 1), "the first run ended before block 1"
     p.send_signal(signal.SIGSTOP)  # it holds its checkpoint's lock while the others try

@@ -385,7 +385,10 @@ enum llmq_status llmq_ckpt_open(const char *out, const json_t *fp, bool resume, 
         llmq_ckpt_close(ck);
         return st;
     }
-    if (ck->next_block > 0)
+    if (ck->next_block == n_layer)
+        llmq_info("quantize: resuming from the checkpoint %s: all %lld blocks done, the output is written from it",
+                  ck->dir, (long long)n_layer);
+    else if (ck->next_block > 0)
         llmq_info("quantize: resuming from the checkpoint %s: blocks 0..%lld done, continuing at block %lld", ck->dir,
                   (long long)ck->next_block - 1, (long long)ck->next_block);
     else

@@ -409,6 +409,19 @@ static enum llmq_status bwrite(struct llmq_ckpt *ck, const void *p, size_t n) {
 static enum llmq_status bwrite_i32(struct llmq_ckpt *ck, int32_t v) { return bwrite(ck, &v, sizeof v); }
 static enum llmq_status bwrite_i64(struct llmq_ckpt *ck, int64_t v) { return bwrite(ck, &v, sizeof v); }
 
+// The codes q (n) as stored: two per byte (low nibble first) when bits <= 4, else one per byte.
+static enum llmq_status bwrite_codes(struct llmq_ckpt *ck, const uint8_t *q, int64_t n, int bits) {
+    if (bits > 4) return bwrite(ck, q, (size_t)n);
+    uint8_t buf[1 << 15]; // packs 2 * sizeof buf codes at a time
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t i = 0; i < n && !st; i += 2 * (int64_t)sizeof buf) {
+        int64_t k = n - i < 2 * (int64_t)sizeof buf ? n - i : 2 * (int64_t)sizeof buf;
+        for (int64_t j = 0; j < k; j += 2) buf[j / 2] = (uint8_t)(q[i + j] | (j + 1 < k ? q[i + j + 1] << 4 : 0));
+        st = bwrite(ck, buf, (size_t)(k + 1) / 2);
+    }
+    return st;
+}
+
 // Opens block layer's file: magic, layer, and its non-linear tensors as m's views hold them now.
 static enum llmq_status block_open(struct llmq_ckpt *ck, const struct llmq_model *m, int64_t layer) {
     char *p = pathf(ck->dir, block_fmt, (long long)layer);
@@ -452,7 +465,7 @@ enum llmq_status llmq_ckpt_put_linear(struct llmq_ckpt *ck, const struct llmq_mo
         if (!st) st = bwrite_i32(ck, q->group_size);
         if (!st) st = bwrite_i32(ck, q->sym);
         if (!st) st = bwrite_i64(ck, q->n_groups);
-        if (!st) st = bwrite(ck, q->q, (size_t)(q->R * q->C));
+        if (!st) st = bwrite_codes(ck, q->q, q->R * q->C, q->bits);
         if (!st) st = bwrite(ck, q->scales, ng * sizeof(float));
         if (!st) st = bwrite(ck, q->zeros, ng * sizeof(float));
         if (!st) st = bwrite(ck, q->g_idx, (size_t)q->C * sizeof(int32_t));
@@ -576,6 +589,22 @@ static enum llmq_status rd_alloc(struct reader *r, size_t n, void **p) {
     return rd(r, *p, n);
 }
 
+// n codes into q, stored as bwrite_codes stores them; a code beyond the grid is LLMQ_ERR_CORRUPT.
+static enum llmq_status rd_codes(struct reader *r, uint8_t *q, int64_t n, int bits) {
+    enum llmq_status st = bits > 4 ? rd(r, q, (size_t)n) : LLMQ_OK;
+    for (int64_t i = 0; !st && bits <= 4 && i < n; i += 2) {
+        uint8_t b;
+        if ((st = rd(r, &b, 1))) break;
+        q[i] = b & 15;
+        if (i + 1 < n) q[i + 1] = b >> 4;
+    }
+    for (int64_t i = 0; !st && i < n; i++)
+        if (q[i] >> bits)
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: code %d at %lld is not on a %d-bit grid", r->path, q[i],
+                             (long long)i, bits);
+    return st;
+}
+
 static enum llmq_status bad(const struct reader *r, const char *what) {
     return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s (at byte %llu): not what this run hands over", r->path, what,
                        (unsigned long long)r->nbytes);
@@ -648,7 +677,7 @@ static enum llmq_status replay_linear(struct reader *r, const struct llmq_model 
             ng != llmq_qconfig_n_groups(&t.q, C))
             return bad(r, "codes of another shape or grid");
         if ((st = llmq_qlinear_init(R, C, &t.q, &q))) return st;
-        st = rd(r, q.q, (size_t)(R * C));
+        st = rd_codes(r, q.q, R * C, bits);
         if (!st) st = rd(r, q.scales, (size_t)(R * ng) * sizeof(float));
         if (!st) st = rd(r, q.zeros, (size_t)(R * ng) * sizeof(float));
         if (!st) st = rd(r, q.g_idx, (size_t)C * sizeof(int32_t));

@@ -38,8 +38,9 @@
  *             linears are handed over (quant/writer.h "Order of reads": AWQ's folded norms and v bias), taken
  *             at the block's first linear; one per tensor the model has
  *     "LINR"  which i32, kind i32 (enum llmq_qpayload_kind), then
- *             CODES: R, C i64, bits, group_size, sym i32, n_groups i64, q u8 (R, C), scales f32 (R, ng),
- *                    zeros f32 (R, ng), g_idx i32 (C)
+ *             CODES: R, C i64, bits, group_size, sym i32, n_groups i64, q (R, C): one code per byte, or two
+ *                    (low nibble first, the last byte's high nibble 0 when R * C is odd) when bits <= 4,
+ *                    scales f32 (R, ng), zeros f32 (R, ng), g_idx i32 (C)
  *             ROWS:  nbytes i64 (R * the row bytes of the target type), the encoded rows
  *             F32:   n i64 (R * C), f32 (R, C)
  *     "JSON"  nbytes i64, text {"rows": [the block's report rows], "bits_total": the run's total so far}
@@ -55,9 +56,9 @@
  *   whose fingerprint differs is refused naming the first differing entry with both values.
  *
  * ---- Size and cost -----------------------------------------------------------------------------------------
- *   The blocks hold the payloads uncompressed (directory formats: one byte per code, so about twice a 4-bit
- *   output's linears; GGUF: the linears' bytes), plus one copy of the activations (N x D x 4 bytes), written
- *   once per block.
+ *   The blocks hold the payloads as handed over (directory formats: the codes two per byte up to 4 bits, else
+ *   one, with f32 scales and zeros; GGUF: the linears' bytes), plus one copy of the activations (N x D x 4
+ *   bytes), written once per block.
  *
  * ---- Fault injection (tests/py/test_resume.py) ------------------------------------------------------------
  *   LLMQ_CKPT_KILL_AT=K in the environment: the process sends itself SIGKILL at the K-th checkpoint event

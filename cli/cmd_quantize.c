@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/spill.h"
+#include "quant/checkpoint.h"
 #include "quant/gguf_export.h"
 #include "quant/gguf_mix.h"
 #include "quant/quantize.h"
@@ -65,7 +66,8 @@ struct qargs {
         *embedding_type, *device, *bits_arg, *mix, *target_size, *mix_exclude, *grid;
     long bits, group;
     double damp, target_bpw;
-    bool sym, asym, act_order, static_groups, group_aware, force, no_tseq, pure, dry_run, no_prov, allow_requant;
+    bool sym, asym, act_order, static_groups, group_aware, force, no_tseq, pure, dry_run, no_prov, allow_requant,
+        resume, no_ckpt;
     struct cli_calib_args ca;
     const char *tts[MAX_TENSOR_TYPES]; // every --tensor-type, in order
     int n_tts;
@@ -193,6 +195,8 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
     if (!gguf && (q->bits < 2 || q->bits > 8)) return "--bits must be between 2 and 8";
     if (!gguf && (q->group == 0 || q->group < -1 || q->group > (1 << 20))) return "--group-size must be -1 or >= 1";
     if (q->sym && q->asym) return "--sym and --asym exclude each other";
+    if (q->resume && q->no_ckpt) return "--resume and --no-checkpoint exclude each other";
+    if (q->resume && q->n_levels > 1) return "--resume continues one output: not a sweep (resume each level alone)";
     if (q->json && q->out && strcmp(q->json, q->out) == 0) return "--json and --out name the same path";
     if (!isnan(q->damp) && (q->damp < 0 || q->damp >= 1)) return "--damp must be in [0, 1)";
     if (q->fallback && strcmp(q->fallback, "none") && strcmp(q->fallback, "rtn-per-channel"))
@@ -342,6 +346,11 @@ static int run(struct qargs *q, struct llmq_quantize_opts *o, const char *device
                            *outputs[1] = {q->json && !strstr(q->json, "{}") ? q->json : NULL};
     for (int i = 0; i < q->ca.n_sources; i++) inputs[2 + i] = q->ca.sources[i];
     if (cli_guard(inputs, 2 + q->ca.n_sources, outputs, outputs[0] ? 1 : 0, q->force)) return 1;
+    // a checkpoint left by an interrupted run is refused before any work unless --resume or --force
+    bool solvers = !(o->to_gguf && o->method == LLMQ_QMETHOD_RTN);
+    if (o->checkpoint && solvers && q->n_levels == 1 && llmq_ckpt_check(q->out, q->resume, q->force)) return 1;
+    if (q->resume && !solvers)
+        llmq_info("quantize: --resume: rtn into gguf has no block loop to resume (no checkpoint): it runs whole");
     enum llmq_status st = llmq_model_load(q->model, &m);
     if (!st) st = sweep_check(q, o, m, paths, &usage);
     if (usage) { // the options do not fit this model: a usage error
@@ -382,6 +391,8 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
     o->true_sequential = !q->no_tseq;
     o->act_order = q->act_order;
     o->out_dir = q->out;
+    o->checkpoint = !q->no_ckpt && !q->dry_run;
+    o->resume = q->resume;
     if (!gguf) {
         o->q = (struct llmq_qconfig){.bits = (int)q->bits, .group_size = (int)q->group, .sym = q->sym};
         o->static_groups = q->static_groups;
@@ -438,6 +449,12 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
         {"json", CLI_STR, &q->json, NULL, "write settings, calibration provenance and the per-layer table here"},
         {"force", CLI_BOOL, &q->force, "off",
          "replace existing outputs (--out: a directory llmq wrote, or a .gguf file; --json); never an input"},
+        {"resume", CLI_BOOL, &q->resume, "off",
+         "continue an interrupted run from its checkpoint OUT.partial (the same command otherwise; a checkpoint "
+         "of other inputs or options is refused naming what differs); without one, start at block 0"},
+        {"no-checkpoint", CLI_BOOL, &q->no_ckpt, "off",
+         "keep no checkpoint (by default OUT.partial holds every finished block and the next block's inputs, "
+         "written after each block, removed on success; not for rtn into gguf, which has no block loop)"},
         {"fallback", CLI_STR, &q->fallback, "none",
          "none: refuse a layer whose in-features the group size does not tile; rtn-per-channel: round that "
          "layer per output channel instead (only --format fake can hold it; not gguf)"},

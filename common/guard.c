@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -189,13 +190,36 @@ static void remove_temps_signal_safe(void) {
         if (atomic_load(&temps[i].state) == 3) rmdir_signal_safe(AT_FDCWD, temps[i].path, 2);
 }
 
+// The note printed after the handler's line: two buffers, the one in use published atomically, so that a
+// signal arriving while the other is rewritten reads a whole line.
+static char notes[2][1024];
+static atomic_int note_at = -1; // index of the published note, -1: none
+
+void llmq_guard_set_note(const char *line) {
+    if (!line) {
+        atomic_store(&note_at, -1);
+        return;
+    }
+    int i = atomic_load(&note_at) == 0 ? 1 : 0;
+    snprintf(notes[i], sizeof notes[i], "%s", line);
+    atomic_store(&note_at, i);
+}
+
 static void on_signal(int sig) {
     static atomic_flag once = ATOMIC_FLAG_INIT;
     if (atomic_flag_test_and_set(&once)) return; // another thread is already on its way out
     remove_temps_signal_safe();
-    const char *msg = sig == SIGINT ? "llmq: interrupted (SIGINT): temporary outputs removed, nothing written\n"
-                                    : "llmq: terminated (SIGTERM): temporary outputs removed, nothing written\n";
+    const char *msg = sig == SIGINT ? "llmq: interrupted (SIGINT): temporary outputs removed"
+                                    : "llmq: terminated (SIGTERM): temporary outputs removed";
+    int at = atomic_load(&note_at);
     ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
+    if (at >= 0) { // one line: what was kept and how to continue
+        w = write(STDERR_FILENO, "; ", 2);
+        w = write(STDERR_FILENO, notes[at], strlen(notes[at]));
+    } else {
+        w = write(STDERR_FILENO, ", nothing written", 17);
+    }
+    w = write(STDERR_FILENO, "\n", 1);
     (void)w;
     _exit(128 + sig);
 }

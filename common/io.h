@@ -24,6 +24,8 @@
  *     A path never given to llmq_output_check (a test tool's) is renamed with rename(2), as before.
  *   - Temporaries (atomic files, staged directories) are registered while they exist; the handler that
  *     llmq_guard_begin_run installs removes them on SIGINT / SIGTERM, prints one line and exits 130 / 143.
+ *     What is not registered stays: a quantization's checkpoint directory (quant/checkpoint.h), which that
+ *     line then names with how to resume.
  * Not thread-safe: the driver thread checks, opens and commits outputs (the signal handler may run on
  * any thread and only reads the temporary list).
  */
@@ -135,6 +137,10 @@ void llmq_temp_unregister(const char *path);
 // `in` is compared), and SIGINT / SIGTERM remove every registered temporary, print one line and
 // _exit(128 + signal).
 void llmq_guard_begin_run(void);
+// What the SIGINT / SIGTERM handler's line says after "temporary outputs removed; " instead of ", nothing
+// written" (what was kept and how to continue: a quantization's checkpoint, quant/checkpoint.h); NULL clears
+// it. Copied (at most 1023 bytes); driver thread.
+void llmq_guard_set_note(const char *line);
 
 // Whether s ends with suffix (byte comparison; "" is a suffix of every string).
 bool llmq_ends_with(const char *s, const char *suffix);

@@ -13,6 +13,7 @@
 #include "formats/ggml/quants.h"
 #include "kernels/gemm.h"
 #include "quant/awq.h"
+#include "quant/checkpoint.h"
 #include "quant/gptq.h"
 #include "quant/gptq_gguf.h"
 #include "quant/writer.h"
@@ -69,6 +70,7 @@ struct run {
     const struct llmq_model *m; // only read: each block runs on its own weight set (ly)
     const struct llmq_quantize_opts *o;
     struct llmq_qwriter *w;    // the output (quant/writer.h)
+    struct llmq_ckpt *ck;      // its checkpoint (quant/checkpoint.h), or NULL
     struct llmq_forward *f;    // micro-batch forward (micro_batch * seqlen tokens)
     struct llmq_forward *fbig; // AWQ: all N tokens
     struct llmq_calib_data d;
@@ -355,6 +357,7 @@ static enum llmq_status hand_over(struct run *r, int l, int k, const struct llmq
                                   const struct llmq_qlinear *ql, int64_t R, int64_t C, float *W) {
     struct llmq_qpayload p = {.kind = t->kind, .codes = ql, .rows = r->blk, .w = W};
     enum llmq_status st = llmq_qwriter_put_linear(r->w, l, (enum llmq_linear)k, &p);
+    if (!st && r->ck) st = llmq_ckpt_put_linear(r->ck, r->m, r->w, l, (enum llmq_linear)k, &p);
     return st ? st : decode_result(r, t, ql, R, C, W);
 }
 
@@ -441,8 +444,15 @@ done:
 
 // ---- RTN ---------------------------------------------------------------------------------------------------
 
+// Block l's weight set to the writer (and to the checkpoint, which replays it on --resume).
+static enum llmq_status put_block(struct run *r, int l, const struct llmq_layer *ly) {
+    enum llmq_status st = llmq_qwriter_put_block(r->w, l, ly);
+    if (!st && r->ck) st = llmq_ckpt_put_block(r->ck, l, ly);
+    return st;
+}
+
 static enum llmq_status block_rtn(struct run *r, int l) {
-    enum llmq_status st = llmq_qwriter_put_block(r->w, l, &r->ly);
+    enum llmq_status st = put_block(r, l, &r->ly);
     if (!st && r->have_calib) st = block_pass(r, l, r->x, -1); // fp inputs, only for the reported error
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         if ((st = load_weight(r, l, k))) break;
@@ -468,7 +478,7 @@ static void release_work(struct run *r) {
 }
 
 static enum llmq_status block_gptq(struct run *r, int l) {
-    enum llmq_status st = llmq_qwriter_put_block(r->w, l, &r->ly); // GPTQ changes no norm or bias
+    enum llmq_status st = put_block(r, l, &r->ly); // GPTQ changes no norm or bias
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
     if (st) return st;
     if (!r->o->true_sequential) {
@@ -597,7 +607,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
     if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
     if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
-    if (!st) st = llmq_qwriter_put_block(r->w, l, &b->ly);
+    if (!st) st = put_block(r, l, &b->ly);
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[k];
         int64_t R = v->shape[0], C = v->shape[1];
@@ -1117,6 +1127,7 @@ static json_t *make_report(struct run *r, json_t *prov, json_t *gguf_rep) {
 
 static void run_free(struct run *r) {
     llmq_qwriter_abort(r->w);
+    llmq_ckpt_close(r->ck);
     json_decref(r->layers);
     llmq_calib_stats_free(&r->s);
     llmq_calib_data_free(&r->d);
@@ -1134,6 +1145,28 @@ static void run_free(struct run *r) {
     free(r->T);
     free(r->H);
     free(r->Hx);
+}
+
+// The checkpoint of the run (quant/checkpoint.h), and with --resume the blocks it holds replayed into the writer,
+// the activations restored and the replayed work taken out of the ETA: *l0 the first block left to compute.
+static enum llmq_status open_checkpoint(struct run *r, const json_t *prov, int64_t N, int64_t *l0) {
+    const struct llmq_quantize_opts *o = r->o;
+    json_t *fp = llmq_ckpt_fingerprint(r->m, o, prov);
+    enum llmq_status st = llmq_ckpt_open(o->out_dir, fp, o->resume, o->to_gguf ? o->gguf.force : o->out.force,
+                                         r->m->hp.n_layer, &r->ck, l0);
+    json_decref(fp);
+    if (st || *l0 == 0) return st;
+    st = llmq_ckpt_replay(r->ck, r->m, r->w, r->layers, &r->bits_total, r->have_calib ? r->x : NULL,
+                          N * r->m->hp.n_embd);
+    double replayed = r->eta_other;
+    for (int64_t l = 0; l < *l0; l++)
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+            const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+            replayed += cost_data(r, v->shape[0], v->shape[1]) + cost_solve(r, v->shape[0], v->shape[1]);
+        }
+    if (replayed < r->eta.total) llmq_eta_init(&r->eta, r->eta.total - replayed, llmq_now_s());
+    r->eta_other = 0;
+    return st;
 }
 
 // The solvers' run: block by block, each linear through its method and into the writer.
@@ -1168,7 +1201,10 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
     }
     if ((st = begin_writer(&r, imat, cs.in ? &cs : NULL, prov, &gguf_rep))) goto done;
     init_eta(&r);
-    for (int l = 0; l < m->hp.n_layer && !st; l++) {
+    int64_t l0 = 0;
+    if (o->checkpoint && (st = open_checkpoint(&r, prov, N, &l0))) goto done;
+    for (int l = (int)l0; l < m->hp.n_layer && !st; l++) {
+        size_t row0 = json_array_size(r.layers);
         if (r.have_calib) {
             llmq_calib_stats_free(&r.s);
             if ((st = llmq_calib_stats_init(m, true, l, l + 1, &r.s))) break;
@@ -1181,12 +1217,16 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         default: st = block_awq(&r, l); break;
         }
         if (!st && r.gemm_st) st = r.gemm_st;
+        if (!st && r.ck)
+            st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.have_calib ? r.x : NULL, N * D);
         for (int k = 0; !st && k < LLMQ_LIN_COUNT; k++) // the block's weights are done: release their file pages
             llmq_mmap_release(m->layers[l].w[k]->data, m->layers[l].w[k]->nbytes);
     }
     if (st) goto done;
     st = llmq_qwriter_finish(r.w);
     r.w = NULL;
+    if (!st) llmq_ckpt_done(r.ck); // the output is in place: the checkpoint has done its job
+    if (!st) r.ck = NULL;
     if (!st && report) *report = make_report(&r, prov, gguf_rep);
 done:
     json_decref(gguf_rep);

@@ -103,6 +103,18 @@
  *   their quantized copies; XᵀX of the four block inputs in f64. The activations (x, its copy, the
  *   forward's per-token buffers) come from common/spill.h: beyond --max-memory they live in an unlinked
  *   temporary file instead of RAM.
+ *
+ * ---- Checkpoint and resume (o->checkpoint, o->resume; quant/checkpoint.h) ------------------------------------
+ *   A solver run (every method into a directory, gptq / awq / awq+gptq into GGUF) keeps "<out_dir>.partial"
+ *   next to the output: after each block, what that block handed to the writer (exactly as handed over, with
+ *   the non-linear tensors the writer read meanwhile), the next block's input x, the report rows so far and a
+ *   fingerprint of the model files, the provenance settings and the run options. With o->resume a run whose
+ *   fingerprint matches replays the saved blocks into a fresh writer in order, restores x and continues at the
+ *   next block: the output has the bytes of an uninterrupted run (the calibration windows are drawn again from
+ *   the seed, and tokens_sha256 in the fingerprint proves them equal; the GGUF plan and the type choice's
+ *   importance are recomputed from the same inputs). A fingerprint that differs is refused naming what differs.
+ *   On success the checkpoint is removed; on a failure or a signal it is kept (common/io.h prints how to
+ *   resume). rtn into GGUF and dry runs have no block loop and no checkpoint: a rerun repeats them.
  */
 #ifndef LLMQ_QUANT_QUANTIZE_H
 #define LLMQ_QUANT_QUANTIZE_H
@@ -160,6 +172,8 @@ struct llmq_quantize_opts {
                                          // it excludes calibration (which gathers the importance instead)
     FILE *plan;                          // to_gguf with gguf.dry_run: where the plan table goes (NULL: stdout)
     struct llmq_quantize_shared *shared; // a sweep's statistics shared between runs (see "Sweeps"); NULL: none
+    bool checkpoint;                     // keep "<out_dir>.partial" after each block (see "Checkpoint and resume")
+    bool resume;                         // continue from that checkpoint when there is one
 };
 
 // What a sweep's runs share (see "Sweeps"): zero-initialise, pass the same one to every run of the sweep,

@@ -9,6 +9,7 @@
  * Shapes (LlamaForCausalLM; the published parameter counts are what --list prints for the full depth):
  *   name            D     L   heads kv  FF     vocab   tied  params
  *   tiny            64    2   4     2   128    512     no    (tests)
+ *   small           256   6   4     2   512    512     no    (tests: k-quant, AWQ and GPTQ packing tile it)
  *   smollm2-135m    576   30  9     3   1536   49152   yes   134,515,008
  *   llama-3-8b      4096  32  32    8   14336  128256  no    8,030,261,248
  *   llama-3-70b     8192  80  64    8   28672  128256  no    70,553,706,496
@@ -52,6 +53,7 @@ struct shape {
 
 static const struct shape SHAPES[] = {
     {"tiny", 64, 2, 4, 2, 128, 512, false, 10000.0, 2048},
+    {"small", 256, 6, 4, 2, 512, 512, false, 10000.0, 2048},
     {"smollm2-135m", 576, 30, 9, 3, 1536, 49152, true, 100000.0, 8192},
     {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, false, 500000.0, 8192},
     {"llama-3-70b", 8192, 80, 64, 8, 28672, 128256, false, 500000.0, 8192},

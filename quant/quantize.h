@@ -156,7 +156,9 @@ struct llmq_quantize_opts {
     const char *imatrix_path;            // to_gguf: the importance from this file: llmq statistics (.lcs, magic
                                          // "LLMQCALS") or a llama-imatrix file (GGUF or legacy .dat); with rtn
                                          // it excludes calibration (which gathers the importance instead)
-    FILE *plan;                          // to_gguf with gguf.dry_run: where the plan table goes (NULL: stdout)
+    bool dry_run;                        // any format: print the preflight plan (quant/plan.h), write nothing
+                                         // (gguf.dry_run, which to_gguf's CLI sets too, means the same)
+    FILE *plan;                          // dry runs: where the plan table and the preflight go (NULL: stdout)
     struct llmq_quantize_shared *shared; // a sweep's statistics shared between runs (see "Sweeps"); NULL: none
 };
 

@@ -188,6 +188,10 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
 // report is then the writer's, with "settings" added. *report (may be NULL) receives a new JSON object: {"settings":
 // ..., "calibration": {...sources, sha256, tokens}, "layers": [{name, shape, method, err, loss, rtn_err, seconds,
 // ...}], "totals": {...}}. Errors: see the modules; one line naming the layer / tensor.
+// A dry run (dry_run or gguf.dry_run, any format) prints quant/plan.h's preflight plan on o->plan after the GGUF
+// writer's table (a directory format: the plan alone; its report is {"settings", "model", "output", "dry_run"})
+// and adds it as "preflight". A real run first checks free space (llmq_plan_preflight: LLMQ_ERR_IO before any
+// work when the output, or the spill beyond --max-memory, does not fit its directory).
 enum llmq_status llmq_quantize_run(struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report);
 
 #endif // LLMQ_QUANT_QUANTIZE_H

@@ -5,7 +5,7 @@
  *   llmq quantize --model M --method rtn|gptq|awq|awq+gptq --bits N --group-size G [--sym|--asym]
  *                 [--act-order] [--static-groups] [--damp 0.01] --format awq|gptq|fake --out DIR
  *                 [--calib SRC]... [--nsamples N] [--seqlen L] [--seed S] [--threads N] [--json FILE]
- *                 [--force] [--fallback rtn-per-channel]
+ *                 [--force] [--fallback rtn-per-channel] [--dry-run]
  *
  *   llmq quantize --model M --format gguf --gguf-type Q4_K_M --out OUT.gguf [--method rtn|gptq|awq|awq+gptq]
  *                 [--imatrix FILE.lcs|FILE.gguf|FILE.dat] [--calib SRC]... [--tensor-type REGEX=TYPE]...
@@ -14,7 +14,8 @@
  *                 [--mix llama|quality | --target-bpw X | --target-size BYTES] [--mix-exclude T,...]
  *
  * stderr: one line per linear (per tensor for gguf) and an ETA, totals at the end; stdout: the output
- * path and totals (--dry-run: the plan table); --json FILE: settings, calibration provenance and the
+ * path and totals (--dry-run: the plan table of a gguf output, then the preflight plan of any format: sizes,
+ * RAM, disk, time; quant/plan.h); --json FILE: settings, calibration provenance and the
  * per-layer / per-tensor table (atomic write). Every method and format is one call of
  * llmq_quantize_run (quant/quantize.h); this file parses the flags, refuses the combinations that are
  * wrong whatever the model (exit 2; llmq_quantize_check refuses the rest, also exit 2), and prints.
@@ -131,7 +132,7 @@ static const char *sweep_flags(struct qargs *q, bool gguf, char *buf, size_t siz
     if (!gguf) parse_bits(q->levels[0], &q->bits);
     if (gguf) q->gguf_type = q->levels[0];
     if (q->n_levels == 1) return q->compare ? "--compare needs at least two levels" : NULL;
-    if (q->dry_run) return "--dry-run takes one --gguf-type";
+    if (q->dry_run) return "--dry-run takes one level (one --gguf-type or --bits)";
     if (!q->out || !strstr(q->out, "{}") || (q->json && !strstr(q->json, "{}")))
         return "a sweep writes one output per level: --out (and --json) must hold {}, which becomes the level "
                "(e.g. --out model-{}.gguf)";
@@ -152,7 +153,7 @@ static const char *level_path(const char *t, const char *level, char *buf, size_
 static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_opts *o, char *buf, size_t size) {
     enum llmq_qmethod *method = &o->method;
     if (!q->model) return "--model is required";
-    if (!q->out && !(gguf && q->dry_run)) return gguf ? "--out FILE.gguf is required" : "--out DIR is required";
+    if (!q->out && !q->dry_run) return gguf ? "--out FILE.gguf is required" : "--out DIR is required";
     if (!llmq_qmethod_parse(q->method, method)) return "--method must be rtn, gptq, awq or awq+gptq";
     if (!gguf && !llmq_export_format_parse(q->format, &o->out.format))
         return "--format must be awq, gptq, fake or gguf";
@@ -180,10 +181,10 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
         return "--act-group-aware excludes --act-order and --static-groups";
     if (q->group_aware && q->group == -1) return "--act-group-aware needs a group size (not -1)";
     if (gguf && !q->gguf_type) return "--format gguf needs --gguf-type (e.g. Q4_K_M)";
-    if (!gguf && (q->gguf_type || q->imatrix || q->n_tts || q->output_type || q->embedding_type || q->pure ||
-                  q->dry_run || q->no_prov))
-        return "--gguf-type, --imatrix, --tensor-type, --output-type, --embedding-type, --pure, --dry-run and "
-               "--no-provenance need --format gguf";
+    if (!gguf &&
+        (q->gguf_type || q->imatrix || q->n_tts || q->output_type || q->embedding_type || q->pure || q->no_prov))
+        return "--gguf-type, --imatrix, --tensor-type, --output-type, --embedding-type, --pure and --no-provenance "
+               "need --format gguf";
     if (!gguf && (q->mix || !isnan(q->target_bpw) || q->target_size))
         return "--mix, --target-bpw and --target-size need --format gguf";
     if (q->mix && strcmp(q->mix, "llama") && strcmp(q->mix, "quality")) return "--mix must be llama or quality";
@@ -348,7 +349,8 @@ static int run(struct qargs *q, struct llmq_quantize_opts *o, const char *device
     if (cli_guard(inputs, 2 + q->ca.n_sources, outputs, outputs[0] ? 1 : 0, q->force)) return 1;
     // a checkpoint left by an interrupted run is refused before any work unless --resume or --force
     bool solvers = !(o->to_gguf && o->method == LLMQ_QMETHOD_RTN);
-    if (o->checkpoint && solvers && q->n_levels == 1 && llmq_ckpt_check(q->out, q->resume, q->force)) return 1;
+    if (o->checkpoint && !o->dry_run && solvers && q->n_levels == 1 && llmq_ckpt_check(q->out, q->resume, q->force))
+        return 1;
     if (q->resume && !solvers)
         llmq_info("quantize: --resume: rtn into gguf has no block loop to resume (no checkpoint): it runs whole");
     enum llmq_status st = llmq_model_load(q->model, &m);
@@ -391,8 +393,9 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
     o->true_sequential = !q->no_tseq;
     o->act_order = q->act_order;
     o->out_dir = q->out;
-    o->checkpoint = !q->no_ckpt && !q->dry_run;
+    o->checkpoint = !q->no_ckpt; // a dry run writes none; its plan counts the one the run would keep
     o->resume = q->resume;
+    o->dry_run = q->dry_run;
     if (!gguf) {
         o->q = (struct llmq_qconfig){.bits = (int)q->bits, .group_size = (int)q->group, .sym = q->sym};
         o->static_groups = q->static_groups;
@@ -490,7 +493,10 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
          "gguf: block types --mix quality / --target-* may not choose, comma separated (e.g. q4_1 for a model "
          "dequantized from Q4_1, which that type reproduces exactly)"},
         {"dry-run", CLI_BOOL, &q->dry_run, "off",
-         "gguf: print every tensor's type, size and bits per weight, write nothing"},
+         "write nothing; print the preflight plan: output size, peak RAM, VRAM (--device cuda), spill and "
+         "checkpoint disk with the free space there, and an estimated time per stage from rates measured on this "
+         "machine (quant/plan.h; --json: the same as \"preflight\"); gguf also every tensor's type, size and bits "
+         "per weight"},
         {"no-provenance", CLI_BOOL, &q->no_prov, "off",
          "gguf: write no llmq.* keys (then --method rtn gives llama-quantize's bytes)"},
     };

@@ -14,6 +14,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#define LLMQ_FOLIO_SPAN                                                                                                \
+    ((size_t)2 << 20) // x86-64 / arm64 (4 KiB pages) PMD size: the largest page-cache folio mapped at once
+
 // The live mappings of llmq_mmap_open (for llmq_mmap_release: only file pages are ever released).
 #define MAX_MAPS 256
 static struct {
@@ -40,8 +43,13 @@ void llmq_mmap_release(const void *p, size_t n) {
     for (int i = 0; n && i < MAX_MAPS; i++) {
         const uint8_t *d = maps[i].data;
         if (!d || a < d || a + n > d + maps[i].size) continue;
-        // whole pages, clipped to the mapping: a neighbour's page dropped too is only read again
-        size_t lo = (size_t)(a - d) / page * page, hi = (size_t)(a - d) + n;
+        // from the 2 MiB boundary below, clipped to the mapping: the page cache's large folios (up to PMD size)
+        // are mapped whole on a fault, so reading the next range maps again the tail of one released before;
+        // dropping that tail with this range keeps a chunk-by-chunk reader at ~0 file pages instead of ~30 %
+        // of the tensor (measured on a 56 MB bf16 embedding, kernel 6.18). A neighbour's page dropped too is
+        // only read again from the page cache.
+        size_t span = page > LLMQ_FOLIO_SPAN ? page : LLMQ_FOLIO_SPAN;
+        size_t lo = (size_t)(a - d) / span * span, hi = (size_t)(a - d) + n;
         madvise((void *)(d + lo), hi - lo, MADV_DONTNEED);
         return;
     }

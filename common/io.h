@@ -51,7 +51,8 @@ void llmq_mmap_close(struct llmq_mmap *m); // safe on a zeroed struct
 // Releases the resident pages of [p, p + n) when that range lies in a mapping of llmq_mmap_open
 // (madvise(MADV_DONTNEED): the pages leave the process's RSS, a later read faults them in again from the
 // file); anything else (heap memory: a dequantized view) is left alone. For streaming writers: the pages
-// of weights already processed stop counting against a memory limit. Driver thread only.
+// of weights already processed stop counting against a memory limit. The range is widened down to a 2 MiB
+// boundary (a large folio's re-mapped tail; see common/io.c). Driver thread only.
 void llmq_mmap_release(const void *p, size_t n);
 // Drops the pages of a heap work buffer [p, p + n) whose contents the caller no longer needs: the whole pages
 // inside the range leave the RSS (madvise(MADV_DONTNEED) on private anonymous memory) and read as zeros when

@@ -30,6 +30,7 @@ void llmq_spill_configure(uint64_t max_bytes) { budget = max_bytes; }
 uint64_t llmq_spill_ram_bytes(void) { return ram; }
 uint64_t llmq_spill_file_bytes(void) { return file; }
 uint64_t llmq_spill_peak_file_bytes(void) { return peak_file; }
+uint64_t llmq_spill_budget(void) { return budget; }
 
 bool llmq_parse_bytes(const char *s, uint64_t *out) {
     if (!s || !*s) return false;
@@ -58,7 +59,7 @@ bool llmq_parse_bytes(const char *s, uint64_t *out) {
     return true;
 }
 
-static const char *spill_dir(void) {
+const char *llmq_spill_dir(void) {
     const char *dir = getenv("LLMQ_SPILL_DIR");
     if (!dir || !*dir) dir = getenv("TMPDIR");
     if (!dir || !*dir) dir = "/tmp";
@@ -68,7 +69,7 @@ static const char *spill_dir(void) {
 // A spill file of len bytes, its blocks allocated up front (posix_fallocate): a full disk is an error here,
 // naming the directory and the bytes, not a SIGBUS when a page of a sparse file is first written.
 static void *spill_map(size_t len, const char *what) {
-    const char *dir = spill_dir();
+    const char *dir = llmq_spill_dir();
     char path[4096];
     snprintf(path, sizeof path, "%s/llmq-spill-XXXXXX", dir);
     int fd = mkstemp(path);
@@ -114,7 +115,7 @@ enum llmq_status llmq_spill_preflight(uint64_t bytes, const char *what) {
     }
     if (bytes <= budget) return LLMQ_OK;
     struct statvfs sv;
-    const char *dir = spill_dir();
+    const char *dir = llmq_spill_dir();
     uint64_t need = bytes - budget;
     if (statvfs(dir, &sv) != 0)
         return llmq_errorf(LLMQ_ERR_IO, "%s: the spill directory %s: %s", what, dir, strerror(errno));

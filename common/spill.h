@@ -31,6 +31,9 @@
 
 // max_bytes: budget for the live big buffers held in RAM; 0 = unlimited (the default).
 void llmq_spill_configure(uint64_t max_bytes);
+uint64_t llmq_spill_budget(void); // the configured budget (0: none)
+// The directory spill files go to: $LLMQ_SPILL_DIR, else $TMPDIR, else /tmp (a static or environment string).
+const char *llmq_spill_dir(void);
 
 // Parses "123", "512K", "4M", "8G", "1T" (powers of 1024; a trailing "B" / "iB" allowed) into bytes.
 // false (and *out untouched) on anything else.

@@ -16,6 +16,7 @@
 #include "quant/checkpoint.h"
 #include "quant/gptq.h"
 #include "quant/gptq_gguf.h"
+#include "quant/plan.h"
 #include "quant/writer.h"
 
 #include <cblas.h>
@@ -1293,17 +1294,55 @@ static enum llmq_status check_finite_weights(const struct llmq_model *m, int n_t
     return st;
 }
 
+// A dry run of any format (quant/plan.h): the GGUF writer's plan table where the output is GGUF, then the
+// preflight plan on o->plan (NULL: stdout) and as the report's "preflight"; nothing is written.
+static enum llmq_status dry_run(const struct llmq_model *m, const struct llmq_quantize_opts *o,
+                                const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
+    struct llmq_quantize_opts od = *o;
+    json_t *rep = NULL;
+    enum llmq_status st = LLMQ_OK;
+    od.gguf.dry_run = od.dry_run = true;
+    if (o->to_gguf) {
+        st = run_writer(m, &od, imat, imat_rec, &rep);
+    } else {
+        rep = json_object();
+        json_object_set_new(rep, "settings", settings_json(o));
+        json_object_set_new(rep, "model", json_string(m->path));
+        json_object_set_new(rep, "output", o->out_dir ? json_string(o->out_dir) : json_null());
+        json_object_set_new(rep, "dry_run", json_true());
+    }
+    struct llmq_plan p;
+    struct llmq_plan_opts po = {.timed = true, .gguf_report = rep, .checkpoint = llmq_plan_writes_checkpoint(o)};
+    if (!st && !(st = llmq_plan_build(m, &od, &po, &p))) {
+        FILE *f = o->plan ? o->plan : stdout;
+        llmq_plan_print(&p, f);
+        fflush(f);
+        json_object_set_new(rep, "preflight", llmq_plan_json(&p));
+        llmq_plan_free(&p);
+    }
+    if (!st && report) {
+        *report = rep;
+        rep = NULL;
+    }
+    json_decref(rep);
+    return st;
+}
+
 enum llmq_status llmq_quantize_run(const struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report) {
     if (report) *report = NULL;
     enum llmq_status st = llmq_quantize_check(m, o);
     if (st) return st;
-    if (!(o->to_gguf && o->gguf.dry_run) && (st = check_finite_weights(m, o->n_threads))) return st;
+    const bool dry = o->dry_run || (o->to_gguf && o->gguf.dry_run);
+    if (!dry && (st = llmq_plan_preflight(m, o))) return st; // free space, before any work
+    if (!dry && (st = check_finite_weights(m, o->n_threads))) return st;
     openblas_set_num_threads(o->n_threads);
     struct llmq_calib_stats imat = {0};
     json_t *imat_rec = NULL;
     if (o->to_gguf && o->imatrix_path && (st = load_imatrix(o->imatrix_path, m, &imat, &imat_rec))) return st;
     const struct llmq_calib_stats *ip = imat_rec ? &imat : NULL;
-    if (o->to_gguf && (o->method == LLMQ_QMETHOD_RTN || o->gguf.dry_run))
+    if (dry)
+        st = dry_run(m, o, ip, imat_rec, report);
+    else if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN)
         st = run_writer(m, o, ip, imat_rec, report);
     else
         st = run_solvers(m, o, ip, imat_rec, report);

@@ -170,7 +170,9 @@ struct llmq_quantize_opts {
     const char *imatrix_path;            // to_gguf: the importance from this file: llmq statistics (.lcs, magic
                                          // "LLMQCALS") or a llama-imatrix file (GGUF or legacy .dat); with rtn
                                          // it excludes calibration (which gathers the importance instead)
-    FILE *plan;                          // to_gguf with gguf.dry_run: where the plan table goes (NULL: stdout)
+    bool dry_run;                        // any format: print the preflight plan (quant/plan.h), write nothing
+                                         // (gguf.dry_run, which to_gguf's CLI sets too, means the same)
+    FILE *plan;                          // dry runs: where the plan table and the preflight go (NULL: stdout)
     struct llmq_quantize_shared *shared; // a sweep's statistics shared between runs (see "Sweeps"); NULL: none
     bool checkpoint;                     // keep "<out_dir>.partial" after each block (see "Checkpoint and resume")
     bool resume;                         // continue from that checkpoint when there is one
@@ -202,6 +204,10 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
 // report is then the writer's, with "settings" added. *report (may be NULL) receives a new JSON object: {"settings":
 // ..., "calibration": {...sources, sha256, tokens}, "layers": [{name, shape, method, err, loss, rtn_err, seconds,
 // ...}], "totals": {...}}. Errors: see the modules; one line naming the layer / tensor.
+// A dry run (dry_run or gguf.dry_run, any format) prints quant/plan.h's preflight plan on o->plan after the GGUF
+// writer's table (a directory format: the plan alone; its report is {"settings", "model", "output", "dry_run"})
+// and adds it as "preflight". A real run first checks free space (llmq_plan_preflight: LLMQ_ERR_IO before any
+// work when the output, or the spill beyond --max-memory, does not fit its directory).
 enum llmq_status llmq_quantize_run(const struct llmq_model *m, const struct llmq_quantize_opts *o, json_t **report);
 
 #endif // LLMQ_QUANT_QUANTIZE_H

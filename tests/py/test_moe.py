@@ -212,3 +212,15 @@ def test_other_quantizations_refused(llmq_bin, ggufs, work, flags):
     out = work / "refused.gguf"
     r = run([llmq_bin, "quantize", "--model", ggufs["tiny-qmoe"]["gguf"], "--out", out, *flags], check=False)
     assert r.returncode != 0 and "only by --method rtn --format gguf" in r.stderr and not out.exists(), r.stderr
+
+
+def test_dry_run_refused_and_real_run_says_no_preflight(llmq_bin, ggufs, work):
+    """The preflight plan (quant/plan.h) does not model a mixture of experts yet: --dry-run refuses it by name, and a
+    real run says that it skips the up-front free-space check (and still writes its file)."""
+    out = work / "dry.gguf"
+    flags = ["--method", "rtn", "--format", "gguf", "--gguf-type", "Q8_0"]
+    r = run([llmq_bin, "quantize", "--model", ggufs["tiny-qmoe"]["gguf"], "--out", out, *flags, "--dry-run"],
+            check=False)
+    assert r.returncode == 1 and "does not model mixture-of-experts" in r.stderr and not out.exists(), r.stderr
+    r = run([llmq_bin, "quantize", "--model", ggufs["tiny-qmoe"]["gguf"], "--out", out, *flags])
+    assert "no free-space check up front" in r.stderr and out.exists(), r.stderr

@@ -872,3 +872,179 @@ enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *toke
     blas_restore(f);
     return st;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Blocks after a cached prefix (llmq_forward_block_prefixed)
+// ---------------------------------------------------------------------------------------------
+
+void llmq_forward_last_kv(const struct llmq_forward *f, const float **k, const float **v) {
+    *k = f->k;
+    *v = f->v;
+}
+
+// q, k, v (n, Dq / Dkv / Dkv) = the projections of xn (n, D) for block `layer` (biases, qwen3's q/k norms), as attn.
+static enum llmq_status qkv_project(struct llmq_forward *f, int layer, const float *xn, int64_t n) {
+    const struct llmq_hparams *hp = &f->m->hp;
+    const struct llmq_layer *ly = &f->m->layers[layer];
+    const int64_t Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh;
+    enum llmq_status st;
+    float beta = 0.0f;
+    if (f->bias) {
+        const float *b = f->bias + layer * (Dq + 2 * Dkv);
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(f->q + t * Dq, b, (size_t)Dq * sizeof(float));
+            memcpy(f->k + t * Dkv, b + Dq, (size_t)Dkv * sizeof(float));
+            memcpy(f->v + t * Dkv, b + Dq + Dkv, (size_t)Dkv * sizeof(float));
+        }
+        beta = 1.0f;
+    }
+    if ((st = linear(f, ly->w[LLMQ_LIN_Q], xn, n, f->q, beta))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_K], xn, n, f->k, beta))) return st;
+    if ((st = linear(f, ly->w[LLMQ_LIN_V], xn, n, f->v, beta))) return st;
+    if (f->qk_norms) {
+        const float *w = f->qk_norms + layer * 2 * Dh;
+        rms_rows(f, f->q, w, f->q, n * hp->n_head, Dh);
+        rms_rows(f, f->k, w + Dh, f->k, n * hp->n_head_kv, Dh);
+    }
+    return LLMQ_OK;
+}
+
+struct rope_pre_ctx {
+    struct rope_ctx rc;
+    const int64_t *pre_len; // (n_seq) token t of sequence s sits at position pre_len[s] + t % seqlen
+};
+
+static void rope_pre_worker(void *p, int ith, int nth) {
+    struct rope_pre_ctx *c = p;
+    const struct llmq_hparams *hp = &c->rc.f->m->hp;
+    int64_t a, b;
+    range_of(c->rc.n, ith, nth, 1, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        int64_t pos = c->pre_len[t / c->rc.seqlen] + t % c->rc.seqlen;
+        rope_rows(&c->rc, c->rc.q + t * hp->n_head * hp->head_dim, hp->n_head, pos);
+        rope_rows(&c->rc, c->rc.k + t * hp->n_head_kv * hp->head_dim, hp->n_head_kv, pos);
+    }
+}
+
+struct attn_pre_ctx {
+    struct llmq_forward *f;
+    int64_t n_seq, seqlen, n_rb, window;
+    const float *const *pre_k, *const *pre_v; // (n_seq) (pre_len[s], Dkv) each
+    const int64_t *pre_len;                   // (n_seq)
+    atomic_long next;
+};
+
+// attn_worker with the keys [prefix | own rows 0..t1) of sequence s in one score row (positions 0..P+t1).
+static void attn_pre_worker(void *p, int ith, int nth) {
+    (void)nth;
+    struct attn_pre_ctx *c = p;
+    struct llmq_forward *f = c->f;
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t H = hp->n_head, Dh = hp->head_dim, Dq = H * Dh, Dkv = hp->n_head_kv * Dh;
+    const int64_t group = H / hp->n_head_kv, n_tasks = c->n_seq * H * c->n_rb;
+    const float scale = 1.0f / sqrtf(hp->gemma ? hp->query_pre_attn_scalar : (float)Dh);
+    const float cap = hp->attn_softcap;
+    float *S = f->scores + (int64_t)ith * RB * f->n_pos; // (RB, nk)
+    for (;;) {
+        long task = atomic_fetch_add(&c->next, 1);
+        if (task >= n_tasks) break;
+        int64_t rb = c->n_rb - 1 - task / (c->n_seq * H), rest = task % (c->n_seq * H);
+        int64_t s = rest / H, h = rest % H, hk = h / group, P = c->pre_len[s];
+        int64_t t0 = rb * RB, t1 = t0 + RB < c->seqlen ? t0 + RB : c->seqlen, m = t1 - t0, nk = P + t1;
+        const float *Q = f->q + (s * c->seqlen + t0) * Dq + h * Dh; // (m, Dh), ld Dq
+        const float *K = f->k + s * c->seqlen * Dkv + hk * Dh;      // (t1, Dh), ld Dkv
+        const float *Vv = f->v + s * c->seqlen * Dkv + hk * Dh;     // (t1, Dh), ld Dkv
+        float *O = f->att + (s * c->seqlen + t0) * Dq + h * Dh;     // (m, Dh), ld Dq
+        if (P > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)P, (int)Dh, 1.0f, Q, (int)Dq,
+                        c->pre_k[s] + hk * Dh, (int)Dkv, 0.0f, S, (int)nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)t1, (int)Dh, 1.0f, Q, (int)Dq, K, (int)Dkv,
+                    0.0f, S + P, (int)nk);
+        for (int64_t i = 0; i < m; i++) {
+            float *row = S + i * nk;
+            int64_t nv = P + t0 + i + 1; // keys j0..P+t0+i are visible
+            int64_t j0 = c->window > 0 && nv > c->window ? nv - c->window : 0;
+            float mx = -INFINITY;
+            for (int64_t j = j0; j < nv; j++) {
+                row[j] *= scale;
+                if (cap > 0.0f) row[j] = tanhf(row[j] / cap) * cap;
+                if (row[j] > mx) mx = row[j];
+            }
+            double sum = 0.0;
+            for (int64_t j = j0; j < nv; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += (double)row[j];
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int64_t j = j0; j < nv; j++) row[j] *= inv;
+            if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row + j0, nv - j0);
+            for (int64_t j = 0; j < j0; j++) row[j] = 0.0f;
+            for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
+        }
+        if (P > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)P, 1.0f, S, (int)nk,
+                        c->pre_v[s] + hk * Dh, (int)Dkv, 0.0f, O, (int)Dq);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)t1, 1.0f, S + P, (int)nk, Vv,
+                    (int)Dkv, P > 0 ? 1.0f : 0.0f, O, (int)Dq);
+    }
+}
+
+// attn for sequences that continue cached prefixes (llmq_forward_block_prefixed); max_pre = max pre_len.
+static enum llmq_status attn_prefixed(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
+                                      const float *const *pre_k, const float *const *pre_v, const int64_t *pre_len,
+                                      int64_t max_pre, float *out) {
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
+    enum llmq_status st = qkv_project(f, layer, xn, n);
+    if (st) return st;
+    const bool swa = llmq_hparams_layer_swa(hp, layer);
+    struct rope_pre_ctx rc = {{f, f->q, f->k, n, seqlen, swa && f->swa_cos ? f->swa_cos : f->rope_cos,
+                               swa && f->swa_sin ? f->swa_sin : f->rope_sin},
+                              pre_len};
+    parallel(threads_for(f, n * (Dq + Dkv) * 4), rope_pre_worker, &rc);
+    if (f->emulate) { // as attn: the f16 KV cache (the prefix's rows were rounded by their own pass)
+        llmq_actq_round_f16(f->k, n * Dkv);
+        llmq_actq_round_f16(f->v, n * Dkv);
+        if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(f->q, n * Dq);
+    }
+    struct attn_pre_ctx ac = {.f = f,
+                              .n_seq = n_seq,
+                              .seqlen = seqlen,
+                              .n_rb = (seqlen + RB - 1) / RB,
+                              .window = swa ? hp->sliding_window : 0,
+                              .pre_k = pre_k,
+                              .pre_v = pre_v,
+                              .pre_len = pre_len};
+    atomic_init(&ac.next, 0);
+    int nth = threads_for(f, n_seq * hp->n_head * seqlen * (max_pre + seqlen) * Dh);
+    if (nth > n_seq * hp->n_head * ac.n_rb) nth = (int)(n_seq * hp->n_head * ac.n_rb);
+    parallel(nth, attn_pre_worker, &ac);
+    if ((st = linear(f, f->m->layers[layer].w[LLMQ_LIN_O], f->att, n, out, 0.0f))) return st;
+    if (f->post_norms) rms_norm(f, out, f->post_norms + layer * 2 * hp->n_embd, out, n);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_forward_block_prefixed(struct llmq_forward *f, int layer, float *x, int64_t n_seq, int64_t seqlen,
+                                             const float *const *pre_k, const float *const *pre_v,
+                                             const int64_t *pre_len) {
+    const int64_t D = f->m->hp.n_embd, n = n_seq * seqlen;
+    enum llmq_status st = check_block_args(f, layer, n_seq, seqlen);
+    if (st) return st;
+    int64_t max_pre = 0;
+    for (int64_t s = 0; s < n_seq; s++) {
+        if (pre_len[s] < 0 || pre_len[s] > (1LL << 30) || (pre_len[s] > 0 && (!pre_k[s] || !pre_v[s])))
+            return llmq_errorf(LLMQ_ERR_ARG, "forward: sequence %lld: bad prefix (%lld tokens)", (long long)s,
+                               (long long)pre_len[s]);
+        if (pre_len[s] > max_pre) max_pre = pre_len[s];
+    }
+    if ((st = ensure_positions(f, max_pre + seqlen))) return st;
+    blas_serial(f);
+    rms_norm(f, x, f->norms + 2 * layer * D, f->xn, n); // x += attn(RMSNorm(x) * attn_norm), as block
+    st = attn_prefixed(f, layer, f->xn, n_seq, seqlen, pre_k, pre_v, pre_len, max_pre, f->out);
+    if (!st) add_inplace(x, f->out, n * D);
+    blas_restore(f);
+    if (!st) st = llmq_forward_rmsnorm(f, x, n, f->norms + (2 * layer + 1) * D, f->xn); // x += mlp(...)
+    if (!st) st = llmq_forward_mlp(f, layer, f->xn, n, f->out);
+    if (!st) add_inplace(x, f->out, n * D);
+    return st;
+}

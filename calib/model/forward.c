@@ -317,6 +317,28 @@ struct attn_ctx {
     atomic_long next; // next task index
 };
 
+// One row of scores (nk) in place: keys [j0, nv) scaled (gemma2: soft-capped), softmax in f32 with the sum in
+// double (the emulation without flash attention: probabilities to f16), the rest zeroed.
+static void softmax_row(const struct llmq_forward *f, float *row, int64_t j0, int64_t nv, int64_t nk, float scale,
+                        float cap) {
+    float mx = -INFINITY;
+    for (int64_t j = j0; j < nv; j++) {
+        row[j] *= scale;
+        if (cap > 0.0f) row[j] = tanhf(row[j] / cap) * cap;
+        if (row[j] > mx) mx = row[j];
+    }
+    double sum = 0.0;
+    for (int64_t j = j0; j < nv; j++) {
+        row[j] = expf(row[j] - mx);
+        sum += (double)row[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t j = j0; j < nv; j++) row[j] *= inv;
+    if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row + j0, nv - j0);
+    for (int64_t j = 0; j < j0; j++) row[j] = 0.0f;
+    for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
+}
+
 // One task: rows [t0, t1) of head h of sequence s. Tasks are handed out largest first (the last
 // row blocks attend to the most keys).
 static void attn_worker(void *p, int ith, int nth) {
@@ -346,22 +368,7 @@ static void attn_worker(void *p, int ith, int nth) {
             float *row = S + i * nk;
             int64_t nv = t0 + i + 1; // keys j0..t0+i are visible
             int64_t j0 = window > 0 && nv > window ? nv - window : 0;
-            float mx = -INFINITY;
-            for (int64_t j = j0; j < nv; j++) {
-                row[j] *= scale;
-                if (cap > 0.0f) row[j] = tanhf(row[j] / cap) * cap;
-                if (row[j] > mx) mx = row[j];
-            }
-            double sum = 0.0;
-            for (int64_t j = j0; j < nv; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += (double)row[j];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (int64_t j = j0; j < nv; j++) row[j] *= inv;
-            if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row + j0, nv - j0);
-            for (int64_t j = 0; j < j0; j++) row[j] = 0.0f;
-            for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
+            softmax_row(f, row, j0, nv, nk, scale, cap);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)nk, 1.0f, S, (int)nk, Vv, (int)Dkv,
                     0.0f, O, (int)Dq);
@@ -654,17 +661,12 @@ static void call_hook(struct llmq_forward *f, llmq_linear_hook hook, void *user,
     blas_serial(f);
 }
 
-// out (n, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) for xn (n_seq * seqlen, D).
-// xn may be f->xn; out must not alias f's buffers other than f->out.
-static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
-                             float *out, llmq_linear_hook hook, void *user) {
-    const struct llmq_model *m = f->m;
-    const struct llmq_hparams *hp = &m->hp;
-    const struct llmq_layer *ly = &m->layers[layer];
-    const int64_t Dh = hp->head_dim;
-    const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
+// q, k, v (n, Dq / Dkv / Dkv) = the projections of xn (n, D) for block `layer` (biases, qwen3's q/k norms).
+static enum llmq_status qkv_project(struct llmq_forward *f, int layer, const float *xn, int64_t n) {
+    const struct llmq_hparams *hp = &f->m->hp;
+    const struct llmq_layer *ly = &f->m->layers[layer];
+    const int64_t Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh;
     enum llmq_status st;
-
     float beta = 0.0f;
     if (f->bias) { // y = W x + b, as ggml_add after the matmul: start from b and accumulate
         const float *b = f->bias + layer * (Dq + 2 * Dkv);
@@ -683,6 +685,20 @@ static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn,
         rms_rows(f, f->q, w, f->q, n * hp->n_head, Dh);
         rms_rows(f, f->k, w + Dh, f->k, n * hp->n_head_kv, Dh);
     }
+    return LLMQ_OK;
+}
+
+// out (n, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) for xn (n_seq * seqlen, D).
+// xn may be f->xn; out must not alias f's buffers other than f->out.
+static enum llmq_status attn(struct llmq_forward *f, int layer, const float *xn, int64_t n_seq, int64_t seqlen,
+                             float *out, llmq_linear_hook hook, void *user) {
+    const struct llmq_model *m = f->m;
+    const struct llmq_hparams *hp = &m->hp;
+    const struct llmq_layer *ly = &m->layers[layer];
+    const int64_t Dh = hp->head_dim;
+    const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
+    enum llmq_status st = qkv_project(f, layer, xn, n);
+    if (st) return st;
     const bool swa = llmq_hparams_layer_swa(hp, layer);
     struct rope_ctx rc = {f,
                           f->q,
@@ -882,33 +898,6 @@ void llmq_forward_last_kv(const struct llmq_forward *f, const float **k, const f
     *v = f->v;
 }
 
-// q, k, v (n, Dq / Dkv / Dkv) = the projections of xn (n, D) for block `layer` (biases, qwen3's q/k norms), as attn.
-static enum llmq_status qkv_project(struct llmq_forward *f, int layer, const float *xn, int64_t n) {
-    const struct llmq_hparams *hp = &f->m->hp;
-    const struct llmq_layer *ly = &f->m->layers[layer];
-    const int64_t Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh;
-    enum llmq_status st;
-    float beta = 0.0f;
-    if (f->bias) {
-        const float *b = f->bias + layer * (Dq + 2 * Dkv);
-        for (int64_t t = 0; t < n; t++) {
-            memcpy(f->q + t * Dq, b, (size_t)Dq * sizeof(float));
-            memcpy(f->k + t * Dkv, b + Dq, (size_t)Dkv * sizeof(float));
-            memcpy(f->v + t * Dkv, b + Dq + Dkv, (size_t)Dkv * sizeof(float));
-        }
-        beta = 1.0f;
-    }
-    if ((st = linear(f, ly->w[LLMQ_LIN_Q], xn, n, f->q, beta))) return st;
-    if ((st = linear(f, ly->w[LLMQ_LIN_K], xn, n, f->k, beta))) return st;
-    if ((st = linear(f, ly->w[LLMQ_LIN_V], xn, n, f->v, beta))) return st;
-    if (f->qk_norms) {
-        const float *w = f->qk_norms + layer * 2 * Dh;
-        rms_rows(f, f->q, w, f->q, n * hp->n_head, Dh);
-        rms_rows(f, f->k, w + Dh, f->k, n * hp->n_head_kv, Dh);
-    }
-    return LLMQ_OK;
-}
-
 struct rope_pre_ctx {
     struct rope_ctx rc;
     const int64_t *pre_len; // (n_seq) token t of sequence s sits at position pre_len[s] + t % seqlen
@@ -964,22 +953,7 @@ static void attn_pre_worker(void *p, int ith, int nth) {
             float *row = S + i * nk;
             int64_t nv = P + t0 + i + 1; // keys j0..P+t0+i are visible
             int64_t j0 = c->window > 0 && nv > c->window ? nv - c->window : 0;
-            float mx = -INFINITY;
-            for (int64_t j = j0; j < nv; j++) {
-                row[j] *= scale;
-                if (cap > 0.0f) row[j] = tanhf(row[j] / cap) * cap;
-                if (row[j] > mx) mx = row[j];
-            }
-            double sum = 0.0;
-            for (int64_t j = j0; j < nv; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += (double)row[j];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (int64_t j = j0; j < nv; j++) row[j] *= inv;
-            if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row + j0, nv - j0);
-            for (int64_t j = 0; j < j0; j++) row[j] = 0.0f;
-            for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
+            softmax_row(f, row, j0, nv, nk, scale, cap);
         }
         if (P > 0)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)P, 1.0f, S, (int)nk,

@@ -6,13 +6,15 @@
 #   bench/hellaswag_speed.sh [MODEL ($LLMQ_CACHE/smollm2-f32.gguf)] [TASKS (400)] [THREADS (nproc)]
 # Environment: BUILD_DIR (default <repo>/build); llama-perplexity from bench/llama_tools.sh.
 #
-# llmq: its tokens (every ending as a sequence from position 0, the context recomputed per ending) and the
-#   seconds of the task loop, from `llmq eval --json` (model loading excluded).
+# llmq: the seconds of the task loop and its tokens (through the model: each task's shared context once, plus
+#   every ending with the context's last token; calib/eval/tasks.h), from `llmq eval --json` (model loading
+#   excluded).
 # llama.cpp: the wall time of the run minus the time stamp of its "calculating hellaswag score" log line
-#   (model loading and tokenization excluded); it prints no token count (it evaluates the shared context
-#   once per task, so it reads fewer tokens than llmq for the same work).
+#   (model loading and tokenization excluded); it prints no token count. It too evaluates the shared context
+#   once per task (and each ending after it), so the two token counts differ by one token per ending.
 # Both do the same work per task (4 endings scored), so tasks/s is the like-for-like figure; tokens/s is
-# given for both with llmq's token count (each ending from position 0).
+# given for both with llmq's token count. Also printed: how many of the TASKS per-item verdicts agree
+# (llama-perplexity's running acc_norm lines against llmq's --json-items).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 MODEL="${1:-$CACHE/smollm2-f32.gguf}"
@@ -30,7 +32,7 @@ t0=$(date +%s.%N)
   -np 8 > "$WORK/llama.log" 2>&1
 t1=$(date +%s.%N)
 "$LLMQ" eval --model "$MODEL" --tasks "hellaswag=$WORK/hs.txt" --protocol llamacpp --emulate llamacpp-cpu \
-  --limit "$TASKS" --threads "$THREADS" --json "$WORK/llmq.json" > "$WORK/llmq.log" 2>&1
+  --limit "$TASKS" --threads "$THREADS" --json "$WORK/llmq.json" --json-items > "$WORK/llmq.log" 2>&1
 
 "$PY" - "$WORK" "$TASKS" "$t0" "$t1" <<'EOF'
 import json, re, sys
@@ -41,9 +43,17 @@ m = re.search(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) I hellaswag_score : calculating", lo
 setup = int(m.group(1)) * 60 + int(m.group(2)) + int(m.group(3)) / 1e3 + int(m.group(4)) / 1e6
 acc = re.findall(r"^\d+\t([\d.]+)%\t\[", log, re.M)
 l_s = t1 - t0 - setup
+correct, prev = [], 0  # per-item correctness from the running accuracy (100 * correct / i)
+for i, v in enumerate(map(float, acc), 1):
+    k = round(v * i / 100)
+    correct.append(k - prev)
+    prev = k
+ours = [i["pred"] == i["gold"] for i in t["per_item"]]
+agree = sum(int(a) == b for a, b in zip(ours, correct))
 print(f"llama-perplexity: {n} tasks in {l_s:.1f} s, {n / l_s:.2f} tasks/s, {t['tokens'] / l_s:.0f} tokens/s "
       f"(llmq's count), acc_norm {float(acc[-1]):.2f}")
 print(f"llmq:             {n} tasks in {t['seconds']:.1f} s, {n / t['seconds']:.2f} tasks/s, {t['tokens_per_s']:.0f} "
       f"tokens/s ({t['tokens']} tokens), acc {100 * t['acc']:.2f}")
 print(f"ratio llmq / llama.cpp (tasks/s): {l_s / t['seconds']:.2f}x")
+print(f"per-item verdicts agree: {agree} of {len(correct)}")
 EOF

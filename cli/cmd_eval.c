@@ -205,7 +205,7 @@ struct eargs {
     const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
         *logits_dtype, *rows, *device, *emulate_name, *gates_dummy, *tasks;
     long ctx, chunks, threads, limit, seed; // ctx LONG_MIN: not given
-    bool force, json_items;
+    bool force, json_items, no_prefix_reuse;
 };
 
 // --protocol names the protocol of each mode where it is one of its names (tasks: lm-eval, llamacpp;
@@ -218,8 +218,8 @@ static const char *check_task_flags(const struct eargs *a, enum llmq_eval_protoc
     if (!for_ppl) *protocol = LLMQ_EVAL_PROTOCOL_LLAMACPP;
     if (!(for_ppl && (a->text_arg || a->kld_file)) && !(for_tasks && a->tasks))
         return for_ppl ? "--protocol gptq applies to --ppl / --kld only" : "--protocol lm-eval applies to --tasks only";
-    if (!a->tasks && (a->limit != -1 || a->seed != -1 || a->json_items))
-        return "--limit, --seed and --json-items need --tasks";
+    if (!a->tasks && (a->limit != -1 || a->seed != -1 || a->json_items || a->no_prefix_reuse))
+        return "--limit, --seed, --json-items and --no-prefix-reuse need --tasks";
     if (a->limit == 0 || a->limit < -1) return "--limit must be -1 (all) or at least 1";
     if (a->seed < -1) return "--seed must be at least 0";
     if (a->json_items && !a->json_path) return "--json-items needs --json FILE";
@@ -357,6 +357,7 @@ static enum llmq_status run_tasks(const struct eargs *a, const struct llmq_model
                                  .limit = a->limit,
                                  .seed = a->seed,
                                  .json_items = a->json_items,
+                                 .no_prefix_reuse = a->no_prefix_reuse,
                                  .n_threads = (int)a->threads,
                                  .backend = backend,
                                  .emulate = emulate};

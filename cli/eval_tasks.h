@@ -12,7 +12,8 @@
 struct json_t;
 struct llmq_model;
 
-// The --tasks flags of `llmq eval` (a: a struct with const char *tasks; long limit, seed; bool json_items).
+// The --tasks flags of `llmq eval` (a: a struct with const char *tasks; long limit, seed; bool json_items,
+// no_prefix_reuse).
 #define EVAL_TASK_FLAGS(a)                                                                                             \
     {"tasks", CLI_STR, &(a)->tasks, NULL,                                                                              \
      "zero-shot accuracy on these tasks: all, or a comma list of hellaswag, arc-easy, arc-challenge, piqa, "           \
@@ -20,7 +21,11 @@ struct llmq_model;
         {"limit", CLI_INT, &(a)->limit, "-1 (all)",                                                                    \
          "--tasks: N items per task: the first N (lm-eval), the N llama-perplexity picks (llamacpp), or with --seed "  \
          "a seeded sample"},                                                                                           \
-        {"seed", CLI_INT, &(a)->seed, "none", "--tasks: draw the --limit items at random with this seed"}, {           \
+        {"seed", CLI_INT, &(a)->seed, "none", "--tasks: draw the --limit items at random with this seed"},             \
+        {"no-prefix-reuse", CLI_BOOL, &(a)->no_prefix_reuse, "off (reuse)",                                            \
+         "--tasks: run every choice from position 0 instead of the item's shared prefix once (the same scores up to "  \
+         "float rounding; slower)"},                                                                                   \
+    {                                                                                                                  \
         "json-items", CLI_BOOL, &(a)->json_items, "off",                                                               \
             "--tasks: also write every item's choice, gold and per-choice scores into --json"                          \
     }
@@ -36,9 +41,10 @@ struct llmq_model;
 struct eval_tasks_args {
     const char *list; // --tasks
     enum llmq_task_protocol protocol;
-    long limit;      // --limit (-1: all)
-    long seed;       // --seed (-1: not given)
-    bool json_items; // --json-items
+    long limit;           // --limit (-1: all)
+    long seed;            // --seed (-1: not given)
+    bool json_items;      // --json-items
+    bool no_prefix_reuse; // --no-prefix-reuse
     int n_threads;
     enum llmq_backend backend;
     enum llmq_emulate emulate;

@@ -19,6 +19,7 @@
 #include <string.h>
 
 enum { HEAD_ROWS = 256, MAX_SEQ_PER_CALL = 256, MAX_TOKENS_PER_SEQ = 1 << 20 };
+#define GROUP_BYTES ((int64_t)256 << 20) // a group's hidden states and one layer's prefix K/V (run_grouped)
 
 static const char *const task_names[LLMQ_TASK_COUNT] = {"hellaswag", "arc-easy",   "arc-challenge",
                                                         "piqa",      "winogrande", "lambada"};
@@ -179,6 +180,8 @@ struct req {
     bool greedy;        // every target was the argmax
     int64_t item;       // index into the set
     int choice;         //
+    int64_t pre;        // tokens [0, pre) are the item's shared prefix, run once (0: none; header "How the model
+                        // is run"); the scored positions are all >= pre
 };
 
 static void req_free(struct req *r) {
@@ -392,17 +395,11 @@ static enum llmq_status flush_rows(struct engine *e, int64_t n) {
     return LLMQ_OK;
 }
 
-// One forward call over the requests rs (nr), every one no longer than the first; fills their log-probs.
-static enum llmq_status run_call(struct engine *e, struct req **rs, int nr) {
-    const int64_t D = e->m->hp.n_embd, T = rs[0]->n_tok;
-    for (int s = 0; s < nr; s++) {
-        memcpy(e->tokens + s * T, rs[s]->tok, (size_t)rs[s]->n_tok * sizeof(int32_t));
-        for (int64_t j = rs[s]->n_tok; j < T; j++) e->tokens[s * T + j] = rs[s]->tok[0]; // padding after the end
-    }
-    enum llmq_status st = llmq_forward_embed(e->f, e->tokens, nr * T, e->x);
-    for (int l = 0; !st && l < (int)e->m->hp.n_layer; l++)
-        st = llmq_forward_block(e->f, l, &e->m->layers[l], e->x, nr, T, NULL, NULL);
-    if (st) return st;
+// Head + scoring of the requests rs (nr) from the final hidden states x (nr * T, D) of a call: row t of
+// request s holds its position pre + t.
+static enum llmq_status score_rows(struct engine *e, struct req **rs, int nr, const float *x, int64_t T) {
+    const int64_t D = e->m->hp.n_embd;
+    enum llmq_status st = LLMQ_OK;
     int64_t k = 0;
     for (int s = 0; s < nr && !st; s++) {
         struct req *r = rs[s];
@@ -410,7 +407,7 @@ static enum llmq_status run_call(struct engine *e, struct req **rs, int nr) {
         for (int64_t i = -1; i < r->n_rows && !st; i++) {
             int64_t pos = i < 0 ? r->probe_pos : r->lo + i;
             if (pos < 0) continue;
-            memcpy(e->xr + k * D, e->x + (s * T + pos) * D, (size_t)D * sizeof(float));
+            memcpy(e->xr + k * D, x + (s * T + pos - r->pre) * D, (size_t)D * sizeof(float));
             e->tg[k] = i < 0 ? r->probe_tgt : r->tgt[i];
             e->dst[k] = i < 0 ? &r->probe_lp : &r->lp[i];
             e->dreq[k] = r;
@@ -419,6 +416,28 @@ static enum llmq_status run_call(struct engine *e, struct req **rs, int nr) {
     }
     if (!st) st = flush_rows(e, k);
     return st;
+}
+
+// e->tokens (nr * T) = the tokens [pre, n_tok) of the requests rs (nr), each padded at the end to T.
+static void fill_tokens(struct engine *e, struct req **rs, int nr, int64_t T) {
+    for (int s = 0; s < nr; s++) {
+        const int32_t *tok = rs[s]->tok + rs[s]->pre;
+        int64_t n = rs[s]->n_tok - rs[s]->pre;
+        memcpy(e->tokens + s * T, tok, (size_t)n * sizeof(int32_t));
+        for (int64_t j = n; j < T; j++) e->tokens[s * T + j] = tok[0]; // padding after the end
+    }
+}
+
+// One forward call over the requests rs (nr), every one no longer than the first, each from position 0;
+// fills their log-probs.
+static enum llmq_status run_call(struct engine *e, struct req **rs, int nr) {
+    const int64_t T = rs[0]->n_tok;
+    fill_tokens(e, rs, nr, T);
+    enum llmq_status st = llmq_forward_embed(e->f, e->tokens, nr * T, e->x);
+    for (int l = 0; !st && l < (int)e->m->hp.n_layer; l++)
+        st = llmq_forward_block(e->f, l, &e->m->layers[l], e->x, nr, T, NULL, NULL);
+    if (st) return st;
+    return score_rows(e, rs, nr, e->x, T);
 }
 
 static int cmp_req_len(const void *a, const void *b) {
@@ -446,8 +465,9 @@ static void score_item(enum llmq_task_id id, enum llmq_task_protocol p, const st
     out->gold = it->gold;
     out->pred_norm = -1;
     bool lm = p == LLMQ_TASK_PROTOCOL_LMEVAL || id == LLMQ_TASK_LAMBADA;
+    out->n_tokens = r[0].pre; // the shared prefix runs once
     for (int c = 0; c < it->n_choices; c++) {
-        out->n_tokens += r[c].n_tok;
+        out->n_tokens += r[c].n_tok - r[c].pre;
         if (lm) {
             double s = 0;
             for (int64_t i = 0; i < r[c].n_rows; i++) s += r[c].lp[i];
@@ -544,6 +564,243 @@ static enum llmq_status build_reqs(const struct llmq_model *m, const struct llmq
     return st;
 }
 
+// ---- shared prefixes (header "How the model is run") --------------------------------------------------------------
+
+// The leading tokens that the n requests r of one item read alike, up to the first scored position (and the
+// probe) of any of them and leaving every request at least one token of its own; 0 for a single request.
+static int64_t item_prefix(const struct req *r, int n) {
+    if (n < 2) return 0;
+    int64_t P = r[0].n_tok;
+    for (int c = 0; c < n; c++) {
+        int64_t lim = r[c].lo < r[c].n_tok - 1 ? r[c].lo : r[c].n_tok - 1;
+        if (r[c].probe_pos >= 0 && r[c].probe_pos < lim) lim = r[c].probe_pos;
+        if (lim < P) P = lim;
+    }
+    for (int c = 1; c < n; c++) {
+        int64_t k = 0;
+        while (k < P && r[c].tok[k] == r[0].tok[k]) k++;
+        P = k;
+    }
+    return P > 0 ? P : 0;
+}
+
+// A forward call of a group: sequences [first, first + nr) of a sorted list, padded to T, rows from row0.
+struct gcall {
+    int64_t first, nr, T, row0;
+};
+
+// The group's sequences and buffers, grown as needed and reused by the next group.
+struct group {
+    int64_t n_pre, n_end, n_pc, n_ec; // prefix / ending sequences, prefix / ending calls
+    struct req **pre;                 // (n_pre) the first request of each item with a prefix, by pre desc
+    struct req **end;                 // (n_end) every request of the group, by n_tok - pre desc
+    struct gcall *pc, *ec;            // (n_pre), (n_end) calls
+    int64_t *kv_row;                  // (items of the group) the first row of the item's prefix in kv
+    const float **pk, **pv;           // (n_end) each ending's prefix keys / values in kv (NULL: none)
+    int64_t *pl;                      // (n_end) its prefix length
+    int64_t pre_rows, end_rows;       // rows of xp / xe (padding included)
+    float *xp, *xe;                   // (pre_rows, D), (end_rows, D) hidden states
+    float *kv;                        // (2, kv_rows, Dkv) the prefixes' keys, then values, of one layer
+    size_t cap_seq, cap_xp, cap_xe, cap_kv;
+};
+
+static void group_free(struct group *g) {
+    free(g->pre), free(g->end), free(g->pc), free(g->ec), free(g->kv_row);
+    free(g->pk), free(g->pv), free(g->pl), free(g->xp), free(g->xe), free(g->kv);
+}
+
+// *p holds at least need floats (contents not kept).
+static bool floats_for(float **p, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    free(*p);
+    *cap = 0;
+    if (!(*p = malloc(need * sizeof(float)))) return false;
+    *cap = need;
+    return true;
+}
+
+// The per-sequence arrays for n sequences (contents not kept).
+static bool seq_arrays(struct group *g, size_t n) {
+    if (n <= g->cap_seq) return true;
+    free(g->pre), free(g->end), free(g->pc), free(g->ec), free(g->kv_row), free(g->pk), free(g->pv), free(g->pl);
+    g->pre = malloc(n * sizeof(*g->pre)), g->end = malloc(n * sizeof(*g->end));
+    g->pc = malloc(n * sizeof(*g->pc)), g->ec = malloc(n * sizeof(*g->ec));
+    g->kv_row = malloc(n * sizeof(*g->kv_row)), g->pl = malloc(n * sizeof(*g->pl));
+    g->pk = malloc(n * sizeof(*g->pk)), g->pv = malloc(n * sizeof(*g->pv));
+    bool ok = g->pre && g->end && g->pc && g->ec && g->kv_row && g->pl && g->pk && g->pv;
+    g->cap_seq = ok ? n : 0;
+    return ok;
+}
+
+static int64_t seq_len(const struct req *r) { return r->n_tok - r->pre; }
+
+static int cmp_seq_len(const void *a, const void *b) { // longest first; then item, choice: a total order
+    const struct req *x = *(struct req *const *)a, *y = *(struct req *const *)b;
+    if (seq_len(x) != seq_len(y)) return seq_len(x) < seq_len(y) ? 1 : -1;
+    if (x->item != y->item) return x->item > y->item ? 1 : -1;
+    return (x->choice > y->choice) - (x->choice < y->choice);
+}
+
+static int cmp_pre_len(const void *a, const void *b) {
+    const struct req *x = *(struct req *const *)a, *y = *(struct req *const *)b;
+    if (x->pre != y->pre) return x->pre < y->pre ? 1 : -1;
+    return (x->item > y->item) - (x->item < y->item);
+}
+
+// Packs the n sequences rs (sorted longest first; lengths pre, else n_tok - pre) into calls of at most
+// budget tokens, padding at most 1/8 of a call's rows (endings are short and vary: one call per budget would
+// pad more than the prefix saves); returns the number of calls, *rows their rows.
+static int64_t pack(struct req **rs, int64_t n, bool prefixes, int64_t budget, struct gcall *calls, int64_t *rows) {
+    int64_t nc = 0;
+    *rows = 0;
+    for (int64_t i = 0; i < n;) {
+        int64_t T = prefixes ? rs[i]->pre : seq_len(rs[i]), nr = 0, real = 0;
+        while (i + nr < n && nr < MAX_SEQ_PER_CALL && (nr + 1) * T <= budget) {
+            int64_t len = prefixes ? rs[i + nr]->pre : seq_len(rs[i + nr]);
+            if (nr > 0 && 8 * ((nr + 1) * T - real - len) > (nr + 1) * T) break; // padding over 1/8 of the call
+            real += len, nr++;
+        }
+        calls[nc++] = (struct gcall){i, nr, T, *rows};
+        *rows += nr * T;
+        i += nr;
+    }
+    return nc;
+}
+
+// Lists, packs and allocates the group of items [i0, i1) of t.
+static enum llmq_status group_plan(struct engine *e, const struct task_run *t, const struct llmq_task_set *s,
+                                   int64_t i0, int64_t i1, struct group *g) {
+    const int64_t D = e->m->hp.n_embd, Dkv = e->m->hp.n_head_kv * e->m->hp.head_dim;
+    int64_t n_seq = 0, kv_rows = 0;
+    for (int64_t i = i0; i < i1; i++) n_seq += s->items[i].n_choices;
+    if (!seq_arrays(g, (size_t)n_seq)) goto nomem;
+    g->n_pre = g->n_end = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        struct req *r = &t->reqs[t->first[i]];
+        if (r->pre > 0) g->pre[g->n_pre++] = r;
+        for (int c = 0; c < s->items[i].n_choices; c++) g->end[g->n_end++] = &r[c];
+    }
+    qsort(g->pre, (size_t)g->n_pre, sizeof(*g->pre), cmp_pre_len);
+    qsort(g->end, (size_t)g->n_end, sizeof(*g->end), cmp_seq_len);
+    g->n_pc = pack(g->pre, g->n_pre, true, e->max_tokens, g->pc, &g->pre_rows);
+    g->n_ec = pack(g->end, g->n_end, false, e->max_tokens, g->ec, &g->end_rows);
+    for (int64_t j = 0; j < g->n_pre; j++) g->kv_row[g->pre[j]->item - i0] = kv_rows, kv_rows += g->pre[j]->pre;
+    if (!floats_for(&g->xp, &g->cap_xp, (size_t)(g->pre_rows * D + 1)) ||
+        !floats_for(&g->xe, &g->cap_xe, (size_t)(g->end_rows * D)) ||
+        !floats_for(&g->kv, &g->cap_kv, (size_t)(2 * kv_rows * Dkv + 1)))
+        goto nomem;
+    for (int64_t j = 0; j < g->n_end; j++) {
+        const struct req *r = g->end[j];
+        int64_t row = r->pre > 0 ? g->kv_row[r->item - i0] : 0;
+        g->pl[j] = r->pre;
+        g->pk[j] = r->pre > 0 ? g->kv + row * Dkv : NULL;
+        g->pv[j] = r->pre > 0 ? g->kv + (kv_rows + row) * Dkv : NULL;
+    }
+    return LLMQ_OK;
+nomem:
+    return llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory for a group of %lld items", (long long)(i1 - i0));
+}
+
+// Runs the planned group g through the model layer by layer (every call of a layer before the next layer, so
+// that kv holds one layer's prefixes) and scores its requests. pr: the task's progress, done_tok the tokens of
+// the groups before, g_tok this group's.
+static enum llmq_status group_run(struct engine *e, struct group *g, const struct llmq_tasks_opts *o,
+                                  struct llmq_tasks_progress *pr, int64_t done_tok, int64_t g_tok, double t0) {
+    const int64_t D = e->m->hp.n_embd, Dkv = e->m->hp.n_head_kv * e->m->hp.head_dim, L = e->m->hp.n_layer;
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t c = 0; c < g->n_pc && !st; c++) { // a prefix is the first request's tokens [0, pre)
+        const struct gcall *k = &g->pc[c];
+        for (int64_t s = 0; s < k->nr; s++) {
+            const struct req *r = g->pre[k->first + s];
+            memcpy(e->tokens + s * k->T, r->tok, (size_t)r->pre * sizeof(int32_t));
+            for (int64_t j = r->pre; j < k->T; j++) e->tokens[s * k->T + j] = r->tok[0];
+        }
+        st = llmq_forward_embed(e->f, e->tokens, k->nr * k->T, g->xp + k->row0 * D);
+    }
+    for (int64_t c = 0; c < g->n_ec && !st; c++) {
+        const struct gcall *k = &g->ec[c];
+        fill_tokens(e, g->end + k->first, (int)k->nr, k->T);
+        st = llmq_forward_embed(e->f, e->tokens, k->nr * k->T, g->xe + k->row0 * D);
+    }
+    int64_t kv_total = 0;
+    for (int64_t j = 0; j < g->n_pre; j++) kv_total += g->pre[j]->pre;
+    for (int l = 0; l < L && !st; l++) {
+        int64_t kv_at = 0;
+        for (int64_t c = 0; c < g->n_pc && !st; c++) {
+            const struct gcall *k = &g->pc[c];
+            const float *K, *V;
+            st = llmq_forward_block(e->f, l, &e->m->layers[l], g->xp + k->row0 * D, k->nr, k->T, NULL, NULL);
+            llmq_forward_last_kv(e->f, &K, &V);
+            for (int64_t s = 0; s < k->nr && !st; s++) { // in g->pre order: kv_row ascending
+                size_t n = (size_t)(g->pre[k->first + s]->pre * Dkv) * sizeof(float);
+                memcpy(g->kv + kv_at * Dkv, K + s * k->T * Dkv, n);
+                memcpy(g->kv + (kv_total + kv_at) * Dkv, V + s * k->T * Dkv, n);
+                kv_at += g->pre[k->first + s]->pre;
+            }
+        }
+        for (int64_t c = 0; c < g->n_ec && !st; c++) {
+            const struct gcall *k = &g->ec[c];
+            st = llmq_forward_block_prefixed(e->f, l, &e->m->layers[l], g->xe + k->row0 * D, k->nr, k->T,
+                                             g->pk + k->first, g->pv + k->first, g->pl + k->first);
+        }
+        pr->tokens_done = done_tok + g_tok * (l + 1) / L;
+        pr->elapsed_s = llmq_now_s() - t0;
+        if (!st && o->progress && l + 1 < L) o->progress(o->progress_user, pr);
+    }
+    for (int64_t c = 0; c < g->n_ec && !st; c++) {
+        const struct gcall *k = &g->ec[c];
+        st = score_rows(e, g->end + k->first, (int)k->nr, g->xe + k->row0 * D, k->T);
+    }
+    return st;
+}
+
+// Every request from position 0, sorted by length and packed into calls (--no-prefix-reuse).
+static enum llmq_status run_whole(struct engine *e, struct task_run *t, const struct llmq_tasks_opts *o,
+                                  struct llmq_tasks_progress *pr, double t0) {
+    enum llmq_status st = LLMQ_OK;
+    const int64_t budget = e->max_tokens;
+    for (int64_t i = 0; i < t->n_req && !st;) {
+        int64_t T = t->sorted[i]->n_tok, nr = 0;
+        while (i + nr < t->n_req && nr < MAX_SEQ_PER_CALL && (nr + 1) * T <= budget) nr++;
+        st = run_call(e, t->sorted + i, (int)nr);
+        for (int64_t j = 0; j < nr; j++) pr->tokens_done += t->sorted[i + j]->n_tok;
+        i += nr;
+        pr->seq_done = i;
+        pr->elapsed_s = llmq_now_s() - t0;
+        if (!st && o->progress) o->progress(o->progress_user, pr);
+    }
+    return st;
+}
+
+// Items in file order, in groups of about group_tok tokens, each group's prefixes run once (group_run).
+static enum llmq_status run_grouped(struct engine *e, struct task_run *t, const struct llmq_task_set *s,
+                                    const struct llmq_tasks_opts *o, struct llmq_tasks_progress *pr, double t0) {
+    const struct llmq_hparams *hp = &e->m->hp;
+    int64_t group_tok = GROUP_BYTES / (int64_t)sizeof(float) / (hp->n_embd + 2 * hp->n_head_kv * hp->head_dim);
+    if (group_tok < e->max_tokens) group_tok = e->max_tokens;
+    struct group g = {0};
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t i0 = 0, i1; i0 < s->n_items && !st; i0 = i1) {
+        int64_t g_tok = 0, g_seq = 0;
+        for (i1 = i0; i1 < s->n_items; i1++) {
+            const struct req *r = &t->reqs[t->first[i1]];
+            int64_t c_tok = r->pre;
+            for (int c = 0; c < s->items[i1].n_choices; c++) c_tok += seq_len(&r[c]);
+            if (i1 > i0 && g_tok + c_tok > group_tok) break;
+            g_tok += c_tok, g_seq += s->items[i1].n_choices;
+        }
+        int64_t done_tok = pr->tokens_done;
+        st = group_plan(e, t, s, i0, i1, &g);
+        if (!st) st = group_run(e, &g, o, pr, done_tok, g_tok, t0);
+        pr->tokens_done = done_tok + g_tok;
+        pr->seq_done += g_seq;
+        pr->elapsed_s = llmq_now_s() - t0;
+        if (!st && o->progress) o->progress(o->progress_user, pr);
+    }
+    group_free(&g);
+    return st;
+}
+
 static enum llmq_status run_task(const struct llmq_model *m, const struct llmq_task_set *s,
                                  const struct llmq_tasks_opts *o, struct llmq_task_result *res) {
     struct task_run t = {0};
@@ -554,19 +811,16 @@ static enum llmq_status run_task(const struct llmq_model *m, const struct llmq_t
     qsort(t.sorted, (size_t)t.n_req, sizeof(*t.sorted), cmp_req_len);
     int64_t budget = o->max_batch_tokens > 0 ? o->max_batch_tokens : 2048, total = 0;
     if (t.sorted[0]->n_tok > budget) budget = t.sorted[0]->n_tok;
-    for (int64_t i = 0; i < t.n_req; i++) total += t.sorted[i]->n_tok;
+    for (int64_t i = 0; i < s->n_items && !o->no_prefix_reuse; i++) {
+        struct req *r = &t.reqs[t.first[i]];
+        int64_t P = item_prefix(r, s->items[i].n_choices);
+        for (int c = 0; c < s->items[i].n_choices; c++) r[c].pre = P;
+        total += P;
+    }
+    for (int64_t i = 0; i < t.n_req; i++) total += seq_len(&t.reqs[i]);
     if ((st = engine_init(&e, m, o, budget))) goto done;
     struct llmq_tasks_progress pr = {s->id, 0, t.n_req, 0, total, 0};
-    for (int64_t i = 0; i < t.n_req && !st;) {
-        int64_t T = t.sorted[i]->n_tok, nr = 0;
-        while (i + nr < t.n_req && nr < MAX_SEQ_PER_CALL && (nr + 1) * T <= budget) nr++;
-        st = run_call(&e, t.sorted + i, (int)nr);
-        for (int64_t j = 0; j < nr; j++) pr.tokens_done += t.sorted[i + j]->n_tok;
-        i += nr;
-        pr.seq_done = i;
-        pr.elapsed_s = llmq_now_s() - t0;
-        if (!st && o->progress) o->progress(o->progress_user, &pr);
-    }
+    st = o->no_prefix_reuse ? run_whole(&e, &t, o, &pr, t0) : run_grouped(&e, &t, s, o, &pr, t0);
     if (st) goto done;
     for (int64_t i = 0; i < s->n_items; i++)
         score_item(s->id, s->protocol, &s->items[i], &t.reqs[t.first[i]], &t.ir[i]);

@@ -90,12 +90,36 @@
  *   seed.
  *
  * ---- How the model is run --------------------------------------------------------------------------------
- *   Every choice of every item is one causal sequence from position 0 (no KV cache: calib/model/forward.h
- *   runs whole sequences, so a context shared by the choices is recomputed per choice). The sequences of
- *   a task are sorted by length (longest first) and packed into calls of up to max_batch_tokens tokens
- *   (n_seq sequences padded at the END to the longest of the call: padding after a sequence's last token
- *   cannot change its causal logits). The output head runs only on the positions whose logits are
- *   scored. Results do not depend on the batching beyond GEMM rounding.
+ *   Every choice of every item is one causal sequence: the tokens the protocol's rules above give it (lm-eval:
+ *   ctx + cont, each tokenized on its own; llamacpp: the whole text tokenized once). Prefix reuse (the default)
+ *   changes no token and no scored position, only how much is computed: a causal model's keys, values and
+ *   hidden states of a prefix do not depend on what follows it, so the leading tokens that ALL choices of an
+ *   item read alike run once, and each choice continues from their keys and values
+ *   (calib/model/forward.h llmq_forward_block_prefixed). The shared prefix P of an item is the longest run of
+ *   equal leading token ids over its choices' sequences, cut at the first scored position of any choice (and
+ *   llama.cpp winogrande's probe position), leaving every choice one token of its own. Where it applies:
+ *     lm-eval     every multiple-choice task where the choices share the context string (hellaswag, arc-*,
+ *                 piqa): P = len(tok(context)) - 1, the context's tokens but its last, whose logits score the
+ *                 first continuation token and so run with each choice (lm-eval tokenizes the context alone,
+ *                 so the split at the boundary is exact whatever tok(ctx + cont) does there); winogrande (the
+ *                 contexts differ, the continuation is shared): the tokens before the filled-in option;
+ *     llamacpp    the common token prefix of the whole texts, less one (the prefix's last token scores the
+ *                 first differing one): where the boundary merges into one token the split moves before it,
+ *                 as in llama.cpp's own hellaswag_score / multiple_choice_score, which also evaluate the common
+ *                 prefix once;
+ *     never       lambada (one choice), and an item whose choices share no first token.
+ *   The items of a task go in file order in groups (about 256 MiB of hidden states plus ONE layer's prefix K/V,
+ *   at least max_batch_tokens tokens); within a group the prefixes and the continuations are each sorted by
+ *   length (longest first) and packed into calls of up to max_batch_tokens tokens, padding at the END to the
+ *   longest of the call (a call closes before its padding would exceed 1/8 of it), and the model runs layer
+ *   by layer over all calls of the group. With --no-prefix-reuse (opts.no_prefix_reuse) every choice runs from
+ *   position 0, all sequences of a task sorted by length and packed the same way call by call (the path before
+ *   prefix reuse). Both give the same scores up to f32 rounding of other call shapes: within 1e-5 relative
+ *   without emulation (tests/py/test_tasks_oracle.py test_prefix_reuse_same_scores; SmolLM2 and stories260K,
+ *   max 1.4e-6); under --emulate the f16 K/V and int8 activation roundings turn that rounding into whole steps,
+ *   ~2% of a mean log-prob on SmolLM2 Q4_1, the same as another batching of the old path gives. Tokens reported
+ *   (item and task "tokens") are the tokens through the model: P once plus each choice's own. The output head
+ *   runs only on the positions whose logits are scored.
  *
  * ---- Errors ----------------------------------------------------------------------------------------------
  *   LLMQ_ERR_ARG unknown task name / bad list, an item longer than the model's context limit
@@ -187,7 +211,7 @@ struct llmq_task_item_result {
     double score[LLMQ_TASK_MAX_CHOICES];      // lm-eval: ll sum; llamacpp: the mean log-prob
     double score_norm[LLMQ_TASK_MAX_CHOICES]; // lm-eval: ll / norm_len; else 0
     bool greedy;                              // lambada: the continuation is the greedy one
-    int64_t n_tokens;                         // tokens through the model for this item
+    int64_t n_tokens;                         // tokens through the model for this item (a shared prefix once)
 };
 
 struct llmq_task_result {
@@ -222,6 +246,7 @@ struct llmq_tasks_opts {
     enum llmq_backend backend;
     enum llmq_emulate emulate;
     int64_t max_batch_tokens;           // tokens per forward call (<= 0: 2048)
+    bool no_prefix_reuse;               // every choice from position 0 (header "How the model is run")
     bool keep_items;                    // fill llmq_task_result.items
     const char *paths[LLMQ_TASK_COUNT]; // per task a file instead of the manifest dataset (NULL: dataset)
     void (*progress)(void *user, const struct llmq_tasks_progress *p); // after every forward call; may be NULL

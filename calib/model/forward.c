@@ -333,6 +333,28 @@ struct attn_ctx {
     atomic_long next; // next task index
 };
 
+// One row of scores (nk) in place: keys [j0, nv) scaled (gemma2: soft-capped), softmax in f32 with the sum in
+// double (the emulation without flash attention: probabilities to f16), the rest zeroed.
+static void softmax_row(const struct llmq_forward *f, float *row, int64_t j0, int64_t nv, int64_t nk, float scale,
+                        float cap) {
+    float mx = -INFINITY;
+    for (int64_t j = j0; j < nv; j++) {
+        row[j] *= scale;
+        if (cap > 0.0f) row[j] = tanhf(row[j] / cap) * cap;
+        if (row[j] > mx) mx = row[j];
+    }
+    double sum = 0.0;
+    for (int64_t j = j0; j < nv; j++) {
+        row[j] = expf(row[j] - mx);
+        sum += (double)row[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t j = j0; j < nv; j++) row[j] *= inv;
+    if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row + j0, nv - j0);
+    for (int64_t j = 0; j < j0; j++) row[j] = 0.0f;
+    for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
+}
+
 // One task: rows [t0, t1) of head h of sequence s. Tasks are handed out largest first (the last
 // row blocks attend to the most keys).
 static void attn_worker(void *p, int ith, int nth) {
@@ -362,22 +384,7 @@ static void attn_worker(void *p, int ith, int nth) {
             float *row = S + i * nk;
             int64_t nv = t0 + i + 1; // keys j0..t0+i are visible
             int64_t j0 = window > 0 && nv > window ? nv - window : 0;
-            float mx = -INFINITY;
-            for (int64_t j = j0; j < nv; j++) {
-                row[j] *= scale;
-                if (cap > 0.0f) row[j] = tanhf(row[j] / cap) * cap;
-                if (row[j] > mx) mx = row[j];
-            }
-            double sum = 0.0;
-            for (int64_t j = j0; j < nv; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += (double)row[j];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (int64_t j = j0; j < nv; j++) row[j] *= inv;
-            if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(row + j0, nv - j0);
-            for (int64_t j = 0; j < j0; j++) row[j] = 0.0f;
-            for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
+            softmax_row(f, row, j0, nv, nk, scale, cap);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)nk, 1.0f, S, (int)nk, Vv, (int)Dkv,
                     0.0f, O, (int)Dq);
@@ -666,16 +673,13 @@ static enum llmq_status attn_weights(struct llmq_forward *f, const struct llmq_l
     return st;
 }
 
-// out (n, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) for xn (n_seq * seqlen, D).
-// xn may be f->xn; out must not alias f's buffers other than f->out.
-static enum llmq_status attn(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
-                             int64_t n_seq, int64_t seqlen, float *out, llmq_linear_hook hook, void *user) {
+// q, k, v (n, Dq / Dkv / Dkv) = the projections of xn (n, D) by the weight set ly (biases, qwen3's q/k norms);
+// also loads ly's attention post norm (gemma) into f->post_norms.
+static enum llmq_status qkv_project(struct llmq_forward *f, const struct llmq_layer *ly, const float *xn, int64_t n) {
     const struct llmq_hparams *hp = &f->m->hp;
-    const int64_t Dh = hp->head_dim;
-    const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
+    const int64_t Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh;
     enum llmq_status st = attn_weights(f, ly);
     if (st) return st;
-
     float beta = 0.0f;
     if (f->bias) { // y = W x + b, as ggml_add after the matmul: start from b and accumulate
         const float *b = f->bias;
@@ -694,6 +698,18 @@ static enum llmq_status attn(struct llmq_forward *f, int layer, const struct llm
         rms_rows(f, f->q, w, f->q, n * hp->n_head, Dh);
         rms_rows(f, f->k, w + Dh, f->k, n * hp->n_head_kv, Dh);
     }
+    return LLMQ_OK;
+}
+
+// out (n, D) = Wo · Attn(RoPE(Wq·xn + bq), RoPE(Wk·xn + bk), Wv·xn + bv) for xn (n_seq * seqlen, D).
+// xn may be f->xn; out must not alias f's buffers other than f->out.
+static enum llmq_status attn(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
+                             int64_t n_seq, int64_t seqlen, float *out, llmq_linear_hook hook, void *user) {
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t Dh = hp->head_dim;
+    const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
+    enum llmq_status st = qkv_project(f, ly, xn, n);
+    if (st) return st;
     const bool swa = llmq_hparams_layer_swa(hp, layer);
     struct rope_ctx rc = {f,
                           f->q,
@@ -894,6 +910,143 @@ enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *toke
     blas_serial(f);
     for (int il = 0; il < f->m->hp.n_layer && !st; il++) st = block(f, il, &f->m->layers[il], f->x, 1, n, NULL, NULL);
     if (!st) st = head(f, f->x + first_logit * f->m->hp.n_embd, n - first_logit, logits);
+    blas_restore(f);
+    return st;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocks after a cached prefix (llmq_forward_block_prefixed)
+// ---------------------------------------------------------------------------------------------
+
+void llmq_forward_last_kv(const struct llmq_forward *f, const float **k, const float **v) {
+    *k = f->k;
+    *v = f->v;
+}
+
+struct rope_pre_ctx {
+    struct rope_ctx rc;
+    const int64_t *pre_len; // (n_seq) token t of sequence s sits at position pre_len[s] + t % seqlen
+};
+
+static void rope_pre_worker(void *p, int ith, int nth) {
+    struct rope_pre_ctx *c = p;
+    const struct llmq_hparams *hp = &c->rc.f->m->hp;
+    int64_t a, b;
+    range_of(c->rc.n, ith, nth, 1, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        int64_t pos = c->pre_len[t / c->rc.seqlen] + t % c->rc.seqlen;
+        rope_rows(&c->rc, c->rc.q + t * hp->n_head * hp->head_dim, hp->n_head, pos);
+        rope_rows(&c->rc, c->rc.k + t * hp->n_head_kv * hp->head_dim, hp->n_head_kv, pos);
+    }
+}
+
+struct attn_pre_ctx {
+    struct llmq_forward *f;
+    int64_t n_seq, seqlen, n_rb, window;
+    const float *const *pre_k, *const *pre_v; // (n_seq) (pre_len[s], Dkv) each
+    const int64_t *pre_len;                   // (n_seq)
+    atomic_long next;
+};
+
+// attn_worker with the keys [prefix | own rows 0..t1) of sequence s in one score row (positions 0..P+t1).
+static void attn_pre_worker(void *p, int ith, int nth) {
+    (void)nth;
+    struct attn_pre_ctx *c = p;
+    struct llmq_forward *f = c->f;
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t H = hp->n_head, Dh = hp->head_dim, Dq = H * Dh, Dkv = hp->n_head_kv * Dh;
+    const int64_t group = H / hp->n_head_kv, n_tasks = c->n_seq * H * c->n_rb;
+    const float scale = 1.0f / sqrtf(hp->gemma ? hp->query_pre_attn_scalar : (float)Dh);
+    const float cap = hp->attn_softcap;
+    float *S = f->scores + (int64_t)ith * RB * f->n_pos; // (RB, nk)
+    for (;;) {
+        long task = atomic_fetch_add(&c->next, 1);
+        if (task >= n_tasks) break;
+        int64_t rb = c->n_rb - 1 - task / (c->n_seq * H), rest = task % (c->n_seq * H);
+        int64_t s = rest / H, h = rest % H, hk = h / group, P = c->pre_len[s];
+        int64_t t0 = rb * RB, t1 = t0 + RB < c->seqlen ? t0 + RB : c->seqlen, m = t1 - t0, nk = P + t1;
+        const float *Q = f->q + (s * c->seqlen + t0) * Dq + h * Dh; // (m, Dh), ld Dq
+        const float *K = f->k + s * c->seqlen * Dkv + hk * Dh;      // (t1, Dh), ld Dkv
+        const float *Vv = f->v + s * c->seqlen * Dkv + hk * Dh;     // (t1, Dh), ld Dkv
+        float *O = f->att + (s * c->seqlen + t0) * Dq + h * Dh;     // (m, Dh), ld Dq
+        if (P > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)P, (int)Dh, 1.0f, Q, (int)Dq,
+                        c->pre_k[s] + hk * Dh, (int)Dkv, 0.0f, S, (int)nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)t1, (int)Dh, 1.0f, Q, (int)Dq, K, (int)Dkv,
+                    0.0f, S + P, (int)nk);
+        for (int64_t i = 0; i < m; i++) {
+            float *row = S + i * nk;
+            int64_t nv = P + t0 + i + 1; // keys j0..P+t0+i are visible
+            int64_t j0 = c->window > 0 && nv > c->window ? nv - c->window : 0;
+            softmax_row(f, row, j0, nv, nk, scale, cap);
+        }
+        if (P > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)P, 1.0f, S, (int)nk,
+                        c->pre_v[s] + hk * Dh, (int)Dkv, 0.0f, O, (int)Dq);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)t1, 1.0f, S + P, (int)nk, Vv,
+                    (int)Dkv, P > 0 ? 1.0f : 0.0f, O, (int)Dq);
+    }
+}
+
+// attn for sequences that continue cached prefixes (llmq_forward_block_prefixed); max_pre = max pre_len.
+static enum llmq_status attn_prefixed(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
+                                      int64_t n_seq, int64_t seqlen, const float *const *pre_k,
+                                      const float *const *pre_v, const int64_t *pre_len, int64_t max_pre, float *out) {
+    const struct llmq_hparams *hp = &f->m->hp;
+    const int64_t Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, n = n_seq * seqlen;
+    enum llmq_status st = qkv_project(f, ly, xn, n);
+    if (st) return st;
+    const bool swa = llmq_hparams_layer_swa(hp, layer);
+    struct rope_pre_ctx rc = {{f, f->q, f->k, n, seqlen, swa && f->swa_cos ? f->swa_cos : f->rope_cos,
+                               swa && f->swa_sin ? f->swa_sin : f->rope_sin},
+                              pre_len};
+    parallel(threads_for(f, n * (Dq + Dkv) * 4), rope_pre_worker, &rc);
+    if (f->emulate) { // as attn: the f16 KV cache (the prefix's rows were rounded by their own pass)
+        llmq_actq_round_f16(f->k, n * Dkv);
+        llmq_actq_round_f16(f->v, n * Dkv);
+        if (f->emulate == LLMQ_EMULATE_LLAMACPP_CPU_NOFA) llmq_actq_round_f16(f->q, n * Dq);
+    }
+    struct attn_pre_ctx ac = {.f = f,
+                              .n_seq = n_seq,
+                              .seqlen = seqlen,
+                              .n_rb = (seqlen + RB - 1) / RB,
+                              .window = swa ? hp->sliding_window : 0,
+                              .pre_k = pre_k,
+                              .pre_v = pre_v,
+                              .pre_len = pre_len};
+    atomic_init(&ac.next, 0);
+    int nth = threads_for(f, n_seq * hp->n_head * seqlen * (max_pre + seqlen) * Dh);
+    if (nth > n_seq * hp->n_head * ac.n_rb) nth = (int)(n_seq * hp->n_head * ac.n_rb);
+    parallel(nth, attn_pre_worker, &ac);
+    if ((st = linear(f, ly->w[LLMQ_LIN_O], f->att, n, out, 0.0f))) return st;
+    if (f->post_norms) rms_norm(f, out, f->post_norms, out, n); // gemma's post norm
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_forward_block_prefixed(struct llmq_forward *f, int layer, const struct llmq_layer *ly, float *x,
+                                             int64_t n_seq, int64_t seqlen, const float *const *pre_k,
+                                             const float *const *pre_v, const int64_t *pre_len) {
+    const int64_t D = f->m->hp.n_embd, n = n_seq * seqlen;
+    enum llmq_status st = check_block_args(f, layer, ly, n_seq, seqlen);
+    if (st) return st;
+    int64_t max_pre = 0;
+    for (int64_t s = 0; s < n_seq; s++) {
+        if (pre_len[s] < 0 || pre_len[s] > (1LL << 30) || (pre_len[s] > 0 && (!pre_k[s] || !pre_v[s])))
+            return llmq_errorf(LLMQ_ERR_ARG, "forward: sequence %lld: bad prefix (%lld tokens)", (long long)s,
+                               (long long)pre_len[s]);
+        if (pre_len[s] > max_pre) max_pre = pre_len[s];
+    }
+    if ((st = ensure_positions(f, max_pre + seqlen))) return st;
+    st = llmq_model_weight_f32(ly->attn_norm, f->norms, 1);
+    if (!st) st = llmq_model_weight_f32(ly->ffn_norm, f->norms + D, 1);
+    if (st) return st;
+    blas_serial(f);
+    rms_norm(f, x, f->norms, f->xn, n); // x += attn(RMSNorm(x) * attn_norm), as block
+    st = attn_prefixed(f, layer, ly, f->xn, n_seq, seqlen, pre_k, pre_v, pre_len, max_pre, f->out);
+    if (!st) add_inplace(x, f->out, n * D);
+    if (!st) rms_norm(f, x, f->norms + D, f->xn, n); // x += mlp(RMSNorm(x) * ffn_norm)
+    if (!st) st = mlp(f, layer, ly, f->xn, n, f->out, NULL, NULL);
+    if (!st) add_inplace(x, f->out, n * D);
     blas_restore(f);
     return st;
 }

@@ -115,6 +115,31 @@ typedef void (*llmq_linear_hook)(void *user, int layer, enum llmq_linear which, 
 enum llmq_status llmq_forward_block(struct llmq_forward *f, int layer, const struct llmq_layer *ly, float *x,
                                     int64_t n_seq, int64_t seqlen, llmq_linear_hook hook, void *user);
 
+// ---- Sequences that continue a shared prefix (calib/eval/tasks.h scores the choices of an item this way) -----
+// Causal attention makes the keys and values of a prefix independent of what follows it, so a prefix shared
+// by several sequences can run once (llmq_forward_block over the prefixes, its K/V kept layer by layer
+// with llmq_forward_last_kv) and every continuation then runs alone against those rows.
+
+// The keys and values of the last pass through a block (llmq_forward_block, llmq_forward_block_prefixed,
+// llmq_forward_attn): *k, *v ((n_seq * seqlen), Hkv*Dh), rows in that call's token order; K after RoPE
+// (and qwen3's k_norm), both as the attention read them (the emulation modes: rounded to f16). Owned by f,
+// overwritten by the next pass.
+void llmq_forward_last_kv(const struct llmq_forward *f, const float **k, const float **v);
+
+// Runs block `layer` with the weights ly (as llmq_forward_block) in place on x (n_seq * seqlen, D), n_seq
+// sequences of seqlen tokens, where sequence s continues a prefix of pre_len[s] >= 0 tokens whose keys and values at
+// this layer are pre_k[s], pre_v[s]
+// ((pre_len[s], Hkv*Dh) rows as llmq_forward_last_kv gave them; unread when pre_len[s] == 0): its token t
+// sits at position pre_len[s] + t and attends to the prefix (within gemma's sliding window) and to its own
+// tokens 0..t. Padding after a sequence's last token does not change its rows. The result is that of
+// llmq_forward_block on the prefix and the sequence as one sequence, up to float rounding: the attention
+// output sums the prefix's and the own keys' terms as two products (tests/unit/test_forward.c bounds the
+// difference). No hook. Errors: those of llmq_forward_block; LLMQ_ERR_ARG for a negative pre_len or a NULL
+// prefix pointer with pre_len > 0.
+enum llmq_status llmq_forward_block_prefixed(struct llmq_forward *f, int layer, const struct llmq_layer *ly, float *x,
+                                             int64_t n_seq, int64_t seqlen, const float *const *pre_k,
+                                             const float *const *pre_v, const int64_t *pre_len);
+
 // ---- Mixture of experts (mixtral, qwen3_moe: calib/model/moe.h) --------------------------------------
 // A moe block's MLP is the mixture: llmq_linear_hook sees LLMQ_LIN_GATE (the input of the router and every
 // expert) but no LLMQ_LIN_DOWN; the experts' inputs go to the expert hook set here (NULL: none), called from

@@ -107,6 +107,41 @@ def test_items_do_not_depend_on_the_batching(llmq_bin, stories_v3, tmp_path, pro
     assert any(len(v["per_item"]) for v in a.values())
 
 
+@pytest.mark.parametrize("model", ["stories", "smollm2"])
+@pytest.mark.parametrize("protocol", ["lm-eval", "llamacpp"])
+def test_prefix_reuse_same_scores(llmq_bin, stories_v3, smollm2, tmp_path, protocol, model):
+    """The shared prefix of an item run once (the default) against every choice from position 0
+    (--no-prefix-reuse, the path before prefix reuse): the same per-item choices and per-choice scores within the
+    bound of test_items_do_not_depend_on_the_batching (f32 rounding of other call shapes), and fewer tokens through
+    the model on every multiple-choice task. Without emulation: its f16 / int8 roundings turn such rounding into
+    whole steps (about 2% of a score under --emulate llamacpp-cpu on a Q4_1 file, as another --limit's batching
+    does to the same item)."""
+    path = stories_v3 if model == "stories" else smollm2
+    tasks = "all" if model == "stories" else "hellaswag,arc-challenge,winogrande"
+    limit = "20" if model == "stories" else "8"
+
+    def ev(name, extra):
+        out = tmp_path / name
+        run([llmq_bin, "eval", "--model", path, "--tasks", tasks, "--protocol", protocol, "--limit", limit,
+             "--json", out, "--json-items", "--threads", "2", "--quiet"] + extra)
+        return {t["task"]: t for t in json.loads(out.read_text())["tasks"]}
+    new, old = ev("reuse.json", []), ev("whole.json", ["--no-prefix-reuse"])
+    worst = 0.0
+    for t, tn in new.items():
+        to = old[t]
+        assert [i["index"] for i in tn["per_item"]] == [i["index"] for i in to["per_item"]], t
+        for a, b in zip(tn["per_item"], to["per_item"]):
+            assert a["pred"] == b["pred"] and a.get("pred_norm") == b.get("pred_norm"), (t, a, b)
+            assert np.allclose(a["scores"], b["scores"], rtol=1e-5, atol=1e-4), (t, a, b)
+            worst = max(worst, float(np.max(np.abs(np.array(a["scores"]) - b["scores"]) / np.abs(b["scores"]))))
+        assert tn["acc"] == to["acc"] and tn.get("acc_norm") == to.get("acc_norm"), t
+        if t == "lambada":  # one choice: nothing to share
+            assert tn["tokens"] == to["tokens"], t
+        else:
+            assert tn["tokens"] < to["tokens"], (t, tn["tokens"], to["tokens"])
+    print(f"{model} {protocol}: max relative score difference {worst:.2e}")
+
+
 # ---- lm-evaluation-harness -------------------------------------------------------------------------------
 
 def lmeval_results(smol, n):

@@ -16,6 +16,9 @@
  *     LLMQ_ROPE_NEOX) gives the same logits as the GGUF.
  *  4. Tiny random HF models (qwen2 with q/k/v biases; llama with llama3 rope scaling, separate
  *     lm_head, GQA) against a naive per-token reference forward in double written here.
+ *  4b. llmq_forward_block_prefixed: continuations of a shared prefix (its K/V from llmq_forward_last_kv, layer
+ *     by layer), one of them with no prefix, batched in one call, give the logits of each whole sequence run
+ *     through llmq_forward_logits (f32 and --emulate llamacpp-cpu-nofa), on stories260K and the random models.
  *  5. Bad models: unknown model_type, missing key, corrupt config.json, missing tensor, wrong shape,
  *     truncated safetensors, unsupported GGUF architecture, GGUF missing tensor -> the right status
  *     and a message naming the file and the key / tensor.
@@ -568,6 +571,67 @@ static void fake_random(struct fake_model *fm, int64_t D, int64_t F, int64_t L, 
     }
 }
 
+// 4b. Continuations of one shared prefix through llmq_forward_block_prefixed vs each whole sequence.
+static void check_prefixed(const struct llmq_model *m, const char *label, enum llmq_emulate e) {
+    const struct llmq_hparams *hp = &m->hp;
+    const int64_t D = hp->n_embd, V = hp->n_vocab, Dkv = hp->n_head_kv * hp->head_dim, P = 70, T = 66;
+    const int64_t len[3] = {5, 66, 9}, pl[3] = {P, P, 0}; // 66 > 64: two attention row blocks; the third: no prefix
+    int32_t pre[70], cont[3][66], full[70 + 66];
+    for (int64_t i = 0; i < P; i++) pre[i] = (int32_t)((i * 131 + 7) % V);
+    for (int s = 0; s < 3; s++)
+        for (int64_t i = 0; i < T; i++) cont[s][i] = (int32_t)((i * 71 + 13 * s + 3) % V);
+    struct llmq_forward *f = NULL;
+    CHECK(llmq_forward_init(m, 256, 2, &f) == LLMQ_OK);
+    CHECK(llmq_forward_set_emulate(f, e) == LLMQ_OK);
+    float *ref = malloc((size_t)(3 * T * V) * sizeof(float)), *lg = malloc((size_t)(T * V) * sizeof(float));
+    float *xp = malloc((size_t)(P * D) * sizeof(float)), *xe = malloc((size_t)(3 * T * D) * sizeof(float));
+    float *kc = malloc((size_t)(2 * P * Dkv) * sizeof(float)), *vc = kc + P * Dkv;
+    CHECK(ref && lg && xp && xe && kc);
+    for (int s = 0; s < 3; s++) { // the references: prefix + continuation as one sequence
+        memcpy(full, pre, (size_t)pl[s] * sizeof(int32_t));
+        memcpy(full + pl[s], cont[s], (size_t)len[s] * sizeof(int32_t));
+        CHECK(llmq_forward_logits(f, full, pl[s] + len[s], pl[s], ref + s * T * V) == LLMQ_OK);
+    }
+    CHECK(llmq_forward_embed(f, pre, P, xp) == LLMQ_OK);
+    for (int s = 0; s < 3; s++) { // padded at the end to T with the first token
+        for (int64_t i = len[s]; i < T; i++) cont[s][i] = cont[s][0];
+        CHECK(llmq_forward_embed(f, cont[s], T, xe + s * T * D) == LLMQ_OK);
+    }
+    const float *pk[3] = {kc, kc, NULL}, *pv[3] = {vc, vc, NULL};
+    for (int il = 0; il < hp->n_layer; il++) {
+        const float *k, *v;
+        CHECK(llmq_forward_block(f, il, &m->layers[il], xp, 1, P, NULL, NULL) == LLMQ_OK);
+        llmq_forward_last_kv(f, &k, &v);
+        memcpy(kc, k, (size_t)(P * Dkv) * sizeof(float));
+        memcpy(vc, v, (size_t)(P * Dkv) * sizeof(float));
+        CHECK(llmq_forward_block_prefixed(f, il, &m->layers[il], xe, 3, T, pk, pv, pl) == LLMQ_OK);
+    }
+    float d = 0, big = 0; // max |difference| over the three sequences; max |reference logit|
+    for (int s = 0; s < 3; s++) {
+        CHECK(llmq_forward_head(f, xe + s * T * D, len[s], lg) == LLMQ_OK);
+        float ds = max_abs_diff(lg, ref + s * T * V, len[s] * V);
+        d = ds > d ? ds : d;
+        for (int64_t i = 0; i < len[s] * V; i++)
+            big = fabsf(ref[s * T * V + i]) > big ? fabsf(ref[s * T * V + i]) : big;
+    }
+    printf("%s%s: continuations of a %lld-token prefix (block_prefixed) vs whole sequences: max diff %.3g "
+           "(max |logit| %.3g)\n",
+           label, e ? " (emulated)" : "", (long long)P, d, big);
+    // f32: rounding only; the attention sums the prefix's and the own keys' terms as two products, and sgemm
+    // blocks other M (the logits are ~10: test_block_api's bound). Emulated: the f16 roundings of K, V, Q and
+    // the probabilities turn those f32 differences into single f16 steps (2^-10 relative) of some inputs of the
+    // attention, which move the logits by about that fraction of their scale: one step of the largest logit.
+    CHECK(d < (e == LLMQ_EMULATE_NONE ? 1e-4f : big / 1024.0f));
+    llmq_log_set_level(LLMQ_LOG_SILENT);
+    const int64_t bad[3] = {-1, P, 0};
+    CHECK(llmq_forward_block_prefixed(f, 0, m->layers, xe, 3, T, pk, pv, bad) == LLMQ_ERR_ARG);
+    const float *nul[3] = {NULL, NULL, NULL};
+    CHECK(llmq_forward_block_prefixed(f, 0, m->layers, xe, 3, T, nul, nul, pl) == LLMQ_ERR_ARG);
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    llmq_forward_free(f);
+    free(ref), free(lg), free(xp), free(xe), free(kc);
+}
+
 static void check_against_naive(const char *dir, const char *label, int64_t n) {
     struct llmq_model *m = NULL;
     CHECK(llmq_model_load(dir, &m) == LLMQ_OK);
@@ -583,6 +647,7 @@ static void check_against_naive(const char *dir, const char *label, int64_t n) {
     printf("%s: %lld tokens, max |llmq - naive double| = %.3g\n", label, (long long)n, d);
     CHECK(d < 2e-4f);
     llmq_forward_free(f);
+    check_prefixed(m, label, LLMQ_EMULATE_NONE);
     llmq_model_free(m);
     free(toks), free(a), free(b);
 }
@@ -863,6 +928,8 @@ int main(void) {
     test_stories_greedy(m);
     test_block_api(m);
     test_weight_sets(m, 1);
+    check_prefixed(m, "stories260K", LLMQ_EMULATE_NONE);
+    check_prefixed(m, "stories260K", LLMQ_EMULATE_LLAMACPP_CPU_NOFA);
     test_stories_as_hf(m, tmp);
     llmq_model_free(m);
     test_random_models(tmp);

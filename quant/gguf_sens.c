@@ -4,6 +4,7 @@
 
 #include "calib/eval/eval.h"
 #include "calib/model/forward.h"
+#include "common/eta.h"
 #include "common/log.h"
 #include "formats/ggml/encode.h"
 #include "formats/ggml/quants.h"
@@ -151,7 +152,29 @@ enum llmq_status llmq_gguf_sens_measure(const struct llmq_model *m, const struct
         llmq_forward_set_backend(s.f, o->backend);
         st = reference(&s);
     }
-    for (int64_t i = 0; i < n && !st; i++) st = measure_one(&s, &t[i]);
+    // the ETA's work model: per tensor of block l, the weights' elements of blocks l .. L-1 plus the head's
+    double *rest = calloc((size_t)L + 1, sizeof(double)), total = 0;
+    for (int64_t l = L - 1; rest && l >= 0; l--) {
+        rest[l] = rest[l + 1];
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++)
+            if (m->layers[l].w[k]) rest[l] += (double)llmq_tensor_nelements(m->layers[l].w[k]);
+    }
+    const double head = (double)(V * D);
+    for (int64_t i = 0; i < n && rest; i++) total += rest[t[i].layer >= 0 && t[i].layer < L ? t[i].layer : 0] + head;
+    struct llmq_eta eta;
+    llmq_eta_init(&eta, total > 0 ? total : 1, llmq_now_s());
+    if (!rest && !st) st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf sensitivity: out of memory");
+    for (int64_t i = 0; i < n && !st; i++) {
+        const double t1 = llmq_now_s();
+        if ((st = measure_one(&s, &t[i]))) break;
+        llmq_eta_credit(&eta, rest[t[i].layer] + head);
+        char left[32];
+        llmq_eta_format(llmq_eta_remaining(&eta, llmq_now_s()), left, sizeof(left));
+        llmq_info("gguf sensitivity: [%lld/%lld] blk.%lld.%s alone in %s: KLD %.4g (%.1f s, ETA %s)",
+                  (long long)(i + 1), (long long)n, (long long)t[i].layer, llmq_linear_gguf_name(t[i].which),
+                  llmq_dtype_name(t[i].type), t[i].kld, llmq_now_s() - t1, left);
+    }
+    free(rest);
     if (!st)
         llmq_info("gguf sensitivity: %lld tensors measured alone on %lld x %lld calibration tokens in %.1f s",
                   (long long)n, (long long)s.Nw, (long long)s.S, llmq_now_s() - t0);

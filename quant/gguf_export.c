@@ -54,6 +54,7 @@ struct entry {
     double seconds;
     double pred_err, pred_err_mix; // the type choice's err of the chosen type and of the mix's (free tensors)
     double sens_kld, pred_kld;     // MEASURED, allocated tensors: the KLD alone in the mix's type, the predicted
+    bool sens;                     // sens_kld was measured
 };
 
 struct llmq_gguf_export {
@@ -430,7 +431,10 @@ static enum llmq_status measure_sens(struct llmq_gguf_export *e, struct llmq_ggu
     const double t0 = llmq_now_s();
     enum llmq_status s = llmq_gguf_sens_measure(e->m, e->o.sens_calib, &so, n, st, &e->sens_tokens);
     e->sens_seconds = llmq_now_s() - t0;
-    for (int64_t j = 0; j < n && !s; j++) ct[at[j]].kld_ref = e->ent[at[j]].sens_kld = st[j].kld;
+    for (int64_t j = 0; j < n && !s; j++) {
+        ct[at[j]].kld_ref = e->ent[at[j]].sens_kld = st[j].kld;
+        e->ent[at[j]].sens = true;
+    }
     free(st);
     free(at);
     return s;
@@ -795,7 +799,7 @@ static json_t *report_json(const struct llmq_gguf_export *e, double secs, uint64
             pe += x->pred_err;
             pm += x->pred_err_mix;
         }
-        if (measured && x->sens_kld != 0) {
+        if (measured && x->sens) {
             json_object_set_new(t, "sens_kld", json_real(x->sens_kld));
             json_object_set_new(t, "pred_kld", json_real(x->pred_kld));
             pk += x->pred_kld;
@@ -872,7 +876,7 @@ void llmq_gguf_export_print_plan(const struct llmq_gguf_export *e, FILE *f) {
         memcpy(v.shape, x->shape, sizeof(v.shape));
         llmq_tensor_shape_str(&v, shape, sizeof(shape));
         char kl[96] = "";
-        if (x->sens_kld != 0)
+        if (x->sens)
             snprintf(kl, sizeof(kl), "%spredicted KLD %.3g (alone in the mix's type: %.3g)", x->ch.note[0] ? "; " : "",
                      x->pred_kld, x->sens_kld);
         fprintf(f, "%-32s %-16s %-7s %-7s %10.4f  %s%s\n", x->name, shape, llmq_dtype_name(x->src_type),

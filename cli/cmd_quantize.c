@@ -230,14 +230,17 @@ static const char *gguf_flags(const struct qargs *q, struct llmq_quantize_opts *
     o->gguf.target_bpw = isnan(q->target_bpw) ? 0 : q->target_bpw;
     if (q->mix_exclude && ch->mode == LLMQ_GGUF_CHOICE_MIX)
         return "--mix-exclude needs --mix quality, --target-bpw or --target-size";
-    if (q->sensitivity && strcmp(q->sensitivity, "uniform") && strcmp(q->sensitivity, "measured"))
-        return "--sensitivity must be uniform or measured";
-    if (q->sensitivity && ch->mode == LLMQ_GGUF_CHOICE_MIX)
+    const char *sens = q->sensitivity ? q->sensitivity : "auto";
+    if (strcmp(sens, "auto") && strcmp(sens, "uniform") && strcmp(sens, "measured"))
+        return "--sensitivity must be auto, uniform or measured";
+    if (q->sensitivity && strcmp(sens, "auto") && ch->mode == LLMQ_GGUF_CHOICE_MIX)
         return "--sensitivity needs --mix quality, --target-bpw or --target-size";
-    ch->sensitivity =
-        q->sensitivity && !strcmp(q->sensitivity, "measured") ? LLMQ_GGUF_SENS_MEASURED : LLMQ_GGUF_SENS_UNIFORM;
-    if (ch->sensitivity == LLMQ_GGUF_SENS_MEASURED && q->ca.n_sources == 0)
+    if (!strcmp(sens, "measured") && q->ca.n_sources == 0)
         return "--sensitivity measured needs --calib (the windows the sensitivity is measured on)";
+    // auto: measured for a size target when there are calibration windows (bench/README.md "gguf_choice")
+    bool measured = !strcmp(sens, "measured") ||
+                    (!strcmp(sens, "auto") && ch->mode == LLMQ_GGUF_CHOICE_TARGET && q->ca.n_sources > 0);
+    ch->sensitivity = measured ? LLMQ_GGUF_SENS_MEASURED : LLMQ_GGUF_SENS_UNIFORM;
     if (q->sens_windows < 1 || q->sens_seqlen < 1) return "--sensitivity-windows and --sensitivity-seqlen must be >= 1";
     o->gguf.sens.n_windows = q->sens_windows;
     o->gguf.sens.seqlen = q->sens_seqlen;
@@ -480,10 +483,11 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
          "tensor data bits per weight (token_embd / output: --mix quality of the --gguf-type mix)"},
         {"target-size", CLI_STR, &q->target_size, "none",
          "gguf: the same budget as a tensor data size in bytes (K, M, G suffixes: powers of 1024)"},
-        {"sensitivity", CLI_STR, &q->sensitivity, "uniform",
+        {"sensitivity", CLI_STR, &q->sensitivity, "auto",
          "gguf, --mix quality / --target-*: uniform: every block linear's error counts alike; measured: each "
          "linear's error scaled to KLD units by the KLD of the model's output with that linear alone quantized in "
-         "the mix's type, measured on the first calibration windows (needs --calib; quant/gguf_choose.h)"},
+         "the mix's type, measured on the first calibration windows (needs --calib; quant/gguf_choose.h); auto: "
+         "measured for --target-* with --calib, else uniform"},
         {"sensitivity-windows", CLI_INT, &q->sens_windows, "4",
          "gguf, --sensitivity measured: calibration windows it is measured on (at most --nsamples)"},
         {"sensitivity-seqlen", CLI_INT, &q->sens_seqlen, "256",

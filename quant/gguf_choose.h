@@ -71,6 +71,11 @@
  *   gets the smallest positive g of the others (so its error still costs something); if no tensor has one,
  *   LLMQ_ERR_NUMERIC. QUALITY's choice does not change with MEASURED (each tensor's lowest err is its lowest
  *   pred), only the report gets the predicted KLD.
+ *   Which one by default: `llmq quantize --sensitivity auto` (the CLI's default) is MEASURED for a size target
+ *   with --calib and UNIFORM otherwise (the struct's zero value here is UNIFORM). Chosen by measurement
+ *   (bench/README.md "gguf_choice", SmolLM2 at the size of llama.cpp's Q2_K and Q3_K_M files): MEASURED gave
+ *   mean KLD 0.143 / 0.038 where UNIFORM gave 0.217 / 0.055 and llama.cpp's mix 0.262 / 0.083. Its cost is
+ *   the measurement (quant/gguf_sens.h "Cost"): on SmolLM2 ~10 CPU-minutes, about 5× the rest of the choice.
  *
  * ---- Determinism, cost -------------------------------------------------------------------------------------
  *   The result does not depend on n_threads (the encoders' bytes do not, the sums run in row order). Cost: one

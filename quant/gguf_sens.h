@@ -26,10 +26,13 @@
  * ---- Cost (why this and not a cheaper proxy) --------------------------------------------------------------
  *   One full pass for the reference, then per tensor of block l: blocks l .. L-1 and the head over N tokens,
  *   plus the KLD over N × V logits: about T · (L/2 + head) block passes in all. SmolLM2-135M (L = 30, T = 210,
- *   the head ~8 blocks' work since V = 49152): ~120 full-pass equivalents. Measured on the 2 shared cores of
- *   bench/README.md "gguf_choice" (4 × 256 tokens): see there. The cheaper proxy considered (each tensor's
- *   error measured at its block's output, one propagation to the logits per block) assumes every direction
- *   of a block's output hurts the logits alike; it costs ~5× less but is not this measurement.
+ *   the head ~8 blocks' work since V = 49152): ~120 full-pass equivalents. Measured (bench/README.md
+ *   "gguf_choice", 4 × 256 tokens, --threads 2 on 2 cores shared with other jobs): 795 s wall at a load of
+ *   6-8 (about 9 CPU-minutes, 2.6 CPU-s per tensor), 2420 s at a load of 13-14; the rest of a --target-size
+ *   run took 60-100 s there. Chosen over the cheaper proxy considered (each tensor's error measured at its
+ *   block's output, one propagation to the logits per block: ~5× less work) because that proxy assumes that
+ *   every direction of a block's output hurts the logits alike, which is what the uniform weighting got
+ *   wrong; the cost scales with N (--sensitivity-windows / --sensitivity-seqlen).
  *   Memory: L · N · D floats for the block inputs, N · V for the reference logits, seqlen · V for one
  *   window's logits, one linear's f32 weight, its encoding and decoding, the forward's buffers for N tokens
  *   (SmolLM2, 4 × 256: 71 MB + 201 MB + 50 MB + the rest).

@@ -161,16 +161,17 @@ def test_gptq_gets_the_types_rtn_gets(llmq_bin, stories_v3, work):
 
 
 def test_measured_sensitivity_reports_predicted_kld(llmq_bin, stories_v3, work):
-    """--sensitivity measured: every allocated linear gets a positive measured KLD (sens_kld) and a predicted one;
-    the totals sum them; --dry-run prints the predicted KLD next to the types; the choice moves bytes relative to
-    uniform; the settings record the windows."""
+    """--sensitivity measured (auto's choice for a size target with --calib): every allocated linear gets a
+    positive measured KLD (sens_kld) and a predicted one; the totals sum them; --dry-run prints the predicted KLD
+    next to the types; the choice differs from uniform's (asked for, or auto's without --calib); the settings
+    record the windows."""
     cal = ["--calib", "wikitext-2-valid", "--nsamples", "3", "--seqlen", "64", "--sensitivity-windows", "2",
            "--sensitivity-seqlen", "48"]
     mix = work / "st_mix.gguf"
     quantize(llmq_bin, stories_v3, mix, "Q4_K_M")
     target = ["--target-bpw", f"{tensor_bits(mix) + 0.3:.6f}", "--mix-exclude", "q4_1"]
     js, out = work / "st_meas.json", work / "st_meas.gguf"
-    quantize(llmq_bin, stories_v3, out, "Q4_K_M", *target, "--sensitivity", "measured", *cal, "--json", js)
+    quantize(llmq_bin, stories_v3, out, "Q4_K_M", *target, *cal, "--json", js)  # auto: measured with --calib
     rep = json.load(open(js))
     ts = [t for t in rep.get("gguf", rep)["tensors"] if "sens_kld" in t]
     assert len(ts) == 5 * 6, [t["name"] for t in ts]  # every linear but the 172-wide ffn_down (no block tiles it)
@@ -180,9 +181,12 @@ def test_measured_sensitivity_reports_predicted_kld(llmq_bin, stories_v3, work):
     assert tot["predicted_kld_mix"] == pytest.approx(sum(t["sens_kld"] for t in ts), rel=1e-9)
     assert tot["predicted_kld"] < tot["predicted_kld_mix"]  # 0.3 bits per weight more than the mix
     assert tot["sensitivity"]["tokens"] == 2 * 48 and rep["settings"]["sensitivity"] == {"windows": 2, "seqlen": 48}
-    uni = work / "st_uni.gguf"
-    quantize(llmq_bin, stories_v3, uni, "Q4_K_M", *target)
+    uni, ujs = work / "st_uni.gguf", work / "st_uni.json"
+    quantize(llmq_bin, stories_v3, uni, "Q4_K_M", *target, *cal, "--sensitivity", "uniform", "--json", ujs)
     assert {n: t.tensor_type for n, t in tensors(uni).items()} != {n: t.tensor_type for n, t in tensors(out).items()}
+    assert "predicted_kld" not in json.load(open(ujs))["totals"]
+    quantize(llmq_bin, stories_v3, uni, "Q4_K_M", *target, "--json", ujs)  # auto without --calib: uniform
+    assert "predicted_kld" not in json.load(open(ujs))["totals"]
     r = quantize(llmq_bin, stories_v3, work / "st_dry.gguf", "Q4_K_M", *target, "--sensitivity", "measured", *cal,
                  "--dry-run")
     assert "sensitivity: measured on 96 calibration tokens; predicted KLD of the linears" in r.stdout, r.stdout

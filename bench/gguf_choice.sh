@@ -29,7 +29,8 @@
 #   llama mix from it (byte-identical to llama-quantize's, tests/py/test_gguf_mix.py), `llmq eval` as the judge.
 # Predicted KLD: the measured rows' own ("predicted_kld"); for every other row of the same TYPE, from the
 #   first measured row's per-tensor slopes g_t = sens_kld / pred_err_mix applied to that row's per-tensor err
-#   (the lcpp row: Σ sens_kld, every linear measured alone in the mix's type); "-" without a measured row.
+#   (the lcpp row: Σ sens_kld, every linear measured alone in the mix's type; a linear the mix's type rebuilds
+#   exactly, err 0, gets the smallest positive slope as in the choice); "-" without a measured row.
 # Environment: TYPES ("Q4_K_M Q3_K_M Q2_K"), ROWS, GPTQ, JUDGE, THREADS, SENS_WINDOWS (4), SENS_SEQLEN (256),
 #   WORK (resumable: finished rows are kept), BUILD_DIR, LLMQ_CACHE, LLMQ_DATA. Output: one table on stdout;
 #   $WORK/*.json one row per file.
@@ -137,7 +138,11 @@ d = json.load(open(sys.argv[1])); p = d["predicted_err"]; k = d.get("predicted_k
 def tensors(path):
     r = json.load(open(path)); return {t["name"]: t for t in r.get("gguf", r)["tensors"]}
 if k is None and sys.argv[2]:
-    g = {n: t["sens_kld"] / t["pred_err_mix"] for n, t in tensors(sys.argv[2]).items() if t.get("sens_kld")}
+    # as quant/gguf_choose.h: a tensor its mix's type rebuilds exactly (err 0) gets the smallest positive slope
+    g = {n: t["sens_kld"] / t["pred_err_mix"] for n, t in tensors(sys.argv[2]).items()
+         if t.get("sens_kld", 0) > 0 and t["pred_err_mix"] > 0}
+    gmin = min(g.values())
+    g.update({n: gmin for n, t in tensors(sys.argv[2]).items() if "sens_kld" in t and n not in g})
     if d["row"] == "lcpp":
         k = sum(t["sens_kld"] for t in tensors(sys.argv[2]).values() if t.get("sens_kld"))
     elif os.path.exists(sys.argv[3]):

@@ -64,8 +64,8 @@ static const char *default_format(const char *method, bool gguf_out, long bits, 
 // Every flag as parsed (LONG_MIN / NAN / NULL: not given).
 struct qargs {
     const char *model, *method, *format, *out, *json, *fallback, *gguf_type, *imatrix, *tt_dummy, *output_type,
-        *embedding_type, *device, *bits_arg, *mix, *target_size, *mix_exclude, *grid;
-    long bits, group;
+        *embedding_type, *device, *bits_arg, *mix, *target_size, *mix_exclude, *grid, *sensitivity;
+    long bits, group, sens_windows, sens_seqlen;
     double damp, target_bpw;
     bool sym, asym, act_order, static_groups, group_aware, force, no_tseq, pure, dry_run, no_prov, allow_requant,
         resume, no_ckpt;
@@ -235,6 +235,20 @@ static const char *gguf_flags(const struct qargs *q, struct llmq_quantize_opts *
     o->gguf.target_bpw = isnan(q->target_bpw) ? 0 : q->target_bpw;
     if (q->mix_exclude && ch->mode == LLMQ_GGUF_CHOICE_MIX)
         return "--mix-exclude needs --mix quality, --target-bpw or --target-size";
+    const char *sens = q->sensitivity ? q->sensitivity : "auto";
+    if (strcmp(sens, "auto") && strcmp(sens, "uniform") && strcmp(sens, "measured"))
+        return "--sensitivity must be auto, uniform or measured";
+    if (q->sensitivity && strcmp(sens, "auto") && ch->mode == LLMQ_GGUF_CHOICE_MIX)
+        return "--sensitivity needs --mix quality, --target-bpw or --target-size";
+    if (!strcmp(sens, "measured") && q->ca.n_sources == 0)
+        return "--sensitivity measured needs --calib (the windows the sensitivity is measured on)";
+    // auto: measured for a size target when there are calibration windows (bench/README.md "gguf_choice")
+    bool measured = !strcmp(sens, "measured") ||
+                    (!strcmp(sens, "auto") && ch->mode == LLMQ_GGUF_CHOICE_TARGET && q->ca.n_sources > 0);
+    ch->sensitivity = measured ? LLMQ_GGUF_SENS_MEASURED : LLMQ_GGUF_SENS_UNIFORM;
+    if (q->sens_windows < 1 || q->sens_seqlen < 1) return "--sensitivity-windows and --sensitivity-seqlen must be >= 1";
+    o->gguf.sens.n_windows = q->sens_windows;
+    o->gguf.sens.seqlen = q->sens_seqlen;
     for (const char *p = q->mix_exclude; p && *p;) { // "q4_1,q8_0"
         char name[16];
         size_t n = strcspn(p, ",");
@@ -489,6 +503,15 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
          "tensor data bits per weight (token_embd / output: --mix quality of the --gguf-type mix)"},
         {"target-size", CLI_STR, &q->target_size, "none",
          "gguf: the same budget as a tensor data size in bytes (K, M, G suffixes: powers of 1024)"},
+        {"sensitivity", CLI_STR, &q->sensitivity, "auto",
+         "gguf, --mix quality / --target-*: uniform: every block linear's error counts alike; measured: each "
+         "linear's error scaled to KLD units by the KLD of the model's output with that linear alone quantized in "
+         "the mix's type, measured on the first calibration windows (needs --calib; quant/gguf_choose.h); auto: "
+         "measured for --target-* with --calib, else uniform"},
+        {"sensitivity-windows", CLI_INT, &q->sens_windows, "4",
+         "gguf, --sensitivity measured: calibration windows it is measured on (at most --nsamples)"},
+        {"sensitivity-seqlen", CLI_INT, &q->sens_seqlen, "256",
+         "gguf, --sensitivity measured: tokens of each window (at most --seqlen)"},
         {"mix-exclude", CLI_STR, &q->mix_exclude, "none",
          "gguf: block types --mix quality / --target-* may not choose, comma separated (e.g. q4_1 for a model "
          "dequantized from Q4_1, which that type reproduces exactly)"},
@@ -544,7 +567,9 @@ int cmd_quantize(int argc, char **argv) {
                       .group = LONG_MIN,
                       .damp = NAN,
                       .compare_chunks = 20,
-                      .target_bpw = NAN};
+                      .target_bpw = NAN,
+                      .sens_windows = 4,
+                      .sens_seqlen = 256};
     cli_calib_args_init(&q.ca);
     int rc = cli_calib_take_sources(&q.ca, &argc, argv);
     if (!rc) rc = cli_take_repeated("tensor-type", &argc, argv, q.tts, MAX_TENSOR_TYPES, &q.n_tts);

@@ -34,8 +34,12 @@ static int cand_index(enum llmq_dtype ty) {
 struct opt {
     uint64_t bytes[K];
     double err[K];
-    int mix; // cand index of the mix's type, or -1 (then the tensor is fixed)
+    int mix;     // cand index of the mix's type, or -1 (then the tensor is fixed)
+    double gain; // what one unit of err costs in the allocation: g_t (MEASURED, allocated tensors), else 1
 };
+
+// What candidate k of a tensor costs in the allocation: err (UNIFORM: gain 1, exactly err) or pred.
+static double cost(const struct opt *op, int k) { return op->err[k] * op->gain; }
 
 static bool excluded(const struct llmq_gguf_choose_opts *o, int k) {
     return cand[k] < 64 && (o->exclude >> cand[k] & 1u);
@@ -135,10 +139,11 @@ static void fill(int64_t n, const struct llmq_gguf_choose_tensor *t, const struc
             if (!t[i].allocate || op[i].mix < 0) continue;
             const int c = sel[i];
             for (int k = 0; k < K; k++) {
-                if (!op[i].bytes[k] || op[i].bytes[k] <= op[i].bytes[c] || !(op[i].err[k] < op[i].err[c])) continue;
+                if (!op[i].bytes[k] || op[i].bytes[k] <= op[i].bytes[c] || !(cost(&op[i], k) < cost(&op[i], c)))
+                    continue;
                 uint64_t add = op[i].bytes[k] - op[i].bytes[c];
                 if (used + add > budget) continue;
-                double ratio = (op[i].err[c] - op[i].err[k]) / (double)add;
+                double ratio = (cost(&op[i], c) - cost(&op[i], k)) / (double)add;
                 if (bi < 0 || ratio > br) {
                     bi = i;
                     bk = k;
@@ -181,7 +186,7 @@ static enum llmq_status allocate(int64_t n, const struct llmq_gguf_choose_tensor
                 if (!op[i].bytes[k]) continue;
                 int64_t w = (int64_t)((op[i].bytes[k] + u - 1) / u);
                 if (w > b) continue;
-                double v = dp[b - w] + op[i].err[k];
+                double v = dp[b - w] + cost(&op[i], k);
                 if (v < nx[b]) {
                     nx[b] = v;
                     ci[b] = (uint8_t)k;
@@ -209,6 +214,34 @@ static enum llmq_status allocate(int64_t n, const struct llmq_gguf_choose_tensor
     return LLMQ_OK;
 }
 
+// MEASURED: g_t = kld_ref / err(t, mix) of every allocated tensor, the smallest positive g where that is not
+// positive and finite (see "Sensitivity" in the header). UNIFORM: nothing (every gain stays 1).
+static enum llmq_status set_gains(const struct llmq_gguf_choose_opts *o, int64_t n,
+                                  const struct llmq_gguf_choose_tensor *t, struct opt *op) {
+    if (o->sensitivity != LLMQ_GGUF_SENS_MEASURED) return LLMQ_OK;
+    double gmin = INFINITY;
+    int64_t n_bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!t[i].allocate || op[i].mix < 0) continue;
+        double g = t[i].kld_ref / op[i].err[op[i].mix];
+        op[i].gain = g > 0 && isfinite(g) ? g : NAN;
+        if (isnan(op[i].gain))
+            n_bad++;
+        else if (g < gmin)
+            gmin = g;
+    }
+    if (!isfinite(gmin))
+        return llmq_errorf(LLMQ_ERR_NUMERIC, "gguf choice: no allocated tensor has a positive measured KLD per unit "
+                                             "of error (--sensitivity measured); use --sensitivity uniform");
+    for (int64_t i = 0; i < n; i++)
+        if (t[i].allocate && op[i].mix >= 0 && isnan(op[i].gain)) op[i].gain = gmin;
+    if (n_bad)
+        llmq_warn("gguf choice: %lld tensors without a positive measured KLD per unit of error get the smallest "
+                  "measured one (%.4g)",
+                  (long long)n_bad, gmin);
+    return LLMQ_OK;
+}
+
 static double bpw(uint64_t bytes, int64_t params) { return params > 0 ? 8.0 * (double)bytes / (double)params : 0; }
 
 enum llmq_status llmq_gguf_choose(const struct llmq_gguf_choose_opts *o, int64_t n, struct llmq_gguf_choose_tensor *t,
@@ -232,8 +265,9 @@ enum llmq_status llmq_gguf_choose(const struct llmq_gguf_choose_opts *o, int64_t
     for (int64_t i = 0; i < n && !st; i++) {
         struct opt *p = &op[i];
         before += llmq_gguf_choose_bytes(&t[i], t[i].type);
-        t[i].err = t[i].err_mix = 0;
+        t[i].err = t[i].err_mix = t[i].pred_kld = 0;
         p->mix = t[i].is_free ? cand_index(t[i].type) : -1;
+        p->gain = 1;
         for (int k = 0; k < K; k++) {
             bool out = k != p->mix && excluded(o, k);
             p->bytes[k] = p->mix >= 0 && !out ? llmq_gguf_choose_bytes(&t[i], cand[k]) : 0;
@@ -246,6 +280,7 @@ enum llmq_status llmq_gguf_choose(const struct llmq_gguf_choose_opts *o, int64_t
         sel[i] = p->mix;
         if (!(o->mode == LLMQ_GGUF_CHOICE_TARGET && t[i].allocate)) sel[i] = pick_quality(p);
     }
+    if (!st) st = set_gains(o, n, t, op);
     if (!st && o->mode == LLMQ_GGUF_CHOICE_TARGET) {
         for (int64_t i = 0; i < n; i++)
             if (!(t[i].allocate && op[i].mix >= 0))
@@ -261,20 +296,29 @@ enum llmq_status llmq_gguf_choose(const struct llmq_gguf_choose_opts *o, int64_t
     if (!st) {
         uint64_t after = 0;
         int64_t changed = 0;
+        double kld_before = 0, kld_after = 0;
+        const bool measured = o->sensitivity == LLMQ_GGUF_SENS_MEASURED;
         for (int64_t i = 0; i < n; i++) {
             if (op[i].mix >= 0) {
                 changed += cand[sel[i]] != t[i].type;
                 t[i].type = cand[sel[i]];
                 t[i].err = op[i].err[sel[i]];
                 err_after += t[i].err;
+                if (measured && t[i].allocate) {
+                    t[i].pred_kld = cost(&op[i], sel[i]);
+                    kld_before += cost(&op[i], op[i].mix);
+                    kld_after += t[i].pred_kld;
+                }
             }
             after += llmq_gguf_choose_bytes(&t[i], t[i].type);
         }
+        char kl[96] = "";
+        if (measured) snprintf(kl, sizeof(kl), "; predicted KLD of the linears %.6g -> %.6g", kld_before, kld_after);
         llmq_info("gguf choice (%s): %lld of %lld tensors changed; tensor data %.2f -> %.2f MiB (%.4f -> %.4f bits per "
-                  "weight); predicted err %.6g -> %.6g",
+                  "weight); predicted err %.6g -> %.6g%s",
                   o->mode == LLMQ_GGUF_CHOICE_QUALITY ? "quality" : "target", (long long)changed, (long long)n,
                   (double)before / 1048576.0, (double)after / 1048576.0, bpw(before, o->params), bpw(after, o->params),
-                  err_before, err_after);
+                  err_before, err_after, kl);
     }
     free(w.W);
     free(w.Q);

@@ -34,7 +34,8 @@
  *
  * ---- TARGET (--target-bpw / --target-size) -------------------------------------------------------------------
  *   The tensors marked `allocate` share the budget: target_bytes minus the bytes of every other tensor (those
- *   get the QUALITY choice when free, else keep their type). Minimise Σ_t err(t, τ_t) subject to
+ *   get the QUALITY choice when free, else keep their type). Minimise Σ_t err(t, τ_t) (MEASURED: Σ_t pred(t, τ_t),
+ *   see "Sensitivity"; err below stands for what is minimised) subject to
  *   Σ_t bytes(t, τ_t) ≤ budget over one candidate per tensor (a multiple-choice knapsack), solved as:
  *     1. dynamic programming over the budget in units of u = floor(budget / 2^17) + 1 bytes, every candidate's
  *        bytes rounded UP to whole units (so the result fits; it is optimal up to that rounding, which can
@@ -43,13 +44,38 @@
  *     2. greedy fill of what the rounding left: while an upgrade of one tensor to a larger candidate with a
  *        lower err fits, take the one with the largest err decrease per added byte.
  *   Cost: T·K·2^17 steps and T·2^17 bytes of choices (SmolLM2: 210 linears, about 0.3 s and 28 MB).
- *   Sensitivity: every allocated tensor's err counts with weight 1 (the output error energy per token of every
- *   block linear is treated as equally harmful to the model's output): a documented proxy, not the measured
- *   KLD of each layer. The caller decides which tensors take part (quant/gguf_export.h: the block linears;
- *   token_embd / output, whose errors are in other units, keep the QUALITY choice at the mix's size).
+ *   The caller decides which tensors take part (quant/gguf_export.h: the block linears; token_embd / output,
+ *   whose errors are in other units, keep the QUALITY choice at the mix's size).
  *   Errors: a budget below the smallest allocation (every allocated tensor in its smallest candidate) is
  *   LLMQ_ERR_ARG with the smallest reachable bits per weight in the message (llmq_gguf_choose_range gives
  *   both ends without encoding anything).
+ *
+ * ---- Sensitivity: the errors in KLD units (opts.sensitivity) ----------------------------------------------
+ *   UNIFORM: every allocated tensor's err counts with weight 1 (the output error energy per token of every
+ *   block linear treated as equally harmful to the model's output). Measured to be wrong at Q2_K
+ *   (bench/README.md "gguf_choice": a fifth of quality's predicted err, a higher KLD).
+ *   MEASURED: the caller gives each allocated tensor kld_ref = the mean KLD of the model's output when t alone
+ *   is quantized in the mix's type τ_mix (quant/gguf_sens.h, on calibration windows). Then
+ *     pred(t, τ) = g_t · err(t, τ),   g_t = kld_ref(t) / err(t, τ_mix)     (KLD per unit of err)
+ *   and TARGET minimises Σ_t pred(t, τ_t) instead of Σ_t err(t, τ_t) (the same knapsack, the same fill).
+ *   Why this form: for a small error δ = (W − Q) x of one linear's output the KLD is second order in δ,
+ *   KLD ≈ ½ E[δᵀ F δ] (F the Fisher information of the output distribution with respect to that output), as
+ *   err is (Σ imp (W − Q)² is the diagonal approximation of E‖δ‖²); with the error's direction statistics
+ *   the same for every type of the tensor, KLD(t, τ) / err(t, τ) does not depend on τ, and one measurement
+ *   per tensor gives its slope. Errors of different tensors are independent roundings: the cross terms
+ *   E[δ_aᵀ F δ_b] vanish to first order, so the KLDs add: the predicted KLD of the whole choice is
+ *   Σ_t pred(t, τ_t) over the allocated tensors (the other tensors, token_embd / output, are not measured and
+ *   not in it). Both assumptions are approximations; bench/README.md reports the prediction against the
+ *   measured KLD of the files.
+ *   A tensor whose kld_ref or err(t, τ_mix) is not positive and finite (a type that rebuilds it exactly)
+ *   gets the smallest positive g of the others (so its error still costs something); if no tensor has one,
+ *   LLMQ_ERR_NUMERIC. QUALITY's choice does not change with MEASURED (each tensor's lowest err is its lowest
+ *   pred), only the report gets the predicted KLD.
+ *   Which one by default: `llmq quantize --sensitivity auto` (the CLI's default) is MEASURED for a size target
+ *   with --calib and UNIFORM otherwise (the struct's zero value here is UNIFORM). Chosen by measurement
+ *   (bench/README.md "gguf_choice", SmolLM2 at the size of llama.cpp's Q2_K and Q3_K_M files): MEASURED gave
+ *   mean KLD 0.143 / 0.038 where UNIFORM gave 0.217 / 0.055 and llama.cpp's mix 0.262 / 0.083. Its cost is
+ *   the measurement (quant/gguf_sens.h "Cost"): on SmolLM2 ~10 CPU-minutes, about 5× the rest of the choice.
  *
  * ---- Determinism, cost -------------------------------------------------------------------------------------
  *   The result does not depend on n_threads (the encoders' bytes do not, the sums run in row order). Cost: one
@@ -73,8 +99,14 @@ enum llmq_gguf_choice_mode {
     LLMQ_GGUF_CHOICE_TARGET,  // --target-bpw / --target-size
 };
 
+enum llmq_gguf_sensitivity {
+    LLMQ_GGUF_SENS_UNIFORM,  // every allocated tensor's err with weight 1
+    LLMQ_GGUF_SENS_MEASURED, // err scaled to KLD by each tensor's measured kld_ref (see "Sensitivity")
+};
+
 struct llmq_gguf_choose_opts {
     enum llmq_gguf_choice_mode mode;
+    enum llmq_gguf_sensitivity sensitivity;
     uint64_t target_bytes; // TARGET: the budget of every tensor's data (the caller turns a bpw into bytes)
     int64_t params;        // every tensor's element count (for the bits per weight in messages)
     uint64_t exclude;      // candidates left out: bit t for type t (1ull << LLMQ_DTYPE_Q4_1, ...); 0 = none
@@ -91,6 +123,8 @@ struct llmq_gguf_choose_tensor {
     const float *importance; // (C) or NULL (imp = 1)
     double err;              // out: err(t, type) of the chosen type (free tensors; 0 otherwise)
     double err_mix;          // out: err(t, mix's type) (free tensors; 0 otherwise)
+    double kld_ref;          // MEASURED, allocated tensors: in: the KLD of t alone in the mix's type
+    double pred_kld;         // out (MEASURED, allocated tensors): pred(t, type) of the chosen type; else 0
 };
 
 // Reads rows 0, stride, 2·stride, ... (n of them) of tensor i as f32 into out (n, C). Returns LLMQ_OK or a
@@ -107,8 +141,9 @@ void llmq_gguf_choose_range(const struct llmq_gguf_choose_opts *o, int64_t n, co
                             uint64_t *min_bytes, uint64_t *max_bytes);
 
 // Applies o->mode to the n tensors t (see above). rows reads a tensor's rows. Logs one info line with the
-// totals (bytes, bits per weight, Σ err before and after). Errors: LLMQ_ERR_ARG (a budget below the smallest
-// allocation, see "TARGET"), what rows and the encoders return, LLMQ_ERR_NOMEM. On error t[].type is
+// totals (bytes, bits per weight, Σ err before and after; MEASURED: Σ pred before (= Σ kld_ref) and after).
+// Errors: LLMQ_ERR_NUMERIC (MEASURED without a positive g, see "Sensitivity"), LLMQ_ERR_ARG (a budget below the
+// smallest allocation, see "TARGET"), what rows and the encoders return, LLMQ_ERR_NOMEM. On error t[].type is
 // unspecified.
 enum llmq_status llmq_gguf_choose(const struct llmq_gguf_choose_opts *o, int64_t n, struct llmq_gguf_choose_tensor *t,
                                   llmq_gguf_choose_rows_fn rows, void *user);

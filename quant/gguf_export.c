@@ -56,6 +56,8 @@ struct entry {
     bool handed, written;
     double seconds;
     double pred_err, pred_err_mix; // the type choice's err of the chosen type and of the mix's (free tensors)
+    double sens_kld, pred_kld;     // MEASURED, allocated tensors: the KLD alone in the mix's type, the predicted
+    bool sens;                     // sens_kld was measured
 };
 
 struct llmq_gguf_export {
@@ -82,10 +84,13 @@ struct llmq_gguf_export {
     int64_t total_elems, done_elems;
     uint64_t total_bytes;
     int n_fallback;
+    int64_t sens_tokens; // MEASURED: the tokens the sensitivity was measured on
+    double sens_seconds;
 };
 
 struct llmq_gguf_export_opts llmq_gguf_export_default_opts(void) {
-    return (struct llmq_gguf_export_opts){.mix = llmq_gguf_mix_default_opts(), .n_threads = 1, .progress = true};
+    return (struct llmq_gguf_export_opts){
+        .mix = llmq_gguf_mix_default_opts(), .n_threads = 1, .progress = true, .sens = llmq_gguf_sens_default_opts()};
 }
 
 // ---- building the entry list ------------------------------------------------------------------------
@@ -452,6 +457,38 @@ static uint64_t choice_budget(const struct llmq_gguf_export *e, const struct llm
     return (uint64_t)floor(e->o.target_bpw * (double)p / 8.0);
 }
 
+// MEASURED: the KLD of every allocated tensor alone in the mix's type (quant/gguf_sens.h) into ct[].kld_ref.
+static enum llmq_status measure_sens(struct llmq_gguf_export *e, struct llmq_gguf_choose_tensor *ct) {
+    if (e->o.choose.sensitivity != LLMQ_GGUF_SENS_MEASURED) return LLMQ_OK;
+    if (!e->o.sens_calib)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: --sensitivity measured needs calibration windows (--calib)");
+    struct llmq_gguf_sens_tensor *st = calloc((size_t)(e->n > 0 ? e->n : 1), sizeof(*st));
+    int64_t *at = calloc((size_t)(e->n > 0 ? e->n : 1), sizeof(*at)), n = 0;
+    if (!st || !at) {
+        free(st);
+        free(at);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+    }
+    for (int64_t i = 0; i < e->n; i++) {
+        if (!ct[i].allocate) continue;
+        st[n] = (struct llmq_gguf_sens_tensor){
+            .layer = e->ent[i].layer, .which = e->ent[i].which, .type = ct[i].type, .importance = ct[i].importance};
+        at[n++] = i;
+    }
+    struct llmq_gguf_sens_opts so = e->o.sens;
+    so.n_threads = e->o.n_threads;
+    const double t0 = llmq_now_s();
+    enum llmq_status s = llmq_gguf_sens_measure(e->m, e->o.sens_calib, &so, n, st, &e->sens_tokens);
+    e->sens_seconds = llmq_now_s() - t0;
+    for (int64_t j = 0; j < n && !s; j++) {
+        ct[at[j]].kld_ref = e->ent[at[j]].sens_kld = st[j].kld;
+        e->ent[at[j]].sens = true;
+    }
+    free(st);
+    free(at);
+    return s;
+}
+
 // Refines the plan mc with o.choose (nothing for mode MIX): the chosen types, their notes, the entries' errors.
 static enum llmq_status choose_types(struct llmq_gguf_export *e, struct llmq_gguf_mix_choice *mc) {
     if (e->o.choose.mode == LLMQ_GGUF_CHOICE_MIX) return LLMQ_OK;
@@ -469,11 +506,12 @@ static enum llmq_status choose_types(struct llmq_gguf_export *e, struct llmq_ggu
     co.target_bytes = choice_budget(e, ct, &co.params);
     co.n_threads = e->o.n_threads;
     const char *mode = co.mode == LLMQ_GGUF_CHOICE_QUALITY ? "quality" : "target";
-    if (!(st = llmq_gguf_choose(&co, e->n, ct, choice_rows, e)))
+    if (!(st = measure_sens(e, ct)) && !(st = llmq_gguf_choose(&co, e->n, ct, choice_rows, e)))
         for (int64_t i = 0; i < e->n; i++) {
             struct llmq_gguf_mix_choice *c = &mc[i];
             e->ent[i].pred_err = ct[i].err;
             e->ent[i].pred_err_mix = ct[i].err_mix;
+            e->ent[i].pred_kld = ct[i].pred_kld;
             if (ct[i].type == c->type) continue;
             char note[sizeof(c->note)];
             snprintf(note, sizeof(note), "%s%s%s: -> %s (err %.3g of the mix's)", c->note, c->note[0] ? "; " : "", mode,
@@ -837,7 +875,10 @@ enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t laye
 static json_t *report_json(const struct llmq_gguf_export *e, double secs, uint64_t file_bytes) {
     json_t *r = json_object(), *ts = json_array(), *tot = json_object();
     int64_t params = 0;
-    double pe = 0, pm = 0; // Σ predicted errors of the chosen types and of the mix's
+    double pe = 0, pm = 0;  // Σ predicted errors of the chosen types and of the mix's
+    double pk = 0, pkm = 0; // MEASURED: Σ predicted KLD of the chosen types and Σ measured KLD of the mix's
+    const bool measured =
+        e->o.choose.mode != LLMQ_GGUF_CHOICE_MIX && e->o.choose.sensitivity == LLMQ_GGUF_SENS_MEASURED;
     for (int64_t i = 0; i < e->n; i++) {
         const struct entry *x = &e->ent[i];
         json_t *t = json_object(), *sh = json_array();
@@ -855,6 +896,12 @@ static json_t *report_json(const struct llmq_gguf_export *e, double secs, uint64
             json_object_set_new(t, "pred_err_mix", json_real(x->pred_err_mix));
             pe += x->pred_err;
             pm += x->pred_err_mix;
+        }
+        if (measured && x->sens) {
+            json_object_set_new(t, "sens_kld", json_real(x->sens_kld));
+            json_object_set_new(t, "pred_kld", json_real(x->pred_kld));
+            pk += x->pred_kld;
+            pkm += x->sens_kld;
         }
         json_array_append_new(ts, t);
         params += x->R * x->C;
@@ -874,6 +921,16 @@ static json_t *report_json(const struct llmq_gguf_export *e, double secs, uint64
     if (e->o.choose.mode != LLMQ_GGUF_CHOICE_MIX) {
         json_object_set_new(tot, "predicted_err", json_real(pe));
         json_object_set_new(tot, "predicted_err_mix", json_real(pm));
+    }
+    if (measured) {
+        json_object_set_new(tot, "predicted_kld", json_real(pk));
+        json_object_set_new(tot, "predicted_kld_mix", json_real(pkm));
+        json_t *sj = json_object();
+        json_object_set_new(sj, "windows", json_integer(e->o.sens.n_windows));
+        json_object_set_new(sj, "seqlen", json_integer(e->o.sens.seqlen));
+        json_object_set_new(sj, "tokens", json_integer(e->sens_tokens));
+        json_object_set_new(sj, "seconds", json_real(e->sens_seconds));
+        json_object_set_new(tot, "sensitivity", sj);
     }
     json_object_set_new(r, "totals", tot);
     return r;
@@ -916,8 +973,12 @@ void llmq_gguf_export_print_plan(const struct llmq_gguf_export *e, FILE *f) {
         struct llmq_tensor_view v = {.n_dims = x->n_dims};
         memcpy(v.shape, x->shape, sizeof(v.shape));
         llmq_tensor_shape_str(&v, shape, sizeof(shape));
-        fprintf(f, "%-32s %-16s %-7s %-7s %10.4f  %s\n", x->name, shape, llmq_dtype_name(x->src_type),
-                llmq_dtype_name(x->ch.type), (double)x->nbytes / 1048576.0, x->ch.note);
+        char kl[96] = "";
+        if (x->sens)
+            snprintf(kl, sizeof(kl), "%spredicted KLD %.3g (alone in the mix's type: %.3g)", x->ch.note[0] ? "; " : "",
+                     x->pred_kld, x->sens_kld);
+        fprintf(f, "%-32s %-16s %-7s %-7s %10.4f  %s%s\n", x->name, shape, llmq_dtype_name(x->src_type),
+                llmq_dtype_name(x->ch.type), (double)x->nbytes / 1048576.0, x->ch.note, kl);
         params += x->R * x->C;
     }
     fprintf(f,
@@ -934,6 +995,17 @@ void llmq_gguf_export_print_plan(const struct llmq_gguf_export *e, FILE *f) {
         }
         fprintf(f, "type choice: %s; predicted err %.6g (the mix's types: %.6g)\n",
                 e->o.choose.mode == LLMQ_GGUF_CHOICE_QUALITY ? "quality" : "target", pe, pm);
+        if (e->o.choose.sensitivity == LLMQ_GGUF_SENS_MEASURED) {
+            double pk = 0, pkm = 0;
+            for (int64_t i = 0; i < e->n; i++) {
+                pk += e->ent[i].pred_kld;
+                pkm += e->ent[i].sens_kld;
+            }
+            fprintf(f,
+                    "sensitivity: measured on %lld calibration tokens; predicted KLD of the linears %.6g (the mix's "
+                    "types, measured alone and summed: %.6g)\n",
+                    (long long)e->sens_tokens, pk, pkm);
+        }
     }
 }
 

@@ -87,6 +87,12 @@
  *   plan's bits per weight; the budget is the tensor data, not the KVs). A changed type's note says so ("quality:
  *   -> iq4_nl", "target: -> q3_k"); the report's tensors get "pred_err" / "pred_err_mix", its totals
  *   "predicted_err" / "predicted_err_mix" (the sums over the free tensors), the plan table's total line too.
+ *   choose.sensitivity MEASURED: before the choice, every allocated tensor's KLD alone in the mix's type is
+ *   measured on sens_calib (quant/gguf_sens.h with opts sens; LLMQ_ERR_ARG without sens_calib) and given to the
+ *   choice as kld_ref; the report's tensors also get "sens_kld" (that measurement) and "pred_kld" (the
+ *   predicted KLD of the chosen type), its totals "predicted_kld" / "predicted_kld_mix" (sums over the
+ *   allocated tensors: the linears; token_embd / output are not measured) and "sensitivity" (windows, seqlen,
+ *   tokens, seconds); the plan's total line the predicted KLD.
  *   With mode MIX nothing of this happens (byte identity with llama-quantize is untouched).
  *
  * ---- Dry run ---------------------------------------------------------------------------------------
@@ -112,6 +118,7 @@
 #include "common/status.h"
 #include "quant/gguf_choose.h"
 #include "quant/gguf_mix.h"
+#include "quant/gguf_sens.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -131,6 +138,8 @@ struct llmq_gguf_export_opts {
     struct llmq_gguf_choose_opts choose;           // the type choice from the weights (mode MIX: none)
     double target_bpw;                             // TARGET without choose.target_bytes: the budget in bpw
     const struct llmq_calib_stats *choice_imatrix; // importance of the choice when imatrix is NULL (or NULL)
+    const struct llmq_calib_data *sens_calib;      // choose.sensitivity MEASURED: the windows it is measured on
+    struct llmq_gguf_sens_opts sens;               // MEASURED: windows, seqlen, backend (n_threads: n_threads's)
 };
 
 // Defaults: mix defaults (Q8_0), no imatrix, 1 thread, no force, no dry run, progress on,

@@ -745,6 +745,12 @@ static json_t *gguf_settings(const struct llmq_quantize_opts *o, const json_t *i
         json_object_set_new(s, g->choose.target_bytes ? "target_size" : "target_bpw",
                             g->choose.target_bytes ? json_integer((json_int_t)g->choose.target_bytes)
                                                    : json_real(g->target_bpw));
+    if (g->choose.mode != LLMQ_GGUF_CHOICE_MIX && g->choose.sensitivity == LLMQ_GGUF_SENS_MEASURED) {
+        json_t *sj = json_object(); // absent for uniform: those files keep their bytes
+        json_object_set_new(sj, "windows", json_integer(g->sens.n_windows));
+        json_object_set_new(sj, "seqlen", json_integer(g->sens.seqlen));
+        json_object_set_new(s, "sensitivity", sj);
+    }
     if (g->choose.exclude) {
         json_t *ex = json_array();
         for (int t = 0; t < 64; t++)
@@ -808,14 +814,20 @@ static enum llmq_status load_imatrix(const char *path, const struct llmq_model *
     return LLMQ_OK;
 }
 
+// The calibration windows of o into *d.
+static enum llmq_status load_calib(const struct llmq_model *m, const struct llmq_quantize_opts *o,
+                                   struct llmq_calib_data *d) {
+    struct llmq_calib_opts co = o->calib;
+    co.n_threads = o->n_threads;
+    co.backend = o->backend;
+    return llmq_calib_data_load(m, &co, d);
+}
+
 // The statistics of the full-precision model on the calibration (the importance llama-imatrix would gather)
 // into *d and *s.
 static enum llmq_status gather_stats(const struct llmq_model *m, const struct llmq_quantize_opts *o,
                                      struct llmq_calib_data *d, struct llmq_calib_stats *s) {
-    struct llmq_calib_opts co = o->calib;
-    co.n_threads = o->n_threads;
-    co.backend = o->backend;
-    enum llmq_status st = llmq_calib_data_load(m, &co, d);
+    enum llmq_status st = load_calib(m, o, d);
     if (!st) st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, s);
     if (st) return st;
     s->backend = o->backend;
@@ -849,6 +861,12 @@ static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq
             }
         }
         if (sh->have) *(solver_plan ? &go.choice_imatrix : &go.imatrix) = &sh->s;
+    }
+    if (o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX && o->gguf.choose.sensitivity == LLMQ_GGUF_SENS_MEASURED) {
+        // the windows of the measured sensitivity (with --imatrix: the calibration is loaded for them only)
+        if (!sh->d.tokens && (st = load_calib(m, o, &sh->d))) goto done;
+        go.sens_calib = &sh->d;
+        go.sens.backend = o->backend;
     }
     prov = provenance(o, &sh->d, imat_rec, false);
     go.provenance = prov;
@@ -933,7 +951,8 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
                            "quantize: %s: writing the fused qkv_proj / gate_up_proj (attn_qkv / ffn_up) of %s is not "
                            "implemented yet (llmq convert and llmq eval run it)",
                            m->path, llmq_arch_name(m->hp.arch));
-    if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN && o->imatrix_path && o->calib.n_sources > 0)
+    if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN && o->imatrix_path && o->calib.n_sources > 0 &&
+        o->gguf.choose.sensitivity != LLMQ_GGUF_SENS_MEASURED) // measured: --calib gives its windows only
         return llmq_errorf(LLMQ_ERR_ARG,
                            "quantize: --imatrix and --calib exclude each other with --method rtn (--calib gathers "
                            "the importance)");
@@ -1061,6 +1080,8 @@ static enum llmq_status begin_writer(struct run *r, const struct llmq_calib_stat
     go.imatrix = imat;
     go.choice_imatrix = choice;
     go.mix.have_imatrix = go.mix.have_imatrix || !imat; // the solvers weight the encoders with their statistics
+    go.sens_calib = r->have_calib ? &r->d : NULL;
+    go.sens.backend = o->backend;
     go.provenance = prov;
     go.report = gguf_rep;
     if (go.n_threads < 1) go.n_threads = o->n_threads;

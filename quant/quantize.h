@@ -70,7 +70,9 @@
  *             the original weights and the importance: the imatrix, else (rtn --calib) the gathered statistics,
  *             else (gptq / awq, and dry runs with --calib) the full-precision model's statistics on the same
  *             calibration (gguf.choice_imatrix; one more forward pass over it); the solvers then solve onto the
- *             chosen types.
+ *             chosen types. gguf.choose.sensitivity MEASURED: the writer measures each linear's KLD alone on the
+ *             calibration's first windows (gguf.sens_calib: the solvers' calibration, else the one loaded for
+ *             the statistics, else, with --imatrix, the calibration loaded for this only; quant/gguf_sens.h).
  *   Report: each layer row also has "type"; "totals" the writer's figures (tensors, bytes, whole-file
  *   bits_per_weight, fallbacks) plus linear_bits_per_weight; "gguf" the writer's own report.
  *

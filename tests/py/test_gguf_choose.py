@@ -8,6 +8,8 @@ tensor's reconstruction error against the f32 input, and llama.cpp (llama-cpp-py
   - --target-bpw: the file's bits per weight (tensor data × 8 / weights, from gguf-py) is at most the target
     and within one linear's largest step of it; --dry-run prints the plan and writes nothing.
   - the same command twice gives the same bytes; GPTQ gets the types RTN gets from the same calibration.
+  - --sensitivity measured: every allocated linear's measured and predicted KLD in --json and --dry-run
+    (quant/gguf_sens.h; their values are checked in tests/unit/test_gguf_sens.c), a choice unlike uniform's;
   - flag errors exit 2 with a message naming the flag.
 Input: smol8 (SmolLM2 f32 cut to 8 blocks, 576-wide rows that 256-blocks do not tile) and stories260K.
 """
@@ -159,6 +161,39 @@ def test_gptq_gets_the_types_rtn_gets(llmq_bin, stories_v3, work):
     assert any(t.tensor_type == gguf.GGMLQuantizationType.IQ4_NL for t in tb.values()), r.stderr
 
 
+def test_measured_sensitivity_reports_predicted_kld(llmq_bin, stories_v3, work):
+    """--sensitivity measured (auto's choice for a size target with --calib): every allocated linear gets a
+    positive measured KLD (sens_kld) and a predicted one; the totals sum them; --dry-run prints the predicted KLD
+    next to the types; the choice differs from uniform's (asked for, or auto's without --calib); the settings
+    record the windows."""
+    cal = ["--calib", "wikitext-2-valid", "--nsamples", "3", "--seqlen", "64", "--sensitivity-windows", "2",
+           "--sensitivity-seqlen", "48"]
+    mix = work / "st_mix.gguf"
+    quantize(llmq_bin, stories_v3, mix, "Q4_K_M")
+    target = ["--target-bpw", f"{tensor_bits(mix) + 0.3:.6f}", "--mix-exclude", "q4_1"]
+    js, out = work / "st_meas.json", work / "st_meas.gguf"
+    quantize(llmq_bin, stories_v3, out, "Q4_K_M", *target, *cal, "--json", js)  # auto: measured with --calib
+    rep = json.load(open(js))
+    ts = [t for t in rep.get("gguf", rep)["tensors"] if "sens_kld" in t]
+    assert len(ts) == 5 * 6, [t["name"] for t in ts]  # every linear but the 172-wide ffn_down (no block tiles it)
+    assert all(t["sens_kld"] > 0 and t["pred_kld"] > 0 for t in ts)
+    tot = rep["totals"]
+    assert tot["predicted_kld"] == pytest.approx(sum(t["pred_kld"] for t in ts), rel=1e-9)
+    assert tot["predicted_kld_mix"] == pytest.approx(sum(t["sens_kld"] for t in ts), rel=1e-9)
+    assert tot["predicted_kld"] < tot["predicted_kld_mix"]  # 0.3 bits per weight more than the mix
+    assert tot["sensitivity"]["tokens"] == 2 * 48 and rep["settings"]["sensitivity"] == {"windows": 2, "seqlen": 48}
+    uni, ujs = work / "st_uni.gguf", work / "st_uni.json"
+    quantize(llmq_bin, stories_v3, uni, "Q4_K_M", *target, *cal, "--sensitivity", "uniform", "--json", ujs)
+    assert {n: t.tensor_type for n, t in tensors(uni).items()} != {n: t.tensor_type for n, t in tensors(out).items()}
+    assert "predicted_kld" not in json.load(open(ujs))["totals"]
+    quantize(llmq_bin, stories_v3, uni, "Q4_K_M", *target, "--json", ujs)  # auto without --calib: uniform
+    assert "predicted_kld" not in json.load(open(ujs))["totals"]
+    r = quantize(llmq_bin, stories_v3, work / "st_dry.gguf", "Q4_K_M", *target, "--sensitivity", "measured", *cal,
+                 "--dry-run")
+    assert "sensitivity: measured on 96 calibration tokens; predicted KLD of the linears" in r.stdout, r.stdout
+    assert r.stdout.count("predicted KLD ") == 5 * 6 + 1
+
+
 @pytest.mark.parametrize("flags,msg", [
     (["--gguf-type", "Q4_K_M", "--target-bpw", "5", "--target-size", "1M"], "exclude each other"),
     (["--gguf-type", "Q4_K_M", "--mix", "quality", "--target-bpw", "5"], "--mix quality excludes"),
@@ -170,6 +205,10 @@ def test_gptq_gets_the_types_rtn_gets(llmq_bin, stories_v3, work):
     (["--format", "gptq", "--target-bpw", "4"], "need --format gguf"),
     (["--format", "awq", "--mix", "quality"], "need --format gguf"),
     (["--gguf-type", "Q4_K_M", "--target-bpw", "1.5"], "below the smallest this model reaches"),
+    (["--gguf-type", "Q4_K_M", "--target-bpw", "8", "--sensitivity", "kld"], "--sensitivity must be"),
+    (["--gguf-type", "Q4_K_M", "--sensitivity", "measured"], "--sensitivity needs"),
+    (["--gguf-type", "Q4_K_M", "--target-bpw", "8", "--sensitivity", "measured"], "needs --calib"),
+    (["--gguf-type", "Q4_K_M", "--target-bpw", "8", "--sensitivity-windows", "0"], "must be >= 1"),
 ])
 def test_bad_flags(llmq_bin, stories_v3, work, flags, msg):
     out = work / "bad.gguf"

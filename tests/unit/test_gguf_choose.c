@@ -6,7 +6,9 @@
 //   - TARGET: the total stays within the budget, no single upgrade still fits (the fill saturates), the
 //     summed error is no worse than the best assignment of one type to every tensor that fits, and equals
 //     brute force over every assignment of three small tensors; a budget below the smallest
-//     allocation is LLMQ_ERR_ARG, and llmq_gguf_choose_range gives both ends.
+//     allocation is LLMQ_ERR_ARG, and llmq_gguf_choose_range gives both ends;
+//   - MEASURED: the same brute force in KLD units (each tensor's err times its measured slope), the predicted
+//     KLD per tensor, the most sensitive of three equal tensors favoured, the fallback slope, LLMQ_ERR_NUMERIC.
 #include "harness.h"
 
 #include "common/log.h"
@@ -195,9 +197,83 @@ static void test_target(void) {
     for (int i = 0; i <= N; i++) free(rows_of[i]);
 }
 
+// MEASURED: three tensors with the same rows and measured KLDs 1 : 10 : 100 in the mix's type. The choice is the
+// brute-force minimum of Σ g_t err(t, τ_t) (g_t = kld_ref / err(t, mix)); pred_kld = g_t err(t, chosen); the
+// most sensitive tensor gets more bytes than the least at some budget; a zero kld_ref gets the smallest g of the
+// others; all zero is LLMQ_ERR_NUMERIC.
+static void test_measured(void) {
+    enum { N = 3 };
+    const int64_t R = 16, C = 256;
+    uint64_t seed = 5;
+    struct llmq_gguf_choose_tensor t[N];
+    double e[NALL], g[N];
+    const double kref[N] = {1e-3, 1e-2, 1e-1};
+    rows_of[0] = malloc(sizeof(float) * R * C);
+    for (int64_t j = 0; j < R * C; j++) rows_of[0][j] = test_frand(&seed) * (j % 7 == 0 ? 3.0f : 1.0f);
+    for (int i = 1; i < N; i++) rows_of[i] = rows_of[0];
+    int mix = 0;
+    for (int k = 0; k < NALL; k++) {
+        e[k] = err_of(rows_of[0], R, C, all[k], NULL);
+        if (all[k] == LLMQ_DTYPE_Q4_K) mix = k;
+    }
+    for (int i = 0; i < N; i++) g[i] = kref[i] / e[mix];
+    struct llmq_gguf_choose_opts o = {
+        .mode = LLMQ_GGUF_CHOICE_TARGET, .sensitivity = LLMQ_GGUF_SENS_MEASURED, .params = N * R * C, .n_threads = 1};
+    uint64_t lo = 0, hi = 0;
+    for (int i = 0; i < N; i++)
+        t[i] = (struct llmq_gguf_choose_tensor){
+            .name = "x", .R = R, .C = C, .type = LLMQ_DTYPE_Q4_K, .is_free = true, .allocate = true};
+    llmq_gguf_choose_range(&o, N, t, &lo, &hi);
+    CHECK(hi > lo + 17);
+    bool favoured = false;
+    for (uint64_t budget = lo; budget <= hi; budget += (hi - lo) / 17) {
+        for (int i = 0; i < N; i++) {
+            t[i].type = LLMQ_DTYPE_Q4_K;
+            t[i].kld_ref = kref[i];
+        }
+        o.target_bytes = budget;
+        CHECK_OK(llmq_gguf_choose(&o, N, t, get_rows, t));
+        double sum = 0, brute = INFINITY;
+        for (int i = 0; i < N; i++) {
+            int k = 0;
+            while (all[k] != t[i].type) k++;
+            CHECK(fabs(t[i].pred_kld - g[i] * e[k]) <= 1e-9 * t[i].pred_kld);
+            sum += g[i] * e[k];
+        }
+        for (int a = 0; a < NALL; a++)
+            for (int b = 0; b < NALL; b++)
+                for (int c = 0; c < NALL; c++) {
+                    uint64_t by = llmq_gguf_choose_bytes(&t[0], all[a]) + llmq_gguf_choose_bytes(&t[1], all[b]) +
+                                  llmq_gguf_choose_bytes(&t[2], all[c]);
+                    if (by <= budget) brute = fmin(brute, g[0] * e[a] + g[1] * e[b] + g[2] * e[c]);
+                }
+        CHECK(sum <= brute * (1 + 1e-12));
+        favoured |= llmq_gguf_choose_bytes(&t[2], t[2].type) > llmq_gguf_choose_bytes(&t[0], t[0].type);
+    }
+    CHECK(favoured);
+    // a tensor without a positive measurement: the smallest g of the others (here tensor 1's)
+    for (int i = 0; i < N; i++) {
+        t[i].type = LLMQ_DTYPE_Q4_K;
+        t[i].kld_ref = i == 0 ? 0 : kref[i];
+    }
+    o.target_bytes = N * llmq_gguf_choose_bytes(&t[0], LLMQ_DTYPE_Q4_K);
+    llmq_log_set_level(LLMQ_LOG_ERROR);
+    CHECK_OK(llmq_gguf_choose(&o, N, t, get_rows, t));
+    CHECK(fabs(t[0].pred_kld - g[1] * t[0].err) <= 1e-9 * t[0].pred_kld);
+    for (int i = 0; i < N; i++) {
+        t[i].type = LLMQ_DTYPE_Q4_K;
+        t[i].kld_ref = 0;
+    }
+    llmq_log_set_level(LLMQ_LOG_ERROR + 1);
+    CHECK(llmq_gguf_choose(&o, N, t, get_rows, t) == LLMQ_ERR_NUMERIC);
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    free(rows_of[0]);
+}
+
 int main(void) {
     test_quality();
     test_target();
+    test_measured();
     printf("test_gguf_choose: ok\n");
     return 0;
 }

@@ -57,17 +57,19 @@ static enum llmq_status reference(struct sens *s) {
     enum llmq_status st = llmq_forward_embed(s->f, s->tok, N, s->x);
     for (int64_t l = 0; l < L && !st; l++) {
         memcpy(s->xs + (size_t)(l * N * D), s->x, (size_t)(N * D) * sizeof(float));
-        st = llmq_forward_block(s->f, (int)l, s->x, s->Nw, s->S, NULL, NULL);
+        st = llmq_forward_block(s->f, (int)l, &s->m->layers[l], s->x, s->Nw, s->S, NULL, NULL);
     }
     return st ? st : llmq_forward_head(s->f, s->x, N, s->P);
 }
 
-// Blocks l .. L-1 from the reference input of block l, then the head and the KLD against P, window by window.
-static enum llmq_status kld_from(struct sens *s, int64_t l, double *kld) {
+// Blocks l .. L-1 from the reference input of block l (block l with the weight set ly_l, the others the model's
+// own), then the head and the KLD against P, window by window.
+static enum llmq_status kld_from(struct sens *s, int64_t l, const struct llmq_layer *ly_l, double *kld) {
     const int64_t L = s->m->hp.n_layer, N = s->N, D = s->D, S = s->S, V = s->V;
     memcpy(s->x, s->xs + (size_t)(l * N * D), (size_t)(N * D) * sizeof(float));
     enum llmq_status st = LLMQ_OK;
-    for (int64_t j = l; j < L && !st; j++) st = llmq_forward_block(s->f, (int)j, s->x, s->Nw, S, NULL, NULL);
+    for (int64_t j = l; j < L && !st; j++)
+        st = llmq_forward_block(s->f, (int)j, j == l ? ly_l : &s->m->layers[j], s->x, s->Nw, S, NULL, NULL);
     double sum = 0;
     for (int64_t w = 0; w < s->Nw && !st; w++) {
         if ((st = llmq_forward_head(s->f, s->x + (size_t)(w * S * D), S, s->logits))) break;
@@ -78,13 +80,14 @@ static enum llmq_status kld_from(struct sens *s, int64_t l, double *kld) {
     return st;
 }
 
-// kld of one tensor (see "What is measured"): its decoding in place of the view while the pass runs.
+// kld of one tensor (see "What is measured"): its decoding in place of the view in a copy of its block's weight
+// set while the pass runs (the model is not changed).
 static enum llmq_status measure_one(struct sens *s, struct llmq_gguf_sens_tensor *t) {
     const struct llmq_model *m = s->m;
     if (t->layer < 0 || t->layer >= m->hp.n_layer || t->which < 0 || t->which >= LLMQ_LIN_COUNT ||
         !m->layers[t->layer].w[t->which])
         return llmq_errorf(LLMQ_ERR_ARG, "gguf sensitivity: no linear %d in block %lld", t->which, (long long)t->layer);
-    const struct llmq_tensor_view **slot = &m->layers[t->layer].w[t->which], *v = *slot;
+    const struct llmq_tensor_view *v = m->layers[t->layer].w[t->which];
     const int64_t R = v->shape[0], C = v->shape[1];
     size_t rb = 0;
     if (!llmq_dtype_nbytes(t->type, C, &rb) || !llmq_gguf_can_encode(t->type))
@@ -100,10 +103,9 @@ static enum llmq_status measure_one(struct sens *s, struct llmq_gguf_sens_tensor
     ov.dtype = LLMQ_DTYPE_F32;
     ov.data = s->Q;
     ov.nbytes = (size_t)(R * C) * sizeof(float);
-    *slot = &ov;
-    st = kld_from(s, t->layer, &t->kld);
-    *slot = v;
-    return st;
+    struct llmq_layer ly = m->layers[t->layer];
+    ly.w[t->which] = &ov;
+    return kld_from(s, t->layer, &ly, &t->kld);
 }
 
 static void sens_free(struct sens *s) {

@@ -17,8 +17,8 @@
  *   block, each x_l kept), and its logits P (N, V).
  *   Tensor t = (layer l, linear k, type τ): W (R, C) converted to f32, its rows encoded in τ with the
  *   importance (formats/ggml/encode.h, exactly as the file would be encoded by --method rtn) and decoded to
- *   Q; the model's view m->layers[l].w[k] points to Q (an F32 view) while blocks l .. L-1 run on a copy of
- *   x_l and the head gives the logits Q (N, V) window by window, then the view is restored;
+ *   Q; block l runs with a copy of its weight set whose linear k is Q (an F32 view), blocks l + 1 .. L-1 with
+ *   the model's own, on a copy of x_l, and the head gives the logits Q (N, V) window by window;
  *     kld(t) = 1/N · Σ_positions Σ_v P_v (log P_v − log Q_v)
  *   with calib/eval/eval.h's per-row arithmetic (llmq_eval_score: identical rows give exactly 0).
  *   Only tensor t differs from the unquantized model: the token embedding and the head stay as loaded.
@@ -41,9 +41,7 @@
  *   The same model, windows, options and n_threads give the same figures; another n_threads changes them by
  *   the float rounding of the forward pass's GEMMs only (relative 1e-5 measured on stories260K). The choice
  *   that uses them is deterministic in the same sense (quant/quantize.h records --threads when calibration
- *   ran). During the call the views
- *   m->layers[l].w[k] are changed and restored before it returns (also on failure): m must not be used by
- *   another thread meanwhile.
+ *   ran). The model is only read.
  *
  * Errors: LLMQ_ERR_ARG (no calibration windows, a tensor outside the model, a type that cannot encode its
  * rows), LLMQ_ERR_NOMEM, what the forward pass, the converters and the encoders return; one log line each.

@@ -368,10 +368,13 @@ static void input_release(struct llmq_calib_input *in) {
     in->xtx = in->sum_abs = in->sum_sq = NULL;
 }
 
-static enum llmq_status stats_alloc_scratch(struct llmq_calib_stats *s, int64_t cmax) {
+// The f32 scratch of kernels/gemm.h llmq_gram_acc_f64 for an input of C columns.
+static int64_t gram_scratch_n(int64_t C) { return llmq_gram_scratch_rows(C) * C; }
+
+static enum llmq_status stats_alloc_scratch(struct llmq_calib_stats *s, int64_t need) {
     if (!s->with_xtx) return LLMQ_OK;
-    s->scratch = malloc((size_t)(cmax * cmax) * sizeof(float));
-    s->scratch_n = cmax * cmax;
+    s->scratch = malloc((size_t)need * sizeof(float));
+    s->scratch_n = need;
     return s->scratch ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
 }
 
@@ -389,7 +392,7 @@ enum llmq_status llmq_calib_stats_init(const struct llmq_model *m, bool with_xtx
         for (int k = 0; k < LLMQ_CALIB_N_SLOTS && !st; k++) {
             struct llmq_calib_input *in = &out->in[l * LLMQ_CALIB_N_SLOTS + k];
             in->n_in = slot_n_in(m, k);
-            cmax = in->n_in > cmax ? in->n_in : cmax;
+            cmax = gram_scratch_n(in->n_in) > cmax ? gram_scratch_n(in->n_in) : cmax;
             if (l >= layer0 && l < layer1) st = input_alloc(in, with_xtx);
         }
     if (!st) st = stats_alloc_scratch(out, cmax);
@@ -478,6 +481,21 @@ enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t la
     int64_t C = in->n_in;
     double f = 2.0 / (double)in->n_seq;
     for (int64_t i = 0; i < C * C; i++) H[i] = (float)(f * in->xtx[i]);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_calib_hessian_take(struct llmq_calib_stats *s, int64_t layer, int slot, float *H) {
+    struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
+    if (!in->xtx || in->n_seq < 1)
+        return llmq_errorf(LLMQ_ERR_ARG, "calib: no XᵀX gathered for blk.%lld %s", (long long)layer, slot_name(slot));
+    const int64_t C = in->n_in, step = (8 << 20) / (8 * C) + 1; // rows per release: about 8 MiB of sums
+    const double f = 2.0 / (double)in->n_seq;
+    for (int64_t r0 = 0; r0 < C; r0 += step) {
+        const int64_t r1 = r0 + step < C ? r0 + step : C;
+        for (int64_t i = r0 * C; i < r1 * C; i++) H[i] = (float)(f * in->xtx[i]);
+        llmq_scratch_release(in->xtx + r0 * C, (size_t)((r1 - r0) * C) * sizeof(double)); // read: never again
+    }
+    llmq_calib_stats_drop_xtx(s, layer, slot);
     return LLMQ_OK;
 }
 
@@ -619,7 +637,7 @@ enum llmq_status llmq_calib_stats_load(const char *path, struct llmq_calib_stats
         in->n_in = h[0];
         in->count = h[1];
         in->n_seq = out->n_seq;
-        cmax = in->n_in > cmax ? in->n_in : cmax;
+        cmax = gram_scratch_n(in->n_in) > cmax ? gram_scratch_n(in->n_in) : cmax;
         if ((st = input_alloc(in, out->with_xtx))) goto fail;
         memcpy(in->sum_abs, p + off, C * 8);
         memcpy(in->sum_sq, p + off + C * 8, C * 8);

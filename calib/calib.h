@@ -34,9 +34,10 @@
  *   Per block, four inputs (calib/model/forward.h hook slots): LLMQ_LIN_Q (shared by q/k/v), LLMQ_LIN_O,
  *   LLMQ_LIN_GATE (shared by gate/up), LLMQ_LIN_DOWN. For each input x (N, C):
  *     xtx     (C, C)  Σ_tokens xᵀx, accumulated in f64: every micro-batch of <= 256 rows goes through
- *                     an f32 SYRK (kernels/gemm.h: cblas_ssyrk, or cuBLAS on s->backend) into an f32
- *                     (C, C) scratch (beta 0, upper triangle) which is added to the f64 sum; the lower
- *                     triangle is mirrored at the end (llmq_calib_stats_finish).
+ *                     an f32 SYRK (kernels/gemm.h llmq_gram_acc_f64: cblas_ssyrk, or cuBLAS on s->backend;
+ *                     in row tiles of GEMMs for C > 4096) into an f32 scratch (beta 0, upper triangle)
+ *                     which is added to the f64 sum; the lower triangle is mirrored at the end
+ *                     (llmq_calib_stats_finish).
  *     sum_abs (C)     Σ_tokens |x| in f64        sum_sq (C)  Σ_tokens x² in f64
  *     count           tokens seen (N)            n_seq       sequences seen
  *   GPTQ's Hessian is then H = (2 / n_seq) · xtx: the reference's running update
@@ -197,8 +198,10 @@ struct llmq_calib_stats {
     int64_t n_layer;
     bool with_xtx;
     struct llmq_calib_input *in; // (n_layer, LLMQ_CALIB_N_SLOTS)
-    float *scratch;              // (Cmax, Cmax) ssyrk scratch; its pages are released by llmq_calib_stats_finish
-    int64_t scratch_n;           // Cmax * Cmax
+    float *scratch;              // f32 scratch of kernels/gemm.h llmq_gram_acc_f64 for the widest input (C x C, or
+                                 // a row tile of it for C > LLMQ_GRAM_TILE_FROM); its pages are released by
+                                 // llmq_calib_stats_finish
+    int64_t scratch_n;           // its floats
     enum llmq_backend backend;   // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
                                  // after init / load: set it after llmq_calib_stats_init
     int64_t n_seq_hint;          // sequences per block call (for n_seq counting in the hook)
@@ -233,6 +236,10 @@ void llmq_calib_stats_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int sl
 
 // H (C, C) f32 = (2 / n_seq) · xtx of (layer, slot), the GPTQ reference's Hessian (see above).
 enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t layer, int slot, float *H);
+// The same H, for the last linear that reads the input: the sums' pages are released as they are converted and
+// then the sums are dropped (llmq_calib_stats_drop_xtx), so that the f64 sums and the f32 Hessian (1.5 times
+// the sums' size) are never held whole together.
+enum llmq_status llmq_calib_hessian_take(struct llmq_calib_stats *s, int64_t layer, int slot, float *H);
 
 // Runs the whole model over d block by block (embedding, then block 0..L-1 with the stats hook,
 // the block outputs feeding the next block) gathering every layer's statistics into s (allocated

@@ -76,16 +76,33 @@ enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, f
     return LLMQ_OK;
 }
 
+int64_t llmq_gram_scratch_rows(int64_t C) { return C > LLMQ_GRAM_TILE_FROM ? LLMQ_GRAM_TILE : C; }
+
+// One micro-batch Xb (n, C) of the Gram sum, rows [i0, i1) of the upper triangle: one SYRK when the tile is the
+// whole matrix, else Xb[:, i0:i1]ᵀ · Xb[:, i0:C] as a GEMM into scratch (i1 - i0, C - i0).
+static enum llmq_status gram_tile(enum llmq_backend be, const float *Xb, int64_t n, int64_t C, int64_t i0, int64_t i1,
+                                  float *scratch, double *acc) {
+    const int64_t w = C - i0;
+    enum llmq_status st = i0 == 0 && i1 == C ? llmq_syrk_f32_acc(be, C, n, 1.0f, Xb, C, 0.0f, scratch, C)
+                                             : llmq_gemm_f32(be, true, false, i1 - i0, w, n, 1.0f, Xb + i0, C, Xb + i0,
+                                                             C, 0.0f, scratch, w);
+    if (st) return st;
+    for (int64_t i = i0; i < i1; i++) {
+        double *dst = acc + i * C;
+        const float *src = scratch + (i - i0) * w - i0;
+        for (int64_t k = i; k < C; k++) dst[k] += (double)src[k];
+    }
+    return LLMQ_OK;
+}
+
 enum llmq_status llmq_gram_acc_f64(enum llmq_backend be, const float *X, int64_t N, int64_t C, float *scratch,
                                    double *acc) {
+    const int64_t tb = llmq_gram_scratch_rows(C);
     for (int64_t t0 = 0; t0 < N; t0 += LLMQ_GRAM_MICRO_BATCH) {
         const int64_t n = N - t0 < LLMQ_GRAM_MICRO_BATCH ? N - t0 : LLMQ_GRAM_MICRO_BATCH;
-        enum llmq_status st = llmq_syrk_f32_acc(be, C, n, 1.0f, X + t0 * C, C, 0.0f, scratch, C);
-        if (st) return st;
-        for (int64_t i = 0; i < C; i++) {
-            double *dst = acc + i * C;
-            const float *src = scratch + i * C;
-            for (int64_t k = i; k < C; k++) dst[k] += (double)src[k];
+        for (int64_t i0 = 0; i0 < C; i0 += tb) {
+            enum llmq_status st = gram_tile(be, X + t0 * C, n, C, i0, i0 + tb < C ? i0 + tb : C, scratch, acc);
+            if (st) return st;
         }
     }
     return LLMQ_OK;

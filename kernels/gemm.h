@@ -64,11 +64,17 @@ enum llmq_status llmq_syrk_f32_acc(enum llmq_backend be, int64_t N, int64_t K, f
                                    float beta, float *C, int64_t ldc);
 
 // The Gram matrix as calibration accumulates it: the upper triangle (j >= i) of acc (C, C), f64,
-// gains XᵀX of X (N, C) row-major, computed as one f32 SYRK per micro-batch of LLMQ_GRAM_MICRO_BATCH
-// rows into scratch (C, C) f32 and summed in f64 (f32 products, f64 sums across batches). The strict
-// lower triangle of acc is left as it was. Used by calib/ for the Hessians and by AWQ's Gram-form loss,
-// so both see the same bits for the same rows.
+// gains XᵀX of X (N, C) row-major, computed per micro-batch of LLMQ_GRAM_MICRO_BATCH rows in f32 into
+// scratch (llmq_gram_scratch_rows(C), C) f32 and summed in f64 (f32 products, f64 sums across batches).
+// Up to C = LLMQ_GRAM_TILE_FROM the product is one SYRK; for wider inputs (an 8B model's ffn_down, C 14336)
+// it runs in row tiles of LLMQ_GRAM_TILE (a GEMM of the tile's columns against the columns from its first
+// one on), so that the f32 scratch is not a second (C, C) matrix next to the f64 sums. The strict lower
+// triangle of acc is left as it was. Used by calib/ for the Hessians and by AWQ's Gram-form loss, so both
+// see the same bits for the same rows.
 #define LLMQ_GRAM_MICRO_BATCH 256
+#define LLMQ_GRAM_TILE_FROM 4096
+#define LLMQ_GRAM_TILE 512
+int64_t llmq_gram_scratch_rows(int64_t C);
 enum llmq_status llmq_gram_acc_f64(enum llmq_backend be, const float *X, int64_t N, int64_t C, float *scratch,
                                    double *acc);
 

@@ -30,6 +30,7 @@ void openblas_set_num_threads(int n);
 
 #define MIB 1048576.0
 #define GPTQ_B 128             // quant/gptq.h's lazy-batch block size (LLMQ_GPTQ_BLOCKSIZE_DEFAULT)
+#define QF_ROWS 256            // quant/quantize.c quad_form's rows per product
 #define GGUF_CHUNK (4 << 20)   // quant/gguf_export.c CHUNK_FLOATS: f32 elements decoded per step
 #define EXPORT_CHUNK (1 << 20) // quant/export.c CHUNK_FLOATS
 #define ATTN_RB 64             // calib/model/forward.c RB: query rows per attention task
@@ -262,11 +263,12 @@ static void gguf_output(struct shape *s, struct llmq_plan *p, bool own_report) {
 struct mem {
     const struct shape *s;
     double base_anon, base_file;
-    double x;      // the block inputs and their copy (2 x 4ND), or calib's activations
-    double fwd;    // the micro-batch forward (weight scratch + activations)
-    double acts;   // of that and of fbig: what common/spill.h holds (under --max-memory)
-    double fbig;   // AWQ: the N-token forward's activations
-    double writer; // the writer's work buffers
+    double x;           // the block inputs and their copy (2 x 4ND), or calib's activations
+    double fwd;         // the micro-batch forward (weight scratch + activations)
+    double fwd_scratch; // of that, the weight scratch (released after each pass of gptq's block)
+    double acts;        // of that and of fbig: what common/spill.h holds (under --max-memory)
+    double fbig;        // AWQ: the N-token forward's activations
+    double writer;      // the writer's work buffers
     double peak, anon_max, anon_at, file_at;
     char phase[64];
 };
@@ -288,15 +290,19 @@ static void phase(struct mem *mm, double anon, double file, const char *fmt, ...
 
 // The forward object for T tokens (calib/model/forward.c llmq_forward_init): the weight scratch as far as
 // the block passes touch it (the largest linear not usable in place), the per-token activations, the norms.
-static double forward_bytes(const struct shape *s, int64_t T, bool scratch, double *acts) {
+static double weight_scratch_bytes(const struct shape *s) {
     double wn = 0;
-    for (int64_t l = 0; scratch && l < s->L; l++)
+    for (int64_t l = 0; l < s->L; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++)
             if (!direct_f32(s->m->layers[l].w[k])) wn = fmax(wn, RC(s, l, k));
+    return 4.0 * wn;
+}
+static double forward_bytes(const struct shape *s, int64_t T, bool scratch, double *acts) {
     double a = 4.0 * (double)T * (double)(2 * s->D + 2 * s->Dq + 2 * s->Dkv + 2 * s->F);
     *acts += a;
     int nt = s->o->n_threads > 0 ? s->o->n_threads : 1;
-    return 4.0 * wn + a + 4.0 * (double)((2 * s->L + 1) * s->D) + 4.0 * nt * ATTN_RB * (double)s->seqlen;
+    return (scratch ? weight_scratch_bytes(s) : 0) + a + 4.0 * (double)((2 * s->L + 1) * s->D) +
+           4.0 * nt * ATTN_RB * (double)s->seqlen;
 }
 
 // One linear's solver and hand-over buffers beyond W / Q / T / H / Hx.
@@ -314,40 +320,49 @@ static double solve_bytes(const struct shape *s, int64_t l, int k) {
     return codes + gptq + pack;
 }
 
-// GPTQ's true-sequential block l (quant/quantize.c block_gptq), phase by phase.
+// The f32 scratch of the XᵀX products for an input of C columns (kernels/gemm.h llmq_gram_acc_f64).
+static double gram_bytes(int64_t C) { return 4.0 * (double)llmq_gram_scratch_rows(C) * (double)C; }
+
+// quant/quantize.c quad_form's product scratch T for a linear of R rows: (min(R, QF_ROWS), C).
+static double t_bytes(const struct shape *s, int64_t l, int k) {
+    return 4.0 * (double)(rows(s, l, k) < QF_ROWS ? rows(s, l, k) : QF_ROWS) * (double)cols(s, l, k);
+}
+
+// GPTQ's true-sequential block l (quant/quantize.c block_gptq), phase by phase. The block's quantized copies
+// (wq) count from this block's own linears (the last block's pages are released at its start), the forward's
+// weight scratch only in the passes (released after each), the f64 sums of an input's last linear are released
+// while its Hessian is taken (calib/calib.h llmq_calib_hessian_take).
 static void phases_gptq(struct mem *mm, int64_t l) {
     const struct shape *s = mm->s;
     const struct llmq_layer *ly = &s->m->layers[l];
-    double wq_all = 4.0 * block_rc(s, l), wq = 0, P0 = mm->x + mm->fwd + mm->writer;
+    double wq = 0, P0 = mm->x + mm->fwd - mm->fwd_scratch + mm->writer;
     bool ts = s->o->true_sequential;
     double xtx_left = ts ? 0 : xtx_all(s);
     if (!ts)
-        phase(mm, P0 + (l ? wq_all : 0) + xtx_left + 4.0 * cmax_slot(s) * cmax_slot(s), block_src_bytes(s, l),
+        phase(mm, P0 + mm->fwd_scratch + xtx_left + gram_bytes(cmax_slot(s)), block_src_bytes(s, l),
               "blk.%lld: statistics pass", (long long)l);
     for (int g = 0; g < 4; g++) {
         int64_t C = cols(s, l, seq_groups[g][0]);
         double C2 = (double)C * (double)C, file = 0;
-        double P = P0 + (l ? wq_all : wq);
         if (ts) {
             for (int k = 0; k < LLMQ_LIN_COUNT && (g == 1 || g == 3); k++) // the pass runs these unquantized
                 if (k >= seq_groups[g][0]) file += (double)ly->w[k]->nbytes;
-            phase(mm, P + 12.0 * C2, file, "blk.%lld %s: XtX pass", (long long)l,
+            phase(mm, P0 + wq + mm->fwd_scratch + 8.0 * C2 + gram_bytes(C), file, "blk.%lld %s: XtX pass", (long long)l,
                   llmq_linear_gguf_name(seq_groups[g][0]));
             xtx_left = 8.0 * C2;
         }
-        double rc_max = 0, rc_prev = 0;
+        double rc_max = 0, prev = 0;
         for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) {
             int k = seq_groups[g][j];
             bool last = j == 2 || seq_groups[g][j + 1] < 0;
             rc_max = fmax(rc_max, RC(s, l, k));
-            P = P0 + (l ? wq_all : wq);
-            double prev = j ? 4.0 * C2 + 8.0 * rc_prev : 0; // Hx, Q, T from the group's earlier linear
-            phase(mm, P + xtx_left + 4.0 * C2 + prev + 4.0 * rc_max, (double)ly->w[k]->nbytes, "blk.%lld %s: Hessian",
+            double P = P0 + wq, h = ts && last ? 0 : 4.0 * C2; // take: H replaces the sums' pages as it fills
+            phase(mm, P + xtx_left + h + prev + 4.0 * rc_max, (double)ly->w[k]->nbytes, "blk.%lld %s: Hessian",
                   (long long)l, llmq_linear_gguf_name(k));
             if (last) xtx_left -= 8.0 * C2; // dropped once its last Hessian is taken
-            phase(mm, P + xtx_left + 8.0 * C2 + 12.0 * rc_max + solve_bytes(s, l, k), (double)ly->w[k]->nbytes,
-                  "blk.%lld %s: GPTQ solve", (long long)l, llmq_linear_gguf_name(k));
-            rc_prev = rc_max;
+            phase(mm, P + xtx_left + 8.0 * C2 + 8.0 * rc_max + t_bytes(s, l, k) + solve_bytes(s, l, k), 0.0,
+                  "blk.%lld %s: GPTQ solve", (long long)l, llmq_linear_gguf_name(k)); // its pages released
+            prev = 4.0 * C2 + 4.0 * rc_max + t_bytes(s, l, k); // Hx, Q, T held into the group's next linear
             if (s->o->method == LLMQ_QMETHOD_GPTQ) wq += 4.0 * RC(s, l, k);
         }
     }
@@ -377,13 +392,14 @@ static void phases_awq(struct mem *mm, int64_t l) {
     const struct shape *s = mm->s;
     double P = mm->x + mm->fwd + mm->fbig + mm->writer, xtx = xtx_all(s), bw = 4.0 * block_rc(s, l);
     double file = block_src_bytes(s, l), cm = cmax_slot(s);
-    phase(mm, P + xtx + 4.0 * cm * cm, file, "blk.%lld: fp pass and XtX", (long long)l);
+    phase(mm, P + xtx + gram_bytes(cm), file, "blk.%lld: fp pass and XtX", (long long)l);
     phase(mm, P + xtx + bw + awq_search_bytes(s, l), file, "blk.%lld: AWQ search", (long long)l);
-    double rc_max = 0;
+    double rc_max = 0, t_max = 0;
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
         double C = (double)cols(s, l, k);
         rc_max = fmax(rc_max, RC(s, l, k));
-        phase(mm, P + xtx + bw + 8.0 * C * C + 12.0 * rc_max + solve_bytes(s, l, k), file, "blk.%lld %s: %s",
+        t_max = fmax(t_max, t_bytes(s, l, k));
+        phase(mm, P + xtx + bw + 8.0 * C * C + 8.0 * rc_max + t_max + solve_bytes(s, l, k), file, "blk.%lld %s: %s",
               (long long)l, llmq_linear_gguf_name(k), s->gptq ? "GPTQ solve" : "rounding");
     }
 }
@@ -393,12 +409,13 @@ static void phases_awq(struct mem *mm, int64_t l) {
 static void phases_rtn_dir(struct mem *mm, int64_t l) {
     const struct shape *s = mm->s;
     double P = mm->x + mm->fwd + mm->writer, xtx = s->calib ? xtx_all(s) : 0, cm = cmax_slot(s);
-    if (s->calib) phase(mm, P + xtx + 4.0 * cm * cm, block_src_bytes(s, l), "blk.%lld: fp pass", (long long)l);
-    double rc_max = 0;
+    if (s->calib) phase(mm, P + xtx + gram_bytes(cm), block_src_bytes(s, l), "blk.%lld: fp pass", (long long)l);
+    double rc_max = 0, t_max = 0;
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
         double C = (double)cols(s, l, k);
         rc_max = fmax(rc_max, RC(s, l, k));
-        double err = s->calib ? 4.0 * C * C + 12.0 * rc_max : 8.0 * rc_max;
+        t_max = fmax(t_max, t_bytes(s, l, k));
+        double err = s->calib ? 4.0 * C * C + 8.0 * rc_max + t_max : 8.0 * rc_max;
         phase(mm, P + xtx + err + solve_bytes(s, l, k), (double)s->m->layers[l].w[k]->nbytes, "blk.%lld %s: rounding",
               (long long)l, llmq_linear_gguf_name(k));
     }
@@ -433,6 +450,7 @@ static void plan_memory(struct shape *s, struct llmq_plan *p) {
         mm.x = 2.0 * 4.0 * (double)s->N * (double)s->D;
         mm.acts = mm.x;
         mm.fwd = forward_bytes(s, s->T, true, &mm.acts);
+        mm.fwd_scratch = weight_scratch_bytes(s);
         if (s->awq) mm.fbig = forward_bytes(s, s->N, false, &mm.acts) - 4.0 * (double)((2 * s->L + 1) * s->D);
     } else if (s->calib && writer_only && !o->imatrix_path) { // rtn --calib: the importance pass
         mm.x = 4.0 * (double)s->N * (double)s->D;

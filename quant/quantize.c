@@ -84,8 +84,8 @@ struct run {
     float *Q;                  // (Rmax, Cmax) dequantized result / RTN comparison
     float *H;                  // (Cmax, Cmax) Hessian given to GPTQ (destroyed)
     float *Hx;                 // (Cmax, Cmax) XᵀX kept for the error
-    float *T;                  // (Rmax, Cmax) product scratch
-    int64_t n_w, n_h;          // Rmax * Cmax (W, Q, T), Cmax * Cmax (H, Hx): for release_work
+    float *T;                  // (QF_ROWS, Cmax) product scratch of quad_form
+    int64_t n_w, n_h, n_t;     // Rmax * Cmax (W, Q), Cmax * Cmax (H, Hx), QF_ROWS * Cmax (T): for release_work
     enum llmq_status gemm_st;  // first failed product of rel_err (it returns NaN then); checked per block
     struct llmq_layer ly;      // the current block's weight set: the model's block, with gptq's quantized
                                // linears on ov as they are done (AWQ runs its own, struct llmq_awq_block.ly)
@@ -127,6 +127,7 @@ static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_sl
         if (st) return st;
     }
     llmq_calib_stats_finish(&r->s, l);
+    llmq_forward_release_scratch(r->f); // not held through the solves that follow
     return LLMQ_OK;
 }
 
@@ -165,15 +166,21 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
     return st;
 }
 
-// Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double.
+// Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double. T = Δ H is formed QF_ROWS rows at a time, so
+// r->T holds (QF_ROWS, C) however large R is (every element of T is the same dot product either way).
+#define QF_ROWS 256
 static double quad_form(struct run *r, const float *Dl, const float *H, int64_t R, int64_t C) {
-    enum llmq_status st = llmq_gemm_f32(r->o->backend, false, false, R, C, C, 1.0f, Dl, C, H, C, 0.0f, r->T, C);
-    if (st) {
-        if (!r->gemm_st) r->gemm_st = st;
-        return NAN;
-    }
     double s = 0;
-    for (int64_t i = 0; i < R * C; i++) s += (double)Dl[i] * (double)r->T[i];
+    for (int64_t r0 = 0; r0 < R; r0 += QF_ROWS) {
+        const int64_t n = R - r0 < QF_ROWS ? R - r0 : QF_ROWS;
+        const float *D0 = Dl + r0 * C;
+        enum llmq_status st = llmq_gemm_f32(r->o->backend, false, false, n, C, C, 1.0f, D0, C, H, C, 0.0f, r->T, C);
+        if (st) {
+            if (!r->gemm_st) r->gemm_st = st;
+            return NAN;
+        }
+        for (int64_t i = 0; i < n * C; i++) s += (double)D0[i] * (double)r->T[i];
+    }
     return s;
 }
 
@@ -473,8 +480,9 @@ static const int seq_groups[4][3] = {{LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V},
 // The pages of the per-linear work buffers (W, Q, T, H, Hx: every one is rewritten before it is read), so
 // that a statistics pass does not hold them next to its XᵀX sums (quant/quantize.h "Memory").
 static void release_work(struct run *r) {
-    float *w[] = {r->W, r->Q, r->T}, *h[] = {r->H, r->Hx};
-    for (int i = 0; i < 3; i++) llmq_scratch_release(w[i], (size_t)r->n_w * sizeof(float));
+    float *w[] = {r->W, r->Q}, *h[] = {r->H, r->Hx};
+    for (int i = 0; i < 2; i++) llmq_scratch_release(w[i], (size_t)r->n_w * sizeof(float));
+    llmq_scratch_release(r->T, (size_t)r->n_t * sizeof(float));
     for (int i = 0; i < 2; i++) llmq_scratch_release(h[i], (size_t)r->n_h * sizeof(float));
 }
 
@@ -482,6 +490,8 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly); // GPTQ changes no norm or bias
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
     if (st) return st;
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) // the last block's quantized linears: each is rewritten before it is read
+        llmq_scratch_release(r->wq[k], (size_t)r->n_w * sizeof(float));
     if (!r->o->true_sequential) {
         release_work(r);
         memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
@@ -506,8 +516,10 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             const struct llmq_tensor_view *v = r->m->layers[l].w[k];
             int64_t R = v->shape[0], C = v->shape[1];
             if ((st = load_weight(r, l, k))) break;
-            if ((st = llmq_calib_hessian(&r->s, l, slot, r->H))) break;
-            if (j == 2 || seq_groups[g][j + 1] < 0) llmq_calib_stats_drop_xtx(&r->s, l, slot); // its last linear
+            llmq_mmap_release(v->data, v->nbytes); // W holds it; the passes left in this block read the quantized copy
+            const bool last = j == 2 || seq_groups[g][j + 1] < 0; // the input's last linear: its sums are dropped
+            st = last ? llmq_calib_hessian_take(&r->s, l, slot, r->H) : llmq_calib_hessian(&r->s, l, slot, r->H);
+            if (st) break;
             if ((st = quantize_linear(r, l, k, r->W, r->H, NULL))) break;
             // the quantized weights replace the model's in the block's weight set for its following passes
             memcpy(r->wq[k], r->W, (size_t)(R * C) * sizeof(float));
@@ -516,7 +528,6 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             r->ov[k].data = r->wq[k];
             r->ov[k].nbytes = (size_t)(R * C) * sizeof(float);
             r->ly.w[k] = &r->ov[k];
-            llmq_mmap_release(v->data, v->nbytes); // the passes left in this block read the quantized copy
         }
     }
     if (!st) st = block_pass(r, l, r->x, -2); // x_q <- quantized block(x_q)
@@ -1033,7 +1044,8 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
     r->n_h = Cmax * Cmax;
     ALLOC(r->W, Rmax * Cmax);
     ALLOC(r->Q, Rmax * Cmax);
-    ALLOC(r->T, Rmax * Cmax);
+    r->n_t = (Rmax < QF_ROWS ? Rmax : QF_ROWS) * Cmax;
+    ALLOC(r->T, r->n_t);
     ALLOC(r->H, Cmax * Cmax);
     ALLOC(r->Hx, Cmax * Cmax);
     if (r->have_calib) { // the activations: under --max-memory (common/spill.h)

@@ -19,6 +19,7 @@
 #include "calib/model/forward.h"
 
 #include "calib/model/moe.h"
+#include "common/io.h"
 #include "common/log.h"
 #include "common/spill.h"
 #include "kernels/gemm.h"
@@ -519,6 +520,10 @@ fail:
 }
 
 void llmq_forward_set_backend(struct llmq_forward *f, enum llmq_backend be) { f->backend = be; }
+
+void llmq_forward_release_scratch(struct llmq_forward *f) {
+    if (f) llmq_scratch_release(f->wbuf, (size_t)f->wbuf_n * sizeof(float));
+}
 
 void llmq_forward_free(struct llmq_forward *f) {
     if (!f) return;

@@ -69,6 +69,9 @@ struct llmq_forward;
 enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_tokens, int n_threads,
                                    struct llmq_forward **out);
 void llmq_forward_free(struct llmq_forward *f); // NULL is a no-op
+// Releases the pages of the weight scratch (rewritten before every read): between the calls of a job whose other
+// buffers peak elsewhere (quantize's solves), so that the scratch does not add to that peak.
+void llmq_forward_release_scratch(struct llmq_forward *f);
 
 // Backend of the linear layers and the output head (kernels/gemm.h); LLMQ_BACKEND_CPU after init.
 // With LLMQ_BACKEND_CUDA a product at or above the device threshold converts the weight's rows to

@@ -4,7 +4,10 @@
 # same items) and the same thread count, in one run.
 #
 #   bench/hellaswag_speed.sh [MODEL ($LLMQ_CACHE/smollm2-f32.gguf)] [TASKS (400)] [THREADS (nproc)]
-# Environment: BUILD_DIR (default <repo>/build); llama-perplexity from bench/llama_tools.sh.
+# Environment: BUILD_DIR (default <repo>/build); llama-perplexity from bench/llama_tools.sh; KERNELS: the OpenBLAS
+#   kernels of the llmq run, "native" (default: OPENBLAS_CORETYPE unset, OpenBLAS's own choice for this CPU, as
+#   llama.cpp is built for it) or an OPENBLAS_CORETYPE value ("env": keep the environment's). The kernels in use
+#   are printed.
 #
 # llmq: the seconds of the task loop and its tokens (through the model: each task's shared context once, plus
 #   every ending with the context's last token; calib/eval/tasks.h), from `llmq eval --json` (model loading
@@ -14,7 +17,8 @@
 #   once per task (and each ending after it), so the two token counts differ by one token per ending.
 # Both do the same work per task (4 endings scored), so tasks/s is the like-for-like figure; tokens/s is
 # given for both with llmq's token count. Also printed: how many of the TASKS per-item verdicts agree
-# (llama-perplexity's running acc_norm lines against llmq's --json-items).
+# (llama-perplexity's running acc_norm lines against llmq's --json-items), and each whole process's CPU seconds
+# (user + system, GNU time; loading included), whose ratio a shared machine disturbs less than the wall times'.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 MODEL="${1:-$CACHE/smollm2-f32.gguf}"
@@ -26,17 +30,26 @@ TOOLS="$("$SRC/bench/llama_tools.sh")"
 bench_tmpdir WORK
 gunzip -c "$SRC/datasets/data/hellaswag.part1.txt.gz" "$SRC/datasets/data/hellaswag.part2.txt.gz" > "$WORK/hs.txt"
 
-echo "model $MODEL, $TASKS hellaswag tasks, $THREADS threads" >&2
+KERNELS="${KERNELS:-native}"
+kenv=()
+case "$KERNELS" in
+  native) kenv=(env -u OPENBLAS_CORETYPE) ;;
+  env) kenv=(env) ;;
+  *) kenv=(env "OPENBLAS_CORETYPE=$KERNELS") ;;
+esac
+echo "model $MODEL, $TASKS hellaswag tasks, $THREADS threads; llmq's $("${kenv[@]}" "$LLMQ" --version | tail -1)" >&2
 t0=$(date +%s.%N)
-"$TOOLS/llama-perplexity" -m "$MODEL" -f "$WORK/hs.txt" --hellaswag --hellaswag-tasks "$TASKS" -t "$THREADS" \
-  -np 8 > "$WORK/llama.log" 2>&1
+/usr/bin/time -f "%U %S" -o "$WORK/llama.cpu" "$TOOLS/llama-perplexity" -m "$MODEL" -f "$WORK/hs.txt" --hellaswag \
+  --hellaswag-tasks "$TASKS" -t "$THREADS" -np 8 > "$WORK/llama.log" 2>&1
 t1=$(date +%s.%N)
-"$LLMQ" eval --model "$MODEL" --tasks "hellaswag=$WORK/hs.txt" --protocol llamacpp --emulate llamacpp-cpu \
-  --limit "$TASKS" --threads "$THREADS" --json "$WORK/llmq.json" --json-items > "$WORK/llmq.log" 2>&1
+"${kenv[@]}" /usr/bin/time -f "%U %S" -o "$WORK/llmq.cpu" "$LLMQ" eval --model "$MODEL" --tasks "hellaswag=$WORK/hs.txt" \
+  --protocol llamacpp --emulate llamacpp-cpu --limit "$TASKS" --threads "$THREADS" --json "$WORK/llmq.json" \
+  --json-items > "$WORK/llmq.log" 2>&1
 
 "$PY" - "$WORK" "$TASKS" "$t0" "$t1" <<'EOF'
 import json, re, sys
 work, n, t0, t1 = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+cpu = {k: sum(map(float, open(f"{work}/{k}.cpu").read().split()[-2:])) for k in ("llama", "llmq")}
 t = json.load(open(f"{work}/llmq.json"))["tasks"][0]
 log = open(f"{work}/llama.log").read()
 m = re.search(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) I hellaswag_score : calculating", log, re.M)
@@ -56,4 +69,6 @@ print(f"llmq:             {n} tasks in {t['seconds']:.1f} s, {n / t['seconds']:.
       f"tokens/s ({t['tokens']} tokens), acc {100 * t['acc']:.2f}")
 print(f"ratio llmq / llama.cpp (tasks/s): {l_s / t['seconds']:.2f}x")
 print(f"per-item verdicts agree: {agree} of {len(correct)}")
+print(f"CPU seconds (whole process): llama-perplexity {cpu['llama']:.1f}, llmq {cpu['llmq']:.1f}; "
+      f"ratio {cpu['llama'] / cpu['llmq']:.2f}x")
 EOF

@@ -328,14 +328,22 @@ static double t_bytes(const struct shape *s, int64_t l, int k) {
     return 4.0 * (double)(rows(s, l, k) < QF_ROWS ? rows(s, l, k) : QF_ROWS) * (double)cols(s, l, k);
 }
 
-// GPTQ's true-sequential block l (quant/quantize.c block_gptq), phase by phase. The block's quantized copies
-// (wq) count from this block's own linears (the last block's pages are released at its start), the forward's
+// A quantized linear as block_gptq holds it between passes (quant/quantize.c hold_result): its encoded rows, or
+// its codes (a byte per weight), grid and g_idx.
+static double held_bytes(const struct shape *s, int64_t l, int k) {
+    if (s->gguf) return s->lin_bytes[k] > 0 ? s->lin_bytes[k] : RC(s, l, k);
+    int64_t R = rows(s, l, k), C = cols(s, l, k), ng = llmq_qconfig_n_groups(&s->o->q, C);
+    return RC(s, l, k) + 8.0 * (double)R * (double)ng + 4.0 * (double)C;
+}
+
+// GPTQ's true-sequential block l (quant/quantize.c block_gptq), phase by phase. The block's quantized linears
+// count as held between the passes (wq) and in f32 as well in each pass (wq32, decoded for it), the forward's
 // weight scratch only in the passes (released after each), the f64 sums of an input's last linear are released
 // while its Hessian is taken (calib/calib.h llmq_calib_hessian_take).
 static void phases_gptq(struct mem *mm, int64_t l) {
     const struct shape *s = mm->s;
     const struct llmq_layer *ly = &s->m->layers[l];
-    double wq = 0, P0 = mm->x + mm->fwd - mm->fwd_scratch + mm->writer;
+    double wq = 0, wq32 = 0, P0 = mm->x + mm->fwd - mm->fwd_scratch + mm->writer;
     bool ts = s->o->true_sequential;
     double xtx_left = ts ? 0 : xtx_all(s);
     if (!ts)
@@ -347,8 +355,8 @@ static void phases_gptq(struct mem *mm, int64_t l) {
         if (ts) {
             for (int k = 0; k < LLMQ_LIN_COUNT && (g == 1 || g == 3); k++) // the pass runs these unquantized
                 if (k >= seq_groups[g][0]) file += (double)ly->w[k]->nbytes;
-            phase(mm, P0 + wq + mm->fwd_scratch + 8.0 * C2 + gram_bytes(C), file, "blk.%lld %s: XtX pass", (long long)l,
-                  llmq_linear_gguf_name(seq_groups[g][0]));
+            phase(mm, P0 + wq + wq32 + mm->fwd_scratch + 8.0 * C2 + gram_bytes(C), file, "blk.%lld %s: XtX pass",
+                  (long long)l, llmq_linear_gguf_name(seq_groups[g][0]));
             xtx_left = 8.0 * C2;
         }
         double rc_max = 0, prev = 0;
@@ -363,9 +371,10 @@ static void phases_gptq(struct mem *mm, int64_t l) {
             phase(mm, P + xtx_left + 8.0 * C2 + 8.0 * rc_max + t_bytes(s, l, k) + solve_bytes(s, l, k), 0.0,
                   "blk.%lld %s: GPTQ solve", (long long)l, llmq_linear_gguf_name(k)); // its pages released
             prev = 4.0 * C2 + 4.0 * rc_max + t_bytes(s, l, k); // Hx, Q, T held into the group's next linear
-            if (s->o->method == LLMQ_QMETHOD_GPTQ) wq += 4.0 * RC(s, l, k);
+            if (s->o->method == LLMQ_QMETHOD_GPTQ) wq += held_bytes(s, l, k), wq32 += 4.0 * RC(s, l, k);
         }
     }
+    phase(mm, P0 + wq + wq32 + mm->fwd_scratch, 0.0, "blk.%lld: output pass", (long long)l);
 }
 
 // AWQ's search buffers for block l (quant/awq.c llmq_awq_search, search_group, search_clip).

@@ -89,7 +89,16 @@ struct run {
     enum llmq_status gemm_st;  // first failed product of rel_err (it returns NaN then); checked per block
     struct llmq_layer ly;      // the current block's weight set: the model's block, with gptq's quantized
                                // linears on ov as they are done (AWQ runs its own, struct llmq_awq_block.ly)
-    float *wq[LLMQ_LIN_COUNT]; // (R, C) dequantized weights of the current block (gptq)
+    float *wq[LLMQ_LIN_COUNT]; // (R, C) dequantized weights of the current block (gptq), decoded from held for
+                               // each pass and released after it
+    struct held {              // gptq: a quantized linear of the current block as handed to the writer
+        bool on;
+        enum llmq_qpayload_kind kind;
+        enum llmq_dtype type;
+        struct llmq_qlinear ql; // CODES
+        uint8_t *rows;          // ROWS / F32: the encoded rows
+    } held[LLMQ_LIN_COUNT];
+    bool hold;                                  // quantize_linear keeps its result in held (block_gptq)
     struct llmq_tensor_view ov[LLMQ_LIN_COUNT]; // F32 views on wq
     // to_gguf only (the targets are ggml types)
     uint8_t *blk;                    // (Rmax, Cmax * 4 bytes) one linear's encoded rows
@@ -306,17 +315,22 @@ static enum llmq_status load_weight(struct run *r, int l, int k) {
 // rows in r->blk (ROWS, and F32 for the writer's F32 / F16 / BF16 conversion).
 
 // Q (R, C) := the weights the result holds (exactly what the output will decode to).
-static enum llmq_status decode_result(struct run *r, const struct llmq_qtarget *t, const struct llmq_qlinear *ql,
-                                      int64_t R, int64_t C, float *Q) {
-    if (t->kind == LLMQ_QPAYLOAD_CODES) {
+static enum llmq_status decode_payload(enum llmq_qpayload_kind kind, enum llmq_dtype type,
+                                       const struct llmq_qlinear *ql, const uint8_t *rows, int64_t R, int64_t C,
+                                       float *Q) {
+    if (kind == LLMQ_QPAYLOAD_CODES) {
         llmq_qlinear_dequant(ql, Q);
         return LLMQ_OK;
     }
     size_t rb = 0;
-    (void)llmq_dtype_nbytes(t->type, C, &rb); // C tiles the type's blocks (checked by quantize_linear)
+    (void)llmq_dtype_nbytes(type, C, &rb); // C tiles the type's blocks (checked by quantize_linear)
     enum llmq_status st = LLMQ_OK;
-    for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(t->type, r->blk + (size_t)i * rb, Q + i * C, C);
+    for (int64_t i = 0; i < R && !st; i++) st = llmq_dequantize_row(type, rows + (size_t)i * rb, Q + i * C, C);
     return st;
+}
+static enum llmq_status decode_result(struct run *r, const struct llmq_qtarget *t, const struct llmq_qlinear *ql,
+                                      int64_t R, int64_t C, float *Q) {
+    return decode_payload(t->kind, t->type, ql, r->blk, R, C, Q);
 }
 
 // W (R, C) rounded onto t without a solver, then decoded into Q (Q may be W). CODES: the grid's RTN
@@ -373,6 +387,32 @@ static enum llmq_status hand_over(struct run *r, int l, int k, const struct llmq
 static double result_bits(const struct llmq_qtarget *t, const struct llmq_qlinear *ql, int64_t R, size_t rb) {
     if (t->kind != LLMQ_QPAYLOAD_CODES) return 8.0 * (double)rb * (double)R;
     return (double)ql->R * (double)ql->C * ql->bits + (double)ql->R * (double)ql->n_groups * (16.0 + ql->bits);
+}
+
+static void held_free(struct held *h) {
+    llmq_qlinear_free(&h->ql);
+    free(h->rows);
+    memset(h, 0, sizeof *h);
+}
+
+// Keeps linear k's result (its codes, moved out of ql, or a copy of its encoded rows of rb bytes): a quarter or
+// less of the f32 weights that the block's later passes decode from it (held_unpack).
+static enum llmq_status hold_result(struct run *r, int k, const struct llmq_qtarget *t, struct llmq_qlinear *ql,
+                                    int64_t R, size_t rb) {
+    struct held *h = &r->held[k];
+    held_free(h);
+    h->kind = t->kind;
+    h->type = t->type;
+    if (t->kind == LLMQ_QPAYLOAD_CODES) {
+        h->ql = *ql;
+        memset(ql, 0, sizeof *ql);
+    } else {
+        if (!(h->rows = malloc((size_t)R * rb)))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for a quantized linear's rows");
+        memcpy(h->rows, r->blk, (size_t)R * rb);
+    }
+    h->on = true;
+    return LLMQ_OK;
 }
 
 // One linear onto the writer's target and into the writer, as the run's method does it; logs the line and
@@ -445,6 +485,7 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, float *W, c
                   llmq_now_s() - t0);
     if (gptq_err >= 0)
         json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err", json_real(gptq_err));
+    if (r->hold) st = hold_result(r, k, &t, &ql, R, rb);
 done:
     llmq_qlinear_free(&ql);
     return st;
@@ -486,12 +527,26 @@ static void release_work(struct run *r) {
     for (int i = 0; i < 2; i++) llmq_scratch_release(h[i], (size_t)r->n_h * sizeof(float));
 }
 
+// The block's quantized linears into wq for a pass (the same bits as hand_over's decoding), and their pages
+// released after it: between the passes only the held results stay (quant/quantize.h "Memory").
+static enum llmq_status held_unpack(struct run *r) {
+    enum llmq_status st = LLMQ_OK;
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        const struct held *h = &r->held[k];
+        if (h->on)
+            st = decode_payload(h->kind, h->type, &h->ql, h->rows, r->ov[k].shape[0], r->ov[k].shape[1], r->wq[k]);
+    }
+    return st;
+}
+static void held_release(struct run *r) {
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++)
+        if (r->held[k].on) llmq_scratch_release(r->wq[k], (size_t)r->n_w * sizeof(float));
+}
+
 static enum llmq_status block_gptq(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly); // GPTQ changes no norm or bias
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
     if (st) return st;
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) // the last block's quantized linears: each is rewritten before it is read
-        llmq_scratch_release(r->wq[k], (size_t)r->n_w * sizeof(float));
     if (!r->o->true_sequential) {
         release_work(r);
         memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
@@ -502,12 +557,14 @@ static enum llmq_status block_gptq(struct run *r, int l) {
         int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
         if (r->o->true_sequential) {
             release_work(r);
+            if ((st = held_unpack(r))) break;
             if (g == 0 || g == 2)
                 st = norm_pass(r, l, g == 2);
             else {
                 memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
                 st = block_pass(r, l, r->xt, slot);
             }
+            held_release(r);
             if (st) break;
             for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
         }
@@ -520,9 +577,12 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             const bool last = j == 2 || seq_groups[g][j + 1] < 0; // the input's last linear: its sums are dropped
             st = last ? llmq_calib_hessian_take(&r->s, l, slot, r->H) : llmq_calib_hessian(&r->s, l, slot, r->H);
             if (st) break;
-            if ((st = quantize_linear(r, l, k, r->W, r->H, NULL))) break;
+            r->hold = true;
+            st = quantize_linear(r, l, k, r->W, r->H, NULL);
+            r->hold = false;
+            if (st) break;
             // the quantized weights replace the model's in the block's weight set for its following passes
-            memcpy(r->wq[k], r->W, (size_t)(R * C) * sizeof(float));
+            // (decoded into wq[k] from held[k] for each pass)
             r->ov[k] = *v;
             r->ov[k].dtype = LLMQ_DTYPE_F32;
             r->ov[k].data = r->wq[k];
@@ -530,7 +590,11 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             r->ly.w[k] = &r->ov[k];
         }
     }
+    release_work(r); // the last solve's buffers: not held next to the seven decoded linears of the output pass
+    if (!st) st = held_unpack(r);
     if (!st) st = block_pass(r, l, r->x, -2); // x_q <- quantized block(x_q)
+    held_release(r);
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) held_free(&r->held[k]);
     return st;
 }
 
@@ -1167,7 +1231,10 @@ static void run_free(struct run *r) {
     llmq_calib_data_free(&r->d);
     llmq_forward_free(r->fbig);
     llmq_forward_free(r->f);
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) free(r->wq[k]);
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+        free(r->wq[k]);
+        held_free(&r->held[k]);
+    }
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) free(r->simp[k]);
     free(r->blk);
     free(r->imp);

@@ -54,6 +54,7 @@ struct entry {
     size_t row_bytes, nbytes;
     void *held; // (nbytes) encoded rows in the MODEL's row order, handed over early
     bool handed, written;
+    int64_t n_exp_handed; // K_EXPS: experts handed over so far (handed once all E are)
     double seconds;
     double pred_err, pred_err_mix; // the type choice's err of the chosen type and of the mix's (free tensors)
     double sens_kld, pred_kld;     // MEASURED, allocated tensors: the KLD alone in the mix's type, the predicted
@@ -563,6 +564,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         memcpy(mt[i].shape, x->shape, sizeof(mt[i].shape));
         mt[i].src_type = x->src_type;
         if (x->kind == K_LINEAR) e->lin[x->layer * LLMQ_LIN_COUNT + x->which] = i;
+        if (x->kind == K_EXPS) e->lin[x->layer * LLMQ_LIN_COUNT + LLMQ_LIN_GATE + x->which] = i; // their type
     }
     struct llmq_gguf_mix_model mm;
     llmq_gguf_mix_model_from_hparams(&m->hp, &mm);
@@ -746,6 +748,7 @@ static void progress(struct llmq_gguf_export *e, int64_t i, double secs) {
 static bool ready(const struct llmq_gguf_export *e, const struct entry *x) {
     if (e->finishing) return true;
     if (x->kind == K_LINEAR) return x->handed;
+    if (x->kind == K_EXPS) return x->handed; // every expert handed over (the writer alone: at finish)
     if (x->layer >= 0) return e->n_handed[x->layer] == block_linears(&e->m->hp);
     return true;
 }
@@ -804,9 +807,9 @@ static enum llmq_status check_handover(struct llmq_gguf_export *e, int64_t layer
     if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: no export");
     if (e->err) return e->err;
     struct entry *x = linear_entry(e, layer, which);
-    if (!x || !data)
-        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: linear (%lld, %d) out of range or no data", (long long)layer,
-                           (int)which);
+    if (!x || !data || x->kind != K_LINEAR)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: linear (%lld, %d) out of range, an expert tensor or no data",
+                           (long long)layer, (int)which);
     if (x->handed) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s handed over twice", x->name);
     *xo = x;
     return LLMQ_OK;
@@ -848,6 +851,55 @@ enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t
         return st;
     }
     return accept(e, x, rows);
+}
+
+// Expert `expert`'s part of the stacked tensor of (layer, which): *xo and its byte offset *off.
+static enum llmq_status expert_part(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which, int64_t expert,
+                                    const void *data, struct entry **xo, size_t *off) {
+    if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: no export");
+    if (e->err) return e->err;
+    struct entry *x = linear_entry(e, layer, which);
+    if (!x || x->kind != K_EXPS || !data || expert < 0 || expert >= e->m->hp.n_expert)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: expert %lld of linear (%lld, %d) out of range or no data",
+                           (long long)expert, (long long)layer, (int)which);
+    const size_t part = x->nbytes / (size_t)e->m->hp.n_expert;
+    if (x->handed || x->written)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s: expert %lld handed over after the tensor was complete",
+                           x->name, (long long)expert);
+    if (!e->o.dry_run && !x->held && !(x->held = calloc(1, x->nbytes ? x->nbytes : 1)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: %s: out of memory", x->name);
+    *xo = x;
+    *off = part * (size_t)expert;
+    return LLMQ_OK;
+}
+
+// One more expert of x is in: once all are, the stacked tensor is written when its turn comes.
+static enum llmq_status accept_expert(struct llmq_gguf_export *e, struct entry *x) {
+    if (++x->n_exp_handed == e->m->hp.n_expert) x->handed = true;
+    return pump(e);
+}
+
+enum llmq_status llmq_gguf_export_expert_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                               int64_t expert, const void *blocks) {
+    struct entry *x = NULL;
+    size_t off = 0;
+    enum llmq_status st = expert_part(e, layer, which, expert, blocks, &x, &off);
+    if (st) return st;
+    if (x->held) memcpy((uint8_t *)x->held + off, blocks, x->nbytes / (size_t)e->m->hp.n_expert);
+    return accept_expert(e, x);
+}
+
+enum llmq_status llmq_gguf_export_expert_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                             int64_t expert, const float *W) {
+    struct entry *x = NULL;
+    size_t off = 0;
+    enum llmq_status st = expert_part(e, layer, which, expert, W, &x, &off);
+    if (st) return st;
+    const int64_t R = x->R / e->m->hp.n_expert;
+    if (x->held && (st = llmq_gguf_encode_rows(x->ch.type, W, (uint8_t *)x->held + off, R, x->C, NULL,
+                                               e->o.n_threads)))
+        return st;
+    return accept_expert(e, x);
 }
 
 enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t layer, const struct llmq_layer *ly) {

@@ -170,6 +170,16 @@ enum llmq_status llmq_gguf_export_linear_bytes(struct llmq_gguf_export *e, int64
 enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
                                              const float *W);
 
+// A moe block's experts (which LLMQ_LIN_GATE, UP, DOWN: blk.N.ffn_{gate,up,down}_exps): one type for all E experts of
+// the stacked tensor (llmq_gguf_export_linear_type of that `which` gives it). Expert `expert`'s (R, C) handed over as
+// R encoded rows (or f32 weights, encoded here without importance), copied into the stacked tensor at rows
+// expert R .. (expert + 1) R - 1; the tensor is written once all E are there. Without any hand-over (rtn: the
+// writer alone) it is encoded from the model's views at finish, as before.
+enum llmq_status llmq_gguf_export_expert_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                               int64_t expert, const void *blocks);
+enum llmq_status llmq_gguf_export_expert_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                             int64_t expert, const float *W);
+
 // Hands over block `layer`'s attn_norm, ffn_norm and q / k / v biases as the driver's weight set ly holds them
 // (AWQ's folded norms and v bias), copied during the call; they are written instead of the model's views. Before
 // the block's seventh linear (LLMQ_ERR_ARG once one of them was written); a second call replaces the first.

@@ -134,6 +134,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#define LLMQ_MOE_TOKEN_FLOOR_DEFAULT 32 // --moe-token-floor's default (see "Mixture of experts")
+
 enum llmq_qmethod { LLMQ_QMETHOD_RTN, LLMQ_QMETHOD_GPTQ, LLMQ_QMETHOD_AWQ, LLMQ_QMETHOD_AWQ_GPTQ };
 
 const char *llmq_qmethod_name(enum llmq_qmethod m);             // "rtn", "gptq", "awq", "awq+gptq"
@@ -176,6 +178,10 @@ struct llmq_quantize_opts {
                                          // (gguf.dry_run, which to_gguf's CLI sets too, means the same)
     FILE *plan;                          // dry runs: where the plan table and the preflight go (NULL: stdout)
     struct llmq_quantize_shared *shared; // a sweep's statistics shared between runs (see "Sweeps"); NULL: none
+    bool moe_calib_all;                  // moe: every calibration token through every expert for the statistics
+                                         // (--moe-calib all), else only the routed ones (see "Mixture of experts")
+    int64_t moe_token_floor;             // moe, --moe-calib routed: an expert the router sends fewer tokens is
+                                         // rounded (RTN) instead of solved (LLMQ_MOE_TOKEN_FLOOR_DEFAULT)
     bool checkpoint;                     // keep "<out_dir>.partial" after each block (see "Checkpoint and resume")
     bool resume;                         // continue from that checkpoint when there is one
 };

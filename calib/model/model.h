@@ -104,6 +104,13 @@ struct llmq_layer {
     const struct llmq_tensor_view *const *exps; // (E, 3) expert x's gate (Fe, D), up (Fe, D), down (D, Fe); or NULL
 };
 
+// Block L's linear `which`, or (expert >= 0; which GATE, UP or DOWN of a moe block) expert `expert`'s; NULL when the
+// block has no such weight (a moe block's dense gate / up / down).
+static inline const struct llmq_tensor_view *llmq_layer_linear(const struct llmq_layer *L, int which, int64_t expert) {
+    if (expert < 0) return L->w[which];
+    return L->exps && which >= LLMQ_LIN_GATE ? L->exps[3 * expert + (which - LLMQ_LIN_GATE)] : NULL;
+}
+
 struct llmq_model {
     struct llmq_hparams hp;
     const struct llmq_tensor_view *tok_embd;    // (V, D)

@@ -60,6 +60,7 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void) {
     o.n_threads = 1;
     o.calib.nsamples = 128;
     o.moe_token_floor = LLMQ_MOE_TOKEN_FLOOR_DEFAULT;
+    o.moe_calib_all = true; // measured: quant/quantize.h "Mixture of experts"
     o.calib.seqlen = 512;
     o.out = llmq_export_default_opts();
     o.gguf = llmq_gguf_export_default_opts();
@@ -560,6 +561,7 @@ static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x) 
     if ((st = quantize_linear(r, l, k, x, r->W, H, NULL, floor))) return st;
     json_t *row = json_array_get(r->layers, json_array_size(r->layers) - 1);
     json_object_set_new(row, "routed_tokens", json_integer(routed));
+    json_object_set_new(row, "calib_tokens", json_integer(in ? in->count : 0)); // its statistics' tokens
     if (floor) {
         json_object_set_new(row, "fallback", json_string("rtn: routed tokens below the floor"));
         json_integer_set(json_object_get(r->moe, "fallback_rtn"),

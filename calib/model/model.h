@@ -140,7 +140,7 @@ struct llmq_model_quant {
     bool sym, desc_act;             // as config.json states them (false when absent)
     int64_t n_dequantized;          // linears dequantized on load
     uint64_t bytes;                 // f32 bytes held for them
-    int64_t n_views;                // n_layer * LLMQ_LIN_COUNT
+    int64_t n_views;                // n_layer * LLMQ_LIN_COUNT, then (moe) n_layer * E * 3 experts
     struct llmq_tensor_view *views; // (n_views) owned views (F32 data owned; unused: data NULL)
 };
 

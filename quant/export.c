@@ -21,7 +21,8 @@
 
 #define CHUNK_FLOATS (1 << 20) // model tensors are converted 4 MiB of f32 at a time
 #define MAX_PARTS 5            // qweight, qzeros, scales, g_idx, bias
-#define N_GIVEN 5              // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases
+#define N_GIVEN 6              // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases,
+                               // the moe router
 
 const int LLMQ_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
@@ -421,7 +422,12 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
     case SLOT_NORM:
     case SLOT_OUT_NORM: return write_norm(e, s->layer, s->role);
     case SLOT_LM_HEAD: return write_view(e, m->output);
-    case SLOT_ROUTER: return write_view(e, m->layers[s->layer].router);
+    case SLOT_ROUTER: { // the copy handed over (AWQ: its columns scaled), else the model's
+        struct llmq_tensor_view *g = given(e, s->layer, 5);
+        st = write_view(e, g ? g : m->layers[s->layer].router);
+        if (g) llmq_tensor_copy_free(g);
+        return st;
+    }
     case SLOT_LINEAR:
         for (int i = 0; i < s->n_parts && !st; i++) {
             st = llmq_st_writer_write_tensor(e->sw, s->parts[i].name, s->parts[i].data, s->parts[i].nbytes);
@@ -820,7 +826,7 @@ enum llmq_status llmq_export_block(struct llmq_export *e, int64_t layer, const s
     for (int w = LLMQ_LIN_Q; w <= LLMQ_LIN_V; w++) late = late || e->slots[first + 1 + w].ready;
     if (late)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: block %lld handed over after its first linear", e->out, (long long)layer);
-    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv};
+    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->router};
     for (int g = 0; g < N_GIVEN; g++) {
         struct llmq_tensor_view *c = &e->given[layer * N_GIVEN + g];
         llmq_tensor_copy_free(c); // handed over again: the last one counts

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #define CHUNK_FLOATS ((int64_t)4 << 20) // rows decoded per step: about 16 MiB of f32
-#define N_GIVEN 5                       // a block's tensors a driver hands over (llmq_gguf_export_block)
+#define N_GIVEN 6                       // a block's tensors a driver hands over (llmq_gguf_export_block)
 
 enum kind {
     K_VIEW,      // a tensor of the input GGUF that the model does not use (copied / converted as planned)
@@ -144,7 +144,8 @@ static enum kind classify(const struct llmq_hparams *hp, const char *name, int64
     }
 }
 
-// The slot of kind k among a block's handed-over tensors (attn_norm, ffn_norm, bq, bk, bv), or -1.
+// The slot of kind k among a block's handed-over tensors (attn_norm, ffn_norm, bq, bk, bv, the moe router: AWQ
+// scales its columns), or -1.
 static int given_slot(enum kind k) {
     switch (k) {
     case K_ATTN_NORM: return 0;
@@ -152,6 +153,7 @@ static int given_slot(enum kind k) {
     case K_BQ: return 2;
     case K_BK: return 3;
     case K_BV: return 4;
+    case K_ROUTER: return 5;
     default: return -1;
     }
 }
@@ -912,7 +914,7 @@ enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t laye
             return llmq_errorf(LLMQ_ERR_ARG, "gguf export: block %lld handed over after %s was written",
                                (long long)layer, x->name);
     }
-    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv};
+    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->router};
     for (int g = 0; g < N_GIVEN; g++) {
         struct llmq_tensor_view *c = &e->given[layer * N_GIVEN + g];
         llmq_tensor_copy_free(c); // handed over again: the last one counts

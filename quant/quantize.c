@@ -536,20 +536,28 @@ static void moe_coverage(struct run *r, int l) {
 }
 
 // Expert x's linear k (GATE, UP, DOWN) of block l from its own statistics (of r->s: gathered by the last pass):
-// the method, or RTN when the router sent it fewer tokens than the floor under --moe-calib routed (a log line, a
-// JSON "fallback"); gptq: its decoding then replaces the model's expert in the block's weight set.
-static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x) {
+// the method, or RTN when the router sent it fewer tokens than the floor under --moe-calib routed (gptq, awq+gptq;
+// a log line, a JSON "fallback"); gptq: its decoding then replaces the model's expert in the block's weight set.
+// Wsrc: the weights to quantize (AWQ: scaled and clipped; NULL: the model's), s: the input scales they carry (the
+// Hessian is taken as H / (s_i s_j)) or NULL.
+static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x, const float *Wsrc, const float *s) {
     const struct llmq_tensor_view *v = llmq_layer_linear(&r->m->layers[l], k, x);
     const int eslot = k == LLMQ_LIN_DOWN ? LLMQ_CALIB_EXP_DOWN : LLMQ_CALIB_EXP_GATE;
     const int64_t R = v->shape[0], C = v->shape[1], j = 3 * x + (k - LLMQ_LIN_GATE);
     const int64_t routed = r->have_calib ? r->s.routed[(int64_t)l * r->s.n_expert + x] : 0;
-    const bool floor = r->have_calib && r->o->method != LLMQ_QMETHOD_RTN && !r->o->moe_calib_all &&
+    const bool floor = r->have_calib && llmq_qmethod_uses_gptq(r->o->method) && !r->o->moe_calib_all &&
                        routed < r->o->moe_token_floor;
     const struct llmq_calib_input *in = r->have_calib ? llmq_calib_expert_input(&r->s, l, x, eslot) : NULL;
-    enum llmq_status st = llmq_model_weight_f32(v, r->W, r->o->n_threads);
+    enum llmq_status st = LLMQ_OK;
+    if (Wsrc)
+        memcpy(r->W, Wsrc, (size_t)(R * C) * sizeof(float));
+    else
+        st = llmq_model_weight_f32(v, r->W, r->o->n_threads);
     const float *H = NULL;
     if (!st && in && in->count > 0) {
         if ((st = llmq_calib_expert_hessian(&r->s, l, x, eslot, r->H))) return st;
+        for (int64_t i = 0; s && i < C; i++)
+            for (int64_t j2 = 0; j2 < C; j2++) r->H[i * C + j2] /= s[i] * s[j2];
         H = r->H;
     }
     if (st) return st;
@@ -609,7 +617,7 @@ static enum llmq_status moe_group(struct run *r, int l, int eslot, bool gather) 
     for (int64_t x = 0; x < r->m->hp.n_expert && !st; x++)
         for (int k = eslot == LLMQ_CALIB_EXP_GATE ? LLMQ_LIN_GATE : LLMQ_LIN_DOWN; k <= LLMQ_LIN_DOWN && !st; k++) {
             if (eslot == LLMQ_CALIB_EXP_GATE && k == LLMQ_LIN_DOWN) break;
-            st = quantize_expert(r, l, k, x);
+            st = quantize_expert(r, l, k, x, NULL, NULL);
         }
     return st;
 }
@@ -772,8 +780,14 @@ static enum llmq_status block_awq(struct run *r, int l) {
     if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
     if (!st) st = put_block(r, l, &b->ly);
+    if (!st && r->m->hp.moe) moe_coverage(r, l); // the fp pass's routing
+    for (int64_t x = 0; x < r->m->hp.n_expert && r->m->hp.moe && !st; x++) // the scaled, clipped experts
+        for (int k = LLMQ_LIN_GATE; k <= LLMQ_LIN_DOWN && !st; k++)
+            st = quantize_expert(r, l, k, x, b->ew[3 * x + (k - LLMQ_LIN_GATE)],
+                                 llmq_awq_expert_input_scales(b, (enum llmq_linear)k, x));
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+        if (!v) continue; // a moe block's: its experts above
         int64_t R = v->shape[0], C = v->shape[1];
         memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
         if ((st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->H))) break;
@@ -1102,14 +1116,14 @@ static enum llmq_status check_target(const struct llmq_model *m, const struct ll
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
-    if (m->hp.moe && (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ || o->imatrix_path ||
+    if (m->hp.moe && (o->imatrix_path ||
                       (o->to_gguf && o->method == LLMQ_QMETHOD_RTN && o->calib.n_sources > 0) ||
                       o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX || o->resume))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "quantize: %s: a mixture of experts (%s) is quantized by --method rtn (--format gguf: "
-                           "without --calib / --imatrix) or --method gptq, into GGUF (llama.cpp's mix) or a "
-                           "directory; not implemented yet: --method awq / awq+gptq, an imatrix or rtn --calib into "
-                           "GGUF (per-expert importance from a file), --mix quality / --target-*, --resume",
+                           "without --calib / --imatrix), gptq, awq or awq+gptq, into GGUF (llama.cpp's mix) or a "
+                           "directory; not implemented yet: an imatrix or rtn --calib into GGUF (per-expert importance "
+                           "from a file), --mix quality / --target-*, --resume",
                            m->path, llmq_arch_name(m->hp.arch));
     if (o->moe_token_floor < 0) return llmq_errorf(LLMQ_ERR_ARG, "quantize: --moe-token-floor must be >= 0");
     if (llmq_arch_info_of(m->hp.arch)->fused)

@@ -55,6 +55,7 @@ struct entry {
     void *held; // (nbytes) encoded rows in the MODEL's row order, handed over early
     bool handed, written;
     int64_t n_exp_handed; // K_EXPS: experts handed over so far (handed once all E are)
+    int64_t expert;       // write_exps' part of a K_EXPS entry: its expert (its importance); -1 otherwise
     double seconds;
     double pred_err, pred_err_mix; // the type choice's err of the chosen type and of the mix's (free tensors)
     double sens_kld, pred_kld;     // MEASURED, allocated tensors: the KLD alone in the mix's type, the predicted
@@ -71,6 +72,7 @@ struct llmq_gguf_export {
     int *n_handed;                     // (n_layer) linears handed over per block
     struct llmq_tensor_view *given;    // (n_layer, N_GIVEN) copies of the handed-over block tensors (data NULL: none)
     float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
+    float **eimp;                      // moe: (n_layer, E, 2) each expert's gate/up and down input importance
     float **cimp;                      // the same from o.choice_imatrix (the type choice only), or NULL
     struct llmq_tensor_view rope_view; // HF llama3: generated rope_freqs.weight
     float *rope_gen;
@@ -108,6 +110,7 @@ static struct entry *add_entry(struct llmq_gguf_export *e, int64_t *cap) {
     memset(x, 0, sizeof(*x));
     x->layer = -1;
     x->which = -1;
+    x->expert = -1;
     return x;
 }
 
@@ -285,15 +288,31 @@ static int entry_cmp(const void *a, const void *b) {
 
 // ---- importance -----------------------------------------------------------------------------------
 
+// Each expert's importance (Σx² / count over the tokens that reached it, as llama-imatrix keeps one row per expert
+// matrix) into e->eimp; an expert no token reached has none (encoded unweighted, as llama-quantize does).
+static enum llmq_status load_expert_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s) {
+    const int64_t n = e->m->hp.n_layer * e->m->hp.n_expert * LLMQ_CALIB_EXP_N_SLOTS;
+    if (s->n_expert != e->m->hp.n_expert || !(e->eimp = calloc((size_t)n, sizeof(float *))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+    for (int64_t i = 0; i < n; i++) {
+        const struct llmq_calib_input *in = &s->exp[i];
+        if (!in->sum_sq || in->count <= 0) continue;
+        if (!(e->eimp[i] = malloc((size_t)in->n_in * sizeof(float))))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+        for (int64_t c = 0; c < in->n_in; c++) e->eimp[i][c] = (float)(in->sum_sq[c] / (double)in->count);
+    }
+    return LLMQ_OK;
+}
+
 // The importance of every block input of statistics s into *imp (NULL without s).
 static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s, float ***imp) {
     const struct llmq_model *m = e->m;
     int64_t L = m->hp.n_layer;
     if (!s) return LLMQ_OK;
-    if (m->hp.moe)
+    if (m->hp.moe && !s->exp)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "gguf export: %s: importance for the experts of a mixture of experts (%s) is not "
-                           "implemented yet (quantize it without an imatrix)",
+                           "gguf export: %s: these statistics hold no per-expert importance for the experts of a "
+                           "mixture of experts (%s): an imatrix file is not read for them yet (use --calib)",
                            m->path, llmq_arch_name(m->hp.arch));
     if (s->n_layer != L)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: the importance statistics have %lld blocks, %s has %lld",
@@ -305,6 +324,7 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct
     for (int64_t l = 0; l < L; l++)
         for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
             const struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS + k];
+            if (!m->layers[l].w[slot_linear[k]]) continue; // moe: the router's input (f32) / no dense down
             int64_t C = m->layers[l].w[slot_linear[k]]->shape[1];
             if (!in->sum_sq || in->count <= 0) {
                 n_missing++;
@@ -322,7 +342,7 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct
     if (n_missing)
         llmq_warn("gguf export: %d of %lld block inputs have no importance data (quantized without)", n_missing,
                   (long long)(L * LLMQ_CALIB_N_SLOTS));
-    return LLMQ_OK;
+    return m->hp.moe ? load_expert_importance(e, s) : LLMQ_OK;
 }
 
 static const float *slot_importance(float *const *imp, const struct entry *x) {
@@ -331,6 +351,8 @@ static const float *slot_importance(float *const *imp, const struct entry *x) {
 }
 
 static const float *entry_importance(const struct llmq_gguf_export *e, const struct entry *x) {
+    if (x->kind == K_EXPS && x->expert >= 0 && e->eimp) // write_exps' part: that expert's
+        return e->eimp[(x->layer * e->m->hp.n_expert + x->expert) * LLMQ_CALIB_EXP_N_SLOTS + (x->which == 2)];
     return slot_importance(e->imp, x);
 }
 
@@ -384,6 +406,9 @@ static void export_free(struct llmq_gguf_export *e) {
     for (int64_t i = 0; e->given && i < e->m->hp.n_layer * N_GIVEN; i++) llmq_tensor_copy_free(&e->given[i]);
     free(e->given);
     for (int64_t i = 0; e->imp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->imp[i]);
+    for (int64_t i = 0; e->eimp && i < e->m->hp.n_layer * e->m->hp.n_expert * LLMQ_CALIB_EXP_N_SLOTS; i++)
+        free(e->eimp[i]);
+    free(e->eimp);
     for (int64_t i = 0; e->cimp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->cimp[i]);
     free(e->imp);
     free(e->cimp);
@@ -717,15 +742,17 @@ static enum llmq_status write_exps(struct llmq_gguf_export *e, const struct entr
     const struct llmq_layer *L = &e->m->layers[x->layer];
     const int64_t E = e->m->hp.n_expert;
     enum llmq_status st = LLMQ_OK;
-    struct entry part = *x;
-    part.kind = K_VIEW;
+    struct entry part = *x; // its kind and which stay: entry_importance finds the expert's
     part.n_dims = 2;
     part.shape[0] = x->shape[1];
     part.shape[1] = x->shape[2];
     part.shape[2] = 1;
     part.R = x->R / E;
     part.nbytes = x->row_bytes * (size_t)part.R;
-    for (int64_t k = 0; k < E && !st; k++) st = write_from_view(e, &part, L->exps[3 * k + x->which]);
+    for (int64_t k = 0; k < E && !st; k++) {
+        part.expert = k;
+        st = write_from_view(e, &part, L->exps[3 * k + x->which]);
+    }
     return st;
 }
 

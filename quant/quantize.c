@@ -107,6 +107,8 @@ struct run {
     float *imp;                      // (Cmax) importance handed to the encoder / solver
     float *simp[LLMQ_CALIB_N_SLOTS]; // (Cmax) AWQ: importance of each block input (mean x² of the fp input)
     float *fq_qw;                    // (Cmax) AWQ search: importance of the scaled input
+    float *W0;                       // (Rmax, Cmax) awq, awq+gptq: the original weights, for rtn_orig_err
+    const float *awq_s;              // the input scales of the linear quantize_linear gets (AWQ; NULL: none)
     json_t *layers;
     double t0;
     int64_t params_total;
@@ -410,6 +412,22 @@ static double result_bits(const struct llmq_qtarget *t, const struct llmq_qlinea
     return (double)ql->R * (double)ql->C * ql->bits + (double)ql->R * (double)ql->n_groups * (16.0 + ql->bits);
 }
 
+// awq, awq+gptq of a moe model: RTN of the ORIGINAL weights of linear (l, k, x) (not scaled, not clipped) onto t, with the
+// original input's Hessian H0 = Hx ∘ (s_i s_j) (s = r->awq_s) and, for ggml rows, importance diag(H0): the
+// "rtn_orig_err" of the report, the baseline AWQ is measured against. Uses r->H, r->Q, r->W0 (all rewritten).
+static double rtn_orig_err(struct run *r, const struct llmq_qtarget *t, const char *name,
+                           const struct llmq_tensor_view *v, const float *Hx, int64_t R, int64_t C) {
+    const float *s = r->awq_s;
+    struct llmq_qlinear ql = {0};
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = 0; j < C; j++) r->H[i * C + j] = s ? Hx[i * C + j] * s[i] * s[j] : Hx[i * C + j];
+    for (int64_t i = 0; i < C; i++) r->imp[i] = r->H[i * C + i];
+    enum llmq_status st = llmq_model_weight_f32(v, r->W0, r->o->n_threads);
+    if (!st) st = round_onto(r, t, name, r->W0, R, C, t->kind == LLMQ_QPAYLOAD_ROWS ? r->imp : NULL, false, &ql, r->Q);
+    llmq_qlinear_free(&ql);
+    return st ? NAN : rel_err(r, r->W0, r->Q, r->H, R, C);
+}
+
 // One linear onto the writer's target and into the writer, as the run's method does it; logs the line and
 // records the JSON row. W (R, C): in, the weights to quantize (AWQ: scaled and clipped); out, the decoding of
 // what was handed over (the block's weight set for the true-sequential passes). Hsrc (C, C): the Hessian of W's input
@@ -452,9 +470,11 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, 
         for (int64_t i = 0; i < C; i++) r->imp[i] = Hx[i * C + i];
         imp = r->imp;
     }
-    double t0 = llmq_now_s(), loss = -1, rtn_err = 0, gptq_err = -1, err;
+    double t0 = llmq_now_s(), loss = -1, rtn_err = 0, gptq_err = -1, err, orig_err = -1;
     struct llmq_qlinear ql = {0};
     enum llmq_status st;
+    if (!plain && !floor && Hx && r->W0 && r->m->hp.moe) // moe only: the dense reports stay as they were
+        orig_err = rtn_orig_err(r, &t, name, v, Hx, R, C);
     if (!plain && llmq_qmethod_uses_gptq(method)) {
         // the rounding alone with the same importance, for the comparison column
         if ((st = round_onto(r, &t, name, W, R, C, imp, false, &ql, r->Q))) goto done;
@@ -483,6 +503,9 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, 
                   llmq_now_s() - t0);
     if (gptq_err >= 0)
         json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err", json_real(gptq_err));
+    if (orig_err >= 0)
+        json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "rtn_orig_err",
+                            json_real(orig_err));
 done:
     llmq_qlinear_free(&ql);
     return st;
@@ -566,6 +589,7 @@ static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x, 
                   "instead of %s",
                   l, llmq_linear_name((enum llmq_linear)k), (long long)x, (long long)routed,
                   (long long)r->o->moe_token_floor, llmq_qmethod_name(r->o->method));
+    r->awq_s = s;
     if ((st = quantize_linear(r, l, k, x, r->W, H, NULL, floor))) return st;
     json_t *row = json_array_get(r->layers, json_array_size(r->layers) - 1);
     json_object_set_new(row, "routed_tokens", json_integer(routed));
@@ -797,6 +821,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
             for (int64_t c = 0; c < C; c++) r->fq_qw[c] = s ? fq.imp[k][c] / (s[c] * s[c]) : fq.imp[k][c];
             imp = r->fq_qw;
         }
+        r->awq_s = s;
         st = quantize_linear(r, l, k, -1, r->W, r->H, imp, false);
     }
     llmq_awq_block_free(b);
@@ -1116,14 +1141,12 @@ static enum llmq_status check_target(const struct llmq_model *m, const struct ll
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
-    if (m->hp.moe && (o->imatrix_path ||
-                      (o->to_gguf && o->method == LLMQ_QMETHOD_RTN && o->calib.n_sources > 0) ||
-                      o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX || o->resume))
+    if (m->hp.moe && (o->imatrix_path || o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX || o->resume))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "quantize: %s: a mixture of experts (%s) is quantized by --method rtn (--format gguf: "
-                           "without --calib / --imatrix), gptq, awq or awq+gptq, into GGUF (llama.cpp's mix) or a "
-                           "directory; not implemented yet: an imatrix or rtn --calib into GGUF (per-expert importance "
-                           "from a file), --mix quality / --target-*, --resume",
+                           "quantize: %s: a mixture of experts (%s) is quantized by --method rtn, gptq, awq or "
+                           "awq+gptq, into GGUF (llama.cpp's mix; per-expert importance from --calib) or a directory; "
+                           "not implemented yet: --imatrix (per-expert importance from a file), --mix quality / "
+                           "--target-*, --resume",
                            m->path, llmq_arch_name(m->hp.arch));
     if (o->moe_token_floor < 0) return llmq_errorf(LLMQ_ERR_ARG, "quantize: --moe-token-floor must be >= 0");
     if (llmq_arch_info_of(m->hp.arch)->fused)
@@ -1234,9 +1257,10 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
         r->moe = json_pack("{s:s, s:I, s:I, s:[]}", "calib", o->moe_calib_all ? "all" : "routed", "token_floor",
                            (json_int_t)o->moe_token_floor, "fallback_rtn", (json_int_t)0, "layers");
     }
+    if (r->m->hp.moe && (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ)) ALLOC(r->W0, Rmax * Cmax);
+    ALLOC(r->imp, Cmax);
     if (o->to_gguf) {
         ALLOC(r->blk, 4 * Rmax * Cmax); // 4 bytes per element hold any type (F32 is the widest)
-        ALLOC(r->imp, Cmax);
         ALLOC(r->fq_qw, Cmax);
         for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) ALLOC(r->simp[k], Cmax);
     }
@@ -1363,6 +1387,7 @@ static void run_free(struct run *r) {
     free(r->blk);
     free(r->imp);
     free(r->fq_qw);
+    free(r->W0);
     llmq_big_free(r->x);
     llmq_big_free(r->xt);
     free(r->W);

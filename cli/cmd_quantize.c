@@ -466,7 +466,9 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
         {"moe-calib", CLI_STR, &q->moe_calib, MOE_CALIB_DEFAULT, MOE_CALIB_HELP},
         {"moe-token-floor", CLI_INT, &q->moe_floor, MOE_FLOOR_DEFAULT,
          "mixture of experts, --moe-calib routed: an expert the router sends fewer calibration tokens is rounded "
-         "(RTN) instead of solved by GPTQ, with a log line and \"fallback\" in --json (under all: no fallback)"},
+         "(RTN) instead of solved by GPTQ (gptq, awq+gptq), with a log line and \"fallback\" in --json (under all: "
+         "no fallback). Default 32 (a judgement, not a measurement: below it an expert's Hessian has rank < 32 and GPTQ fits its "
+         "few tokens)"},
         {"format", CLI_STR, &q->format,
          "the method's packed format: awq for --method awq (4 bits with a group size), else gptq (2, 3, 4, 8 "
          "bits), else fake; fake with --fallback rtn-per-channel; gguf when --gguf-type is given or --out ends "

@@ -420,8 +420,7 @@ enum llmq_status llmq_calib_stats_init(const struct llmq_model *m, bool with_xtx
 void llmq_calib_stats_free(struct llmq_calib_stats *s) {
     if (!s) return;
     for (int64_t i = 0; s->in && i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) input_release(&s->in[i]);
-    for (int64_t i = 0; s->exp && i < s->n_layer * s->n_expert * LLMQ_CALIB_EXP_N_SLOTS; i++)
-        input_release(&s->exp[i]);
+    for (int64_t i = 0; s->exp && i < s->n_layer * s->n_expert * LLMQ_CALIB_EXP_N_SLOTS; i++) input_release(&s->exp[i]);
     free(s->in);
     free(s->exp);
     free(s->routed);
@@ -497,8 +496,8 @@ struct llmq_calib_input *llmq_calib_expert_input(const struct llmq_calib_stats *
     return &s->exp[(layer * s->n_expert + expert) * LLMQ_CALIB_EXP_N_SLOTS + eslot];
 }
 
-void llmq_calib_stats_expert_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in,
-                                  int64_t n, int64_t n_in) {
+void llmq_calib_stats_expert_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                                  int64_t n_in) {
     struct llmq_calib_stats *s = user;
     (void)n_in;
     if (s->err || !s->exp) return;
@@ -520,8 +519,7 @@ static void input_mirror(struct llmq_calib_input *in) {
 }
 
 static enum llmq_status input_hessian(const struct llmq_calib_input *in, const char *what, float *H) {
-    if (!in || !in->xtx || in->n_seq < 1)
-        return llmq_errorf(LLMQ_ERR_ARG, "calib: no XᵀX gathered for %s", what);
+    if (!in || !in->xtx || in->n_seq < 1) return llmq_errorf(LLMQ_ERR_ARG, "calib: no XᵀX gathered for %s", what);
     int64_t C = in->n_in;
     double f = 2.0 / (double)in->n_seq;
     for (int64_t i = 0; i < C * C; i++) H[i] = (float)(f * in->xtx[i]);

@@ -214,13 +214,13 @@ struct llmq_calib_stats {
     int64_t n_expert;             // E
     struct llmq_calib_input *exp; // (n_layer, E, LLMQ_CALIB_EXP_N_SLOTS), allocated for [layer0, layer1) only
     int64_t *routed;              // (n_layer, E) tokens the model's own routing sent to each expert
-    float *scratch;              // (Cmax, Cmax) ssyrk scratch; its pages are released by llmq_calib_stats_finish
-    int64_t scratch_n;           // Cmax * Cmax
-    enum llmq_backend backend;   // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
-                                 // after init / load: set it after llmq_calib_stats_init
-    int64_t n_seq_hint;          // sequences per block call (for n_seq counting in the hook)
-    enum llmq_status err;        // first error seen by the hook
-    int64_t n_seq, seqlen;       // of the calibration data (for the file header)
+    float *scratch;               // (Cmax, Cmax) ssyrk scratch; its pages are released by llmq_calib_stats_finish
+    int64_t scratch_n;            // Cmax * Cmax
+    enum llmq_backend backend;    // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
+                                  // after init / load: set it after llmq_calib_stats_init
+    int64_t n_seq_hint;           // sequences per block call (for n_seq counting in the hook)
+    enum llmq_status err;         // first error seen by the hook
+    int64_t n_seq, seqlen;        // of the calibration data (for the file header)
     uint8_t tokens_sha256[32];
     char *dataset; // owned: the dataset an imatrix file names (llmq_calib_imatrix_load), else NULL
 };
@@ -257,8 +257,8 @@ struct llmq_calib_input *llmq_calib_expert_input(const struct llmq_calib_stats *
                                                  int eslot);
 // A calib/model/moe.h expert hook over s (as llmq_calib_stats_hook: n_seq_hint counts the sequences of every
 // expert the call reaches; errors in s->err).
-void llmq_calib_stats_expert_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in,
-                                  int64_t n, int64_t n_in);
+void llmq_calib_stats_expert_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                                  int64_t n_in);
 // Adds the model's routing of the last moe block run (llmq_forward_moe_counts: (E) tokens per expert) to
 // s->routed of block `layer`; no-op for a dense model or counts NULL.
 void llmq_calib_stats_add_routed(struct llmq_calib_stats *s, int64_t layer, const int64_t *counts);

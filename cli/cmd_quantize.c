@@ -64,11 +64,11 @@ static const char *default_format(const char *method, bool gguf_out, long bits, 
 #define MOE_CALIB_DEFAULT "all"
 #define MOE_FLOOR_DEFAULT "32" // LLMQ_MOE_TOKEN_FLOOR_DEFAULT
 #define MOE_CALIB_HELP                                                                                                 \
-    "mixture of experts: which calibration tokens each expert's statistics see: routed (the ones the router "         \
-    "sends it) or all (every token through every expert for the statistics only, the block output still "             \
+    "mixture of experts: which calibration tokens each expert's statistics see: routed (the ones the router "          \
+    "sends it) or all (every token through every expert for the statistics only, the block output still "              \
     "from the real routing: llm-compressor's calibrate_all_experts). Default all: on the random qwen3_moe / "          \
-    "mixtral test models its KL divergence after GPTQ was lower in 7 of 8 runs (2 to 6 % lower with 4 x 64 "         \
-    "calibration tokens, bench/moe_calib.sh, bench/README.md); it costs E / K times the experts' products in "       \
+    "mixtral test models its KL divergence after GPTQ was lower in 7 of 8 runs (2 to 6 % lower with 4 x 64 "           \
+    "calibration tokens, bench/moe_calib.sh, bench/README.md); it costs E / K times the experts' products in "         \
     "the calibration passes"
 
 // Every flag as parsed (LONG_MIN / NAN / NULL: not given).
@@ -467,7 +467,8 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
         {"moe-token-floor", CLI_INT, &q->moe_floor, MOE_FLOOR_DEFAULT,
          "mixture of experts, --moe-calib routed: an expert the router sends fewer calibration tokens is rounded "
          "(RTN) instead of solved by GPTQ (gptq, awq+gptq), with a log line and \"fallback\" in --json (under all: "
-         "no fallback). Default 32 (a judgement, not a measurement: below it an expert's Hessian has rank < 32 and GPTQ fits its "
+         "no fallback). Default 32 (a judgement, not a measurement: below it an expert's Hessian has rank < 32 and "
+         "GPTQ fits its "
          "few tokens)"},
         {"format", CLI_STR, &q->format,
          "the method's packed format: awq for --method awq (4 bits with a group size), else gptq (2, 3, 4, 8 "

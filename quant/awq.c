@@ -311,8 +311,8 @@ static void ratio_scales(const float *x_mean, const float *w_mean, int64_t C, fl
 
 // Wc (R, C) = Q(W * s) / s for linear l of b, columns scaled. tmp: (R, C) scratch for a plugged-in Q.
 // The same for any (R, C) weight of linear kind l of block `layer` with group G.
-static void candidate_of(int layer, enum llmq_linear l, const float *W, int64_t R, int64_t C, int64_t G,
-                         const float *s, const struct llmq_awq_opts *opt, float *tmp, float *Wc) {
+static void candidate_of(int layer, enum llmq_linear l, const float *W, int64_t R, int64_t C, int64_t G, const float *s,
+                         const struct llmq_awq_opts *opt, float *tmp, float *Wc) {
     float *o = opt->fake_quant ? tmp : Wc; // W * s
     for (int64_t r = 0; r < R; r++)
         for (int64_t c = 0; c < C; c++) o[r * C + c] = W[r * C + c] * s[c];
@@ -605,8 +605,8 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
     b->clip_groups[l] = C / G;
     if (!(b->clip[l] = alloc_f32(R * (C / G))))
         return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search of layer %d", b->layer);
-    enum llmq_status st = clip_weight(b->layer, l, b->w[l], R, C, llmq_awq_input_scales(b, l), X, T, o, G, b->clip[l],
-                                      &b->clip_err[l]);
+    enum llmq_status st =
+        clip_weight(b->layer, l, b->w[l], R, C, llmq_awq_input_scales(b, l), X, T, o, G, b->clip[l], &b->clip_err[l]);
     if (!st)
         llmq_info("awq: layer %d %s: clip search over %lld tokens, error sum %.6g", b->layer, llmq_linear_name(l),
                   (long long)T, b->clip_err[l]);
@@ -859,7 +859,8 @@ static enum llmq_status moe_search(struct llmq_awq_block *b, struct llmq_forward
     }
     if (!st)
         llmq_info("awq: layer %d up->down of %lld experts (the %lld others saw no token: unscaled), mean ratio %.2f",
-                  b->layer, (long long)searched, (long long)(b->E - searched), searched ? rsum / (double)searched : 0.0);
+                  b->layer, (long long)searched, (long long)(b->E - searched),
+                  searched ? rsum / (double)searched : 0.0);
     if (!st) moe_apply(b);
     if (!st && o->clip) st = moe_clip(b, &cap, o);
     moe_cap_free(&cap);

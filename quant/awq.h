@@ -54,8 +54,9 @@
  * ---- Weights, views, and the model ------------------------------------------------------------
  * Model weights are const views into a mapped file, and the model is never changed: the search works on
  * a struct llmq_awq_block that OWNS f32 copies of the block's 7 linears, 2 norms and (qwen2) q/k/v biases,
- * and its weight set b->ly (the model's block with those views on the copies; q/k norms, post norms,
- * router and experts the model's). The forward pass (calib/model/forward.h) runs b->ly; after the search
+ * and its weight set b->ly (the model's block with those views on the copies; q/k norms, post norms the
+ * model's; a moe block's router and experts copied too, see "Mixture of experts"). The forward pass
+ * (calib/model/forward.h) runs b->ly; after the search
  * it holds the scaled, folded and clipped weights, which the driver hands to the solvers and the writer
  * (quant/quantize.h, quant/writer.h llmq_qwriter_put_block).
  *

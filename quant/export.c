@@ -21,8 +21,9 @@
 
 #define CHUNK_FLOATS (1 << 20) // model tensors are converted 4 MiB of f32 at a time
 #define MAX_PARTS 5            // qweight, qzeros, scales, g_idx, bias
-#define N_GIVEN 6              // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases,
-                               // the moe router
+#define N_GIVEN                                                                                                        \
+    6 // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases,
+      // the moe router
 
 const int LLMQ_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
@@ -152,7 +153,6 @@ static void lin_name_x(const struct llmq_model *m, char *buf, size_t n, int64_t 
     if (len > sl && strcmp(buf + len - sl, ".weight") == 0) buf[len - sl] = 0;
 }
 
-
 // Rows whose GGUF order must be undone: the q/k weights of a GGUF llama model (0: none).
 static int64_t perm_heads(const struct llmq_model *m, enum llmq_linear w) {
     if (!m->from_gguf || !llmq_arch_qk_permuted(m->hp.arch)) return 0;
@@ -279,9 +279,10 @@ static int64_t slots_per_layer(const struct llmq_model *m) {
     return lin + 2 + (m->hp.qk_norm ? 2 : 0) + (m->hp.gemma ? 2 : 0);
 }
 
-// The slot of block l's linear `which` (expert >= 0: that expert's gate / up / down), in the order of llmq_export_begin.
+// The slot of block l's linear `which` (expert >= 0: that expert's gate / up / down), in the order of
+// llmq_export_begin.
 static int64_t linear_slot(const struct llmq_model *m, int64_t l, enum llmq_linear which, int64_t expert) {
-    int64_t base = 1 + l * slots_per_layer(m); // its input_layernorm
+    int64_t base = 1 + l * slots_per_layer(m);                                                   // its input_layernorm
     if (expert >= 0) return base + 1 + LLMQ_LIN_GATE + 2 + 3 * expert + (which - LLMQ_LIN_GATE); // + ffn norm, router
     return base + (int64_t)which + 1 + (which >= LLMQ_LIN_GATE ? 1 : 0);
 }

@@ -925,8 +925,7 @@ enum llmq_status llmq_gguf_export_expert_f32(struct llmq_gguf_export *e, int64_t
     enum llmq_status st = expert_part(e, layer, which, expert, W, &x, &off);
     if (st) return st;
     const int64_t R = x->R / e->m->hp.n_expert;
-    if (x->held && (st = llmq_gguf_encode_rows(x->ch.type, W, (uint8_t *)x->held + off, R, x->C, NULL,
-                                               e->o.n_threads)))
+    if (x->held && (st = llmq_gguf_encode_rows(x->ch.type, W, (uint8_t *)x->held + off, R, x->C, NULL, e->o.n_threads)))
         return st;
     return accept_expert(e, x);
 }

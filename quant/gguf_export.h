@@ -32,9 +32,12 @@
  *     per-expert HF tensors stacked in index order for an HF input, as llmq convert stacks them), one type for the
  *     whole stacked tensor as llama-quantize chooses it (quant/gguf_mix.h: n_expert, the block of ffn_down_exps from
  *     its name); every encoder works row by row, so this is llama_model_quantize's output when no importance is
- *     given. The router ffn_gate_inp keeps its type (llama-quantize never quantizes it). Not implemented for them
- *     (refused, LLMQ_ERR_UNSUPPORTED): an imatrix (per-expert importance), choose.mode QUALITY / TARGET, and the
- *     hand-overs of the dense gate / up / down (a moe block hands over q, k, v, o only).
+ *     given. The router ffn_gate_inp keeps its type (llama-quantize never quantizes it; AWQ hands over a copy with its
+ *     columns scaled, llmq_gguf_export_block). Importance: statistics with per-expert rows (llmq_calib_stats exp, as
+ *     llmq_calib_run gathers them) give each expert its own Σx² / count; the solvers hand the experts over encoded
+ *     (llmq_gguf_export_expert_bytes) and the stacked tensor is written once all E are in. Not implemented for them
+ *     (refused, LLMQ_ERR_UNSUPPORTED): statistics without per-expert rows (an imatrix file), choose.mode QUALITY /
+ *     TARGET, and the hand-overs of the dense gate / up / down (a moe block has none).
  *
  * ---- Provenance keys (absent with no_provenance) ------------------------------------------------
  *   llmq.version                string  LLMQ_VERSION

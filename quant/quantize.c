@@ -412,8 +412,8 @@ static double result_bits(const struct llmq_qtarget *t, const struct llmq_qlinea
     return (double)ql->R * (double)ql->C * ql->bits + (double)ql->R * (double)ql->n_groups * (16.0 + ql->bits);
 }
 
-// awq, awq+gptq of a moe model: RTN of the ORIGINAL weights of linear (l, k, x) (not scaled, not clipped) onto t, with the
-// original input's Hessian H0 = Hx ∘ (s_i s_j) (s = r->awq_s) and, for ggml rows, importance diag(H0): the
+// awq, awq+gptq of a moe model: RTN of the ORIGINAL weights of linear (l, k, x) (not scaled, not clipped) onto t, with
+// the original input's Hessian H0 = Hx ∘ (s_i s_j) (s = r->awq_s) and, for ggml rows, importance diag(H0): the
 // "rtn_orig_err" of the report, the baseline AWQ is measured against. Uses r->H, r->Q, r->W0 (all rewritten).
 static double rtn_orig_err(struct run *r, const struct llmq_qtarget *t, const char *name,
                            const struct llmq_tensor_view *v, const float *Hx, int64_t R, int64_t C) {
@@ -568,8 +568,8 @@ static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x, 
     const int eslot = k == LLMQ_LIN_DOWN ? LLMQ_CALIB_EXP_DOWN : LLMQ_CALIB_EXP_GATE;
     const int64_t R = v->shape[0], C = v->shape[1], j = 3 * x + (k - LLMQ_LIN_GATE);
     const int64_t routed = r->have_calib ? r->s.routed[(int64_t)l * r->s.n_expert + x] : 0;
-    const bool floor = r->have_calib && llmq_qmethod_uses_gptq(r->o->method) && !r->o->moe_calib_all &&
-                       routed < r->o->moe_token_floor;
+    const bool floor =
+        r->have_calib && llmq_qmethod_uses_gptq(r->o->method) && !r->o->moe_calib_all && routed < r->o->moe_token_floor;
     const struct llmq_calib_input *in = r->have_calib ? llmq_calib_expert_input(&r->s, l, x, eslot) : NULL;
     enum llmq_status st = LLMQ_OK;
     if (Wsrc)
@@ -667,7 +667,6 @@ static const int seq_groups[4][3] = {{LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V},
                                      {LLMQ_LIN_O, -1, -1},
                                      {LLMQ_LIN_GATE, LLMQ_LIN_UP, -1},
                                      {LLMQ_LIN_DOWN, -1, -1}};
-
 
 static enum llmq_status block_gptq(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly); // GPTQ changes no norm or bias
@@ -804,7 +803,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
     if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
     if (!st) st = put_block(r, l, &b->ly);
-    if (!st && r->m->hp.moe) moe_coverage(r, l); // the fp pass's routing
+    if (!st && r->m->hp.moe) moe_coverage(r, l);                           // the fp pass's routing
     for (int64_t x = 0; x < r->m->hp.n_expert && r->m->hp.moe && !st; x++) // the scaled, clipped experts
         for (int k = LLMQ_LIN_GATE; k <= LLMQ_LIN_DOWN && !st; k++)
             st = quantize_expert(r, l, k, x, b->ew[3 * x + (k - LLMQ_LIN_GATE)],
@@ -1184,7 +1183,8 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
     // refuse non-tiled shapes before any work
     for (int64_t l = 0; l < m->hp.n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *v = llmq_layer_linear(&m->layers[l], k, m->hp.moe && k >= LLMQ_LIN_GATE ? 0 : -1);
+            const struct llmq_tensor_view *v =
+                llmq_layer_linear(&m->layers[l], k, m->hp.moe && k >= LLMQ_LIN_GATE ? 0 : -1);
             int64_t R = v->shape[0], C = v->shape[1];
             if (!tiles(&o->q, C) && !o->fallback_rtn_per_channel)
                 return llmq_errorf(LLMQ_ERR_ARG,
@@ -1257,7 +1257,8 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
         r->moe = json_pack("{s:s, s:I, s:I, s:[]}", "calib", o->moe_calib_all ? "all" : "routed", "token_floor",
                            (json_int_t)o->moe_token_floor, "fallback_rtn", (json_int_t)0, "layers");
     }
-    if (r->m->hp.moe && (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ)) ALLOC(r->W0, Rmax * Cmax);
+    if (r->m->hp.moe && (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ))
+        ALLOC(r->W0, Rmax * Cmax);
     ALLOC(r->imp, Cmax);
     if (o->to_gguf) {
         ALLOC(r->blk, 4 * Rmax * Cmax); // 4 bytes per element hold any type (F32 is the widest)

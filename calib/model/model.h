@@ -42,7 +42,8 @@
  *   as 2-D views: in a GGUF, row ranges of the stacked (E, Fe, D) / (E, D, Fe) tensors (m->exp_slices, no copy);
  *   in an HF directory, the per-expert tensors. w[GATE], w[UP], w[DOWN] are NULL. Nothing is converted on load:
  *   the forward pass converts one expert's weight at a time, only for experts some token is routed to.
- *   AWQ / GPTQ directories of these families are refused (their per-expert packed linears are not read yet).
+ *   AWQ / GPTQ directories of these families (as llmq writes them: quant/export.h llmq_export_expert) are read with
+ *   every expert's packed linear dequantized on load into an owned F32 view, as the dense linears are.
  *
  * ---- Quantized HF directories (the outputs of `llmq quantize`, AutoAWQ, AutoGPTQ, GPTQModel) ---
  *   config.json "quantization_config" decides (absent or null: a plain model, which includes

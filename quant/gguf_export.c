@@ -908,26 +908,29 @@ static enum llmq_status accept_expert(struct llmq_gguf_export *e, struct entry *
     return pump(e);
 }
 
-enum llmq_status llmq_gguf_export_expert_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
-                                               int64_t expert, const void *blocks) {
+// Expert `expert`'s rows into its part of the stacked tensor: encoded rows, or (f32) weights encoded here.
+static enum llmq_status put_expert(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which, int64_t expert,
+                                   const void *data, bool f32) {
     struct entry *x = NULL;
     size_t off = 0;
-    enum llmq_status st = expert_part(e, layer, which, expert, blocks, &x, &off);
-    if (st) return st;
-    if (x->held) memcpy((uint8_t *)x->held + off, blocks, x->nbytes / (size_t)e->m->hp.n_expert);
+    enum llmq_status st = expert_part(e, layer, which, expert, data, &x, &off);
+    if (st || !x->held) return st ? st : accept_expert(e, x);
+    const int64_t R = x->R / e->m->hp.n_expert;
+    if (!f32)
+        memcpy((uint8_t *)x->held + off, data, x->nbytes / (size_t)e->m->hp.n_expert);
+    else if ((st = llmq_gguf_encode_rows(x->ch.type, data, (uint8_t *)x->held + off, R, x->C, NULL, e->o.n_threads)))
+        return st;
     return accept_expert(e, x);
+}
+
+enum llmq_status llmq_gguf_export_expert_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                               int64_t expert, const void *blocks) {
+    return put_expert(e, layer, which, expert, blocks, false);
 }
 
 enum llmq_status llmq_gguf_export_expert_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
                                              int64_t expert, const float *W) {
-    struct entry *x = NULL;
-    size_t off = 0;
-    enum llmq_status st = expert_part(e, layer, which, expert, W, &x, &off);
-    if (st) return st;
-    const int64_t R = x->R / e->m->hp.n_expert;
-    if (x->held && (st = llmq_gguf_encode_rows(x->ch.type, W, (uint8_t *)x->held + off, R, x->C, NULL, e->o.n_threads)))
-        return st;
-    return accept_expert(e, x);
+    return put_expert(e, layer, which, expert, W, true);
 }
 
 enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t layer, const struct llmq_layer *ly) {

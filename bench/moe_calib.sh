@@ -16,7 +16,6 @@ for cal in "32 256" "4 64"; do
             --out "$out" --json "$out.json" --force --quiet >/dev/null
         "$LLMQ" eval --model "$out" --kld-base "$M" --ppl wikitext-2 --ctx 256 --chunks 16 --json "$out.eval.json" \
             --force --quiet >/dev/null
-        true
         "${PYTHON:-python3}" - "$out.json" "$out.eval.json" "$1x$2" "$mode" <<'PY'
 import json, sys
 q, e = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))

@@ -378,6 +378,26 @@ static enum llmq_status stats_alloc_scratch(struct llmq_calib_stats *s, int64_t 
     return s->scratch ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
 }
 
+// The per-expert inputs of a moe model (see "Per-expert statistics"); *cmax (the Gram scratch's floats) grows to
+// Fe's where that is wider.
+static enum llmq_status stats_alloc_experts(const struct llmq_model *m, bool with_xtx, int64_t layer0, int64_t layer1,
+                                            struct llmq_calib_stats *out, int64_t *cmax) {
+    const int64_t L = m->hp.n_layer, E = m->hp.n_expert;
+    out->n_expert = E;
+    out->exp = calloc((size_t)(L * E * LLMQ_CALIB_EXP_N_SLOTS), sizeof(*out->exp));
+    out->routed = calloc((size_t)(L * E), sizeof(*out->routed));
+    if (!out->exp || !out->routed) return llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t i = 0; i < L * E * LLMQ_CALIB_EXP_N_SLOTS && !st; i++) {
+        struct llmq_calib_input *in = &out->exp[i];
+        int64_t l = i / (E * LLMQ_CALIB_EXP_N_SLOTS);
+        in->n_in = i % LLMQ_CALIB_EXP_N_SLOTS == LLMQ_CALIB_EXP_GATE ? m->hp.n_embd : m->hp.n_ff_exp;
+        *cmax = gram_scratch_n(in->n_in) > *cmax ? gram_scratch_n(in->n_in) : *cmax;
+        if (l >= layer0 && l < layer1) st = input_alloc(in, with_xtx);
+    }
+    return st;
+}
+
 enum llmq_status llmq_calib_stats_init(const struct llmq_model *m, bool with_xtx, int64_t layer0, int64_t layer1,
                                        struct llmq_calib_stats *out) {
     memset(out, 0, sizeof(*out));
@@ -395,6 +415,7 @@ enum llmq_status llmq_calib_stats_init(const struct llmq_model *m, bool with_xtx
             cmax = gram_scratch_n(in->n_in) > cmax ? gram_scratch_n(in->n_in) : cmax;
             if (l >= layer0 && l < layer1) st = input_alloc(in, with_xtx);
         }
+    if (!st && m->hp.moe) st = stats_alloc_experts(m, with_xtx, layer0, layer1, out, &cmax);
     if (!st) st = stats_alloc_scratch(out, cmax);
     if (st) llmq_calib_stats_free(out);
     return st;
@@ -403,10 +424,21 @@ enum llmq_status llmq_calib_stats_init(const struct llmq_model *m, bool with_xtx
 void llmq_calib_stats_free(struct llmq_calib_stats *s) {
     if (!s) return;
     for (int64_t i = 0; s->in && i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) input_release(&s->in[i]);
+    for (int64_t i = 0; s->exp && i < s->n_layer * s->n_expert * LLMQ_CALIB_EXP_N_SLOTS; i++) input_release(&s->exp[i]);
     free(s->in);
+    free(s->exp);
+    free(s->routed);
     free(s->scratch);
     free(s->dataset);
     memset(s, 0, sizeof(*s));
+}
+
+static void input_reset(struct llmq_calib_input *in) {
+    int64_t C = in->n_in;
+    if (in->xtx && in->count) memset(in->xtx, 0, (size_t)(C * C) * sizeof(double)); // untouched pages stay so
+    in->count = in->n_seq = 0;
+    if (in->sum_abs) memset(in->sum_abs, 0, (size_t)C * sizeof(double));
+    if (in->sum_sq) memset(in->sum_sq, 0, (size_t)C * sizeof(double));
 }
 
 void llmq_calib_stats_reset(struct llmq_calib_stats *s, int64_t layer) {
@@ -418,24 +450,27 @@ void llmq_calib_stats_reset(struct llmq_calib_stats *s, int64_t layer) {
         if (in->sum_abs) memset(in->sum_abs, 0, (size_t)C * sizeof(double));
         if (in->sum_sq) memset(in->sum_sq, 0, (size_t)C * sizeof(double));
     }
+    for (int64_t x = 0; x < s->n_expert; x++) {
+        for (int k = 0; k < LLMQ_CALIB_EXP_N_SLOTS; k++) {
+            input_reset(llmq_calib_expert_input(s, layer, x, k));
+        }
+        s->routed[layer * s->n_expert + x] = 0;
+    }
     s->err = LLMQ_OK;
 }
 
-enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer, int slot, const float *x, int64_t n,
-                                      int64_t n_seq) {
-    LLMQ_ASSERT(layer >= 0 && layer < s->n_layer && slot >= 0 && slot < LLMQ_CALIB_N_SLOTS);
-    struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
+// Adds x (n, in->n_in) to one input's sums; what: its name in messages ("blk.L <slot>").
+static enum llmq_status input_add(struct llmq_calib_stats *s, struct llmq_calib_input *in, const char *what,
+                                  const float *x, int64_t n, int64_t n_seq) {
     int64_t C = in->n_in;
-    if (!in->sum_sq)
-        return llmq_errorf(LLMQ_ERR_ARG, "calib: statistics of layer %lld were not allocated", (long long)layer);
+    if (!in->sum_sq) return llmq_errorf(LLMQ_ERR_ARG, "calib: statistics of %s were not allocated", what);
     for (int64_t t = 0; t < n; t++) {
         const float *r = x + t * C;
         for (int64_t c = 0; c < C; c++) {
             float v = r[c];
             if (!isfinite(v))
-                return llmq_errorf(LLMQ_ERR_NUMERIC,
-                                   "calib: blk.%lld %s: non-finite activation %g at token %lld, channel %lld",
-                                   (long long)layer, slot_name(slot), (double)v, (long long)t, (long long)c);
+                return llmq_errorf(LLMQ_ERR_NUMERIC, "calib: %s: non-finite activation %g at token %lld, channel %lld",
+                                   what, (double)v, (long long)t, (long long)c);
             in->sum_abs[c] += fabs((double)v);
             in->sum_sq[c] += (double)v * (double)v;
         }
@@ -449,6 +484,93 @@ enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer,
     return LLMQ_OK;
 }
 
+enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer, int slot, const float *x, int64_t n,
+                                      int64_t n_seq) {
+    LLMQ_ASSERT(layer >= 0 && layer < s->n_layer && slot >= 0 && slot < LLMQ_CALIB_N_SLOTS);
+    char what[64];
+    snprintf(what, sizeof what, "blk.%lld %s", (long long)layer, slot_name(slot));
+    return input_add(s, &s->in[layer * LLMQ_CALIB_N_SLOTS + slot], what, x, n, n_seq);
+}
+
+struct llmq_calib_input *llmq_calib_expert_input(const struct llmq_calib_stats *s, int64_t layer, int64_t expert,
+                                                 int eslot) {
+    if (!s->exp) return NULL;
+    LLMQ_ASSERT(layer >= 0 && layer < s->n_layer && expert >= 0 && expert < s->n_expert && eslot >= 0 &&
+                eslot < LLMQ_CALIB_EXP_N_SLOTS);
+    return &s->exp[(layer * s->n_expert + expert) * LLMQ_CALIB_EXP_N_SLOTS + eslot];
+}
+
+void llmq_calib_stats_expert_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                                  int64_t n_in) {
+    struct llmq_calib_stats *s = user;
+    (void)n_in;
+    if (s->err || !s->exp) return;
+    const int k = which == LLMQ_LIN_DOWN ? LLMQ_CALIB_EXP_DOWN : LLMQ_CALIB_EXP_GATE;
+    char what[64];
+    snprintf(what, sizeof what, "blk.%d expert %d %s", layer, expert, k ? "down in" : "gate/up in");
+    s->err = input_add(s, llmq_calib_expert_input(s, layer, expert, k), what, in, n, s->n_seq_hint);
+}
+
+void llmq_calib_stats_add_routed(struct llmq_calib_stats *s, int64_t layer, const int64_t *counts) {
+    for (int64_t x = 0; counts && s->routed && x < s->n_expert; x++) s->routed[layer * s->n_expert + x] += counts[x];
+}
+
+static void input_mirror(struct llmq_calib_input *in) {
+    if (!in->xtx || in->count == 0) return; // all zeros: nothing to mirror, and its pages stay untouched
+    int64_t C = in->n_in;
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = 0; j < i; j++) in->xtx[i * C + j] = in->xtx[j * C + i];
+}
+
+static enum llmq_status input_hessian(const struct llmq_calib_input *in, const char *what, float *H) {
+    if (!in || !in->xtx || in->n_seq < 1) return llmq_errorf(LLMQ_ERR_ARG, "calib: no XᵀX gathered for %s", what);
+    int64_t C = in->n_in;
+    double f = 2.0 / (double)in->n_seq;
+    for (int64_t i = 0; i < C * C; i++) H[i] = (float)(f * in->xtx[i]);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_calib_expert_hessian(const struct llmq_calib_stats *s, int64_t layer, int64_t expert, int eslot,
+                                           float *H) {
+    char what[64];
+    snprintf(what, sizeof what, "blk.%lld expert %lld %s", (long long)layer, (long long)expert,
+             eslot ? "down in" : "gate/up in");
+    return input_hessian(llmq_calib_expert_input(s, layer, expert, eslot), what, H);
+}
+
+void llmq_calib_expert_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int64_t expert, int eslot) {
+    struct llmq_calib_input *in = llmq_calib_expert_input(s, layer, expert, eslot);
+    if (!in) return;
+    free(in->xtx);
+    in->xtx = NULL;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+void llmq_calib_moe_coverage(const struct llmq_calib_stats *s, int64_t layer, int64_t floor,
+                             struct llmq_calib_coverage *c, int64_t *under) {
+    const int64_t E = s->n_expert;
+    memset(c, 0, sizeof *c);
+    if (!s->routed || E < 1) return;
+    const int64_t *r = s->routed + layer * E;
+    int64_t *sorted = malloc((size_t)E * sizeof(int64_t));
+    c->min = c->max = r[0];
+    for (int64_t x = 0; x < E; x++) {
+        c->min = r[x] < c->min ? r[x] : c->min;
+        c->max = r[x] > c->max ? r[x] : c->max;
+        if (r[x] < floor) under[c->n_under++] = x;
+    }
+    if (sorted) { // without memory the median stays 0
+        memcpy(sorted, r, (size_t)E * sizeof(int64_t));
+        qsort(sorted, (size_t)E, sizeof(int64_t), cmp_i64);
+        c->median = sorted[(E - 1) / 2];
+    }
+    free(sorted);
+}
+
 void llmq_calib_stats_hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
     struct llmq_calib_stats *s = user;
     (void)n_in;
@@ -457,13 +579,9 @@ void llmq_calib_stats_hook(void *user, int layer, enum llmq_linear which, const 
 }
 
 void llmq_calib_stats_finish(struct llmq_calib_stats *s, int64_t layer) {
-    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
-        struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + k];
-        if (!in->xtx || in->count == 0) continue; // all zeros: nothing to mirror, and its pages stay untouched
-        int64_t C = in->n_in;
-        for (int64_t i = 0; i < C; i++)
-            for (int64_t j = 0; j < i; j++) in->xtx[i * C + j] = in->xtx[j * C + i];
-    }
+    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) input_mirror(&s->in[layer * LLMQ_CALIB_N_SLOTS + k]);
+    for (int64_t x = 0; x < s->n_expert; x++)
+        for (int k = 0; k < LLMQ_CALIB_EXP_N_SLOTS; k++) input_mirror(llmq_calib_expert_input(s, layer, x, k));
     llmq_scratch_release(s->scratch, (size_t)s->scratch_n * sizeof(float));
 }
 
@@ -475,13 +593,9 @@ void llmq_calib_stats_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int sl
 }
 
 enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t layer, int slot, float *H) {
-    const struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
-    if (!in->xtx || in->n_seq < 1)
-        return llmq_errorf(LLMQ_ERR_ARG, "calib: no XᵀX gathered for blk.%lld %s", (long long)layer, slot_name(slot));
-    int64_t C = in->n_in;
-    double f = 2.0 / (double)in->n_seq;
-    for (int64_t i = 0; i < C * C; i++) H[i] = (float)(f * in->xtx[i]);
-    return LLMQ_OK;
+    char what[64];
+    snprintf(what, sizeof what, "blk.%lld %s", (long long)layer, slot_name(slot));
+    return input_hessian(&s->in[layer * LLMQ_CALIB_N_SLOTS + slot], what, H);
 }
 
 enum llmq_status llmq_calib_hessian_take(struct llmq_calib_stats *s, int64_t layer, int slot, float *H) {
@@ -511,6 +625,7 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
                                           (long long)N, (long long)D);
     if (!st) st = llmq_forward_init(m, mb_tokens, n_threads, &f);
     if (!st) llmq_forward_set_backend(f, s->backend);
+    if (!st && s->exp) llmq_forward_set_expert_hook(f, llmq_calib_stats_expert_hook, s);
     for (int64_t t0 = 0; !st && t0 < N; t0 += mb_tokens) {
         int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
         st = llmq_forward_embed(f, d->tokens + t0, n, x + t0 * D);
@@ -524,6 +639,7 @@ enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_ca
             st = llmq_forward_block(f, (int)l, &m->layers[l], x + s0 * d->seqlen * D, ns, d->seqlen,
                                     llmq_calib_stats_hook, s);
             if (!st) st = s->err;
+            if (!st) llmq_calib_stats_add_routed(s, l, llmq_forward_moe_counts(f));
         }
         if (st) break;
         llmq_calib_stats_finish(s, l);

@@ -45,6 +45,14 @@
  *   ends at exactly that (llmq_calib_hessian). AWQ's activation scale is mean |x| = sum_abs / count.
  *   The accumulator is deterministic: the same inputs in the same micro-batches give the same bits.
  *   NaN / Inf in an input -> LLMQ_ERR_NUMERIC naming the block and input.
+ *   Mixture of experts (mixtral, qwen3_moe): the block's MLP input slot GATE is the router's and every
+ *   expert's input (no DOWN slot: the experts have one each); per expert x the same four sums over the
+ *   rows that reach it, for its gate/up input (D) and its down input (Fe) (struct llmq_calib_stats exp,
+ *   fed by llmq_calib_stats_expert_hook from calib/model/moe.h). Which rows reach it: the ones the router
+ *   sends it (llmq_forward_set_moe_calib_all false), or every token (true, llm-compressor's
+ *   calibrate_all_experts; the block output still sums the routed experts only). routed counts the
+ *   routed tokens either way (the coverage report). An expert's xtx is calloc'ed (its pages are touched
+ *   only once a token reaches it): E (D² + Fe²) f64 per block at most. Not kept in .lcs or imatrix files.
  *
  * ---- Stats file (.lcs), little-endian ------------------------------------------------------------
  *   offset size
@@ -194,19 +202,28 @@ struct llmq_calib_input {
     double *sum_sq;  // (C) Σ x²
 };
 
+// A mixture of experts' per-expert inputs (calib/model/moe.h's expert hook): expert x of block l reads
+// LLMQ_CALIB_EXP_GATE (the rows of the ffn input routed to it, shared by its gate and up; C = D) and
+// LLMQ_CALIB_EXP_DOWN (SiLU(gate) * up of those rows; C = Fe).
+enum { LLMQ_CALIB_EXP_GATE, LLMQ_CALIB_EXP_DOWN, LLMQ_CALIB_EXP_N_SLOTS };
+
 struct llmq_calib_stats {
     int64_t n_layer;
     bool with_xtx;
     struct llmq_calib_input *in; // (n_layer, LLMQ_CALIB_N_SLOTS)
-    float *scratch;              // f32 scratch of kernels/gemm.h llmq_gram_acc_f64 for the widest input (C x C, or
-                                 // a row tile of it for C > LLMQ_GRAM_TILE_FROM); its pages are released by
-                                 // llmq_calib_stats_finish
-    int64_t scratch_n;           // its floats
-    enum llmq_backend backend;   // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
-                                 // after init / load: set it after llmq_calib_stats_init
-    int64_t n_seq_hint;          // sequences per block call (for n_seq counting in the hook)
-    enum llmq_status err;        // first error seen by the hook
-    int64_t n_seq, seqlen;       // of the calibration data (for the file header)
+    // moe models only (0 / NULL for a dense one): see "Per-expert statistics"
+    int64_t n_expert;             // E
+    struct llmq_calib_input *exp; // (n_layer, E, LLMQ_CALIB_EXP_N_SLOTS), allocated for [layer0, layer1) only
+    int64_t *routed;              // (n_layer, E) tokens the model's own routing sent to each expert
+    float *scratch;               // f32 scratch of kernels/gemm.h llmq_gram_acc_f64 for the widest input (C x C,
+                                  // or a row tile of it for C > LLMQ_GRAM_TILE_FROM); its pages are released by
+                                  // llmq_calib_stats_finish
+    int64_t scratch_n;            // its floats
+    enum llmq_backend backend;    // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
+                                  // after init / load: set it after llmq_calib_stats_init
+    int64_t n_seq_hint;           // sequences per block call (for n_seq counting in the hook)
+    enum llmq_status err;         // first error seen by the hook
+    int64_t n_seq, seqlen;        // of the calibration data (for the file header)
     uint8_t tokens_sha256[32];
     char *dataset; // owned: the dataset an imatrix file names (llmq_calib_imatrix_load), else NULL
 };
@@ -240,6 +257,33 @@ enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t la
 // then the sums are dropped (llmq_calib_stats_drop_xtx), so that the f64 sums and the f32 Hessian (1.5 times
 // the sums' size) are never held whole together.
 enum llmq_status llmq_calib_hessian_take(struct llmq_calib_stats *s, int64_t layer, int slot, float *H);
+
+// ---- Per-expert statistics (moe) -----------------------------------------------------------------------
+// The statistics of expert `expert`'s input `eslot` (LLMQ_CALIB_EXP_*) of block `layer`; NULL for a dense model.
+struct llmq_calib_input *llmq_calib_expert_input(const struct llmq_calib_stats *s, int64_t layer, int64_t expert,
+                                                 int eslot);
+// A calib/model/moe.h expert hook over s (as llmq_calib_stats_hook: n_seq_hint counts the sequences of every
+// expert the call reaches; errors in s->err).
+void llmq_calib_stats_expert_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                                  int64_t n_in);
+// Adds the model's routing of the last moe block run (llmq_forward_moe_counts: (E) tokens per expert) to
+// s->routed of block `layer`; no-op for a dense model or counts NULL.
+void llmq_calib_stats_add_routed(struct llmq_calib_stats *s, int64_t layer, const int64_t *counts);
+// H (C, C) f32 = (2 / n_seq) · xtx of expert `expert`'s input eslot of block `layer` (LLMQ_ERR_ARG when that
+// expert saw no token or its XᵀX was not gathered).
+enum llmq_status llmq_calib_expert_hessian(const struct llmq_calib_stats *s, int64_t layer, int64_t expert, int eslot,
+                                           float *H);
+// Frees the xtx of one expert input (its Hessian has been taken).
+void llmq_calib_expert_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int64_t expert, int eslot);
+
+// The coverage of block `layer`'s experts: min / median (the lower middle of the sorted counts) / max of
+// s->routed, and the experts whose routed count is below floor into under[] (ascending, at most E), *n_under
+// their number.
+struct llmq_calib_coverage {
+    int64_t min, median, max, n_under;
+};
+void llmq_calib_moe_coverage(const struct llmq_calib_stats *s, int64_t layer, int64_t floor,
+                             struct llmq_calib_coverage *c, int64_t *under);
 
 // Runs the whole model over d block by block (embedding, then block 0..L-1 with the stats hook,
 // the block outputs feeding the next block) gathering every layer's statistics into s (allocated

@@ -79,6 +79,33 @@ void llmq_awq_opts_default(struct llmq_awq_opts *o) {
     o->n_threads = 1;
 }
 
+// A moe block's router and experts into f32 copies on views; ly.router / ly.exps set (b->ly already copied).
+static enum llmq_status copy_experts(struct llmq_awq_block *b, const struct llmq_layer *ly, int n_threads) {
+    const int64_t E = b->m->hp.n_expert;
+    b->E = E;
+    b->Fe = b->m->hp.n_ff_exp;
+    b->ew = calloc((size_t)(3 * E), sizeof *b->ew);
+    b->vew = calloc((size_t)(3 * E), sizeof *b->vew);
+    b->eset = calloc((size_t)(3 * E), sizeof *b->eset);
+    b->s_down = calloc((size_t)E, sizeof *b->s_down);
+    if (!b->ew || !b->vew || !b->eset || !b->s_down || !(b->router = alloc_f32(E * b->D)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory copying the experts of layer %d", b->layer);
+    enum llmq_status st = llmq_model_weight_f32(ly->router, b->router, n_threads);
+    f32_view(&b->vrouter, b->router, E, b->D, ly->router->name);
+    for (int64_t j = 0; j < 3 * E && !st; j++) {
+        const struct llmq_tensor_view *w = ly->exps[j];
+        const int64_t R = w->shape[0], C = w->shape[1];
+        if (!(b->ew[j] = alloc_f32(R * C)))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory copying the experts of layer %d", b->layer);
+        st = llmq_model_weight_f32(w, b->ew[j], n_threads);
+        f32_view(&b->vew[j], b->ew[j], R, C, w->name);
+        b->eset[j] = &b->vew[j];
+    }
+    b->ly.router = &b->vrouter;
+    b->ly.exps = b->eset;
+    return st;
+}
+
 enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int n_threads,
                                      struct llmq_awq_block **out) {
     *out = NULL;
@@ -98,6 +125,7 @@ enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int 
     b->Dkv = hp->n_head_kv * hp->head_dim;
     for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
         const struct llmq_tensor_view *w = ly->w[l];
+        if (!w) continue; // a moe block's gate / up / down: its experts (copy_experts)
         const int64_t R = w->shape[0], C = w->shape[1];
         if (!(b->w[l] = alloc_f32(R * C))) goto nomem;
         if ((st = llmq_model_weight_f32(w, b->w[l], n_threads))) goto fail;
@@ -117,7 +145,8 @@ enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int 
         f32_view(&b->vbias[i], b->bias[i], 1, n, bias[i]->name);
     }
     b->ly = *ly; // the weight set: the model's block with its views on the copies
-    for (int l = 0; l < LLMQ_LIN_COUNT; l++) b->ly.w[l] = &b->vw[l];
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++) b->ly.w[l] = b->w[l] ? &b->vw[l] : NULL;
+    if (hp->moe && (st = copy_experts(b, ly, n_threads))) goto fail;
     b->ly.attn_norm = &b->vattn_norm;
     b->ly.ffn_norm = &b->vffn_norm;
     const struct llmq_tensor_view **lb[3] = {&b->ly.bq, &b->ly.bk, &b->ly.bv};
@@ -141,6 +170,14 @@ void llmq_awq_block_free(struct llmq_awq_block *b) {
     free(b->attn_norm);
     free(b->ffn_norm);
     for (int i = 0; i < 3; i++) free(b->bias[i]);
+    for (int64_t j = 0; b->ew && j < 3 * b->E; j++) free(b->ew[j]);
+    for (int64_t x = 0; b->s_down && x < b->E; x++) free(b->s_down[x]);
+    free(b->ew);
+    free(b->vew);
+    free(b->eset);
+    free(b->s_down);
+    free(b->s_ffn);
+    free(b->router);
     for (int g = 0; g < b->n_groups; g++) {
         free(b->groups[g].loss);
         free(b->groups[g].scales);
@@ -153,6 +190,11 @@ const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_lin
         for (int i = 0; i < b->groups[g].n_lin; i++)
             if (b->groups[g].lin[i] == lin) return b->groups[g].scales;
     return NULL;
+}
+
+const float *llmq_awq_expert_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin, int64_t expert) {
+    if (!b->ew || lin < LLMQ_LIN_GATE || expert < 0 || expert >= b->E) return NULL;
+    return lin == LLMQ_LIN_DOWN ? b->s_down[expert] : b->s_ffn;
 }
 
 void llmq_awq_scale_hessian(const struct llmq_awq_block *b, enum llmq_linear lin, float *H) {
@@ -222,6 +264,18 @@ static void compute_x_mean(const float *x, int64_t N, int64_t C, float *x_mean) 
 
 // w_mean (C): over the rows of all linears of the group, |W| / (group abs-max + 1e-6), averaged
 // (each linear's quant groups: lin_group).
+// acc (C) += Σ over the rows of W (R, C) of |W| / (its quant group's abs-max + 1e-6), groups of G.
+static void w_mean_acc(const float *W, int64_t R, int64_t C, int64_t G, double *acc) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c0 = 0; c0 < C; c0 += G) {
+            const float *w = W + r * C + c0;
+            float amax = 0.0f;
+            for (int64_t j = 0; j < G; j++) amax = fmaxf(amax, fabsf(w[j]));
+            const float den = amax + 1e-6f;
+            for (int64_t j = 0; j < G; j++) acc[c0 + j] += (double)(fabsf(w[j]) / den);
+        }
+}
+
 static void compute_w_mean(struct llmq_awq_block *b, const struct llmq_awq_group *g, const struct llmq_awq_opts *o,
                            float *w_mean) {
     const int64_t C = g->C;
@@ -229,17 +283,8 @@ static void compute_w_mean(struct llmq_awq_block *b, const struct llmq_awq_group
     LLMQ_ASSERT(acc);
     int64_t rows = 0;
     for (int i = 0; i < g->n_lin; i++) {
-        const float *W = b->w[g->lin[i]]; // (R, C)
-        const int64_t G = lin_group(o, b, g->lin[i]);
         const int64_t R = lin_rows(b, g->lin[i]);
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t c0 = 0; c0 < C; c0 += G) {
-                const float *w = W + r * C + c0;
-                float amax = 0.0f;
-                for (int64_t j = 0; j < G; j++) amax = fmaxf(amax, fabsf(w[j]));
-                const float den = amax + 1e-6f;
-                for (int64_t j = 0; j < G; j++) acc[c0 + j] += (double)(fabsf(w[j]) / den);
-            }
+        w_mean_acc(b->w[g->lin[i]], R, C, lin_group(o, b, g->lin[i]), acc);
         rows += R;
     }
     for (int64_t c = 0; c < C; c++) w_mean[c] = (float)(acc[c] / (double)rows);
@@ -265,19 +310,24 @@ static void ratio_scales(const float *x_mean, const float *w_mean, int64_t C, fl
 }
 
 // Wc (R, C) = Q(W * s) / s for linear l of b, columns scaled. tmp: (R, C) scratch for a plugged-in Q.
-static void scaled_candidate(const struct llmq_awq_block *b, enum llmq_linear l, const float *W, const float *s,
-                             const struct llmq_awq_opts *opt, float *tmp, float *Wc) {
-    const int64_t R = lin_rows(b, l), C = lin_cols(b, l), G = lin_group(opt, b, l);
+// The same for any (R, C) weight of linear kind l of block `layer` with group G.
+static void candidate_of(int layer, enum llmq_linear l, const float *W, int64_t R, int64_t C, int64_t G, const float *s,
+                         const struct llmq_awq_opts *opt, float *tmp, float *Wc) {
     float *o = opt->fake_quant ? tmp : Wc; // W * s
     for (int64_t r = 0; r < R; r++)
         for (int64_t c = 0; c < C; c++) o[r * C + c] = W[r * C + c] * s[c];
     if (opt->fake_quant)
-        opt->fake_quant(opt->fake_quant_user, b->layer, l, R, 0, C, s, tmp, Wc);
+        opt->fake_quant(opt->fake_quant_user, layer, l, R, 0, C, s, tmp, Wc);
     else
         for (int64_t r = 0; r < R; r++)
             for (int64_t c0 = 0; c0 < C; c0 += G) pseudo_quantize_group(Wc + r * C + c0, G, opt->bits, Wc + r * C + c0);
     for (int64_t r = 0; r < R; r++)
         for (int64_t c = 0; c < C; c++) Wc[r * C + c] = Wc[r * C + c] / s[c];
+}
+
+static void scaled_candidate(const struct llmq_awq_block *b, enum llmq_linear l, const float *W, const float *s,
+                             const struct llmq_awq_opts *opt, float *tmp, float *Wc) {
+    candidate_of(b->layer, l, W, lin_rows(b, l), lin_cols(b, l), lin_group(opt, b, l), s, opt, tmp, Wc);
 }
 
 // Y (N, R) = X (N, C) · W (R, C)^T on backend be (the CPU one with multi-threaded BLAS).
@@ -450,26 +500,24 @@ static void apply_scale(struct llmq_awq_block *b, const struct llmq_awq_group *g
 // Clip search
 // ---------------------------------------------------------------------------------------------
 
-// Clip table of linear l (R, NG) from its sampled, scaled input X (T, C), then apply_clip.
-static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l, const float *X, int64_t T,
-                                    const struct llmq_awq_opts *o, int64_t G) {
-    const int64_t R = lin_rows(b, l), C = lin_cols(b, l), NG = C / G;
+// Clip table best (R, NG) of the weight W (R, C) of linear kind l of block `layer` (carrying the input scales s, or
+// NULL) from its sampled, scaled input X (T, C), then apply_clip on W; *err_out the chosen errors' sum.
+static enum llmq_status clip_weight(int layer, enum llmq_linear l, float *W, int64_t R, int64_t C, const float *s,
+                                    const float *X, int64_t T, const struct llmq_awq_opts *o, int64_t G, float *best,
+                                    double *err_out) {
+    const int64_t NG = C / G;
     const int K = (int)(o->max_shrink * (float)o->clip_n_grid); // candidates i_s = 0..K-1
     const int64_t RC = R < CLIP_ROW_CHUNK ? R : CLIP_ROW_CHUNK;
-    float *W = b->w[l];                           // (R, C)
-    const float *s = llmq_awq_input_scales(b, l); // (C) the scales W carries, NULL when none
     enum llmq_status st = LLMQ_OK;
     double *Xg = malloc((size_t)(T * G) * sizeof(double));              // (T, G)
     double *cand = malloc((size_t)(RC * (K + 1) * G) * sizeof(double)); // (RC * (K + 1), G)
     double *out = malloc((size_t)(T * RC * (K + 1)) * sizeof(double));  // (T, RC * (K + 1))
     float *tmp = alloc_f32(2 * RC * G + RC); // (2, RC, G) candidates in / out, (RC) abs-max per row
-    float *best = b->clip[l] = alloc_f32(R * NG);
     if (!Xg || !cand || !out || !tmp || !best) {
-        st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search of layer %d %s", b->layer,
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search of layer %d %s", layer,
                          llmq_linear_name(l));
         goto done;
     }
-    b->clip_groups[l] = NG;
     double err_sum = 0.0;
     for (int64_t g = 0; g < NG; g++) {
         for (int64_t t = 0; t < T; t++)
@@ -505,7 +553,7 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
                         const float mx = amax[r] * (float)(1.0 - (double)i / (double)o->clip_n_grid), mn = -mx;
                         for (int64_t j = 0; j < G; j++) in[r * G + j] = fminf(fmaxf(w[j], mn), mx);
                     }
-                    o->fake_quant(o->fake_quant_user, b->layer, l, nr, g * G, G, s, in, q);
+                    o->fake_quant(o->fake_quant_user, layer, l, nr, g * G, G, s, in, q);
                     for (int64_t r = 0; r < nr; r++)
                         for (int64_t j = 0; j < G; j++) cand[(r * (K + 1) + 1 + i) * G + j] = (double)q[r * G + j];
                 }
@@ -541,14 +589,27 @@ static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l
             const float mx = best[r * NG + c / G];
             W[r * C + c] = fminf(fmaxf(W[r * C + c], -mx), mx);
         }
-    b->clip_err[l] = err_sum;
-    llmq_info("awq: layer %d %s: clip search over %lld tokens, error sum %.6g", b->layer, llmq_linear_name(l),
-              (long long)T, err_sum);
+    *err_out = err_sum;
 done:
     free(Xg);
     free(cand);
     free(out);
     free(tmp);
+    return st;
+}
+
+// Clip table of linear l (R, NG) from its sampled, scaled input X (T, C), then apply_clip.
+static enum llmq_status search_clip(struct llmq_awq_block *b, enum llmq_linear l, const float *X, int64_t T,
+                                    const struct llmq_awq_opts *o, int64_t G) {
+    const int64_t R = lin_rows(b, l), C = lin_cols(b, l);
+    b->clip_groups[l] = C / G;
+    if (!(b->clip[l] = alloc_f32(R * (C / G))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search of layer %d", b->layer);
+    enum llmq_status st =
+        clip_weight(b->layer, l, b->w[l], R, C, llmq_awq_input_scales(b, l), X, T, o, G, b->clip[l], &b->clip_err[l]);
+    if (!st)
+        llmq_info("awq: layer %d %s: clip search over %lld tokens, error sum %.6g", b->layer, llmq_linear_name(l),
+                  (long long)T, b->clip_err[l]);
     return st;
 }
 
@@ -581,6 +642,231 @@ static int64_t sample_scaled(const float *X, int64_t N, int64_t C, int64_t n_sam
     return T;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts (quant/awq.h "Mixture of experts")
+// ---------------------------------------------------------------------------------------------
+
+// lin_group for an expert's linear of kind l with C input channels.
+static int64_t expert_group(const struct llmq_awq_opts *o, enum llmq_linear l, int64_t C) {
+    const int64_t Gl = o->lin_group_size[l];
+    if (Gl > 0 && C % Gl == 0) return Gl;
+    return o->group_size > 0 && C % o->group_size == 0 ? o->group_size : C;
+}
+
+// Every expert's routed inputs of one fp pass of the mixture: in (n_x, D) of its gate / up, act (n_x, Fe) of its down.
+struct moe_cap {
+    int64_t E;
+    float **in, **act; // (E) each, NULL where no token was routed
+    int64_t *n;        // (E) rows
+    enum llmq_status st;
+};
+
+static void moe_capture(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                        int64_t n_in) {
+    struct moe_cap *c = user;
+    (void)layer;
+    float **dst = which == LLMQ_LIN_DOWN ? &c->act[expert] : &c->in[expert];
+    free(*dst);
+    if (!(*dst = alloc_f32(n * n_in))) {
+        c->st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for expert %d's inputs", expert);
+        return;
+    }
+    memcpy(*dst, in, (size_t)(n * n_in) * sizeof(float));
+    c->n[expert] = n;
+}
+
+static void moe_cap_free(struct moe_cap *c) {
+    for (int64_t x = 0; c->in && x < c->E; x++) {
+        free(c->in[x]);
+        free(c->act[x]);
+    }
+    free(c->in);
+    free(c->act);
+    free(c->n);
+}
+
+// ffn_norm -> every expert's gate and up (and the router's columns): the search over the mixture's output fp_out
+// (N, D) for the ffn input n2 (N, D); out (N, D) scratch. Result: b->s_ffn, b->ratio_ffn.
+static enum llmq_status moe_search_ffn(struct llmq_awq_block *b, struct llmq_forward *f, const float *n2, int64_t N,
+                                       const float *fp_out, float *out, const struct llmq_awq_opts *o) {
+    const int64_t D = b->D, E = b->E, Fe = b->Fe, G = expert_group(o, LLMQ_LIN_GATE, D);
+    float *x_mean = alloc_f32(D), *w_mean = alloc_f32(D), *s = alloc_f32(D), *tmp = alloc_f32(Fe * D);
+    float *cand = alloc_f32(2 * E * Fe * D);
+    double *acc = calloc((size_t)D, sizeof *acc), best = INFINITY, loss0 = 0;
+    enum llmq_status st = LLMQ_OK;
+    if (!x_mean || !w_mean || !s || !tmp || !cand || !acc || !(b->s_ffn = alloc_f32(D))) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the experts' search (layer %d)", b->layer);
+        goto done;
+    }
+    compute_x_mean(n2, N, D, x_mean);
+    for (int64_t j = 0; j < 3 * E; j++)
+        if (j % 3 != 2) w_mean_acc(b->ew[j], Fe, D, G, acc);
+    for (int64_t c = 0; c < D; c++) w_mean[c] = (float)(acc[c] / (double)(2 * E * Fe));
+    for (int i = 0; i < o->n_grid && !st; i++) {
+        const float ratio = (float)((double)i / (double)o->n_grid);
+        ratio_scales(x_mean, w_mean, D, ratio, o->duo_scaling, s);
+        for (int64_t x = 0; x < E; x++)
+            for (int k = 0; k < 2; k++) {
+                float *c = cand + (2 * x + k) * Fe * D;
+                candidate_of(b->layer, LLMQ_LIN_GATE + k, b->ew[3 * x + k], Fe, D, G, s, o, tmp, c);
+                b->vew[3 * x + k].data = c;
+            }
+        st = llmq_forward_mlp(f, b->layer, &b->ly, n2, N, out);
+        for (int64_t j = 0; j < 3 * E; j++) b->vew[j].data = b->ew[j];
+        const double loss = st ? NAN : mse(fp_out, out, N * D);
+        if (!st && !isfinite(loss))
+            st = llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d, experts' gate / up: loss %g at ratio %g", b->layer, loss,
+                             (double)ratio);
+        if (i == 0) loss0 = loss;
+        if (!st && loss < best) {
+            best = loss;
+            b->ratio_ffn = ratio;
+            memcpy(b->s_ffn, s, (size_t)D * sizeof(float));
+        }
+    }
+    if (!st)
+        llmq_info("awq: layer %d ffn_norm->%lld experts' gate,up (+ router columns): ratio %.2f, loss %.6g (ratio 0: "
+                  "%.6g)",
+                  b->layer, (long long)E, (double)b->ratio_ffn, best, loss0);
+done:
+    free(x_mean);
+    free(w_mean);
+    free(s);
+    free(tmp);
+    free(cand);
+    free(acc);
+    return st;
+}
+
+// up_x -> down_x of expert x on its routed down inputs X (n, Fe): the loss is down_x's output. Result: s_down[x].
+static enum llmq_status moe_search_down(struct llmq_awq_block *b, int64_t x, const float *X, int64_t n,
+                                        const struct llmq_awq_opts *o, float *ratio_out) {
+    const int64_t D = b->D, Fe = b->Fe, G = expert_group(o, LLMQ_LIN_DOWN, Fe);
+    const float *W = b->ew[3 * x + 2]; // (D, Fe)
+    float *x_mean = alloc_f32(Fe), *w_mean = alloc_f32(Fe), *s = alloc_f32(Fe), *tmp = alloc_f32(D * Fe);
+    float *cand = alloc_f32(D * Fe), *fp = alloc_f32(n * D), *out = alloc_f32(n * D);
+    double *acc = calloc((size_t)Fe, sizeof *acc), best = INFINITY;
+    enum llmq_status st = LLMQ_OK;
+    if (!x_mean || !w_mean || !s || !tmp || !cand || !fp || !out || !acc || !(b->s_down[x] = alloc_f32(Fe))) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for expert %lld's search (layer %d)", (long long)x,
+                         b->layer);
+        goto done;
+    }
+    compute_x_mean(X, n, Fe, x_mean);
+    w_mean_acc(W, D, Fe, G, acc);
+    for (int64_t c = 0; c < Fe; c++) w_mean[c] = (float)(acc[c] / (double)D);
+    st = gemm_nt(o->backend, X, W, n, D, Fe, fp);
+    for (int i = 0; i < o->n_grid && !st; i++) {
+        const float ratio = (float)((double)i / (double)o->n_grid);
+        ratio_scales(x_mean, w_mean, Fe, ratio, o->duo_scaling, s);
+        candidate_of(b->layer, LLMQ_LIN_DOWN, W, D, Fe, G, s, o, tmp, cand);
+        if ((st = gemm_nt(o->backend, X, cand, n, D, Fe, out))) break;
+        const double loss = mse(fp, out, n * D);
+        if (!isfinite(loss))
+            st = llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d expert %lld up->down: loss %g at ratio %g", b->layer,
+                             (long long)x, loss, (double)ratio);
+        if (!st && loss < best) {
+            best = loss;
+            *ratio_out = ratio;
+            memcpy(b->s_down[x], s, (size_t)Fe * sizeof(float));
+        }
+    }
+done:
+    free(x_mean);
+    free(w_mean);
+    free(s);
+    free(tmp);
+    free(cand);
+    free(fp);
+    free(out);
+    free(acc);
+    return st;
+}
+
+// apply_scale for the experts: ffn_norm /= s_ffn, the router's and every gate / up's columns *= s_ffn; per expert
+// up_x's rows /= s_down[x], down_x's columns *= s_down[x].
+static void moe_apply(struct llmq_awq_block *b) {
+    const int64_t D = b->D, Fe = b->Fe, E = b->E;
+    const float *s = b->s_ffn;
+    for (int64_t c = 0; c < D; c++) b->ffn_norm[c] /= s[c];
+    for (int64_t r = 0; r < E; r++)
+        for (int64_t c = 0; c < D; c++) b->router[r * D + c] *= s[c];
+    for (int64_t x = 0; x < E; x++) {
+        for (int k = 0; k < 2; k++)
+            for (int64_t r = 0; r < Fe; r++)
+                for (int64_t c = 0; c < D; c++) b->ew[3 * x + k][r * D + c] *= s[c];
+        const float *sd = b->s_down[x];
+        for (int64_t r = 0; sd && r < Fe; r++)
+            for (int64_t c = 0; c < D; c++) b->ew[3 * x + 1][r * D + c] /= sd[r];
+        for (int64_t r = 0; sd && r < D; r++)
+            for (int64_t c = 0; c < Fe; c++) b->ew[3 * x + 2][r * Fe + c] *= sd[c];
+    }
+}
+
+// The clip search of every expert's gate / up / down on its routed, scaled inputs (after moe_apply).
+static enum llmq_status moe_clip(struct llmq_awq_block *b, const struct moe_cap *cap, const struct llmq_awq_opts *o) {
+    const int64_t D = b->D, Fe = b->Fe, C = D > Fe ? D : Fe;
+    int64_t nmax = 0, clipped = 0;
+    for (int64_t x = 0; x < b->E; x++) nmax = cap->n[x] > nmax ? cap->n[x] : nmax;
+    float *S = alloc_f32(nmax * C), *best = alloc_f32(D * Fe);
+    enum llmq_status st = S && best ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory (layer %d)", b->layer);
+    double err = 0, e;
+    for (int64_t x = 0; x < b->E && !st; x++) {
+        if (!cap->n[x]) continue;
+        int64_t T = sample_scaled(cap->in[x], cap->n[x], D, o->n_sample_token, b->s_ffn, S);
+        for (int k = 0; k < 2 && !st; k++, err += e)
+            st = clip_weight(b->layer, LLMQ_LIN_GATE + k, b->ew[3 * x + k], Fe, D, b->s_ffn, S, T, o,
+                             expert_group(o, LLMQ_LIN_GATE + k, D), best, &e);
+        if (st) break;
+        T = sample_scaled(cap->act[x], cap->n[x], Fe, o->n_sample_token, b->s_down[x], S);
+        st = clip_weight(b->layer, LLMQ_LIN_DOWN, b->ew[3 * x + 2], D, Fe, b->s_down[x], S, T, o,
+                         expert_group(o, LLMQ_LIN_DOWN, Fe), best, &e);
+        err += e;
+        clipped++;
+    }
+    if (!st)
+        llmq_info("awq: layer %d experts: clip search of %lld experts' gate, up, down, error sum %.6g", b->layer,
+                  (long long)clipped, err);
+    free(S);
+    free(best);
+    return st;
+}
+
+// The experts' part of llmq_awq_search for the ffn input n2 (N, D) and the mixture's fp output mlp_fp; out (N, D)
+// scratch. f's expert hook is borrowed for one pass (and cleared).
+static enum llmq_status moe_search(struct llmq_awq_block *b, struct llmq_forward *f, const float *n2, int64_t N,
+                                   const float *mlp_fp, float *out, const struct llmq_awq_opts *o) {
+    struct moe_cap cap = {.E = b->E};
+    cap.in = calloc((size_t)b->E, sizeof *cap.in);
+    cap.act = calloc((size_t)b->E, sizeof *cap.act);
+    cap.n = calloc((size_t)b->E, sizeof *cap.n);
+    enum llmq_status st = cap.in && cap.act && cap.n ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory");
+    if (!st) {
+        llmq_forward_set_expert_hook(f, moe_capture, &cap);
+        st = llmq_forward_mlp(f, b->layer, &b->ly, n2, N, out);
+        llmq_forward_set_expert_hook(f, NULL, NULL);
+        if (!st) st = cap.st;
+    }
+    if (!st) st = moe_search_ffn(b, f, n2, N, mlp_fp, out, o);
+    double rsum = 0;
+    int64_t searched = 0;
+    for (int64_t x = 0; x < b->E && !st; x++) {
+        float ratio = 0;
+        if (!cap.n[x]) continue; // no token: s = 1
+        st = moe_search_down(b, x, cap.act[x], cap.n[x], o, &ratio);
+        rsum += ratio;
+        searched++;
+    }
+    if (!st)
+        llmq_info("awq: layer %d up->down of %lld experts (the %lld others saw no token: unscaled), mean ratio %.2f",
+                  b->layer, (long long)searched, (long long)(b->E - searched),
+                  searched ? rsum / (double)searched : 0.0);
+    if (!st) moe_apply(b);
+    if (!st && o->clip) st = moe_clip(b, &cap, o);
+    moe_cap_free(&cap);
+    return st;
+}
+
 enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *f, const float *x, int64_t n_seq,
                                  int64_t seqlen, const struct llmq_awq_opts *o) {
     const int64_t D = b->D, F = b->F, Dq = b->Dq, N = n_seq * seqlen;
@@ -594,6 +880,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
                                (long long)(i / D), (long long)(i % D), (double)x[i]);
     const bool has_vo =
         lin_rows(b, LLMQ_LIN_V) == lin_rows(b, LLMQ_LIN_O) && lin_cols(b, LLMQ_LIN_V) == lin_cols(b, LLMQ_LIN_O);
+    const bool moe = b->ew != NULL; // the MLP's groups are the experts' (moe_search)
     struct captured cap = {.N = N};
     float *h = NULL, *attn_fp = NULL, *mlp_fp = NULL, *cand_out = NULL, *S = NULL;
     struct scale_job job = {.b = b, .f = f, .o = o, .n_seq = n_seq, .seqlen = seqlen, .N = N};
@@ -609,7 +896,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     cand_out = alloc_f32(N * D);
     int64_t cand_n = 0; // the largest group's candidate weights
     for (int l = 0; l < LLMQ_LIN_COUNT; l++)
-        if (lin_rows(b, l) * lin_cols(b, l) > cand_n) cand_n = lin_rows(b, l) * lin_cols(b, l);
+        if (b->w[l] && lin_rows(b, l) * lin_cols(b, l) > cand_n) cand_n = lin_rows(b, l) * lin_cols(b, l);
     for (int k = 0; k < 3; k++) job.cand[k] = alloc_f32(cand_n);
     job.tmp = o->fake_quant ? alloc_f32(cand_n) : alloc_f32(1);
     if (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !cand_out || !job.cand[0] ||
@@ -640,7 +927,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         {LLMQ_AWQ_PREV_UP, 1, {LLMQ_LIN_DOWN}, cap.act, NULL, F},
     };
     for (int d = 0; d < 4 && !st; d++) {
-        if (defs[d].prev == LLMQ_AWQ_PREV_V && !has_vo) continue;
+        if ((defs[d].prev == LLMQ_AWQ_PREV_V && !has_vo) || (moe && d >= 2)) continue;
         struct llmq_awq_group *g = &b->groups[b->n_groups++];
         g->prev = defs[d].prev;
         g->n_lin = defs[d].n_lin;
@@ -656,6 +943,8 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
 
     // apply_scale, in the order of the groups (v and up see their column scale before the row one).
     for (int k = 0; k < b->n_groups; k++) apply_scale(b, &b->groups[k]);
+    // the experts: searched on the original weights too (their clip search included), then applied
+    if (moe && (st = moe_search(b, f, cap.n2, N, mlp_fp, cand_out, o))) goto done;
 
     // Clip search on the scaled weights with the scaled inputs.
     if (o->clip) {
@@ -669,7 +958,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
             goto done;
         }
         const enum llmq_linear clip_lins[5] = {LLMQ_LIN_V, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_UP, LLMQ_LIN_DOWN};
-        for (int k = 0; k < 5 && !st; k++) {
+        for (int k = 0; k < (moe ? 2 : 5) && !st; k++) { // moe: gate / up / down are the experts' (moe_clip)
             const enum llmq_linear l = clip_lins[k];
             const float *in = l == LLMQ_LIN_V      ? cap.n1
                               : l == LLMQ_LIN_O    ? cap.att

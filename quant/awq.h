@@ -54,10 +54,22 @@
  * ---- Weights, views, and the model ------------------------------------------------------------
  * Model weights are const views into a mapped file, and the model is never changed: the search works on
  * a struct llmq_awq_block that OWNS f32 copies of the block's 7 linears, 2 norms and (qwen2) q/k/v biases,
- * and its weight set b->ly (the model's block with those views on the copies; q/k norms, post norms,
- * router and experts the model's). The forward pass (calib/model/forward.h) runs b->ly; after the search
+ * and its weight set b->ly (the model's block with those views on the copies; q/k norms, post norms the
+ * model's; a moe block's router and experts copied too, see "Mixture of experts"). The forward pass
+ * (calib/model/forward.h) runs b->ly; after the search
  * it holds the scaled, folded and clipped weights, which the driver hands to the solvers and the writer
  * (quant/quantize.h, quant/writer.h llmq_qwriter_put_block).
+ *
+ * ---- Mixture of experts (mixtral, qwen3_moe) -----------------------------------------------------
+ * The post-attention norm feeds the router and every expert, so it is one scale group over all experts' gate and
+ * up (AutoAWQ's Mixtral get_layers_for_scaling: prev_op post_attention_layernorm, layers = every expert's w1 / w3,
+ * module2inspect the sparse MoE block): x_mean over all N tokens of the ffn input, w_mean over the rows of all
+ * 2E linears, loss = mse of the mixture's output (llmq_forward_mlp, the router's choices fixed by its unchanged
+ * input). After the search ffn_norm /= s and the ROUTER's columns *= s as well (it stays full precision), so its
+ * logits are those of the unscaled model up to rounding and the routing does not move. Each expert x: up_x ->
+ * down_x on the rows the router sends to x (their SiLU(gate) * up), loss = mse of down_x's output; an expert no
+ * token reaches keeps s = 1 (no group). The clip search runs on every expert's gate / up / down with its own
+ * routed (scaled) inputs. The attention's groups are unchanged.
  *
  * Memory of llmq_awq_search (f32): the block copies (its weights once), plus for N tokens the
  * captured inputs n1 (N, D), o input (N, Dq), n2 (N, D), down input (N, F), and five (N, D) buffers
@@ -172,6 +184,17 @@ struct llmq_awq_block {
     // the copies above (vw, vattn_norm, vffn_norm, vbias). Valid until llmq_awq_block_free.
     struct llmq_layer ly;
     struct llmq_tensor_view vw[LLMQ_LIN_COUNT], vattn_norm, vffn_norm, vbias[3];
+
+    // A moe block (see "Mixture of experts"): w[GATE], w[UP], w[DOWN] are NULL; f32 copies of the router and of
+    // every expert, on views in ly (router, exps).
+    int64_t E, Fe;
+    float *router;                         // (E, D)
+    float **ew;                            // (3E) expert x's gate (Fe, D), up (Fe, D), down (D, Fe)
+    struct llmq_tensor_view vrouter, *vew; // views on them
+    const struct llmq_tensor_view **eset;  // (3E) &vew[j]: ly.exps
+    float *s_ffn;                          // (D) ffn_norm -> every expert's gate and up; NULL before the search
+    float **s_down;                        // (E) up_x -> down_x; NULL for an expert no token was routed to
+    float ratio_ffn;                       // the ffn_norm group's chosen ratio
 };
 
 // Copies block `layer` of m to f32 (any weight dtype llmq_model_weight_f32 reads) into a new block.
@@ -194,6 +217,8 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
 // For awq+gptq: the Hessian of the scaled layer is H'[i, j] = H[i, j] / (s[i] * s[j]) where H is
 // built from the unscaled input; llmq_awq_scale_hessian does that in place on H (C, C).
 const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin);
+// A moe block's expert `expert`'s linear lin (GATE, UP: s_ffn; DOWN: s_down[expert]): its input scales, or NULL.
+const float *llmq_awq_expert_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin, int64_t expert);
 void llmq_awq_scale_hessian(const struct llmq_awq_block *b, enum llmq_linear lin, float *H /* (C, C) */);
 
 // AutoAWQ's pseudo_quantize_tensor (zero point) on W (R, C) with G = group_size (-1, or a size

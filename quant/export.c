@@ -21,7 +21,9 @@
 
 #define CHUNK_FLOATS (1 << 20) // model tensors are converted 4 MiB of f32 at a time
 #define MAX_PARTS 5            // qweight, qzeros, scales, g_idx, bias
-#define N_GIVEN 5              // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases
+#define N_GIVEN                                                                                                        \
+    6 // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases,
+      // the moe router
 
 const int LLMQ_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
@@ -92,7 +94,16 @@ void llmq_awq_unpack8(uint32_t w, uint8_t *c) {
 // ================================================================================ the export ====
 
 // SLOT_NORM: a norm that no linear waits for (q_norm / k_norm, gemma's post norms), after down_proj.
-enum slot_kind { SLOT_EMBED, SLOT_ATTN_NORM, SLOT_FFN_NORM, SLOT_NORM, SLOT_LINEAR, SLOT_OUT_NORM, SLOT_LM_HEAD };
+enum slot_kind {
+    SLOT_EMBED,
+    SLOT_ATTN_NORM,
+    SLOT_FFN_NORM,
+    SLOT_NORM,
+    SLOT_LINEAR,
+    SLOT_ROUTER, // a moe block's router (the model's, unquantized)
+    SLOT_OUT_NORM,
+    SLOT_LM_HEAD
+};
 
 struct part { // one output tensor of a linear, packed and waiting for its turn in the stream
     char name[160];
@@ -104,6 +115,7 @@ struct slot {
     enum slot_kind kind;
     int64_t layer;
     enum llmq_linear which;
+    int64_t expert;             // linears: the expert (moe gate / up / down), -1 for a dense linear
     enum llmq_tensor_role role; // model tensors: the role
     char name[160];             // model tensors: the HF tensor name
     int n_parts;                // linears: tensors declared for it
@@ -127,8 +139,18 @@ struct llmq_export {
                                     // (llmq_export_block; data NULL: none, or written already)
 };
 
-static void lin_name(char *buf, size_t n, int64_t layer, enum llmq_linear w) {
-    llmq_linear_full_name(w, layer, true, buf, n);
+// The HF name of a linear without ".weight": "model.layers.N.self_attn.q_proj", an expert's
+// "model.layers.N.mlp.experts.E.gate_proj" (qwen3_moe) / "...block_sparse_moe.experts.E.w1" (mixtral), where
+// transformers' checkpoints and GPTQModel's module tree have them.
+static void lin_name_x(const struct llmq_model *m, char *buf, size_t n, int64_t layer, enum llmq_linear w,
+                       int64_t expert) {
+    if (expert < 0) {
+        llmq_linear_full_name(w, layer, true, buf, n);
+        return;
+    }
+    llmq_tensor_expert_hf_name(m->hp.arch, LLMQ_T_FFN_GATE_EXPS + (w - LLMQ_LIN_GATE), layer, expert, buf, n);
+    size_t len = strlen(buf), sl = strlen(".weight");
+    if (len > sl && strcmp(buf + len - sl, ".weight") == 0) buf[len - sl] = 0;
 }
 
 // Rows whose GGUF order must be undone: the q/k weights of a GGUF llama model (0: none).
@@ -155,7 +177,10 @@ int llmq_export_fit_group(const struct llmq_model *m, int group_size) {
     for (; g > 1; g /= 2) {
         bool all = true;
         for (int64_t l = 0; all && l < m->hp.n_layer; l++)
-            for (int k = 0; all && k < LLMQ_LIN_COUNT; k++) all = m->layers[l].w[k]->shape[1] % g == 0;
+            for (int k = 0; all && k < LLMQ_LIN_COUNT; k++) {
+                int64_t x = m->hp.moe && k >= LLMQ_LIN_GATE ? 0 : -1; // moe: expert 0 stands for all (same shapes)
+                all = llmq_layer_linear(&m->layers[l], k, x)->shape[1] % g == 0;
+            }
         if (all) break;
     }
     return g;
@@ -248,8 +273,18 @@ static json_t *quant_config(const struct llmq_export *e) {
 
 // A block's slots: two norms, the seven linears, and after down_proj q_norm / k_norm (qwen3, gemma3) and the
 // post norms (gemma).
+// A moe block: the two norms, q k v o, the router and E x (gate, up, down), then q_norm / k_norm.
 static int64_t slots_per_layer(const struct llmq_model *m) {
-    return LLMQ_LIN_COUNT + 2 + (m->hp.qk_norm ? 2 : 0) + (m->hp.gemma ? 2 : 0);
+    int64_t lin = m->hp.moe ? LLMQ_LIN_GATE + 1 + 3 * m->hp.n_expert : LLMQ_LIN_COUNT;
+    return lin + 2 + (m->hp.qk_norm ? 2 : 0) + (m->hp.gemma ? 2 : 0);
+}
+
+// The slot of block l's linear `which` (expert >= 0: that expert's gate / up / down), in the order of
+// llmq_export_begin.
+static int64_t linear_slot(const struct llmq_model *m, int64_t l, enum llmq_linear which, int64_t expert) {
+    int64_t base = 1 + l * slots_per_layer(m);                                                   // its input_layernorm
+    if (expert >= 0) return base + 1 + LLMQ_LIN_GATE + 2 + 3 * expert + (which - LLMQ_LIN_GATE); // + ffn norm, router
+    return base + (int64_t)which + 1 + (which >= LLMQ_LIN_GATE ? 1 : 0);
 }
 
 // The view of norm `role` of block l (output_norm for LLMQ_T_OUTPUT_NORM); NULL when the model has none.
@@ -263,6 +298,7 @@ static const struct llmq_tensor_view *norm_view(const struct llmq_model *m, int6
     case LLMQ_T_ATTN_K_NORM: return L->k_norm;
     case LLMQ_T_ATTN_POST_NORM: return L->attn_post_norm;
     case LLMQ_T_FFN_POST_NORM: return L->ffn_post_norm;
+    case LLMQ_T_FFN_GATE_INP: return L->router;
     default: return NULL;
     }
 }
@@ -274,6 +310,7 @@ static struct slot *add_slot(struct llmq_export *e, enum slot_kind k, int64_t la
     s->kind = k;
     s->layer = layer;
     s->which = w;
+    s->expert = -1;
     if (name) snprintf(s->name, sizeof s->name, "%s", name);
     return s;
 }
@@ -287,13 +324,13 @@ static enum llmq_status declare_part(struct llmq_export *e, struct slot *s, cons
     char prefix[128];
     int64_t shape[2] = {d0, d1};
     struct part *p = &s->parts[s->n_parts++];
-    lin_name(prefix, sizeof prefix, s->layer, s->which);
+    lin_name_x(e->m, prefix, sizeof prefix, s->layer, s->which, s->expert);
     snprintf(p->name, sizeof p->name, "%s.%s", prefix, suffix);
     return llmq_st_writer_add_tensor(e->sw, p->name, dt, n_dims, shape);
 }
 
 static enum llmq_status declare_linear(struct llmq_export *e, struct slot *s) {
-    const struct llmq_tensor_view *w = e->m->layers[s->layer].w[s->which];
+    const struct llmq_tensor_view *w = llmq_layer_linear(&e->m->layers[s->layer], s->which, s->expert);
     int64_t R = w->shape[0], C = w->shape[1], b = e->o.q.bits;
     int64_t ng = e->o.q.group_size > 0 ? C / e->o.q.group_size : 1;
     bool bias = lin_bias(e->m, s->layer, s->which) != NULL;
@@ -386,6 +423,12 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
     case SLOT_NORM:
     case SLOT_OUT_NORM: return write_norm(e, s->layer, s->role);
     case SLOT_LM_HEAD: return write_view(e, m->output);
+    case SLOT_ROUTER: { // the copy handed over (AWQ: its columns scaled), else the model's
+        struct llmq_tensor_view *g = given(e, s->layer, 5);
+        st = write_view(e, g ? g : m->layers[s->layer].router);
+        if (g) llmq_tensor_copy_free(g);
+        return st;
+    }
     case SLOT_LINEAR:
         for (int i = 0; i < s->n_parts && !st; i++) {
             st = llmq_st_writer_write_tensor(e->sw, s->parts[i].name, s->parts[i].data, s->parts[i].nbytes);
@@ -591,9 +634,28 @@ enum llmq_status llmq_export_check(const struct llmq_model *m, const struct llmq
     int fit = o->q.group_size > 0 ? llmq_export_fit_group(m, o->q.group_size) : 0;
     for (int64_t l = 0; !st && l < m->hp.n_layer; l++)
         for (int w = 0; !st && w < LLMQ_LIN_COUNT; w++) {
-            const struct llmq_tensor_view *v = m->layers[l].w[w];
-            lin_name(what, sizeof what, l, (enum llmq_linear)w);
+            int64_t x = m->hp.moe && w >= LLMQ_LIN_GATE ? 0 : -1; // moe: expert 0 stands for all (same shapes)
+            const struct llmq_tensor_view *v = llmq_layer_linear(&m->layers[l], w, x);
+            lin_name_x(m, what, sizeof what, l, (enum llmq_linear)w, x);
             st = check_shape(o, what, v->shape[0], v->shape[1], fit);
+        }
+    return st;
+}
+
+// A moe block's router (written from the model's view, in the output's dtype: unquantized) and its experts'
+// gate, up, down in expert order.
+static enum llmq_status declare_experts(struct llmq_export *e, int64_t l) {
+    const struct llmq_model *m = e->m;
+    char what[160];
+    llmq_tensor_full_name(m->hp.arch, LLMQ_T_FFN_GATE_INP, l, true, what, sizeof what);
+    struct slot *s = add_slot(e, SLOT_ROUTER, l, 0, what);
+    s->ready = true; // nothing to wait for: the post_attention_layernorm before it waits for o only
+    enum llmq_status st = declare_view(e, s->name, m->layers[l].router);
+    for (int64_t x = 0; !st && x < m->hp.n_expert; x++)
+        for (int w = LLMQ_LIN_GATE; !st && w <= LLMQ_LIN_DOWN; w++) {
+            s = add_slot(e, SLOT_LINEAR, l, (enum llmq_linear)w, NULL);
+            s->expert = x;
+            st = declare_linear(e, s);
         }
     return st;
 }
@@ -669,8 +731,13 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
                 s->role = r;
                 if ((st = declare_view(e, s->name, norm_view(m, l, r)))) goto fail;
             }
-            s = add_slot(e, SLOT_LINEAR, l, (enum llmq_linear)w, NULL);
-            if ((st = declare_linear(e, s))) goto fail;
+            if (m->hp.moe && w >= LLMQ_LIN_GATE) {
+                if (w == LLMQ_LIN_GATE && (st = declare_experts(e, l))) goto fail;
+                if (w != LLMQ_LIN_DOWN) continue;
+            } else {
+                s = add_slot(e, SLOT_LINEAR, l, (enum llmq_linear)w, NULL);
+                if ((st = declare_linear(e, s))) goto fail;
+            }
             for (size_t k = 0; w == LLMQ_LIN_DOWN && k < sizeof after_down / sizeof after_down[0]; k++) {
                 if (!norm_view(m, l, after_down[k])) continue; // the family has no such norm
                 llmq_tensor_full_name(m->hp.arch, after_down[k], l, true, what, sizeof what);
@@ -703,20 +770,26 @@ fail:
 
 enum llmq_status llmq_export_layer(struct llmq_export *e, int64_t layer, enum llmq_linear which,
                                    const struct llmq_qlinear *ql) {
+    return llmq_export_expert(e, layer, which, -1, ql);
+}
+
+enum llmq_status llmq_export_expert(struct llmq_export *e, int64_t layer, enum llmq_linear which, int64_t expert,
+                                    const struct llmq_qlinear *ql) {
     char what[160];
     enum llmq_status st;
     if (!e) return llmq_errorf(LLMQ_ERR_ARG, "export: no export");
     if (e->poisoned) return e->poisoned;
-    if (layer < 0 || layer >= e->m->hp.n_layer || (unsigned)which >= LLMQ_LIN_COUNT || !ql)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: linear %d of layer %lld does not exist", e->out, (int)which,
-                           (long long)layer);
-    lin_name(what, sizeof what, layer, which);
-    // slot index: 1 + layer * slots_per_layer + which + 1 (attn norm) + (which >= GATE: 1 for ffn norm)
-    int64_t idx = 1 + layer * slots_per_layer(e->m) + (int64_t)which + 1 + (which >= LLMQ_LIN_GATE ? 1 : 0);
+    const bool moe_ffn = e->m->hp.moe && which >= LLMQ_LIN_GATE;
+    if (layer < 0 || layer >= e->m->hp.n_layer || (unsigned)which >= LLMQ_LIN_COUNT || !ql ||
+        moe_ffn != (expert >= 0) || expert >= e->m->hp.n_expert)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: linear %d (expert %lld) of layer %lld does not exist", e->out, (int)which,
+                           (long long)expert, (long long)layer);
+    lin_name_x(e->m, what, sizeof what, layer, which, expert);
+    int64_t idx = linear_slot(e->m, layer, which, expert);
     struct slot *s = &e->slots[idx];
-    LLMQ_ASSERT(s->kind == SLOT_LINEAR && s->layer == layer && s->which == which);
+    LLMQ_ASSERT(s->kind == SLOT_LINEAR && s->layer == layer && s->which == which && s->expert == expert);
     if (s->ready || idx < e->pos) return llmq_errorf(LLMQ_ERR_ARG, "%s: handed over twice", what);
-    const struct llmq_tensor_view *w = e->m->layers[layer].w[which];
+    const struct llmq_tensor_view *w = llmq_layer_linear(&e->m->layers[layer], which, expert);
     int64_t ng = llmq_qconfig_n_groups(&e->o.q, w->shape[1]); // ceil: fake also takes a non-tiled C
     if (ql->R != w->shape[0] || ql->C != w->shape[1] || ql->bits != e->o.q.bits ||
         ql->group_size != e->o.q.group_size || ql->sym != e->o.q.sym || ql->n_groups != ng)
@@ -754,7 +827,7 @@ enum llmq_status llmq_export_block(struct llmq_export *e, int64_t layer, const s
     for (int w = LLMQ_LIN_Q; w <= LLMQ_LIN_V; w++) late = late || e->slots[first + 1 + w].ready;
     if (late)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: block %lld handed over after its first linear", e->out, (long long)layer);
-    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv};
+    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->router};
     for (int g = 0; g < N_GIVEN; g++) {
         struct llmq_tensor_view *c = &e->given[layer * N_GIVEN + g];
         llmq_tensor_copy_free(c); // handed over again: the last one counts
@@ -772,7 +845,7 @@ enum llmq_status llmq_export_finish(struct llmq_export *e) {
     if (e->pos < e->n_slots) {
         struct slot *s = &e->slots[e->pos];
         char what[160];
-        lin_name(what, sizeof what, s->layer, s->which);
+        lin_name_x(e->m, what, sizeof what, s->layer, s->which, s->expert);
         st = llmq_errorf(LLMQ_ERR_ARG, "%s: export finished without %s", e->out, what);
         goto fail;
     }

@@ -166,6 +166,14 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
 enum llmq_status llmq_export_layer(struct llmq_export *e, int64_t layer, enum llmq_linear which,
                                    const struct llmq_qlinear *ql);
 
+// A moe block's expert `expert`'s gate / up / down (which LLMQ_LIN_GATE, UP, DOWN), as llmq_export_layer; the dense
+// gate / up / down of a moe block do not exist (LLMQ_ERR_ARG), nor an expert of a dense linear. Written as
+// "<HF name of the expert's linear>.qweight" etc. (model.layers.N.mlp.experts.E.gate_proj for qwen3_moe,
+// model.layers.N.block_sparse_moe.experts.E.w1 / w3 / w2 for mixtral: GPTQModel's module names); the router
+// (mlp.gate / block_sparse_moe.gate) is written unquantized, in the output's dtype, before the experts.
+enum llmq_status llmq_export_expert(struct llmq_export *e, int64_t layer, enum llmq_linear which, int64_t expert,
+                                    const struct llmq_qlinear *ql);
+
 // Hands over block `layer`'s input_layernorm, post_attention_layernorm and q / k / v biases as the driver's
 // weight set ly holds them (attn_norm, ffn_norm, bq, bk, bv; a NULL one: the model's), copied during the call; they are
 // written instead of the model's views. Before the block's q, k and v (LLMQ_ERR_ARG after); a second call

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #define CHUNK_FLOATS ((int64_t)4 << 20) // rows decoded per step: about 16 MiB of f32
-#define N_GIVEN 5                       // a block's tensors a driver hands over (llmq_gguf_export_block)
+#define N_GIVEN 6                       // a block's tensors a driver hands over (llmq_gguf_export_block)
 
 enum kind {
     K_VIEW,      // a tensor of the input GGUF that the model does not use (copied / converted as planned)
@@ -54,6 +54,8 @@ struct entry {
     size_t row_bytes, nbytes;
     void *held; // (nbytes) encoded rows in the MODEL's row order, handed over early
     bool handed, written;
+    int64_t n_exp_handed; // K_EXPS: experts handed over so far (handed once all E are)
+    int64_t expert;       // write_exps' part of a K_EXPS entry: its expert (its importance); -1 otherwise
     double seconds;
     double pred_err, pred_err_mix; // the type choice's err of the chosen type and of the mix's (free tensors)
     double sens_kld, pred_kld;     // MEASURED, allocated tensors: the KLD alone in the mix's type, the predicted
@@ -70,6 +72,7 @@ struct llmq_gguf_export {
     int *n_handed;                     // (n_layer) linears handed over per block
     struct llmq_tensor_view *given;    // (n_layer, N_GIVEN) copies of the handed-over block tensors (data NULL: none)
     float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
+    float **eimp;                      // moe: (n_layer, E, 2) each expert's gate/up and down input importance
     float **cimp;                      // the same from o.choice_imatrix (the type choice only), or NULL
     struct llmq_tensor_view rope_view; // HF llama3: generated rope_freqs.weight
     float *rope_gen;
@@ -107,6 +110,7 @@ static struct entry *add_entry(struct llmq_gguf_export *e, int64_t *cap) {
     memset(x, 0, sizeof(*x));
     x->layer = -1;
     x->which = -1;
+    x->expert = -1;
     return x;
 }
 
@@ -143,7 +147,8 @@ static enum kind classify(const struct llmq_hparams *hp, const char *name, int64
     }
 }
 
-// The slot of kind k among a block's handed-over tensors (attn_norm, ffn_norm, bq, bk, bv), or -1.
+// The slot of kind k among a block's handed-over tensors (attn_norm, ffn_norm, bq, bk, bv, the moe router: AWQ
+// scales its columns), or -1.
 static int given_slot(enum kind k) {
     switch (k) {
     case K_ATTN_NORM: return 0;
@@ -151,6 +156,7 @@ static int given_slot(enum kind k) {
     case K_BQ: return 2;
     case K_BK: return 3;
     case K_BV: return 4;
+    case K_ROUTER: return 5;
     default: return -1;
     }
 }
@@ -282,15 +288,31 @@ static int entry_cmp(const void *a, const void *b) {
 
 // ---- importance -----------------------------------------------------------------------------------
 
+// Each expert's importance (Σx² / count over the tokens that reached it, as llama-imatrix keeps one row per expert
+// matrix) into e->eimp; an expert no token reached has none (encoded unweighted, as llama-quantize does).
+static enum llmq_status load_expert_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s) {
+    const int64_t n = e->m->hp.n_layer * e->m->hp.n_expert * LLMQ_CALIB_EXP_N_SLOTS;
+    if (s->n_expert != e->m->hp.n_expert || !(e->eimp = calloc((size_t)n, sizeof(float *))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+    for (int64_t i = 0; i < n; i++) {
+        const struct llmq_calib_input *in = &s->exp[i];
+        if (!in->sum_sq || in->count <= 0) continue;
+        if (!(e->eimp[i] = malloc((size_t)in->n_in * sizeof(float))))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
+        for (int64_t c = 0; c < in->n_in; c++) e->eimp[i][c] = (float)(in->sum_sq[c] / (double)in->count);
+    }
+    return LLMQ_OK;
+}
+
 // The importance of every block input of statistics s into *imp (NULL without s).
 static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s, float ***imp) {
     const struct llmq_model *m = e->m;
     int64_t L = m->hp.n_layer;
     if (!s) return LLMQ_OK;
-    if (m->hp.moe)
+    if (m->hp.moe && !s->exp)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "gguf export: %s: importance for the experts of a mixture of experts (%s) is not "
-                           "implemented yet (quantize it without an imatrix)",
+                           "gguf export: %s: these statistics hold no per-expert importance for the experts of a "
+                           "mixture of experts (%s): an imatrix file is not read for them yet (use --calib)",
                            m->path, llmq_arch_name(m->hp.arch));
     if (s->n_layer != L)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: the importance statistics have %lld blocks, %s has %lld",
@@ -302,6 +324,7 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct
     for (int64_t l = 0; l < L; l++)
         for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
             const struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS + k];
+            if (!m->layers[l].w[slot_linear[k]]) continue; // moe: the router's input (f32) / no dense down
             int64_t C = m->layers[l].w[slot_linear[k]]->shape[1];
             if (!in->sum_sq || in->count <= 0) {
                 n_missing++;
@@ -319,7 +342,7 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct
     if (n_missing)
         llmq_warn("gguf export: %d of %lld block inputs have no importance data (quantized without)", n_missing,
                   (long long)(L * LLMQ_CALIB_N_SLOTS));
-    return LLMQ_OK;
+    return m->hp.moe ? load_expert_importance(e, s) : LLMQ_OK;
 }
 
 static const float *slot_importance(float *const *imp, const struct entry *x) {
@@ -328,6 +351,8 @@ static const float *slot_importance(float *const *imp, const struct entry *x) {
 }
 
 static const float *entry_importance(const struct llmq_gguf_export *e, const struct entry *x) {
+    if (x->kind == K_EXPS && x->expert >= 0 && e->eimp) // write_exps' part: that expert's
+        return e->eimp[(x->layer * e->m->hp.n_expert + x->expert) * LLMQ_CALIB_EXP_N_SLOTS + (x->which == 2)];
     return slot_importance(e->imp, x);
 }
 
@@ -381,6 +406,9 @@ static void export_free(struct llmq_gguf_export *e) {
     for (int64_t i = 0; e->given && i < e->m->hp.n_layer * N_GIVEN; i++) llmq_tensor_copy_free(&e->given[i]);
     free(e->given);
     for (int64_t i = 0; e->imp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->imp[i]);
+    for (int64_t i = 0; e->eimp && i < e->m->hp.n_layer * e->m->hp.n_expert * LLMQ_CALIB_EXP_N_SLOTS; i++)
+        free(e->eimp[i]);
+    free(e->eimp);
     for (int64_t i = 0; e->cimp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->cimp[i]);
     free(e->imp);
     free(e->cimp);
@@ -563,6 +591,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         memcpy(mt[i].shape, x->shape, sizeof(mt[i].shape));
         mt[i].src_type = x->src_type;
         if (x->kind == K_LINEAR) e->lin[x->layer * LLMQ_LIN_COUNT + x->which] = i;
+        if (x->kind == K_EXPS) e->lin[x->layer * LLMQ_LIN_COUNT + LLMQ_LIN_GATE + x->which] = i; // their type
     }
     struct llmq_gguf_mix_model mm;
     llmq_gguf_mix_model_from_hparams(&m->hp, &mm);
@@ -713,15 +742,17 @@ static enum llmq_status write_exps(struct llmq_gguf_export *e, const struct entr
     const struct llmq_layer *L = &e->m->layers[x->layer];
     const int64_t E = e->m->hp.n_expert;
     enum llmq_status st = LLMQ_OK;
-    struct entry part = *x;
-    part.kind = K_VIEW;
+    struct entry part = *x; // its kind and which stay: entry_importance finds the expert's
     part.n_dims = 2;
     part.shape[0] = x->shape[1];
     part.shape[1] = x->shape[2];
     part.shape[2] = 1;
     part.R = x->R / E;
     part.nbytes = x->row_bytes * (size_t)part.R;
-    for (int64_t k = 0; k < E && !st; k++) st = write_from_view(e, &part, L->exps[3 * k + x->which]);
+    for (int64_t k = 0; k < E && !st; k++) {
+        part.expert = k;
+        st = write_from_view(e, &part, L->exps[3 * k + x->which]);
+    }
     return st;
 }
 
@@ -746,6 +777,7 @@ static void progress(struct llmq_gguf_export *e, int64_t i, double secs) {
 static bool ready(const struct llmq_gguf_export *e, const struct entry *x) {
     if (e->finishing) return true;
     if (x->kind == K_LINEAR) return x->handed;
+    if (x->kind == K_EXPS) return x->handed; // every expert handed over (the writer alone: at finish)
     if (x->layer >= 0) return e->n_handed[x->layer] == block_linears(&e->m->hp);
     return true;
 }
@@ -804,9 +836,9 @@ static enum llmq_status check_handover(struct llmq_gguf_export *e, int64_t layer
     if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: no export");
     if (e->err) return e->err;
     struct entry *x = linear_entry(e, layer, which);
-    if (!x || !data)
-        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: linear (%lld, %d) out of range or no data", (long long)layer,
-                           (int)which);
+    if (!x || !data || x->kind != K_LINEAR)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: linear (%lld, %d) out of range, an expert tensor or no data",
+                           (long long)layer, (int)which);
     if (x->handed) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s handed over twice", x->name);
     *xo = x;
     return LLMQ_OK;
@@ -850,6 +882,57 @@ enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t
     return accept(e, x, rows);
 }
 
+// Expert `expert`'s part of the stacked tensor of (layer, which): *xo and its byte offset *off.
+static enum llmq_status expert_part(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which, int64_t expert,
+                                    const void *data, struct entry **xo, size_t *off) {
+    if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: no export");
+    if (e->err) return e->err;
+    struct entry *x = linear_entry(e, layer, which);
+    if (!x || x->kind != K_EXPS || !data || expert < 0 || expert >= e->m->hp.n_expert)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: expert %lld of linear (%lld, %d) out of range or no data",
+                           (long long)expert, (long long)layer, (int)which);
+    const size_t part = x->nbytes / (size_t)e->m->hp.n_expert;
+    if (x->handed || x->written)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s: expert %lld handed over after the tensor was complete",
+                           x->name, (long long)expert);
+    if (!e->o.dry_run && !x->held && !(x->held = calloc(1, x->nbytes ? x->nbytes : 1)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: %s: out of memory", x->name);
+    *xo = x;
+    *off = part * (size_t)expert;
+    return LLMQ_OK;
+}
+
+// One more expert of x is in: once all are, the stacked tensor is written when its turn comes.
+static enum llmq_status accept_expert(struct llmq_gguf_export *e, struct entry *x) {
+    if (++x->n_exp_handed == e->m->hp.n_expert) x->handed = true;
+    return pump(e);
+}
+
+// Expert `expert`'s rows into its part of the stacked tensor: encoded rows, or (f32) weights encoded here.
+static enum llmq_status put_expert(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which, int64_t expert,
+                                   const void *data, bool f32) {
+    struct entry *x = NULL;
+    size_t off = 0;
+    enum llmq_status st = expert_part(e, layer, which, expert, data, &x, &off);
+    if (st || !x->held) return st ? st : accept_expert(e, x);
+    const int64_t R = x->R / e->m->hp.n_expert;
+    if (!f32)
+        memcpy((uint8_t *)x->held + off, data, x->nbytes / (size_t)e->m->hp.n_expert);
+    else if ((st = llmq_gguf_encode_rows(x->ch.type, data, (uint8_t *)x->held + off, R, x->C, NULL, e->o.n_threads)))
+        return st;
+    return accept_expert(e, x);
+}
+
+enum llmq_status llmq_gguf_export_expert_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                               int64_t expert, const void *blocks) {
+    return put_expert(e, layer, which, expert, blocks, false);
+}
+
+enum llmq_status llmq_gguf_export_expert_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                             int64_t expert, const float *W) {
+    return put_expert(e, layer, which, expert, W, true);
+}
+
 enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t layer, const struct llmq_layer *ly) {
     if (!e || !ly || layer < 0 || layer >= e->m->hp.n_layer)
         return llmq_errorf(LLMQ_ERR_ARG, "gguf export: block %lld out of range or no weights", (long long)layer);
@@ -860,7 +943,7 @@ enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t laye
             return llmq_errorf(LLMQ_ERR_ARG, "gguf export: block %lld handed over after %s was written",
                                (long long)layer, x->name);
     }
-    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv};
+    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->router};
     for (int g = 0; g < N_GIVEN; g++) {
         struct llmq_tensor_view *c = &e->given[layer * N_GIVEN + g];
         llmq_tensor_copy_free(c); // handed over again: the last one counts

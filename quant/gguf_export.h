@@ -32,9 +32,12 @@
  *     per-expert HF tensors stacked in index order for an HF input, as llmq convert stacks them), one type for the
  *     whole stacked tensor as llama-quantize chooses it (quant/gguf_mix.h: n_expert, the block of ffn_down_exps from
  *     its name); every encoder works row by row, so this is llama_model_quantize's output when no importance is
- *     given. The router ffn_gate_inp keeps its type (llama-quantize never quantizes it). Not implemented for them
- *     (refused, LLMQ_ERR_UNSUPPORTED): an imatrix (per-expert importance), choose.mode QUALITY / TARGET, and the
- *     hand-overs of the dense gate / up / down (a moe block hands over q, k, v, o only).
+ *     given. The router ffn_gate_inp keeps its type (llama-quantize never quantizes it; AWQ hands over a copy with its
+ *     columns scaled, llmq_gguf_export_block). Importance: statistics with per-expert rows (llmq_calib_stats exp, as
+ *     llmq_calib_run gathers them) give each expert its own Σx² / count; the solvers hand the experts over encoded
+ *     (llmq_gguf_export_expert_bytes) and the stacked tensor is written once all E are in. Not implemented for them
+ *     (refused, LLMQ_ERR_UNSUPPORTED): statistics without per-expert rows (an imatrix file), choose.mode QUALITY /
+ *     TARGET, and the hand-overs of the dense gate / up / down (a moe block has none).
  *
  * ---- Provenance keys (absent with no_provenance) ------------------------------------------------
  *   llmq.version                string  LLMQ_VERSION
@@ -169,6 +172,16 @@ enum llmq_status llmq_gguf_export_linear_bytes(struct llmq_gguf_export *e, int64
 // Or as f32 weights W (R, C) in the model's row order, encoded here with the linear's importance.
 enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
                                              const float *W);
+
+// A moe block's experts (which LLMQ_LIN_GATE, UP, DOWN: blk.N.ffn_{gate,up,down}_exps): one type for all E experts of
+// the stacked tensor (llmq_gguf_export_linear_type of that `which` gives it). Expert `expert`'s (R, C) handed over as
+// R encoded rows (or f32 weights, encoded here without importance), copied into the stacked tensor at rows
+// expert R .. (expert + 1) R - 1; the tensor is written once all E are there. Without any hand-over (rtn: the
+// writer alone) it is encoded from the model's views at finish, as before.
+enum llmq_status llmq_gguf_export_expert_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                               int64_t expert, const void *blocks);
+enum llmq_status llmq_gguf_export_expert_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
+                                             int64_t expert, const float *W);
 
 // Hands over block `layer`'s attn_norm, ffn_norm and q / k / v biases as the driver's weight set ly holds them
 // (AWQ's folded norms and v bias), copied during the call; they are written instead of the model's views. Before

@@ -59,11 +59,15 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void) {
     o.micro_batch = 8;
     o.n_threads = 1;
     o.calib.nsamples = 128;
+    o.moe_token_floor = LLMQ_MOE_TOKEN_FLOOR_DEFAULT;
+    o.moe_calib_all = true; // measured: quant/quantize.h "Mixture of experts"
     o.calib.seqlen = 512;
     o.out = llmq_export_default_opts();
     o.gguf = llmq_gguf_export_default_opts();
     return o;
 }
+
+static const struct llmq_tensor_view *block_weight(const struct llmq_model *m, int64_t l, int64_t j);
 
 // ---- the run's state -------------------------------------------------------------------------------
 
@@ -78,6 +82,7 @@ struct run {
     struct llmq_calib_stats s; // statistics of the current block only
     bool have_calib;
     int want_slot;             // hook filter: -1 all, else one slot
+    int want_eslot;            // expert hook filter (moe): -1 both, else one LLMQ_CALIB_EXP_* slot, -2 none
     float *x;                  // (N, D) block input (x_q for gptq, x_fp otherwise)
     float *xt;                 // (N, D) scratch copy for the extra passes / AWQ's search input
     float *W;                  // (Rmax, Cmax) the weight handed to a solver
@@ -100,11 +105,19 @@ struct run {
     } held[LLMQ_LIN_COUNT];
     bool hold;                                  // quantize_linear keeps its result in held (block_gptq)
     struct llmq_tensor_view ov[LLMQ_LIN_COUNT]; // F32 views on wq
+    // moe (see "Mixture of experts" in quant/quantize.h)
+    const struct llmq_tensor_view **exp_set; // (3E) the block's experts as its weight set has them (ly.exps)
+    struct llmq_tensor_view *exp_ov;         // (3E) F32 views on exp_wq
+    float **exp_wq;                          // (3E) gptq: an expert's dequantized result, freed after its block
+    int64_t *under;                          // (E) the coverage's experts under the floor
+    json_t *moe;                             // the coverage report ("moe" in the JSON); NULL for a dense model
     // to_gguf only (the targets are ggml types)
     uint8_t *blk;                    // (Rmax, Cmax * 4 bytes) one linear's encoded rows
     float *imp;                      // (Cmax) importance handed to the encoder / solver
     float *simp[LLMQ_CALIB_N_SLOTS]; // (Cmax) AWQ: importance of each block input (mean x² of the fp input)
     float *fq_qw;                    // (Cmax) AWQ search: importance of the scaled input
+    float *W0;                       // (Rmax, Cmax) awq, awq+gptq: the original weights, for rtn_orig_err
+    const float *awq_s;              // the input scales of the linear quantize_linear gets (AWQ; NULL: none)
     json_t *layers;
     double t0;
     int64_t params_total;
@@ -118,22 +131,36 @@ struct run {
 
 static void hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
     struct run *r = user;
-    if (r->want_slot >= 0 && llmq_calib_slot_of(which) != r->want_slot) return;
+    if (r->want_slot == -2 || (r->want_slot >= 0 && llmq_calib_slot_of(which) != r->want_slot)) return;
     llmq_calib_stats_hook(&r->s, layer, which, in, n, n_in);
 }
 
+static void expert_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                        int64_t n_in) {
+    struct run *r = user;
+    int k = which == LLMQ_LIN_DOWN ? LLMQ_CALIB_EXP_DOWN : LLMQ_CALIB_EXP_GATE;
+    if (r->want_eslot == -2 || (r->want_eslot >= 0 && r->want_eslot != k)) return;
+    llmq_calib_stats_expert_hook(&r->s, layer, expert, which, in, n, n_in);
+}
+
 // Runs block l (its weight set r->ly) over buf (N, D) in micro-batches (in place), statistics for want_slot
-// (-2: none).
-static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_slot) {
+// (-2: none) and, in a moe block, for the experts' inputs want_eslot (-1 both, -2 none). A pass that gathers the
+// experts' gate/up input also counts the routing (s.routed of block l, the coverage report).
+static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_slot, int want_eslot) {
     int64_t D = r->m->hp.n_embd, mb = r->o->micro_batch, L = r->d.seqlen;
+    const bool moe = r->m->hp.moe, routing = moe && (want_eslot == -1 || want_eslot == LLMQ_CALIB_EXP_GATE);
     r->want_slot = want_slot;
+    r->want_eslot = moe ? want_eslot : -2;
+    llmq_forward_set_moe_calib_all(r->f, r->o->moe_calib_all && moe && want_eslot != -2);
+    if (routing) memset(r->s.routed + (int64_t)l * r->s.n_expert, 0, (size_t)r->s.n_expert * sizeof(int64_t));
     for (int64_t s0 = 0; s0 < r->d.n_seq; s0 += mb) {
         int64_t ns = r->d.n_seq - s0 < mb ? r->d.n_seq - s0 : mb;
         r->s.n_seq_hint = ns;
-        enum llmq_status st =
-            llmq_forward_block(r->f, l, &r->ly, buf + s0 * L * D, ns, L, want_slot == -2 ? NULL : hook, r);
+        bool any = want_slot != -2 || r->want_eslot != -2;
+        enum llmq_status st = llmq_forward_block(r->f, l, &r->ly, buf + s0 * L * D, ns, L, any ? hook : NULL, r);
         if (!st) st = r->s.err;
         if (st) return st;
+        if (routing) llmq_calib_stats_add_routed(&r->s, l, llmq_forward_moe_counts(r->f));
     }
     llmq_calib_stats_finish(&r->s, l);
     llmq_forward_release_scratch(r->f); // not held through the solves that follow
@@ -271,26 +298,41 @@ static double cost_solve(const struct run *r, int64_t R, int64_t C) {
 static void credit_data(struct run *r, int l, int k) {
     for (int j = k < 0 ? 0 : k; j < (k < 0 ? LLMQ_LIN_COUNT : k + 1); j++) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[j];
+        if (!v) continue; // a moe block's experts: credited with their reports
         llmq_eta_credit(&r->eta, cost_data(r, v->shape[0], v->shape[1]));
     }
 }
 
 // The stderr line and the JSON row of one finished linear; bits: what its storage costs.
 // gtype: the GGUF type it was written in (LLMQ_DTYPE_INVALID for the HF formats).
-static void report_linear(struct run *r, int l, int k, int64_t R, int64_t C, double bits, const char *how,
+// The name of block l's linear k in the log and the JSON: "blk.L.attn_q", an expert's "blk.L.ffn_gate_exps.X".
+static char *lin_label(int l, int k, int64_t x, char *buf, size_t size) {
+    if (x < 0) return llmq_linear_full_name(k, l, false, buf, size);
+    snprintf(buf, size, "blk.%d.ffn_%s_exps.%lld", l, llmq_linear_name((enum llmq_linear)k), (long long)x);
+    return buf;
+}
+
+// An expert's share of the ETA's data work: the fraction of the tokens the router sends it on average (K / E).
+static double expert_share(const struct run *r, int64_t x) {
+    return x < 0 ? 1.0 : (double)r->m->hp.n_expert_used / (double)r->m->hp.n_expert;
+}
+
+static void report_linear(struct run *r, int l, int k, int64_t x, int64_t R, int64_t C, double bits, const char *how,
                           enum llmq_dtype gtype, double err, bool werr, double loss, double rtn_err, double secs) {
     r->bits_total += bits;
-    llmq_eta_credit(&r->eta, cost_solve(r, R, C) + (r->eta_data_early ? 0 : cost_data(r, R, C)) + r->eta_other);
+    const double data = x >= 0 || !r->eta_data_early ? expert_share(r, x) * cost_data(r, R, C) : 0;
+    llmq_eta_credit(&r->eta, cost_solve(r, R, C) + data + r->eta_other);
     r->eta_other = 0;
     char eta[32], name[64], extra[96] = "", type[24] = "";
     llmq_eta_format(llmq_eta_remaining(&r->eta, llmq_now_s()), eta, sizeof(eta));
-    llmq_linear_full_name(k, l, false, name, sizeof(name));
+    lin_label(l, k, x, name, sizeof(name));
     if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
     if (gtype != LLMQ_DTYPE_INVALID) snprintf(type, sizeof(type), "%-6s ", llmq_dtype_name(gtype));
     llmq_info("quantize: %-18s %5lld x %-5lld %-9s %s%s %.4e%s  %.2f s  ETA %s", name, (long long)R, (long long)C, how,
               type, werr ? "werr" : "err ", err, extra, secs, eta);
     json_t *row = json_object();
     json_object_set_new(row, "name", json_string(name));
+    if (x >= 0) json_object_set_new(row, "expert", json_integer(x));
     json_object_set_new(row, "shape", json_pack("[I, I]", (json_int_t)R, (json_int_t)C));
     json_object_set_new(row, "method", json_string(how));
     if (gtype != LLMQ_DTYPE_INVALID) json_object_set_new(row, "type", json_string(llmq_dtype_name(gtype)));
@@ -374,12 +416,14 @@ static enum llmq_status gptq_onto(struct run *r, const struct llmq_qtarget *t, c
     return llmq_gptq_gguf_quantize(name, W, r->H, R, C, t->type, imp, &go, r->blk, loss, NULL);
 }
 
-// Hands the result over (F32: the weights W themselves, converted by the writer) and decodes it into W.
-static enum llmq_status hand_over(struct run *r, int l, int k, const struct llmq_qtarget *t,
+// Hands the result over (F32: the weights W themselves, converted by the writer) and decodes it into W; x >= 0:
+// expert x's linear k (no checkpoint: a moe run keeps none).
+static enum llmq_status hand_over(struct run *r, int l, int k, int64_t x, const struct llmq_qtarget *t,
                                   const struct llmq_qlinear *ql, int64_t R, int64_t C, float *W) {
     struct llmq_qpayload p = {.kind = t->kind, .codes = ql, .rows = r->blk, .w = W};
-    enum llmq_status st = llmq_qwriter_put_linear(r->w, l, (enum llmq_linear)k, &p);
-    if (!st && r->ck) st = llmq_ckpt_put_linear(r->ck, r->m, r->w, l, (enum llmq_linear)k, &p);
+    enum llmq_status st = x >= 0 ? llmq_qwriter_put_expert(r->w, l, (enum llmq_linear)k, x, &p)
+                                 : llmq_qwriter_put_linear(r->w, l, (enum llmq_linear)k, &p);
+    if (!st && r->ck && x < 0) st = llmq_ckpt_put_linear(r->ck, r->m, r->w, l, (enum llmq_linear)k, &p);
     return st ? st : decode_result(r, t, ql, R, C, W);
 }
 
@@ -415,6 +459,22 @@ static enum llmq_status hold_result(struct run *r, int k, const struct llmq_qtar
     return LLMQ_OK;
 }
 
+// awq, awq+gptq of a moe model: RTN of the ORIGINAL weights of linear (l, k, x) (not scaled, not clipped) onto t, with
+// the original input's Hessian H0 = Hx ∘ (s_i s_j) (s = r->awq_s) and, for ggml rows, importance diag(H0): the
+// "rtn_orig_err" of the report, the baseline AWQ is measured against. Uses r->H, r->Q, r->W0 (all rewritten).
+static double rtn_orig_err(struct run *r, const struct llmq_qtarget *t, const char *name,
+                           const struct llmq_tensor_view *v, const float *Hx, int64_t R, int64_t C) {
+    const float *s = r->awq_s;
+    struct llmq_qlinear ql = {0};
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = 0; j < C; j++) r->H[i * C + j] = s ? Hx[i * C + j] * s[i] * s[j] : Hx[i * C + j];
+    for (int64_t i = 0; i < C; i++) r->imp[i] = r->H[i * C + i];
+    enum llmq_status st = llmq_model_weight_f32(v, r->W0, r->o->n_threads);
+    if (!st) st = round_onto(r, t, name, r->W0, R, C, t->kind == LLMQ_QPAYLOAD_ROWS ? r->imp : NULL, false, &ql, r->Q);
+    llmq_qlinear_free(&ql);
+    return st ? NAN : rel_err(r, r->W0, r->Q, r->H, R, C);
+}
+
 // One linear onto the writer's target and into the writer, as the run's method does it; logs the line and
 // records the JSON row. W (R, C): in, the weights to quantize (AWQ: scaled and clipped); out, the decoding of
 // what was handed over (the block's weight set for the true-sequential passes). Hsrc (C, C): the Hessian of W's input
@@ -428,13 +488,17 @@ static enum llmq_status hold_result(struct run *r, int k, const struct llmq_qtar
 //   What the target does not let the method solve: a grid whose G does not tile C (only with the fallback,
 //   llmq_quantize_check) -> RTN per channel, "rtn-pc"; an F32 / F16 / BF16 type -> the writer's conversion,
 //   "convert".
-static enum llmq_status quantize_linear(struct run *r, int l, int k, float *W, const float *Hsrc, const float *imp) {
-    const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+//   x >= 0: expert x's gate / up / down (k) of a moe block, onto the writer's expert target; floor: an expert
+//   below the token floor, rounded ("rtn:floor") whatever the method (Hsrc, when given, only for the error).
+static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, float *W, const float *Hsrc,
+                                        const float *imp, bool floor) {
+    const struct llmq_tensor_view *v = llmq_layer_linear(&r->m->layers[l], k, x);
     const int64_t R = v->shape[0], C = v->shape[1];
-    const struct llmq_qtarget t = llmq_qwriter_target(r->w, l, (enum llmq_linear)k);
-    const enum llmq_qmethod method = r->o->method;
+    const struct llmq_qtarget t = x >= 0 ? llmq_qwriter_expert_target(r->w, l, (enum llmq_linear)k)
+                                         : llmq_qwriter_target(r->w, l, (enum llmq_linear)k);
+    const enum llmq_qmethod method = floor ? LLMQ_QMETHOD_RTN : r->o->method;
     char name[64], fallback_how[24];
-    llmq_linear_full_name(k, l, false, name, sizeof(name));
+    lin_label(l, k, x, name, sizeof(name));
     size_t rb = 0;
     if (t.kind != LLMQ_QPAYLOAD_CODES && !llmq_dtype_nbytes(t.type, C, &rb))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: %s: %lld columns do not tile %s blocks", name, (long long)C,
@@ -446,17 +510,18 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, float *W, c
     }
     const bool per_channel = t.kind == LLMQ_QPAYLOAD_CODES && !tiles(&t.q, C);
     const bool plain = per_channel || t.kind == LLMQ_QPAYLOAD_F32; // no solver, whatever the method
-    const char *how = per_channel ? "rtn-pc" : plain ? "convert" : llmq_qmethod_name(method);
+    const char *how = per_channel ? "rtn-pc" : plain ? "convert" : floor ? "rtn:floor" : llmq_qmethod_name(method);
     if (t.kind != LLMQ_QPAYLOAD_ROWS) {
         imp = NULL;
-    } else if (!imp && !(imp = t.importance)) {
-        LLMQ_ASSERT(Hx);
+    } else if (!imp && !(imp = t.importance) && Hx) { // no statistics (an expert no token reached): unweighted
         for (int64_t i = 0; i < C; i++) r->imp[i] = Hx[i * C + i];
         imp = r->imp;
     }
-    double t0 = llmq_now_s(), loss = -1, rtn_err = 0, gptq_err = -1, err;
+    double t0 = llmq_now_s(), loss = -1, rtn_err = 0, gptq_err = -1, err, orig_err = -1;
     struct llmq_qlinear ql = {0};
     enum llmq_status st;
+    if (!plain && !floor && Hx && r->W0 && r->m->hp.moe) // moe only: the dense reports stay as they were
+        orig_err = rtn_orig_err(r, &t, name, v, Hx, R, C);
     if (!plain && llmq_qmethod_uses_gptq(method)) {
         // the rounding alone with the same importance, for the comparison column
         if ((st = round_onto(r, &t, name, W, R, C, imp, false, &ql, r->Q))) goto done;
@@ -479,12 +544,15 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, float *W, c
         if ((st = round_onto(r, &t, name, W, R, C, imp, !plain && method == LLMQ_QMETHOD_AWQ, &ql, r->Q))) goto done;
         err = rel_err(r, W, r->Q, Hx, R, C);
     }
-    if ((st = hand_over(r, l, k, &t, &ql, R, C, W))) goto done;
-    report_linear(r, l, k, R, C, result_bits(&t, &ql, R, rb), how,
+    if ((st = hand_over(r, l, k, x, &t, &ql, R, C, W))) goto done;
+    report_linear(r, l, k, x, R, C, result_bits(&t, &ql, R, rb), how,
                   t.kind == LLMQ_QPAYLOAD_CODES ? LLMQ_DTYPE_INVALID : t.type, err, Hx == NULL, loss, rtn_err,
                   llmq_now_s() - t0);
     if (gptq_err >= 0)
         json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "gptq_err", json_real(gptq_err));
+    if (orig_err >= 0)
+        json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "rtn_orig_err",
+                            json_real(orig_err));
     if (r->hold) st = hold_result(r, k, &t, &ql, R, rb);
 done:
     llmq_qlinear_free(&ql);
@@ -500,13 +568,144 @@ static enum llmq_status put_block(struct run *r, int l, const struct llmq_layer 
     return st;
 }
 
+// The pages of the per-linear work buffers (W, Q, T, H, Hx: every one is rewritten before it is read), so
+// that a statistics pass does not hold them next to its XᵀX sums (quant/quantize.h "Memory").
+static void release_work(struct run *r) {
+    float *w[] = {r->W, r->Q}, *h[] = {r->H, r->Hx};
+    for (int i = 0; i < 2; i++) llmq_scratch_release(w[i], (size_t)r->n_w * sizeof(float));
+    llmq_scratch_release(r->T, (size_t)r->n_t * sizeof(float));
+    for (int i = 0; i < 2; i++) llmq_scratch_release(h[i], (size_t)r->n_h * sizeof(float));
+}
+
+// ---- Mixture of experts -------------------------------------------------------------------------------------
+
+// The coverage of block l's experts (the routing of the pass that gathered their gate/up inputs): a log line and a
+// row of the report's "moe" object.
+static void moe_coverage(struct run *r, int l) {
+    const int64_t E = r->m->hp.n_expert, floor = r->o->moe_token_floor;
+    struct llmq_calib_coverage c;
+    llmq_calib_moe_coverage(&r->s, l, floor, &c, r->under);
+    char list[160] = "";
+    size_t n = 0;
+    for (int64_t i = 0; i < c.n_under && n + 24 < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%lld", i ? "," : ": experts ", (long long)r->under[i]);
+    if (n + 24 >= sizeof list) snprintf(list + n, sizeof list - n, ",...");
+    llmq_info("quantize: blk.%d experts: routed tokens per expert min %lld / median %lld / max %lld (%lld tokens, "
+              "top-%lld of %lld); %lld under the floor %lld%s%s",
+              l, (long long)c.min, (long long)c.median, (long long)c.max, (long long)(r->d.n_seq * r->d.seqlen),
+              (long long)r->m->hp.n_expert_used, (long long)E, (long long)c.n_under, (long long)floor, list,
+              c.n_under && r->o->moe_calib_all ? " (--moe-calib all: every expert sees every token, no fallback)" : "");
+    json_t *row = json_object(), *under = json_array(), *routed = json_array();
+    for (int64_t i = 0; i < c.n_under; i++) json_array_append_new(under, json_integer(r->under[i]));
+    for (int64_t x = 0; x < E; x++) json_array_append_new(routed, json_integer(r->s.routed[(int64_t)l * E + x]));
+    json_object_set_new(row, "layer", json_integer(l));
+    json_object_set_new(row, "tokens_min", json_integer(c.min));
+    json_object_set_new(row, "tokens_median", json_integer(c.median));
+    json_object_set_new(row, "tokens_max", json_integer(c.max));
+    json_object_set_new(row, "under_floor", under);
+    json_object_set_new(row, "routed", routed);
+    json_array_append_new(json_object_get(r->moe, "layers"), row);
+}
+
+// Expert x's linear k (GATE, UP, DOWN) of block l from its own statistics (of r->s: gathered by the last pass):
+// the method, or RTN when the router sent it fewer tokens than the floor under --moe-calib routed (gptq, awq+gptq;
+// a log line, a JSON "fallback"); gptq: its decoding then replaces the model's expert in the block's weight set.
+// Wsrc: the weights to quantize (AWQ: scaled and clipped; NULL: the model's), s: the input scales they carry (the
+// Hessian is taken as H / (s_i s_j)) or NULL.
+static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x, const float *Wsrc, const float *s) {
+    const struct llmq_tensor_view *v = llmq_layer_linear(&r->m->layers[l], k, x);
+    const int eslot = k == LLMQ_LIN_DOWN ? LLMQ_CALIB_EXP_DOWN : LLMQ_CALIB_EXP_GATE;
+    const int64_t R = v->shape[0], C = v->shape[1], j = 3 * x + (k - LLMQ_LIN_GATE);
+    const int64_t routed = r->have_calib ? r->s.routed[(int64_t)l * r->s.n_expert + x] : 0;
+    const bool floor =
+        r->have_calib && llmq_qmethod_uses_gptq(r->o->method) && !r->o->moe_calib_all && routed < r->o->moe_token_floor;
+    const struct llmq_calib_input *in = r->have_calib ? llmq_calib_expert_input(&r->s, l, x, eslot) : NULL;
+    enum llmq_status st = LLMQ_OK;
+    if (Wsrc)
+        memcpy(r->W, Wsrc, (size_t)(R * C) * sizeof(float));
+    else
+        st = llmq_model_weight_f32(v, r->W, r->o->n_threads);
+    const float *H = NULL;
+    if (!st && in && in->count > 0) {
+        if ((st = llmq_calib_expert_hessian(&r->s, l, x, eslot, r->H))) return st;
+        for (int64_t i = 0; s && i < C; i++)
+            for (int64_t j2 = 0; j2 < C; j2++) r->H[i * C + j2] /= s[i] * s[j2];
+        H = r->H;
+    }
+    if (st) return st;
+    if (floor)
+        llmq_info("quantize: blk.%d.ffn_%s_exps.%lld: %lld routed tokens < --moe-token-floor %lld: rounded (RTN) "
+                  "instead of %s",
+                  l, llmq_linear_name((enum llmq_linear)k), (long long)x, (long long)routed,
+                  (long long)r->o->moe_token_floor, llmq_qmethod_name(r->o->method));
+    r->awq_s = s;
+    if ((st = quantize_linear(r, l, k, x, r->W, H, NULL, floor))) return st;
+    json_t *row = json_array_get(r->layers, json_array_size(r->layers) - 1);
+    json_object_set_new(row, "routed_tokens", json_integer(routed));
+    json_object_set_new(row, "calib_tokens", json_integer(in ? in->count : 0)); // its statistics' tokens
+    if (floor) {
+        json_object_set_new(row, "fallback", json_string("rtn: routed tokens below the floor"));
+        json_integer_set(json_object_get(r->moe, "fallback_rtn"),
+                         json_integer_value(json_object_get(r->moe, "fallback_rtn")) + 1);
+    }
+    if (eslot == LLMQ_CALIB_EXP_GATE && k == LLMQ_LIN_UP) llmq_calib_expert_drop_xtx(&r->s, l, x, eslot);
+    if (eslot == LLMQ_CALIB_EXP_DOWN) llmq_calib_expert_drop_xtx(&r->s, l, x, eslot);
+    if (!llmq_qmethod_uses_gptq(r->o->method)) return LLMQ_OK;
+    // gptq: the quantized expert replaces the model's for the block's following passes (true-sequential)
+    if (!r->exp_wq[j] && !(r->exp_wq[j] = malloc((size_t)(R * C) * sizeof(float))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for an expert's quantized weights");
+    memcpy(r->exp_wq[j], r->W, (size_t)(R * C) * sizeof(float));
+    r->exp_ov[j] = *v;
+    r->exp_ov[j].dtype = LLMQ_DTYPE_F32;
+    r->exp_ov[j].data = r->exp_wq[j];
+    r->exp_ov[j].nbytes = (size_t)(R * C) * sizeof(float);
+    r->exp_set[j] = &r->exp_ov[j];
+    llmq_mmap_release(v->data, v->nbytes);
+    return LLMQ_OK;
+}
+
+// The experts' weight set of block l: the model's experts, rebound one by one as gptq quantizes them; the f32 copies
+// of the previous block are freed.
+static void moe_bind(struct run *r, int l) {
+    const int64_t n = 3 * r->m->hp.n_expert;
+    for (int64_t j = 0; j < n; j++) {
+        free(r->exp_wq[j]);
+        r->exp_wq[j] = NULL;
+        r->exp_set[j] = r->m->layers[l].exps[j];
+    }
+    r->ly.exps = r->exp_set;
+}
+
+// Every expert's linears of eslot (GATE: gate and up; DOWN: down) of block l; with gather, first the pass over the
+// block (this block's quantized linears in place) that collects their inputs; GATE reports the coverage.
+static enum llmq_status moe_group(struct run *r, int l, int eslot, bool gather) {
+    enum llmq_status st = LLMQ_OK;
+    const int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
+    if (gather && r->have_calib) {
+        release_work(r);
+        memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
+        if ((st = block_pass(r, l, r->xt, -2, eslot))) return st;
+    }
+    if (eslot == LLMQ_CALIB_EXP_GATE && r->have_calib) moe_coverage(r, l);
+    for (int64_t x = 0; x < r->m->hp.n_expert && !st; x++)
+        for (int k = eslot == LLMQ_CALIB_EXP_GATE ? LLMQ_LIN_GATE : LLMQ_LIN_DOWN; k <= LLMQ_LIN_DOWN && !st; k++) {
+            if (eslot == LLMQ_CALIB_EXP_GATE && k == LLMQ_LIN_DOWN) break;
+            st = quantize_expert(r, l, k, x, NULL, NULL);
+        }
+    return st;
+}
+
 static enum llmq_status block_rtn(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly);
-    if (!st && r->have_calib) st = block_pass(r, l, r->x, -1); // fp inputs, only for the reported error
+    if (!st && r->have_calib) st = block_pass(r, l, r->x, -1, -1); // fp inputs, only for the reported error
+    if (!st && r->m->hp.moe) {
+        if (!(st = moe_group(r, l, LLMQ_CALIB_EXP_GATE, false))) st = moe_group(r, l, LLMQ_CALIB_EXP_DOWN, false);
+    }
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        if (!r->m->layers[l].w[k]) continue; // a moe block's: its experts above
         if ((st = load_weight(r, l, k))) break;
         if (r->have_calib && (st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->Hx))) break;
-        st = quantize_linear(r, l, k, r->W, r->have_calib ? r->Hx : NULL, NULL);
+        st = quantize_linear(r, l, k, -1, r->W, r->have_calib ? r->Hx : NULL, NULL, false);
     }
     return st;
 }
@@ -517,15 +716,6 @@ static const int seq_groups[4][3] = {{LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V},
                                      {LLMQ_LIN_O, -1, -1},
                                      {LLMQ_LIN_GATE, LLMQ_LIN_UP, -1},
                                      {LLMQ_LIN_DOWN, -1, -1}};
-
-// The pages of the per-linear work buffers (W, Q, T, H, Hx: every one is rewritten before it is read), so
-// that a statistics pass does not hold them next to its XᵀX sums (quant/quantize.h "Memory").
-static void release_work(struct run *r) {
-    float *w[] = {r->W, r->Q}, *h[] = {r->H, r->Hx};
-    for (int i = 0; i < 2; i++) llmq_scratch_release(w[i], (size_t)r->n_w * sizeof(float));
-    llmq_scratch_release(r->T, (size_t)r->n_t * sizeof(float));
-    for (int i = 0; i < 2; i++) llmq_scratch_release(h[i], (size_t)r->n_h * sizeof(float));
-}
 
 // The block's quantized linears into wq for a pass (the same bits as hand_over's decoding), and their pages
 // released after it: between the passes only the held results stay (quant/quantize.h "Memory").
@@ -550,11 +740,17 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     if (!r->o->true_sequential) {
         release_work(r);
         memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
-        if ((st = block_pass(r, l, r->xt, -1))) return st;
+        if ((st = block_pass(r, l, r->xt, -1, -1))) return st;
         credit_data(r, l, -1);
     }
     for (int g = 0; g < 4 && !st; g++) {
         int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
+        if (r->m->hp.moe && g >= 2) { // the experts, each on its own inputs (attention's quantized linears decoded)
+            if ((st = held_unpack(r))) break;
+            st = moe_group(r, l, g == 2 ? LLMQ_CALIB_EXP_GATE : LLMQ_CALIB_EXP_DOWN, r->o->true_sequential);
+            held_release(r);
+            continue;
+        }
         if (r->o->true_sequential) {
             release_work(r);
             if ((st = held_unpack(r))) break;
@@ -562,7 +758,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
                 st = norm_pass(r, l, g == 2);
             else {
                 memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
-                st = block_pass(r, l, r->xt, slot);
+                st = block_pass(r, l, r->xt, slot, -2);
             }
             held_release(r);
             if (st) break;
@@ -578,7 +774,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             st = last ? llmq_calib_hessian_take(&r->s, l, slot, r->H) : llmq_calib_hessian(&r->s, l, slot, r->H);
             if (st) break;
             r->hold = true;
-            st = quantize_linear(r, l, k, r->W, r->H, NULL);
+            st = quantize_linear(r, l, k, -1, r->W, r->H, NULL, false);
             r->hold = false;
             if (st) break;
             // the quantized weights replace the model's in the block's weight set for its following passes
@@ -592,7 +788,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     }
     release_work(r); // the last solve's buffers: not held next to the seven decoded linears of the output pass
     if (!st) st = held_unpack(r);
-    if (!st) st = block_pass(r, l, r->x, -2); // x_q <- quantized block(x_q)
+    if (!st) st = block_pass(r, l, r->x, -2, -2); // x_q <- quantized block(x_q)
     held_release(r);
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) held_free(&r->held[k]);
     return st;
@@ -673,7 +869,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
     struct llmq_awq_block *b = NULL;
     struct gguf_fq fq = {.qw = r->fq_qw, .blk = r->blk, .n_threads = r->o->n_threads};
     memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float)); // the block's fp input for the search
-    enum llmq_status st = block_pass(r, l, r->x, -1);     // x <- fp block(x); XᵀX of the fp inputs
+    enum llmq_status st = block_pass(r, l, r->x, -1, -1); // x <- fp block(x); XᵀX of the fp inputs
     if (!st) st = llmq_awq_block_init(r->m, l, r->o->n_threads, &b);
     struct llmq_awq_opts ao;
     llmq_awq_opts_default(&ao);
@@ -684,8 +880,14 @@ static enum llmq_status block_awq(struct run *r, int l) {
     if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
     if (!st) st = put_block(r, l, &b->ly);
+    if (!st && r->m->hp.moe) moe_coverage(r, l);                           // the fp pass's routing
+    for (int64_t x = 0; x < r->m->hp.n_expert && r->m->hp.moe && !st; x++) // the scaled, clipped experts
+        for (int k = LLMQ_LIN_GATE; k <= LLMQ_LIN_DOWN && !st; k++)
+            st = quantize_expert(r, l, k, x, b->ew[3 * x + (k - LLMQ_LIN_GATE)],
+                                 llmq_awq_expert_input_scales(b, (enum llmq_linear)k, x));
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+        if (!v) continue; // a moe block's: its experts above
         int64_t R = v->shape[0], C = v->shape[1];
         memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
         if ((st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->H))) break;
@@ -695,7 +897,8 @@ static enum llmq_status block_awq(struct run *r, int l) {
             for (int64_t c = 0; c < C; c++) r->fq_qw[c] = s ? fq.imp[k][c] / (s[c] * s[c]) : fq.imp[k][c];
             imp = r->fq_qw;
         }
-        st = quantize_linear(r, l, k, r->W, r->H, imp);
+        r->awq_s = s;
+        st = quantize_linear(r, l, k, -1, r->W, r->H, imp, false);
     }
     llmq_awq_block_free(b);
     return st;
@@ -1014,13 +1217,14 @@ static enum llmq_status check_target(const struct llmq_model *m, const struct ll
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
-    if (m->hp.moe && (!o->to_gguf || o->method != LLMQ_QMETHOD_RTN || o->imatrix_path || o->calib.n_sources > 0 ||
-                      o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX))
+    if (m->hp.moe && (o->imatrix_path || o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX || o->resume))
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "quantize: %s: a mixture of experts (%s) is quantized only by --method rtn --format gguf "
-                           "with llama.cpp's mix, no --imatrix / --calib (GPTQ / AWQ, directories, per-expert "
-                           "importance and the type choice from the weights are not implemented yet)",
+                           "quantize: %s: a mixture of experts (%s) is quantized by --method rtn, gptq, awq or "
+                           "awq+gptq, into GGUF (llama.cpp's mix; per-expert importance from --calib) or a directory; "
+                           "not implemented yet: --imatrix (per-expert importance from a file), --mix quality / "
+                           "--target-*, --resume",
                            m->path, llmq_arch_name(m->hp.arch));
+    if (o->moe_token_floor < 0) return llmq_errorf(LLMQ_ERR_ARG, "quantize: --moe-token-floor must be >= 0");
     if (llmq_arch_info_of(m->hp.arch)->fused)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "quantize: %s: writing the fused qkv_proj / gate_up_proj (attn_qkv / ffn_up) of %s is not "
@@ -1056,7 +1260,8 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
     // refuse non-tiled shapes before any work
     for (int64_t l = 0; l < m->hp.n_layer; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *v = m->layers[l].w[k];
+            const struct llmq_tensor_view *v =
+                llmq_layer_linear(&m->layers[l], k, m->hp.moe && k >= LLMQ_LIN_GATE ? 0 : -1);
             int64_t R = v->shape[0], C = v->shape[1];
             if (!tiles(&o->q, C) && !o->fallback_rtn_per_channel)
                 return llmq_errorf(LLMQ_ERR_ARG,
@@ -1077,9 +1282,11 @@ static enum llmq_status scan_linears(struct run *r, int64_t *Rmax, int64_t *Cmax
     const struct llmq_model *m = r->m;
     const struct llmq_quantize_opts *o = r->o;
     *Rmax = *Cmax = 0;
+    const int64_t nw = LLMQ_LIN_COUNT + (m->hp.moe ? 3 * m->hp.n_expert : 0);
     for (int64_t l = 0; l < m->hp.n_layer; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *v = m->layers[l].w[k];
+        for (int64_t k = 0; k < nw; k++) {
+            const struct llmq_tensor_view *v = block_weight(m, l, k);
+            if (!v) continue; // a moe block's dense gate / up / down
             int64_t R = v->shape[0], C = v->shape[1];
             *Rmax = R > *Rmax ? R : *Rmax;
             *Cmax = C > *Cmax ? C : *Cmax;
@@ -1087,10 +1294,10 @@ static enum llmq_status scan_linears(struct run *r, int64_t *Rmax, int64_t *Cmax
             const struct llmq_dtype_traits *tr = llmq_dtype_traits(v->dtype);
             if (!(o->to_gguf ? o->gguf.allow_requantize : o->allow_requantize) && tr && tr->is_quant)
                 return llmq_errorf(LLMQ_ERR_ARG,
-                                   "quantize: %s: blk.%lld.%s.weight is already quantized (%s); quantizing it again "
+                                   "quantize: %s: blk.%lld: %s is already quantized (%s); quantizing it again "
                                    "loses more than quantizing the f32 / f16 original: pass --allow-requantize to do "
                                    "it anyway",
-                                   m->path, (long long)l, llmq_linear_gguf_name(k), llmq_dtype_name(v->dtype));
+                                   m->path, (long long)l, v->name, llmq_dtype_name(v->dtype));
         }
     return LLMQ_OK;
 }
@@ -1118,9 +1325,21 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
     }
     if (o->method == LLMQ_QMETHOD_GPTQ)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r->wq[k], Rmax * Cmax);
+    if (r->m->hp.moe) {
+        const int64_t E = r->m->hp.n_expert;
+        r->exp_set = calloc((size_t)(3 * E), sizeof(*r->exp_set));
+        r->exp_ov = calloc((size_t)(3 * E), sizeof(*r->exp_ov));
+        r->exp_wq = calloc((size_t)(3 * E), sizeof(*r->exp_wq));
+        ALLOC(r->under, E);
+        ok = ok && r->exp_set && r->exp_ov && r->exp_wq;
+        r->moe = json_pack("{s:s, s:I, s:I, s:[]}", "calib", o->moe_calib_all ? "all" : "routed", "token_floor",
+                           (json_int_t)o->moe_token_floor, "fallback_rtn", (json_int_t)0, "layers");
+    }
+    if (r->m->hp.moe && (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ))
+        ALLOC(r->W0, Rmax * Cmax);
+    ALLOC(r->imp, Cmax);
     if (o->to_gguf) {
         ALLOC(r->blk, 4 * Rmax * Cmax); // 4 bytes per element hold any type (F32 is the widest)
-        ALLOC(r->imp, Cmax);
         ALLOC(r->fq_qw, Cmax);
         for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) ALLOC(r->simp[k], Cmax);
     }
@@ -1135,6 +1354,7 @@ static enum llmq_status embed_inputs(struct run *r, int64_t N, int64_t D) {
     enum llmq_status st = llmq_forward_init(r->m, mb_tokens, o->n_threads, &r->f);
     if (st) return st;
     llmq_forward_set_backend(r->f, o->backend);
+    if (r->m->hp.moe) llmq_forward_set_expert_hook(r->f, expert_hook, r);
     for (int64_t t0 = 0; t0 < N && !st; t0 += mb_tokens) {
         int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
         st = llmq_forward_embed(r->f, r->d.tokens + t0, n, r->x + t0 * D);
@@ -1175,10 +1395,13 @@ static void init_eta(struct run *r) {
     r->eta_other = (double)llmq_tensor_nelements(m->tok_embd) +
                    (m->output && m->output != m->tok_embd ? (double)llmq_tensor_nelements(m->output) : 0);
     double work = r->eta_other;
+    const int64_t nw = LLMQ_LIN_COUNT + (m->hp.moe ? 3 * m->hp.n_expert : 0);
     for (int64_t l = 0; l < m->hp.n_layer; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *v = m->layers[l].w[k];
-            work += cost_data(r, v->shape[0], v->shape[1]) + cost_solve(r, v->shape[0], v->shape[1]);
+        for (int64_t k = 0; k < nw; k++) {
+            const struct llmq_tensor_view *v = block_weight(m, l, k);
+            if (!v) continue;
+            double share = expert_share(r, k < LLMQ_LIN_COUNT ? -1 : 0);
+            work += share * cost_data(r, v->shape[0], v->shape[1]) + cost_solve(r, v->shape[0], v->shape[1]);
         }
     r->eta_data_early = r->o->method != LLMQ_QMETHOD_RTN;
     llmq_eta_init(&r->eta, work, llmq_now_s()); // the setup (calibration text, embeddings) is not in the rate
@@ -1220,6 +1443,7 @@ static json_t *make_report(struct run *r, json_t *prov, json_t *gguf_rep) {
     }
     json_object_set_new(rep, "totals", tot);
     if (gguf_rep) json_object_set(rep, "gguf", gguf_rep);
+    if (r->moe && r->have_calib) json_object_set(rep, "moe", r->moe);
     return rep;
 }
 
@@ -1235,10 +1459,17 @@ static void run_free(struct run *r) {
         free(r->wq[k]);
         held_free(&r->held[k]);
     }
+    for (int64_t j = 0; r->exp_wq && j < 3 * r->m->hp.n_expert; j++) free(r->exp_wq[j]);
+    free(r->exp_wq);
+    free(r->exp_ov);
+    free(r->exp_set);
+    free(r->under);
+    json_decref(r->moe);
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) free(r->simp[k]);
     free(r->blk);
     free(r->imp);
     free(r->fq_qw);
+    free(r->W0);
     llmq_big_free(r->x);
     llmq_big_free(r->xt);
     free(r->W);
@@ -1303,7 +1534,10 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
     if ((st = begin_writer(&r, imat, cs.in ? &cs : NULL, prov, &gguf_rep))) goto done;
     init_eta(&r);
     int64_t l0 = 0;
-    if (o->checkpoint && (st = open_checkpoint(&r, prov, N, &l0))) goto done;
+    if (o->checkpoint && m->hp.moe)
+        llmq_info("quantize: no checkpoint (OUT.partial): not implemented for a mixture of experts yet");
+    else if (o->checkpoint && (st = open_checkpoint(&r, prov, N, &l0)))
+        goto done;
     for (int l = (int)l0; l < m->hp.n_layer && !st; l++) {
         size_t row0 = json_array_size(r.layers);
         if (r.have_calib) {
@@ -1312,6 +1546,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
             r.s.backend = o->backend;
         }
         r.ly = m->layers[l]; // the block's weight set: the model's until a method rebinds it
+        if (m->hp.moe) moe_bind(&r, l);
         switch (o->method) {
         case LLMQ_QMETHOD_RTN: st = block_rtn(&r, l); break;
         case LLMQ_QMETHOD_GPTQ: st = block_gptq(&r, l); break;
@@ -1320,8 +1555,10 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         if (!st && r.gemm_st) st = r.gemm_st;
         if (!st && r.ck)
             st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.have_calib ? r.x : NULL, N * D);
-        for (int k = 0; !st && k < LLMQ_LIN_COUNT; k++) // the block's weights are done: release their file pages
-            llmq_mmap_release(m->layers[l].w[k]->data, m->layers[l].w[k]->nbytes);
+        for (int64_t k = 0; !st && k < LLMQ_LIN_COUNT + (m->hp.moe ? 3 * m->hp.n_expert : 0); k++) {
+            const struct llmq_tensor_view *v = block_weight(m, l, k); // done: release their file pages
+            if (v) llmq_mmap_release(v->data, v->nbytes);
+        }
     }
     if (st) goto done;
     st = llmq_qwriter_finish(r.w);

@@ -79,6 +79,27 @@ enum llmq_status llmq_qwriter_put_linear(struct llmq_qwriter *w, int64_t layer, 
     return llmq_errorf(LLMQ_ERR_ARG, "writer: unknown payload kind %d", (int)p->kind);
 }
 
+struct llmq_qtarget llmq_qwriter_expert_target(const struct llmq_qwriter *w, int64_t layer, enum llmq_linear which) {
+    struct llmq_qtarget t = llmq_qwriter_target(w, layer, which); // the stacked tensor's type (gguf_export.c)
+    t.importance = NULL;
+    return t;
+}
+
+enum llmq_status llmq_qwriter_put_expert(struct llmq_qwriter *w, int64_t layer, enum llmq_linear which, int64_t expert,
+                                         const struct llmq_qpayload *p) {
+    enum llmq_qpayload_kind want = llmq_qwriter_expert_target(w, layer, which).kind;
+    if (p->kind != want)
+        return llmq_errorf(LLMQ_ERR_ARG, "writer: blk.%lld %s expert %lld: handed over as %s, the output takes %s",
+                           (long long)layer, llmq_linear_name(which), (long long)expert, kind_name(p->kind),
+                           kind_name(want));
+    switch (p->kind) {
+    case LLMQ_QPAYLOAD_CODES: return llmq_export_expert(w->dir, layer, which, expert, p->codes);
+    case LLMQ_QPAYLOAD_ROWS: return llmq_gguf_export_expert_bytes(w->gguf, layer, which, expert, p->rows);
+    case LLMQ_QPAYLOAD_F32: return llmq_gguf_export_expert_f32(w->gguf, layer, which, expert, p->w);
+    }
+    return llmq_errorf(LLMQ_ERR_ARG, "writer: unknown payload kind %d", (int)p->kind);
+}
+
 enum llmq_status llmq_qwriter_put_block(struct llmq_qwriter *w, int64_t layer, const struct llmq_layer *ly) {
     return w->dir ? llmq_export_block(w->dir, layer, ly) : llmq_gguf_export_block(w->gguf, layer, ly);
 }

@@ -98,6 +98,15 @@ struct llmq_qtarget llmq_qwriter_target(const struct llmq_qwriter *w, int64_t la
 enum llmq_status llmq_qwriter_put_linear(struct llmq_qwriter *w, int64_t layer, enum llmq_linear which,
                                          const struct llmq_qpayload *p);
 
+// A moe block's experts (which LLMQ_LIN_GATE, UP or DOWN, expert < E): the target of every expert of that linear
+// (one grid, or the stacked GGUF tensor's one type; no importance: the solver brings each expert's own), and the
+// hand-over of expert `expert`'s (R, C) linear. A directory writes it as that expert's HF linear, a GGUF file into
+// the stacked blk.N.ffn_*_exps tensor (quant/export.h llmq_export_expert, quant/gguf_export.h
+// llmq_gguf_export_expert_bytes).
+struct llmq_qtarget llmq_qwriter_expert_target(const struct llmq_qwriter *w, int64_t layer, enum llmq_linear which);
+enum llmq_status llmq_qwriter_put_expert(struct llmq_qwriter *w, int64_t layer, enum llmq_linear which, int64_t expert,
+                                         const struct llmq_qpayload *p);
+
 // Hands over block `layer`'s non-linear tensors as ly holds them (see "Block tensors and order"): before its
 // first put_linear (LLMQ_ERR_ARG later), copied during the call.
 enum llmq_status llmq_qwriter_put_block(struct llmq_qwriter *w, int64_t layer, const struct llmq_layer *ly);

@@ -249,8 +249,9 @@ static void *deq_worker(void *arg) {
     return NULL;
 }
 
-// Dequantizes linear k of layer il (R, C) into an owned F32 view.
-static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int64_t R, int64_t C,
+// Dequantizes linear k of layer il (R, C) into an owned F32 view; x >= 0: expert x's gate / up / down (k 0, 1, 2)
+// of a moe layer, under its HF name (model.layers.N.mlp.experts.X.gate_proj, ...).
+static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int64_t x, int64_t R, int64_t C,
                                        const struct llmq_tensor_view **out) {
     struct llmq_model_quant *q = (struct llmq_model_quant *)m->quant;
     const struct llmq_tensor_view *qw, *qz, *sc, *gi = NULL;
@@ -261,7 +262,13 @@ static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int6
     char prefix[160], name[160];
     enum llmq_status st;
 
-    llmq_linear_full_name(k, il, true, prefix, sizeof prefix);
+    if (x < 0) {
+        llmq_linear_full_name(k, il, true, prefix, sizeof prefix);
+    } else {
+        llmq_tensor_expert_hf_name(m->hp.arch, LLMQ_T_FFN_GATE_EXPS + k, il, x, prefix, sizeof prefix);
+        size_t len = strlen(prefix);
+        if (len > 7 && strcmp(prefix + len - 7, ".weight") == 0) prefix[len - 7] = 0;
+    }
     if (strcmp(q->method, "awq") == 0) {
         if (R % 8 != 0 || C % G != 0)
             return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s (%lld x %lld) cannot be AWQ-packed with group %d", src_name(m),
@@ -350,7 +357,9 @@ static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int6
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory dequantizing %s", src_name(m), prefix);
             goto fail;
         }
-    struct llmq_tensor_view *v = &q->views[(size_t)il * LLMQ_LIN_COUNT + (size_t)k];
+    const size_t vi = x < 0 ? (size_t)il * LLMQ_LIN_COUNT + (size_t)k
+                            : (size_t)(m->hp.n_layer * LLMQ_LIN_COUNT + (il * m->hp.n_expert + x) * 3 + k);
+    struct llmq_tensor_view *v = &q->views[vi];
     char *vname = strdup(name);
     if (!vname) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
@@ -414,11 +423,12 @@ static enum llmq_status parse_quant(struct llmq_model *m, json_t *root, const ch
     if (g == 0 || g < -1 || g > LLMQ_HPARAMS_MAX_DIM || (awq && g < 1))
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: group_size %lld is out of range", file, (long long)g);
     struct llmq_model_quant *q = calloc(1, sizeof *q);
-    if (!q || !(q->views = calloc((size_t)m->hp.n_layer * LLMQ_LIN_COUNT, sizeof *q->views))) {
+    const int64_t n_views = m->hp.n_layer * (LLMQ_LIN_COUNT + (m->hp.moe ? 3 * m->hp.n_expert : 0));
+    if (!q || !(q->views = calloc((size_t)n_views, sizeof *q->views))) {
         free(q);
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", file);
     }
-    q->n_views = m->hp.n_layer * LLMQ_LIN_COUNT;
+    q->n_views = n_views;
     q->method = awq ? "awq" : "gptq";
     q->checkpoint_format = cf;
     q->bits = (int)b;
@@ -527,10 +537,14 @@ static enum llmq_status bind_experts(struct llmq_model *m, bool hf, int il) {
     for (int k = 0; k < 3; k++) {
         enum llmq_tensor_role role = LLMQ_T_FFN_GATE_EXPS + k;
         if (hf) {
-            for (int64_t x = 0; x < E; x++)
-                if ((st = get_tensor(m, llmq_tensor_expert_hf_name(hp->arch, role, il, x, name, sizeof name), true, 2,
-                                     shape[k][0], shape[k][1], what[k], &p[3 * x + k])))
-                    return st;
+            for (int64_t x = 0; x < E; x++) {
+                llmq_tensor_expert_hf_name(hp->arch, role, il, x, name, sizeof name);
+                if (m->quant && !find_tensor(m, name)) // an AWQ / GPTQ expert: dequantized now
+                    st = dequant_linear(m, il, k, x, shape[k][0], shape[k][1], &p[3 * x + k]);
+                else
+                    st = get_tensor(m, name, true, 2, shape[k][0], shape[k][1], what[k], &p[3 * x + k]);
+                if (st) return st;
+            }
             continue;
         }
         const struct llmq_tensor_view *t =
@@ -584,11 +598,6 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
                            src_name(m), llmq_arch_name(hp->arch));
     if (fused && !(m->slices = calloc((size_t)hp->n_layer * LLMQ_LIN_COUNT, sizeof *m->slices)))
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
-    if (hp->moe && m->quant)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: a quantized %s directory (per-expert packed linears) is not "
-                           "supported yet",
-                           src_name(m), llmq_arch_name(hp->arch));
     const size_t n_exp = hp->moe ? (size_t)hp->n_layer * (size_t)hp->n_expert * 3 : 0;
     if (hp->moe && (!(m->exp_ptrs = calloc(n_exp, sizeof *m->exp_ptrs)) ||
                     (!hf && !(m->exp_slices = calloc(n_exp, sizeof *m->exp_slices)))))
@@ -626,7 +635,7 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
             if (hp->moe && k >= LLMQ_LIN_GATE) continue;                  // experts: bound by bind_experts
             NAME(LLMQ_T_LINEAR_0 + k, il);
             if (m->quant && !find_tensor(m, name)) { // an AWQ / GPTQ linear: dequantize it now
-                if ((st = dequant_linear(m, il, k, wshape[k][0], wshape[k][1], &L->w[k]))) return st;
+                if ((st = dequant_linear(m, il, k, -1, wshape[k][0], wshape[k][1], &L->w[k]))) return st;
                 continue;
             }
             if ((st = get_tensor(m, name, true, 2, wshape[k][0], wshape[k][1], wwhat[k], &L->w[k]))) return st;

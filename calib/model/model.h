@@ -42,7 +42,8 @@
  *   as 2-D views: in a GGUF, row ranges of the stacked (E, Fe, D) / (E, D, Fe) tensors (m->exp_slices, no copy);
  *   in an HF directory, the per-expert tensors. w[GATE], w[UP], w[DOWN] are NULL. Nothing is converted on load:
  *   the forward pass converts one expert's weight at a time, only for experts some token is routed to.
- *   AWQ / GPTQ directories of these families are refused (their per-expert packed linears are not read yet).
+ *   AWQ / GPTQ directories of these families (as llmq writes them: quant/export.h llmq_export_expert) are read with
+ *   every expert's packed linear dequantized on load into an owned F32 view, as the dense linears are.
  *
  * ---- Quantized HF directories (the outputs of `llmq quantize`, AutoAWQ, AutoGPTQ, GPTQModel) ---
  *   config.json "quantization_config" decides (absent or null: a plain model, which includes
@@ -104,6 +105,13 @@ struct llmq_layer {
     const struct llmq_tensor_view *const *exps; // (E, 3) expert x's gate (Fe, D), up (Fe, D), down (D, Fe); or NULL
 };
 
+// Block L's linear `which`, or (expert >= 0; which GATE, UP or DOWN of a moe block) expert `expert`'s; NULL when the
+// block has no such weight (a moe block's dense gate / up / down).
+static inline const struct llmq_tensor_view *llmq_layer_linear(const struct llmq_layer *L, int which, int64_t expert) {
+    if (expert < 0) return L->w[which];
+    return L->exps && which >= LLMQ_LIN_GATE ? L->exps[3 * expert + (which - LLMQ_LIN_GATE)] : NULL;
+}
+
 struct llmq_model {
     struct llmq_hparams hp;
     const struct llmq_tensor_view *tok_embd;    // (V, D)
@@ -133,7 +141,7 @@ struct llmq_model_quant {
     bool sym, desc_act;             // as config.json states them (false when absent)
     int64_t n_dequantized;          // linears dequantized on load
     uint64_t bytes;                 // f32 bytes held for them
-    int64_t n_views;                // n_layer * LLMQ_LIN_COUNT
+    int64_t n_views;                // n_layer * LLMQ_LIN_COUNT, then (moe) n_layer * E * 3 experts
     struct llmq_tensor_view *views; // (n_views) owned views (F32 data owned; unused: data NULL)
 };
 

@@ -82,6 +82,10 @@
 struct llmq_quantize_opts;
 struct llmq_ckpt; // opaque
 
+// The writer-only run's commit interval: state.json after the first tensor that brings the bytes written since
+// the last commit to this many (see "The writer-only run").
+#define LLMQ_CKPT_STREAM_SYNC_BYTES ((uint64_t)16 << 20)
+
 // The checks that need no model (the CLI's, before loading it): an existing "<out>.partial" is refused
 // without resume or force (the message says both), and so is one that is not a directory.
 enum llmq_status llmq_ckpt_check(const char *out, bool resume, bool force);
@@ -120,6 +124,19 @@ enum llmq_status llmq_ckpt_commit_block(struct llmq_ckpt *ck, int64_t layer, con
 // that does not match state.json or the model is LLMQ_ERR_CORRUPT naming it (the caller aborts the writer).
 enum llmq_status llmq_ckpt_replay(struct llmq_ckpt *ck, const struct llmq_model *m, struct llmq_qwriter *w,
                                   json_t *layers, double *bits_total, float *x, int64_t n_x);
+
+// ---- the writer-only run (see "The writer-only run") ----
+// Opens the checkpoint of a writer-only GGUF run onto out: the guard, the lock, the refusals and the fingerprint
+// check of llmq_ckpt_open. *done, *offset: the tensors the partial output llmq_ckpt_stream_part holds and the
+// bytes they end at (0, 0: a new output, or resume without a checkpoint), for quant/gguf_export.h's stream.
+enum llmq_status llmq_ckpt_open_stream(const char *out, const json_t *fp, bool resume, bool force,
+                                       struct llmq_ckpt **ck, int64_t *done, uint64_t *offset);
+// "<out>.partial/output.gguf.part": the file the writer streams into (owned by ck).
+const char *llmq_ckpt_stream_part(const struct llmq_ckpt *ck);
+// The stream's step (quant/gguf_export.h struct llmq_gguf_export_stream): synced: the partial output holds
+// tensors 0..done-1 (of n_tensors) fsynced in its first offset bytes; state.json records it (the commit point).
+enum llmq_status llmq_ckpt_stream_step(struct llmq_ckpt *ck, int64_t done, int64_t n_tensors, bool synced,
+                                       uint64_t offset);
 
 // The output is committed: removes the checkpoint and frees ck. NULL: no-op.
 void llmq_ckpt_done(struct llmq_ckpt *ck);

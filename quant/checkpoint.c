@@ -472,6 +472,8 @@ enum llmq_status llmq_ckpt_open_stream(const char *out, const json_t *fp, bool r
         llmq_info("quantize: resuming from the checkpoint %s: %lld of %lld tensors written (%.2f MiB), continuing "
                   "there",
                   ck->dir, (long long)ck->next_block, (long long)ck->n_layer, (double)ck->offset / 1048576.0);
+    else if (!ck->fresh)
+        llmq_info("quantize: resuming from the checkpoint %s: no tensor committed yet, starting at the first", ck->dir);
     else
         llmq_info("quantize: checkpoint of the output as it streams in %s (an interrupted run continues with "
                   "--resume)",

@@ -60,10 +60,27 @@
  *   one, with f32 scales and zeros; GGUF: the linears' bytes), plus one copy of the activations (N x D x 4
  *   bytes), written once per block.
  *
+ * ---- The writer-only run (rtn into GGUF: no block loop) ----------------------------------------------------
+ *   The writer encodes every tensor from the model's views in file order, so its state is the output itself:
+ *   the output streams into "<out>.partial/output.gguf.part" (formats/gguf.h llmq_gguf_writer_begin_part: not
+ *   "<out>.tmp.<pid>", which the signal handler removes) and is renamed onto out when complete. state.json,
+ *   {"format": 1, "kind": "gguf-stream", "file": "output.gguf.part", "n_tensors", "tensors_done": k, "offset":
+ *   the bytes that hold tensors 0..k-1 (the zero header placeholder included), "fingerprint"}, is written after
+ *   the first tensor that brings the bytes written since the last commit to LLMQ_CKPT_STREAM_SYNC_BYTES, once the
+ *   file is fsynced (a state never names bytes not on disk). A resume checks the fingerprint, checks that offset
+ *   is where tensor k starts in this run's layout, cuts the file there (a killed run leaves bytes after it) and
+ *   continues at tensor k: the encoders are deterministic, the header is written last from this run's KVs and
+ *   tensor infos, so the file has the uninterrupted run's bytes. The importance of rtn --calib is gathered again
+ *   by the resumed run (one calibration pass), from the same windows: tokens_sha256 and the threads are in the
+ *   fingerprint; an --imatrix is in it by its sha256. The partial file is not hashed (reading it back would cost
+ *   as much as writing it): the checks are its length and the fingerprint. Size: state.json (under 1 KB for one
+ *   model file) next to the partial output, which is the output's own file: no disk beyond the output.
+ *
  * ---- Fault injection (tests/py/test_resume.py) ------------------------------------------------------------
  *   LLMQ_CKPT_KILL_AT=K in the environment: the process sends itself SIGKILL at the K-th checkpoint event
  *   (1-based: each linear recorded, each block file, activation file and state.json committed, each old
- *   activation file removed), i.e. at a reproducible point of the block loop. Unset or 0: nothing.
+ *   activation file removed), i.e. at a reproducible point of the block loop; the writer-only run: one event per
+ *   tensor written (after its state.json when it committed one). Unset or 0: nothing.
  *
  * Errors: one log line naming the checkpoint path and a status; nothing here touches the output itself.
  * Driver thread only.

@@ -426,7 +426,9 @@ static enum llmq_status ckpt_open(const char *out, const json_t *fp, bool resume
     if (!st && exists && resume) {
         st = resume_existing(ck, out, fp);
     } else if (!st) {
-        if (resume) llmq_info("quantize: no checkpoint at %s: nothing to resume, starting at block 0", ck->dir);
+        if (resume)
+            llmq_info("quantize: no checkpoint at %s: nothing to resume, starting at %s", ck->dir,
+                      ck->stream ? "the first tensor" : "block 0");
         if (exists) llmq_info("quantize: %s: the previous checkpoint is discarded (--force)", ck->dir);
         st = create_fresh(ck, out, fp, exists);
     }

@@ -900,10 +900,10 @@ struct llmq_gguf_writer {
     int64_t n_tensors, cap_tensors;
     struct name_index tensor_index;
     enum writer_state state;
-    struct llmq_afile file; // open in WRITER_OPEN only
+    struct llmq_afile file;                                 // open in WRITER_OPEN only
     uint64_t alignment, header_size, data_offset, data_end; // data_end: relative to data_offset
-    int64_t cur;        // the tensor being written
-    size_t cur_written; // bytes of it written so far
+    int64_t cur;                                            // the tensor being written
+    size_t cur_written;                                     // bytes of it written so far
 };
 
 struct llmq_gguf_writer *llmq_gguf_writer_init(void) {

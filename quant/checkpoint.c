@@ -336,9 +336,9 @@ static bool stream_state_valid(const json_t *s) {
     const json_t *n = json_object_get(s, "n_tensors"), *d = json_object_get(s, "tensors_done"),
                  *o = json_object_get(s, "offset");
     return json_integer_value(json_object_get(s, "format")) == CKPT_FORMAT && !strcmp(str_of(s, "kind"), STREAM_KIND) &&
-           !strcmp(str_of(s, "file"), STREAM_FILE) && json_is_integer(n) && json_is_integer(d) &&
-           json_is_integer(o) && json_integer_value(d) >= 0 && json_integer_value(o) >= 0 &&
-           json_integer_value(d) <= json_integer_value(n) && (json_integer_value(d) == 0) == (json_integer_value(o) == 0);
+           !strcmp(str_of(s, "file"), STREAM_FILE) && json_is_integer(n) && json_is_integer(d) && json_is_integer(o) &&
+           json_integer_value(d) >= 0 && json_integer_value(o) >= 0 && json_integer_value(d) <= json_integer_value(n) &&
+           (json_integer_value(d) == 0) == (json_integer_value(o) == 0);
 }
 
 // Whether the state of an existing checkpoint is one this run's kind writes, for its n_layer blocks.

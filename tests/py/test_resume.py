@@ -217,10 +217,11 @@ def start(cmd):
                             env=env)
 
 
-def wait_blocks(proc, out, n, timeout=120):
-    """Waits until out's checkpoint holds n blocks (True), or the run ended first (False)."""
+def wait_blocks(proc, out, n, timeout=120, key="next_block"):
+    """Waits until out's checkpoint holds n blocks (key "tensors_done": a stream checkpoint n tensors) (True), or
+    the run ended first (False)."""
     t0 = time.time()
-    while state(out).get("next_block", 0) < n:
+    while state(out).get(key, 0) < n:
         if proc.poll() is not None:
             return False
         assert time.time() - t0 < timeout, "timed out"
@@ -392,17 +393,6 @@ def test_rtn_gguf_kill9_then_resume_is_byte_identical(llmq_bin, smollm2_f32, rtn
     assert len(resumed_from - {0}) >= 2, f"too few points after a commit: {sorted(resumed_from)}"
 
 
-def wait_tensors(proc, out, n, timeout=120):
-    """Waits until out's stream checkpoint committed n tensors (True), or the run ended first (False)."""
-    t0 = time.time()
-    while state(out).get("tensors_done", 0) < n:
-        if proc.poll() is not None:
-            return False
-        assert time.time() - t0 < timeout, "timed out"
-        time.sleep(0.002)
-    return True
-
-
 def test_rtn_gguf_timer_kill_and_sigterm(llmq_bin, smollm2_f32, rtn_ref, tmp_path):
     """kill -9 at whatever instant a timer hits after the first commit; SIGTERM keeps the checkpoint (exit 143,
     its last line says how to continue) and removes no part of it."""
@@ -412,7 +402,7 @@ def test_rtn_gguf_timer_kill_and_sigterm(llmq_bin, smollm2_f32, rtn_ref, tmp_pat
         d.mkdir()
         out = d / "out.gguf"
         p = start(rtn_argv(llmq_bin, smollm2_f32, out))
-        assert wait_tensors(p, out, 1), "the run ended before its first commit"
+        assert wait_blocks(p, out, 1, key="tensors_done"), "the run ended before its first commit"
         time.sleep(rng.uniform(0, 0.5))
         p.send_signal(sig)
         _, err = p.communicate(timeout=120)

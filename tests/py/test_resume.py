@@ -22,10 +22,10 @@ resumed, against its uninterrupted --no-checkpoint run.
 
 rtn into GGUF (the writer alone, no block loop: its output streams into OUT.partial and is committed every
 16 MiB) on SmolLM2-135M f32 -> Q4_K_M: kill -9 at 5 seeded tensors (one resume killed again), a timer kill and
-SIGTERM after the first commit, a refused resume with other options, --force, and rtn --calib (the importance
-gathered again on resume); each resumed output equals the uninterrupted --no-checkpoint run's byte for byte.
+SIGTERM after the first commit, a refused resume with other options, --force, rtn --calib (the importance
+gathered again on resume) and rtn --imatrix (its sha256 in the fingerprint); each resumed output equals the uninterrupted --no-checkpoint run's byte for byte.
 
-About 70 runs of a second or less, and about 25 SmolLM2 runs of 2-10 s (about 80 s); every CI variant runs it.
+About 70 runs of a second or less, and about 30 SmolLM2 runs of 1-10 s (about 95 s); every CI variant runs it.
 """
 import hashlib
 import json
@@ -405,9 +405,7 @@ def test_rtn_gguf_timer_kill_and_sigterm(llmq_bin, smollm2_f32, rtn_ref, tmp_pat
         assert wait_blocks(p, out, 1, key="tensors_done"), "the run ended before its first commit"
         time.sleep(rng.uniform(0, 0.5))
         p.send_signal(sig)
-        _, err = p.communicate(timeout=120)
-        if p.returncode == 0:  # the run was quicker than the timer: nothing to resume
-            continue
+        _, err = p.communicate(timeout=120)  # (the first commit comes after ~1 s of a ~4 s run)
         if sig == signal.SIGTERM:
             last = err.rstrip().splitlines()[-1]
             assert p.returncode == 143, (p.returncode, err[-2000:])
@@ -460,3 +458,28 @@ def test_rtn_gguf_calibrated_importance_resumes(llmq_bin, smollm2_f32, data_dir,
     r = llmq(rtn_argv(llmq_bin, smollm2_f32, d / "out.gguf", "--resume", *flags[:-1], "4"))
     assert r.returncode == 1 and "settings.calibration.seed" in r.stderr, r.stderr[-2000:]
     rtn_resume(llmq_bin, smollm2_f32, d, ref, "rtn --calib", *flags)
+
+
+def test_rtn_gguf_imatrix_is_in_the_fingerprint(llmq_bin, smollm2_f32, data_dir, tmp_path):
+    """rtn --imatrix into GGUF: the file's sha256 is in the fingerprint (an imatrix of other content at the same
+    path is refused naming it); with the same one the resume has the uninterrupted run's bytes."""
+    cal = tmp_path / "cal.txt"
+    cal.write_bytes((data_dir / "wikitext-2-raw" / "wiki.valid.raw").read_bytes()[:20000])
+    for seed in ("3", "4"):
+        run([llmq_bin, "calib", "--model", smollm2_f32, "--calib", cal, "--nsamples", "2", "--seqlen", "32", "--seed",
+             seed, "--threads", "2", "--no-xtx", "--imatrix-out", tmp_path / f"imat{seed}.dat", "--quiet"])
+    imat = tmp_path / "imatrix.dat"
+    imat.write_bytes((tmp_path / "imat3.dat").read_bytes())
+    (tmp_path / "ref").mkdir()
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, tmp_path / "ref" / "out.gguf", "--imatrix", imat, "--no-checkpoint"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = digest(tmp_path / "ref" / "out.gguf")["out.gguf"]
+    d = tmp_path / "run"
+    d.mkdir()
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, d / "out.gguf", "--imatrix", imat), kill_at=240)
+    assert r.returncode == -signal.SIGKILL and state(d / "out.gguf")["tensors_done"] > 0, r.stderr[-2000:]
+    imat.write_bytes((tmp_path / "imat4.dat").read_bytes())
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, d / "out.gguf", "--imatrix", imat, "--resume"))
+    assert r.returncode == 1 and "settings.imatrix.sha256" in r.stderr, r.stderr[-2000:]
+    imat.write_bytes((tmp_path / "imat3.dat").read_bytes())
+    rtn_resume(llmq_bin, smollm2_f32, d, ref, "rtn --imatrix", "--imatrix", imat)

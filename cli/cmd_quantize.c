@@ -374,11 +374,7 @@ static int run(struct qargs *q, struct llmq_quantize_opts *o, const char *device
     for (int i = 0; i < q->ca.n_sources; i++) inputs[2 + i] = q->ca.sources[i];
     if (cli_guard(inputs, 2 + q->ca.n_sources, outputs, outputs[0] ? 1 : 0, q->force)) return 1;
     // a checkpoint left by an interrupted run is refused before any work unless --resume or --force
-    bool solvers = !(o->to_gguf && o->method == LLMQ_QMETHOD_RTN);
-    if (o->checkpoint && !o->dry_run && solvers && q->n_levels == 1 && llmq_ckpt_check(q->out, q->resume, q->force))
-        return 1;
-    if (q->resume && !solvers)
-        llmq_info("quantize: --resume: rtn into gguf has no block loop to resume (no checkpoint): it runs whole");
+    if (o->checkpoint && !o->dry_run && q->n_levels == 1 && llmq_ckpt_check(q->out, q->resume, q->force)) return 1;
     enum llmq_status st = llmq_model_load(q->model, &m);
     if (!st) st = sweep_check(q, o, m, paths, &usage);
     if (usage) { // the options do not fit this model: a usage error
@@ -489,10 +485,11 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
          "replace existing outputs (--out: a directory llmq wrote, or a .gguf file; --json); never an input"},
         {"resume", CLI_BOOL, &q->resume, "off",
          "continue an interrupted run from its checkpoint OUT.partial (the same command otherwise; a checkpoint "
-         "of other inputs or options is refused naming what differs); without one, start at block 0"},
+         "of other inputs or options is refused naming what differs); without one, start at the beginning"},
         {"no-checkpoint", CLI_BOOL, &q->no_ckpt, "off",
          "keep no checkpoint (by default OUT.partial holds every finished block and the next block's inputs, "
-         "written after each block, removed on success; not for rtn into gguf, which has no block loop)"},
+         "written after each block, removed on success; rtn into gguf: the output itself as it streams, committed "
+         "every 16 MiB)"},
         {"fallback", CLI_STR, &q->fallback, "none",
          "none: refuse a layer whose in-features the group size does not tile; rtn-per-channel: round that "
          "layer per output channel instead (only --format fake can hold it; not gguf)"},

@@ -134,6 +134,46 @@ enum llmq_status llmq_afile_open(struct llmq_afile *f, const char *path) {
     return LLMQ_OK;
 }
 
+enum llmq_status llmq_afile_open_part(struct llmq_afile *f, const char *path, const char *part, uint64_t off) {
+    memset(f, 0, sizeof(*f));
+    if (!(f->path = strdup(path)) || !(f->tmp_path = strdup(part))) {
+        free(f->path);
+        memset(f, 0, sizeof(*f));
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+    }
+    f->keep = true;
+    enum llmq_status st = LLMQ_OK;
+    struct stat sb;
+    int fd = open(part, off ? O_RDWR | O_CLOEXEC : O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        st = llmq_errorf(off && errno == ENOENT ? LLMQ_ERR_CORRUPT : LLMQ_ERR_IO, "%s: cannot open: %s", part,
+                         strerror(errno));
+    else if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < off)
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld bytes, fewer than the %llu the checkpoint recorded", part,
+                         (long long)sb.st_size, (unsigned long long)off);
+    else if (ftruncate(fd, (off_t)off) != 0 || lseek(fd, (off_t)off, SEEK_SET) != (off_t)off)
+        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot cut to %llu bytes: %s", part, (unsigned long long)off,
+                         strerror(errno));
+    else if (!(f->fp = fdopen(fd, "r+b")))
+        st = llmq_errorf(LLMQ_ERR_IO, "%s: cannot open: %s", part, strerror(errno));
+    if (st) {
+        if (fd >= 0) close(fd);
+        free(f->path);
+        free(f->tmp_path);
+        memset(f, 0, sizeof(*f));
+        return st;
+    }
+    f->pos = off;
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_afile_sync(struct llmq_afile *f) {
+    if (!f->err && fflush(f->fp) != 0) f->err = errno;
+    if (!f->err && fsync(fileno(f->fp)) != 0) f->err = errno;
+    if (f->err) return llmq_errorf(LLMQ_ERR_IO, "%s: write failed: %s", f->tmp_path, strerror(f->err));
+    return LLMQ_OK;
+}
+
 enum llmq_status llmq_afile_write(struct llmq_afile *f, const void *buf, size_t n) {
     if (f->err) return LLMQ_ERR_IO;
     if (n && fwrite(buf, 1, n, f->fp) != n) {
@@ -166,7 +206,7 @@ enum llmq_status llmq_afile_seek(struct llmq_afile *f, uint64_t off) {
 }
 
 static void afile_free(struct llmq_afile *f) {
-    if (f->tmp_path) llmq_temp_unregister(f->tmp_path);
+    if (f->tmp_path && !f->keep) llmq_temp_unregister(f->tmp_path);
     free(f->path);
     free(f->tmp_path);
     memset(f, 0, sizeof(*f));
@@ -191,9 +231,9 @@ enum llmq_status llmq_afile_commit(struct llmq_afile *f) {
     f->fp = NULL;
     if (f->err) {
         st = llmq_errorf(LLMQ_ERR_IO, "%s: write failed: %s", f->tmp_path, strerror(f->err));
-        unlink(f->tmp_path);
+        if (!f->keep) unlink(f->tmp_path);
     } else if ((st = llmq_output_rename(f->tmp_path, f->path, false))) {
-        unlink(f->tmp_path);
+        if (!f->keep) unlink(f->tmp_path);
     } else {
         llmq_fsync_dir_of(f->path);
     }
@@ -204,7 +244,7 @@ enum llmq_status llmq_afile_commit(struct llmq_afile *f) {
 void llmq_afile_abort(struct llmq_afile *f) {
     if (!f || !f->tmp_path) return;
     if (f->fp) fclose(f->fp);
-    unlink(f->tmp_path);
+    if (!f->keep) unlink(f->tmp_path);
     afile_free(f);
 }
 

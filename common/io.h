@@ -66,6 +66,7 @@ struct llmq_afile {
     char *tmp_path; // temporary path (owned)
     uint64_t pos;   // bytes written so far (the current offset)
     int err;        // first errno seen, 0 if none
+    bool keep;      // tmp_path is the caller's (llmq_afile_open_part): never registered, never unlinked
 };
 
 enum llmq_status llmq_afile_open(struct llmq_afile *f, const char *path);
@@ -74,6 +75,14 @@ enum llmq_status llmq_afile_pad(struct llmq_afile *f, size_t n);      // n zero 
 enum llmq_status llmq_afile_seek(struct llmq_afile *f, uint64_t off); // absolute
 enum llmq_status llmq_afile_commit(struct llmq_afile *f);             // flush + fsync + rename; frees
 void llmq_afile_abort(struct llmq_afile *f);                          // unlink the temp; frees; NULL-safe
+// An atomic file whose temporary is the caller's file part, which survives signals, failures and abort (not
+// registered, never unlinked: a quantization checkpoint's partial output, quant/checkpoint.h). off == 0: part is
+// created (or emptied); else it must hold at least off bytes (LLMQ_ERR_CORRUPT naming it, nothing changed) and
+// is cut to off, writing continues there. commit renames part onto path as llmq_afile_commit does (the guard's
+// rules); a failed commit leaves part.
+enum llmq_status llmq_afile_open_part(struct llmq_afile *f, const char *path, const char *part, uint64_t off);
+// Flushes and fsyncs what was written so far; the file stays open.
+enum llmq_status llmq_afile_sync(struct llmq_afile *f);
 
 // Reads a whole (small) file into a NUL-terminated heap buffer, at most max_size bytes.
 // Transparently gunzips files whose name ends in ".gz" (several concatenated gzip members read as one

@@ -900,10 +900,10 @@ struct llmq_gguf_writer {
     int64_t n_tensors, cap_tensors;
     struct name_index tensor_index;
     enum writer_state state;
-    struct llmq_afile file; // open in WRITER_OPEN only
-    uint64_t alignment, header_size, data_offset;
-    int64_t cur;        // the tensor being written
-    size_t cur_written; // bytes of it written so far
+    struct llmq_afile file;                                 // open in WRITER_OPEN only
+    uint64_t alignment, header_size, data_offset, data_end; // data_end: relative to data_offset
+    int64_t cur;                                            // the tensor being written
+    size_t cur_written;                                     // bytes of it written so far
 };
 
 struct llmq_gguf_writer *llmq_gguf_writer_init(void) {
@@ -1169,7 +1169,8 @@ static enum llmq_status writer_next(struct llmq_gguf_writer *w) {
     return LLMQ_OK;
 }
 
-enum llmq_status llmq_gguf_writer_begin(struct llmq_gguf_writer *w, const char *path) {
+// The layout: the alignment, the header size, every tensor's offset and the end of the data.
+static enum llmq_status writer_layout(struct llmq_gguf_writer *w, const char *path) {
     enum llmq_status st;
     if ((st = check_building(w, "begin writing", path))) return st;
     w->alignment = LLMQ_GGUF_DEFAULT_ALIGNMENT;
@@ -1199,12 +1200,55 @@ enum llmq_status llmq_gguf_writer_begin(struct llmq_gguf_writer *w, const char *
             return llmq_errorf(LLMQ_ERR_OVERFLOW, "%s: the tensor data section overflows at tensor '%s'", path,
                                w->tensors[i].name);
     }
-    if ((st = llmq_afile_open(&w->file, path))) return st;
+    w->data_end = off;
+    return LLMQ_OK;
+}
+
+// Where the data of tensor i starts in the file (i == n_tensors: the file's end).
+static uint64_t tensor_file_offset(const struct llmq_gguf_writer *w, int64_t i) {
+    return w->data_offset + (i < w->n_tensors ? w->tensors[i].offset : w->data_end);
+}
+
+// The open output at tensor `done`: the placeholder header first when nothing is written yet.
+static enum llmq_status writer_start(struct llmq_gguf_writer *w, int64_t done) {
+    enum llmq_status st;
     w->state = WRITER_OPEN;
-    w->cur = 0;
+    w->cur = done;
     w->cur_written = 0;
-    if ((st = llmq_afile_pad(&w->file, (size_t)w->data_offset))) return writer_fail(w, st); // placeholder
+    if (done == 0 && (st = llmq_afile_pad(&w->file, (size_t)w->data_offset))) return writer_fail(w, st);
     if ((st = writer_next(w))) return writer_fail(w, st);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_gguf_writer_begin(struct llmq_gguf_writer *w, const char *path) {
+    enum llmq_status st = writer_layout(w, path);
+    if (st || (st = llmq_afile_open(&w->file, path))) return st;
+    return writer_start(w, 0);
+}
+
+enum llmq_status llmq_gguf_writer_begin_part(struct llmq_gguf_writer *w, const char *path, const char *part,
+                                             int64_t done, uint64_t offset) {
+    enum llmq_status st = writer_layout(w, path);
+    if (st) return st;
+    if (done < 0 || done > w->n_tensors || (done > 0 && offset != tensor_file_offset(w, done)) ||
+        (done == 0 && offset != 0))
+        return llmq_errorf(LLMQ_ERR_CORRUPT,
+                           "%s: the checkpoint's %lld tensors in %llu bytes are not where this file's tensors end "
+                           "(%llu bytes)",
+                           part, (long long)done, (unsigned long long)offset,
+                           (unsigned long long)(done >= 0 && done <= w->n_tensors ? tensor_file_offset(w, done) : 0));
+    if ((st = llmq_afile_open_part(&w->file, path, part, offset))) return st;
+    return writer_start(w, done);
+}
+
+enum llmq_status llmq_gguf_writer_sync(struct llmq_gguf_writer *w, int64_t *done, uint64_t *offset) {
+    if (w->state != WRITER_OPEN || w->cur_written != 0)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf writer: sync outside a tensor boundary of an open output");
+    LLMQ_ASSERT(w->file.pos == tensor_file_offset(w, w->cur));
+    enum llmq_status st = llmq_afile_sync(&w->file);
+    if (st) return writer_fail(w, st);
+    *done = w->cur;
+    *offset = w->file.pos;
     return LLMQ_OK;
 }
 

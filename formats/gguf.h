@@ -257,6 +257,17 @@ size_t llmq_gguf_writer_tensor_nbytes(const struct llmq_gguf_writer *w, int64_t 
 
 // Opens the temporary output and writes the placeholder header.
 enum llmq_status llmq_gguf_writer_begin(struct llmq_gguf_writer *w, const char *path);
+// begin() into a file of the caller's, part, instead of "<path>.tmp.<pid>": part is not registered for removal
+// and survives abort(), free(), a failed commit and SIGINT / SIGTERM (quant/checkpoint.h keeps it in a checkpoint);
+// commit() renames it onto path. done == 0 (offset 0): part is created (emptied). done > 0: a resume; part holds
+// tensors 0..done-1 as this writer lays them out (the same KVs and tensors declared), offset must be where they
+// end (their padding included; else LLMQ_ERR_CORRUPT naming part) and part at least that long; it is cut there
+// and writing continues with tensor done. The header placeholder is part of those bytes; commit writes the header.
+enum llmq_status llmq_gguf_writer_begin_part(struct llmq_gguf_writer *w, const char *path, const char *part,
+                                             int64_t done, uint64_t offset);
+// At a tensor boundary (no tensor partly written): flushes and fsyncs the output; *done = the tensors complete,
+// *offset = the bytes they end at (what begin_part takes to continue). LLMQ_ERR_ARG inside a tensor.
+enum llmq_status llmq_gguf_writer_sync(struct llmq_gguf_writer *w, int64_t *done, uint64_t *offset);
 // Appends n bytes of tensor data: the bytes of tensor 0 first, then tensor 1, ...; a call may carry
 // any part of one tensor but must not cross into the next one (LLMQ_ERR_ARG). Padding is automatic.
 enum llmq_status llmq_gguf_writer_write_tensor(struct llmq_gguf_writer *w, const void *data, size_t n);

@@ -26,13 +26,18 @@
 #define CKPT_FORMAT 1
 #define BLOCK_MAGIC "LLMQCKB1"
 #define STATE_MAX_BYTES (64u << 20)
+#define STREAM_KIND "gguf-stream"
+#define STREAM_FILE "output.gguf.part"
 
 struct llmq_ckpt {
     char *dir;          // "<out>.partial"
     int lock_fd;        // the directory, flock'ed while the run lives
     bool fresh;         // created by this run
-    int64_t n_layer;    // blocks of the run
-    int64_t next_block; // blocks committed so far
+    bool stream;        // the writer-only run's checkpoint (quant/checkpoint.h "The writer-only run")
+    int64_t n_layer;    // blocks of the run (stream: tensors of the output, 0 until the first commit)
+    int64_t next_block; // blocks committed so far (stream: tensors)
+    uint64_t offset;    // stream: the bytes of the partial output that hold them
+    char *part;         // stream: dir/STREAM_FILE
     json_t *state;      // what state.json holds now (owned)
     // the block being recorded
     struct llmq_afile bf;
@@ -253,8 +258,12 @@ static enum llmq_status create_fresh(struct llmq_ckpt *ck, const char *out, cons
     char *tmp = NULL;
     enum llmq_status st = llmq_outdir_create(ck->dir, &tmp);
     if (st) return st;
-    ck->state = json_pack("{s:i, s:I, s:i, s:O, s:[], s:n}", "format", CKPT_FORMAT, "n_layer", (json_int_t)ck->n_layer,
-                          "next_block", 0, "fingerprint", fp, "blocks", "x");
+    if (ck->stream)
+        ck->state = json_pack("{s:i, s:s, s:s, s:i, s:i, s:i, s:O}", "format", CKPT_FORMAT, "kind", STREAM_KIND, "file",
+                              STREAM_FILE, "n_tensors", 0, "tensors_done", 0, "offset", 0, "fingerprint", fp);
+    else
+        ck->state = json_pack("{s:i, s:I, s:i, s:O, s:[], s:n}", "format", CKPT_FORMAT, "n_layer",
+                              (json_int_t)ck->n_layer, "next_block", 0, "fingerprint", fp, "blocks", "x");
     if (!ck->state) st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", ck->dir);
     if (!st) st = lock_dir(ck, tmp, out);
     if (!st) st = write_state(ck, tmp);
@@ -274,6 +283,7 @@ static const char *str_of(const json_t *j, const char *key) {
 // Whether name is one state.json names (the marker and state.json included).
 static bool named_by_state(const json_t *state, const char *name) {
     if (!strcmp(name, LLMQ_OUTDIR_MARKER) || !strcmp(name, "state.json")) return true;
+    if (!strcmp(str_of(state, "kind"), STREAM_KIND)) return !strcmp(name, STREAM_FILE);
     const json_t *x = json_object_get(state, "x"), *b;
     size_t i;
     if (json_is_object(x) && !strcmp(name, str_of(x, "file"))) return true;
@@ -321,6 +331,23 @@ static bool state_valid(const json_t *s, int64_t n_layer) {
     return f && !strcmp(f, want) && h && strlen(h) == 64 && json_is_integer(json_object_get(x, "bytes"));
 }
 
+// A stream's state (create_fresh, llmq_ckpt_stream_step): its counts in range.
+static bool stream_state_valid(const json_t *s) {
+    const json_t *n = json_object_get(s, "n_tensors"), *d = json_object_get(s, "tensors_done"),
+                 *o = json_object_get(s, "offset");
+    return json_integer_value(json_object_get(s, "format")) == CKPT_FORMAT && !strcmp(str_of(s, "kind"), STREAM_KIND) &&
+           !strcmp(str_of(s, "file"), STREAM_FILE) && json_is_integer(n) && json_is_integer(d) && json_is_integer(o) &&
+           json_integer_value(d) >= 0 && json_integer_value(o) >= 0 && json_integer_value(d) <= json_integer_value(n) &&
+           (json_integer_value(d) == 0) == (json_integer_value(o) == 0);
+}
+
+// Whether the state of an existing checkpoint is one this run's kind writes, for its n_layer blocks.
+static bool kind_valid(const struct llmq_ckpt *ck) {
+    if (ck->stream) return stream_state_valid(ck->state);
+    return json_integer_value(json_object_get(ck->state, "n_layer")) == ck->n_layer &&
+           state_valid(ck->state, ck->n_layer);
+}
+
 static enum llmq_status resume_existing(struct llmq_ckpt *ck, const char *out, const json_t *fp) {
     enum llmq_status st = lock_dir(ck, ck->dir, out);
     if (st) return st;
@@ -333,42 +360,65 @@ static enum llmq_status resume_existing(struct llmq_ckpt *ck, const char *out, c
                          STATE_MAX_BYTES);
     else if (!(ck->state = json_load_file(p, JSON_REJECT_DUPLICATES, &je)))
         st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: line %d: %s", p, je.line, je.text);
-    else if (json_integer_value(json_object_get(ck->state, "n_layer")) != ck->n_layer ||
-             !state_valid(ck->state, ck->n_layer))
-        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: not a state this llmq writes for a %lld-block model", p,
-                         (long long)ck->n_layer);
+    else if (!json_is_object(json_object_get(ck->state, "fingerprint")))
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: no fingerprint: not a checkpoint llmq can resume", p);
     else if (json_differs(json_object_get(ck->state, "fingerprint"), fp, "", msg, sizeof msg))
         st = llmq_errorf(LLMQ_ERR_ARG,
                          "%s: the checkpoint is of another run: %s; not resumed (resume with the same model, "
                          "calibration, options and llmq, or pass --force to discard it and start over)",
                          ck->dir, msg);
+    else if (!kind_valid(ck) && ck->stream)
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: not a state this llmq writes for a writer-only GGUF run", p);
+    else if (!kind_valid(ck))
+        st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: not a state this llmq writes for a %lld-block model", p,
+                         (long long)ck->n_layer);
     free(p);
     if (st) return st;
-    ck->next_block = json_integer_value(json_object_get(ck->state, "next_block"));
+    if (ck->stream) {
+        ck->n_layer = json_integer_value(json_object_get(ck->state, "n_tensors"));
+        ck->next_block = json_integer_value(json_object_get(ck->state, "tensors_done"));
+        ck->offset = (uint64_t)json_integer_value(json_object_get(ck->state, "offset"));
+    } else {
+        ck->next_block = json_integer_value(json_object_get(ck->state, "next_block"));
+    }
     remove_leftovers(ck);
     return LLMQ_OK;
 }
 
+// "checkpoint kept in DIR (k of n blocks done): run the same command with --resume to continue" into line.
+static void kept_line(const struct llmq_ckpt *ck, char *line, size_t n) {
+    if (ck->stream)
+        snprintf(line, n,
+                 "checkpoint kept in %s (%lld of %lld tensors written): run the same command with --resume to "
+                 "continue",
+                 ck->dir, (long long)ck->next_block, (long long)ck->n_layer);
+    else
+        snprintf(line, n,
+                 "checkpoint kept in %s (%lld of %lld blocks done): run the same command with --resume to continue",
+                 ck->dir, (long long)ck->next_block, (long long)ck->n_layer);
+}
+
 static void set_note(const struct llmq_ckpt *ck) {
     char line[1024];
-    snprintf(line, sizeof line,
-             "checkpoint kept in %s (%lld of %lld blocks done): run the same command with --resume to continue",
-             ck->dir, (long long)ck->next_block, (long long)ck->n_layer);
+    kept_line(ck, line, sizeof line);
     llmq_guard_set_note(line);
 }
 
-enum llmq_status llmq_ckpt_open(const char *out, const json_t *fp, bool resume, bool force, int64_t n_layer,
-                                struct llmq_ckpt **out_ck, int64_t *next_block) {
+// The checkpoint directory of out opened, resumed or created (llmq_ckpt_open's contract); stream: of a writer-only
+// run. NULL with the status logged on failure.
+static enum llmq_status ckpt_open(const char *out, const json_t *fp, bool resume, bool force, bool stream,
+                                  int64_t n_layer, struct llmq_ckpt **out_ck) {
     *out_ck = NULL;
-    *next_block = 0;
     enum llmq_status st = llmq_ckpt_check(out, resume, force);
     if (st) return st;
     struct llmq_ckpt *ck = calloc(1, sizeof *ck);
-    if (!ck || !(ck->dir = partial_path(out))) {
+    if (!ck || !(ck->dir = partial_path(out)) || (stream && !(ck->part = llmq_path_join(ck->dir, STREAM_FILE)))) {
+        if (ck) free(ck->dir);
         free(ck);
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", out);
     }
     ck->lock_fd = -1;
+    ck->stream = stream;
     ck->n_layer = n_layer;
     bool exists = false;
     // the guard's rules: never an input (nor a directory holding one); an existing one only if llmq wrote it
@@ -376,7 +426,9 @@ enum llmq_status llmq_ckpt_open(const char *out, const json_t *fp, bool resume, 
     if (!st && exists && resume) {
         st = resume_existing(ck, out, fp);
     } else if (!st) {
-        if (resume) llmq_info("quantize: no checkpoint at %s: nothing to resume, starting at block 0", ck->dir);
+        if (resume)
+            llmq_info("quantize: no checkpoint at %s: nothing to resume, starting at %s", ck->dir,
+                      ck->stream ? "the first tensor" : "block 0");
         if (exists) llmq_info("quantize: %s: the previous checkpoint is discarded (--force)", ck->dir);
         st = create_fresh(ck, out, fp, exists);
     }
@@ -385,6 +437,17 @@ enum llmq_status llmq_ckpt_open(const char *out, const json_t *fp, bool resume, 
         llmq_ckpt_close(ck);
         return st;
     }
+    *out_ck = ck;
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_ckpt_open(const char *out, const json_t *fp, bool resume, bool force, int64_t n_layer,
+                                struct llmq_ckpt **out_ck, int64_t *next_block) {
+    *next_block = 0;
+    struct llmq_ckpt *ck;
+    enum llmq_status st = ckpt_open(out, fp, resume, force, false, n_layer, out_ck);
+    if (st) return st;
+    ck = *out_ck;
     if (ck->next_block == n_layer)
         llmq_info("quantize: resuming from the checkpoint %s: all %lld blocks done, the output is written from it",
                   ck->dir, (long long)n_layer);
@@ -394,9 +457,54 @@ enum llmq_status llmq_ckpt_open(const char *out, const json_t *fp, bool resume, 
     else
         llmq_info("quantize: checkpoint after each block in %s (an interrupted run continues with --resume)", ck->dir);
     set_note(ck);
-    *out_ck = ck;
     *next_block = ck->next_block;
     return LLMQ_OK;
+}
+
+// ---- the writer-only run ---------------------------------------------------------------------------------
+
+enum llmq_status llmq_ckpt_open_stream(const char *out, const json_t *fp, bool resume, bool force,
+                                       struct llmq_ckpt **out_ck, int64_t *done, uint64_t *offset) {
+    *done = 0;
+    *offset = 0;
+    enum llmq_status st = ckpt_open(out, fp, resume, force, true, 0, out_ck);
+    if (st) return st;
+    struct llmq_ckpt *ck = *out_ck;
+    if (ck->next_block > 0)
+        llmq_info("quantize: resuming from the checkpoint %s: %lld of %lld tensors written (%.2f MiB), continuing "
+                  "there",
+                  ck->dir, (long long)ck->next_block, (long long)ck->n_layer, (double)ck->offset / 1048576.0);
+    else if (!ck->fresh)
+        llmq_info("quantize: resuming from the checkpoint %s: no tensor committed yet, starting at the first", ck->dir);
+    else
+        llmq_info("quantize: checkpoint of the output as it streams in %s (an interrupted run continues with "
+                  "--resume)",
+                  ck->dir);
+    set_note(ck);
+    *done = ck->next_block;
+    *offset = ck->offset;
+    return LLMQ_OK;
+}
+
+const char *llmq_ckpt_stream_part(const struct llmq_ckpt *ck) { return ck->part; }
+
+enum llmq_status llmq_ckpt_stream_step(struct llmq_ckpt *ck, int64_t done, int64_t n_tensors, bool synced,
+                                       uint64_t offset) {
+    LLMQ_ASSERT(ck->stream);
+    enum llmq_status st = LLMQ_OK;
+    if (synced) {
+        LLMQ_ASSERT(done > ck->next_block && offset > ck->offset);
+        json_object_set_new(ck->state, "n_tensors", json_integer(n_tensors));
+        json_object_set_new(ck->state, "tensors_done", json_integer(done));
+        json_object_set_new(ck->state, "offset", json_integer((json_int_t)offset));
+        if ((st = write_state(ck, ck->dir))) return st; // the commit point
+        ck->n_layer = n_tensors;
+        ck->next_block = done;
+        ck->offset = offset;
+        set_note(ck);
+    }
+    kill_point();
+    return st;
 }
 
 // ---- recording a block ---------------------------------------------------------------------------------------
@@ -820,6 +928,7 @@ static void ckpt_free(struct llmq_ckpt *ck) {
     llmq_guard_set_note(NULL);
     json_decref(ck->state);
     free(ck->dir);
+    free(ck->part);
     free(ck);
 }
 
@@ -834,9 +943,10 @@ void llmq_ckpt_close(struct llmq_ckpt *ck) {
     if (!ck) return;
     if (ck->next_block == 0 && ck->fresh && ck->lock_fd >= 0)
         llmq_remove_tree(ck->dir); // nothing to resume
-    else if (ck->next_block > 0)
-        llmq_info("quantize: checkpoint kept in %s (%lld of %lld blocks done): run the same command with --resume to "
-                  "continue",
-                  ck->dir, (long long)ck->next_block, (long long)ck->n_layer);
+    else if (ck->next_block > 0) {
+        char line[1024];
+        kept_line(ck, line, sizeof line);
+        llmq_info("quantize: %s", line);
+    }
     ckpt_free(ck);
 }

@@ -60,10 +60,27 @@
  *   one, with f32 scales and zeros; GGUF: the linears' bytes), plus one copy of the activations (N x D x 4
  *   bytes), written once per block.
  *
+ * ---- The writer-only run (rtn into GGUF: no block loop) ----------------------------------------------------
+ *   The writer encodes every tensor from the model's views in file order, so its state is the output itself:
+ *   the output streams into "<out>.partial/output.gguf.part" (formats/gguf.h llmq_gguf_writer_begin_part: not
+ *   "<out>.tmp.<pid>", which the signal handler removes) and is renamed onto out when complete. state.json,
+ *   {"format": 1, "kind": "gguf-stream", "file": "output.gguf.part", "n_tensors", "tensors_done": k, "offset":
+ *   the bytes that hold tensors 0..k-1 (the zero header placeholder included), "fingerprint"}, is written after
+ *   the first tensor that brings the bytes written since the last commit to LLMQ_CKPT_STREAM_SYNC_BYTES, once the
+ *   file is fsynced (a state never names bytes not on disk). A resume checks the fingerprint, checks that offset
+ *   is where tensor k starts in this run's layout, cuts the file there (a killed run leaves bytes after it) and
+ *   continues at tensor k: the encoders are deterministic, the header is written last from this run's KVs and
+ *   tensor infos, so the file has the uninterrupted run's bytes. The importance of rtn --calib is gathered again
+ *   by the resumed run (one calibration pass), from the same windows: tokens_sha256 and the threads are in the
+ *   fingerprint; an --imatrix is in it by its sha256. The partial file is not hashed (reading it back would cost
+ *   as much as writing it): the checks are its length and the fingerprint. Size: state.json (under 1 KB for one
+ *   model file) next to the partial output, which is the output's own file: no disk beyond the output.
+ *
  * ---- Fault injection (tests/py/test_resume.py) ------------------------------------------------------------
  *   LLMQ_CKPT_KILL_AT=K in the environment: the process sends itself SIGKILL at the K-th checkpoint event
  *   (1-based: each linear recorded, each block file, activation file and state.json committed, each old
- *   activation file removed), i.e. at a reproducible point of the block loop. Unset or 0: nothing.
+ *   activation file removed), i.e. at a reproducible point of the block loop; the writer-only run: one event per
+ *   tensor written (after its state.json when it committed one). Unset or 0: nothing.
  *
  * Errors: one log line naming the checkpoint path and a status; nothing here touches the output itself.
  * Driver thread only.
@@ -81,6 +98,10 @@
 
 struct llmq_quantize_opts;
 struct llmq_ckpt; // opaque
+
+// The writer-only run's commit interval: state.json after the first tensor that brings the bytes written since
+// the last commit to this many (see "The writer-only run").
+#define LLMQ_CKPT_STREAM_SYNC_BYTES ((uint64_t)16 << 20)
 
 // The checks that need no model (the CLI's, before loading it): an existing "<out>.partial" is refused
 // without resume or force (the message says both), and so is one that is not a directory.
@@ -120,6 +141,19 @@ enum llmq_status llmq_ckpt_commit_block(struct llmq_ckpt *ck, int64_t layer, con
 // that does not match state.json or the model is LLMQ_ERR_CORRUPT naming it (the caller aborts the writer).
 enum llmq_status llmq_ckpt_replay(struct llmq_ckpt *ck, const struct llmq_model *m, struct llmq_qwriter *w,
                                   json_t *layers, double *bits_total, float *x, int64_t n_x);
+
+// ---- the writer-only run (see "The writer-only run") ----
+// Opens the checkpoint of a writer-only GGUF run onto out: the guard, the lock, the refusals and the fingerprint
+// check of llmq_ckpt_open. *done, *offset: the tensors the partial output llmq_ckpt_stream_part holds and the
+// bytes they end at (0, 0: a new output, or resume without a checkpoint), for quant/gguf_export.h's stream.
+enum llmq_status llmq_ckpt_open_stream(const char *out, const json_t *fp, bool resume, bool force,
+                                       struct llmq_ckpt **ck, int64_t *done, uint64_t *offset);
+// "<out>.partial/output.gguf.part": the file the writer streams into (owned by ck).
+const char *llmq_ckpt_stream_part(const struct llmq_ckpt *ck);
+// The stream's step (quant/gguf_export.h struct llmq_gguf_export_stream): synced: the partial output holds
+// tensors 0..done-1 (of n_tensors) fsynced in its first offset bytes; state.json records it (the commit point).
+enum llmq_status llmq_ckpt_stream_step(struct llmq_ckpt *ck, int64_t done, int64_t n_tensors, bool synced,
+                                       uint64_t offset);
 
 // The output is committed: removes the checkpoint and frees ck. NULL: no-op.
 void llmq_ckpt_done(struct llmq_ckpt *ck);

@@ -86,6 +86,7 @@ struct llmq_gguf_export {
     double t0;
     int64_t total_elems, done_elems;
     uint64_t total_bytes;
+    uint64_t unsynced; // stream: bytes written since the last sync
     int n_fallback;
     int64_t sens_tokens; // MEASURED: the tokens the sensitivity was measured on
     double sens_seconds;
@@ -551,6 +552,27 @@ static enum llmq_status choose_types(struct llmq_gguf_export *e, struct llmq_ggu
     return st;
 }
 
+// Opens the file: "<out>.tmp.<pid>", or the stream's part, continued after its first done tensors (marked written).
+static enum llmq_status begin_file(struct llmq_gguf_export *e) {
+    const struct llmq_gguf_export_stream *s = e->o.stream;
+    if (!s) return llmq_gguf_writer_begin(e->w, e->out_path);
+    if (s->done < 0 || s->done > e->n)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: a checkpoint of %lld tensors, this output has %lld", s->part,
+                           (long long)s->done, (long long)e->n);
+    enum llmq_status st = llmq_gguf_writer_begin_part(e->w, e->out_path, s->part, s->done, s->offset);
+    if (st) return st;
+    for (int64_t i = 0; i < s->done; i++) {
+        e->ent[i].written = true;
+        e->total_elems -= e->ent[i].R * e->ent[i].C; // the ETA counts what is left
+    }
+    e->next = s->done;
+    if (s->done > 0)
+        llmq_info("gguf export: %s: continuing at tensor %lld of %lld (%s), %.2f MiB already written", e->out_path,
+                  (long long)s->done + 1, (long long)e->n, s->done < e->n ? e->ent[s->done].name : "none left",
+                  (double)s->offset / 1048576.0);
+    return LLMQ_OK;
+}
+
 enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *out_path,
                                         const struct llmq_gguf_export_opts *o, struct llmq_gguf_export **out) {
     struct llmq_gguf_export *e = NULL;
@@ -658,7 +680,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         if ((st = llmq_gguf_writer_add_tensor(e->w, e->ent[i].name, e->ent[i].ch.type, e->ent[i].n_dims,
                                               e->ent[i].shape)))
             goto fail;
-    if ((st = llmq_gguf_writer_begin(e->w, out_path))) goto fail;
+    if ((st = begin_file(e))) goto fail;
 ok:
     free(mt);
     free(mc);
@@ -782,6 +804,19 @@ static bool ready(const struct llmq_gguf_export *e, const struct entry *x) {
     return true;
 }
 
+// After entry x was written (the stream's contract, quant/gguf_export.h): a sync when due, then step().
+static enum llmq_status stream_step(struct llmq_gguf_export *e, const struct entry *x) {
+    const struct llmq_gguf_export_stream *s = e->o.stream;
+    int64_t done = e->next;
+    uint64_t off = 0;
+    e->unsynced += x->nbytes;
+    bool sync = e->next < e->n && e->unsynced >= s->sync_bytes;
+    enum llmq_status st = sync ? llmq_gguf_writer_sync(e->w, &done, &off) : LLMQ_OK;
+    if (st) return st;
+    if (sync) e->unsynced = 0;
+    return s->step ? s->step(s->user, done, e->n, sync, off) : LLMQ_OK;
+}
+
 // Writes entries in file order while the next one is ready.
 static enum llmq_status pump(struct llmq_gguf_export *e) {
     enum llmq_status st = LLMQ_OK;
@@ -807,6 +842,7 @@ static enum llmq_status pump(struct llmq_gguf_export *e) {
         x->seconds = llmq_now_s() - t0;
         if (!e->o.dry_run) progress(e, e->next, x->seconds);
         e->next++;
+        if (e->o.stream && !e->o.dry_run) st = stream_step(e, x);
     }
     if (st) e->err = st;
     return st;

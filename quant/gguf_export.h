@@ -128,6 +128,22 @@
 #include <stdint.h>
 #include <stdio.h>
 
+// A resumable output (quant/checkpoint.h "The writer-only run"): the file streams into part, a file of the
+// caller's that survives failures and signals, instead of "<out>.tmp.<pid>", and is renamed onto out by finish.
+// After every tensor written, step() is called with done = the tensors complete; after a tensor that brings the
+// bytes written since the last sync to sync_bytes or more (not after the last tensor: finish follows), the file is
+// first fsynced (formats/gguf.h llmq_gguf_writer_sync) and step() gets synced = true and offset = the bytes that
+// hold those done tensors: what a later run passes back as done / offset to continue. A failing step() fails the
+// export (its status).
+struct llmq_gguf_export_stream {
+    const char *part;    // the partial output file
+    int64_t done;        // a resume: tensors 0..done-1 are in part already (not encoded again); 0: a new file
+    uint64_t offset;     // where they end (checked against this run's layout: LLMQ_ERR_CORRUPT when it differs)
+    uint64_t sync_bytes; // see above
+    enum llmq_status (*step)(void *user, int64_t done, int64_t n_tensors, bool synced, uint64_t offset);
+    void *user;
+};
+
 struct llmq_gguf_export_opts {
     struct llmq_gguf_mix_opts mix;
     const struct llmq_calib_stats *imatrix; // NULL = no importance (see "Importance"); only read in begin
@@ -143,6 +159,7 @@ struct llmq_gguf_export_opts {
     const struct llmq_calib_stats *choice_imatrix; // importance of the choice when imatrix is NULL (or NULL)
     const struct llmq_calib_data *sens_calib;      // choose.sensitivity MEASURED: the windows it is measured on
     struct llmq_gguf_sens_opts sens;               // MEASURED: windows, seqlen, backend (n_threads: n_threads's)
+    const struct llmq_gguf_export_stream *stream;  // a resumable output (above); NULL: "<out>.tmp.<pid>"
 };
 
 // Defaults: mix defaults (Q8_0), no imatrix, 1 thread, no force, no dry run, progress on,

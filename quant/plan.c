@@ -555,8 +555,13 @@ static void plan_disk(const struct shape *s, struct llmq_plan *p, bool checkpoin
     snprintf(p->spill_dir, sizeof(p->spill_dir), "%s", llmq_spill_dir());
     snprintf(p->checkpoint_dir, sizeof(p->checkpoint_dir), "%s.partial", p->out ? p->out : "OUT");
     p->checkpoint = checkpoint;
-    // every finished block's outputs, plus the next block's input (N x D f32; quant/checkpoint.h), plus its state
-    p->checkpoint_bytes = p->linear_out_bytes + (uint64_t)(s->calib ? 4.0 * s->N * s->D : 0) + 65536;
+    // every finished block's outputs, plus the next block's input (N x D f32; quant/checkpoint.h), plus its state;
+    // the writer-only run (rtn into GGUF): its state only, the partial output in it is the output's own file (counted
+    // as the output: it is renamed onto it)
+    if (s->o->to_gguf && s->o->method == LLMQ_QMETHOD_RTN)
+        p->checkpoint_bytes = 65536;
+    else
+        p->checkpoint_bytes = p->linear_out_bytes + (uint64_t)(s->calib ? 4.0 * s->N * s->D : 0) + 65536;
 }
 
 // ---- rates and time -------------------------------------------------------------------------------------
@@ -947,9 +952,7 @@ enum llmq_status llmq_plan_check_disk(const struct llmq_plan *p) {
     return LLMQ_OK;
 }
 
-bool llmq_plan_writes_checkpoint(const struct llmq_quantize_opts *o) {
-    return o->checkpoint && !(o->to_gguf && o->method == LLMQ_QMETHOD_RTN);
-}
+bool llmq_plan_writes_checkpoint(const struct llmq_quantize_opts *o) { return o->checkpoint; }
 
 enum llmq_status llmq_plan_preflight(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
     if (m->hp.n_expert > 0) { // not modelled (llmq_plan_build): the run goes on without the up-front check
@@ -1012,7 +1015,7 @@ void llmq_plan_print(const struct llmq_plan *p, FILE *f) {
                 llmq_spill_budget() ? "the activations fit in --max-memory" : "no --max-memory");
     human((double)p->checkpoint_bytes, a, sizeof(a));
     fprintf(f, "  checkpoint   %s/: %s at its largest (%s)\n", p->checkpoint_dir, a,
-            p->checkpoint ? "written by this run" : "not written by this run (--no-checkpoint, or rtn into GGUF)");
+            p->checkpoint ? "written by this run" : "not written by this run (--no-checkpoint)");
     print_disk(p, f);
     if (p->tokens) fprintf(f, "  calibration  %lld tokens\n", (long long)p->tokens);
     if (!p->timed) return;

@@ -60,8 +60,10 @@
  *   spill       with --max-memory, the activations beyond the budget, in common/spill.h's directory.
  *   checkpoint  "<out>.partial/" next to the output, as the resume feature lays it out: every finished
  *               block's outputs (the linears' encoded bytes) plus the next block's input activations (N x D
- *               f32, quant/checkpoint.h); counted in the free-space check when the run writes one (plan
- *               opts `checkpoint`: llmq_plan_writes_checkpoint).
+ *               f32, quant/checkpoint.h); rtn into GGUF: its state.json only (64 KiB are counted), since the
+ *               partial output it holds is the output's file before its rename (counted as the output); counted
+ *               in the free-space check when the run writes one (plan opts `checkpoint`:
+ *               llmq_plan_writes_checkpoint).
  *   Directories on the same file system (st_dev) are summed before comparing with its free space.
  *
  * ---- Time (an estimate) ---------------------------------------------------------------------------------
@@ -150,7 +152,7 @@ void llmq_plan_print(const struct llmq_plan *p, FILE *f);
 // The plan as a JSON object ("preflight" in the dry run's report): every figure above as a field.
 json_t *llmq_plan_json(const struct llmq_plan *p);
 
-// Whether the run o describes keeps "<out>.partial/" (o->checkpoint, and a block loop: not rtn into GGUF).
+// Whether the run o describes keeps "<out>.partial/" (o->checkpoint: every method and format).
 bool llmq_plan_writes_checkpoint(const struct llmq_quantize_opts *o);
 
 // The free-space check (statvfs) of the output's, the spill and (when written) the checkpoint directory,

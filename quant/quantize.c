@@ -1112,13 +1112,20 @@ static enum llmq_status gather_stats(const struct llmq_model *m, const struct ll
     return llmq_calib_run(m, d, o->n_threads, o->micro_batch, s);
 }
 
-// The writer alone (rtn into GGUF, and every dry run): the importance loaded or gathered, then begin (the plan
-// printed for a dry run) and finish, which encodes every tensor from the model's views.
+static enum llmq_status stream_step(void *ck, int64_t done, int64_t n_tensors, bool synced, uint64_t offset) {
+    return llmq_ckpt_stream_step(ck, done, n_tensors, synced, offset);
+}
+
+// The writer alone (rtn into GGUF, and every dry run): the importance loaded or gathered (recomputed by a resumed
+// run: its inputs are in the fingerprint), then begin (the plan printed for a dry run) and finish, which encodes
+// every tensor from the model's views; a real run streams into its checkpoint (quant/checkpoint.h "The writer-only
+// run"), continued after its committed tensors with o->resume.
 static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq_quantize_opts *o,
                                    const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
     struct llmq_gguf_export_opts go = o->gguf;
     struct llmq_quantize_shared local = {0}, *sh = o->shared ? o->shared : &local;
     json_t *prov = NULL, *rep = NULL;
+    struct llmq_ckpt *ck = NULL;
     enum llmq_status st = LLMQ_OK;
     bool rtn = o->method == LLMQ_QMETHOD_RTN;
     go.imatrix = imat;
@@ -1150,6 +1157,16 @@ static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq
     go.provenance = prov;
     go.report = &rep;
     if (go.n_threads < 1) go.n_threads = o->n_threads;
+    struct llmq_gguf_export_stream gs = {.sync_bytes = LLMQ_CKPT_STREAM_SYNC_BYTES, .step = stream_step};
+    if (o->checkpoint && !o->gguf.dry_run) { // the output streams into its checkpoint (quant/checkpoint.h)
+        json_t *fp = llmq_ckpt_fingerprint(m, o, prov);
+        st = llmq_ckpt_open_stream(o->out_dir, fp, o->resume, o->gguf.force, &ck, &gs.done, &gs.offset);
+        json_decref(fp);
+        if (st) goto done;
+        gs.part = llmq_ckpt_stream_part(ck);
+        gs.user = ck;
+        go.stream = &gs;
+    }
     struct llmq_qwriter *w = NULL; // rtn: every tensor encoded from the model's views by the writer itself
     if ((st = llmq_qwriter_begin(m, o->out_dir, &(struct llmq_qwriter_opts){.gguf = &go}, &w))) goto done;
     if (o->gguf.dry_run) {
@@ -1158,12 +1175,15 @@ static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq
         fflush(f);
     }
     if ((st = llmq_qwriter_finish(w))) goto done;
+    llmq_ckpt_done(ck); // the output is in place
+    ck = NULL;
     if (rep && !json_object_get(rep, "settings")) json_object_set(rep, "settings", prov);
     if (report) {
         *report = rep;
         rep = NULL;
     }
 done:
+    llmq_ckpt_close(ck); // a failure: kept when it holds tensors (the writer left its partial output)
     json_decref(rep);
     json_decref(prov);
     if (st && sh != &local) llmq_quantize_shared_free(sh); // a failed run shares nothing

@@ -142,7 +142,8 @@
  *   the seed, and tokens_sha256 in the fingerprint proves them equal; the GGUF plan and the type choice's
  *   importance are recomputed from the same inputs). A fingerprint that differs is refused naming what differs.
  *   On success the checkpoint is removed; on a failure or a signal it is kept (common/io.h prints how to
- *   resume). rtn into GGUF and dry runs have no block loop and no checkpoint: a rerun repeats them.
+ *   resume). rtn into GGUF has no block loop: its output streams into the checkpoint directory and a resume
+ *   continues after the last tensor committed there (quant/checkpoint.h "The writer-only run"). Dry runs keep none.
  */
 #ifndef LLMQ_QUANT_QUANTIZE_H
 #define LLMQ_QUANT_QUANTIZE_H

@@ -113,6 +113,15 @@ def smollm2():
     return p
 
 
+@pytest.fixture(scope="session")
+def smollm2_f32(smollm2, llmq_bin):
+    """The f32 GGUF of SmolLM2 (llmq convert of the Q4_1 file), made in the cache when missing."""
+    p = smollm2.parent / "smollm2-f32.gguf"
+    if not p.exists():
+        run([llmq_bin, "convert", "--model", smollm2, "--dtype", "f32", "--out", p])
+    return p
+
+
 def ggml_quantizer(types):
     """quantize(tname, rows, imatrix=None) -> the bytes of ggml_quantize_chunk (what llama-quantize writes) from
     llama-cpp-python's libggml-base.so through ctypes, for rows (nrows, n) f32 and an optional importance (n,);

@@ -30,14 +30,6 @@ N_SAMPLE_TOKEN = 128  # the clip search samples every 4th token (AutoAWQ: 512; s
 
 
 @pytest.fixture(scope="module")
-def smollm2_f32(smollm2, llmq_bin):
-    p = smollm2.parent / "smollm2-f32.gguf"
-    if not p.exists():
-        run([llmq_bin, "convert", "--model", smollm2, "--dtype", "f32", "--out", p])
-    return p
-
-
-@pytest.fixture(scope="module")
 def awq_run(tool, smollm2_f32, data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("awq")
     run([tool("awq_tool"), smollm2_f32, data_dir / "wikitext-2-raw" / "wiki.valid.raw", out, LAYER, N_SEQ, SEQLEN,

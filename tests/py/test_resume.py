@@ -18,9 +18,14 @@ what differs), and discarded by --force; --resume without a checkpoint starts at
 output: the second stops at the first's locked checkpoint; OUT.partial is guarded as every output is.
 
 Every other method x format pair (rtn / gptq / awq / awq+gptq x gguf / awq / gptq / fake) is killed once and
-resumed, against its uninterrupted --no-checkpoint run; rtn into GGUF, which has no block loop, reruns.
+resumed, against its uninterrupted --no-checkpoint run.
 
-Light: about 70 runs of a second or less; every CI variant runs it.
+rtn into GGUF (the writer alone, no block loop: its output streams into OUT.partial and is committed every
+16 MiB) on SmolLM2-135M f32 -> Q4_K_M: kill -9 at 5 seeded tensors (one resume killed again), a timer kill and
+SIGTERM after the first commit, a refused resume with other options, --force, rtn --calib (the importance
+gathered again on resume) and rtn --imatrix (its sha256 in the fingerprint); each resumed output equals the uninterrupted --no-checkpoint run's byte for byte.
+
+About 70 runs of a second or less, and about 30 SmolLM2 runs of 1-10 s (about 95 s); every CI variant runs it.
 """
 import hashlib
 import json
@@ -189,15 +194,14 @@ def test_every_method_and_format(llmq_bin, work, method, fmt):
     assert r.returncode == 0 and "checkpoint" not in r.stderr, r.stderr[-2000:]
     ref = digest(d / "ref" / name)
     out = d / name
-    if method == "rtn" and fmt == "gguf":  # the writer alone: no block loop, no checkpoint; --resume reruns it
-        r = llmq(pair_argv(llmq_bin, work, method, fmt, out, "--resume"))
-        assert r.returncode == 0 and "no block loop to resume" in r.stderr, r.stderr[-2000:]
-    else:
-        k = random.Random(f"{SEED}{method}{fmt}").randint(10, 9 * N_LAYER)
-        r = llmq(pair_argv(llmq_bin, work, method, fmt, out), kill_at=k)
-        assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr[-2000:])
-        r = llmq(pair_argv(llmq_bin, work, method, fmt, out, "--resume"))
-        assert r.returncode == 0 and "resuming from the checkpoint" in r.stderr, (k, r.stderr[-2000:])
+    # rtn into GGUF, the writer alone: one event per tensor (the model's 39 are < 16 MiB: no commit, so the resume
+    # starts at the first tensor; the SmolLM2 tests below resume from committed ones)
+    hi = 4 * 9 + 3 if method == "rtn" and fmt == "gguf" else 9 * N_LAYER
+    k = random.Random(f"{SEED}{method}{fmt}").randint(10, hi)
+    r = llmq(pair_argv(llmq_bin, work, method, fmt, out), kill_at=k)
+    assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr[-2000:])
+    r = llmq(pair_argv(llmq_bin, work, method, fmt, out, "--resume"))
+    assert r.returncode == 0 and "resuming from the checkpoint" in r.stderr, (k, r.stderr[-2000:])
     assert digest(out) == ref, (method, fmt)
     assert leftovers(d) == [], leftovers(d)
 
@@ -213,10 +217,11 @@ def start(cmd):
                             env=env)
 
 
-def wait_blocks(proc, out, n, timeout=120):
-    """Waits until out's checkpoint holds n blocks (True), or the run ended first (False)."""
+def wait_blocks(proc, out, n, timeout=120, key="next_block"):
+    """Waits until out's checkpoint holds n blocks (key "tensors_done": a stream checkpoint n tensors) (True), or
+    the run ended first (False)."""
     t0 = time.time()
-    while state(out).get("next_block", 0) < n:
+    while state(out).get(key, 0) < n:
         if proc.poll() is not None:
             return False
         assert time.time() - t0 < timeout, "timed out"
@@ -330,3 +335,151 @@ def test_second_run_stops_at_the_first_ones_checkpoint(llmq_bin, work):
         p.send_signal(signal.SIGCONT)
     p.communicate(timeout=120)
     assert p.returncode == 0 and leftovers(d) == [], leftovers(d)
+
+
+# ---- rtn into GGUF: the writer alone, its output streamed into OUT.partial (quant/checkpoint.h "The writer-only
+# run"). SmolLM2-135M f32 -> Q4_K_M: 272 tensors, 98.9 MiB of tensor data, so 5 commits (one per 16 MiB);
+# one checkpoint event per tensor written (after its commit, when it made one).
+N_TENSORS = 272
+RTN = ["--method", "rtn", "--format", "gguf", "--gguf-type", "Q4_K_M", "--threads", "2"]
+
+
+def rtn_argv(llmq_bin, model, out, *extra):
+    return [llmq_bin, "quantize", "--model", model, *RTN, "--out", out, *extra]
+
+
+@pytest.fixture(scope="module")
+def rtn_ref(llmq_bin, smollm2_f32, tmp_path_factory):
+    """The sha256 of the uninterrupted run (no checkpoint at all: the oracle of what a checkpoint may change)."""
+    d = tmp_path_factory.mktemp("rtn-ref")
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, d / "out.gguf", "--no-checkpoint"))
+    assert r.returncode == 0 and "checkpoint" not in r.stderr, r.stderr[-2000:]
+    return digest(d / "out.gguf")["out.gguf"]
+
+
+def rtn_resume(llmq_bin, model, d, ref, why, *extra):
+    """--resume in d: the output of the uninterrupted run, no temporary, the checkpoint removed."""
+    out = d / "out.gguf"
+    r = llmq(rtn_argv(llmq_bin, model, out, "--resume", *extra))
+    assert r.returncode == 0 and "resuming from the checkpoint" in r.stderr, (why, r.stderr[-2000:])
+    assert f"checkpoint {out}.partial removed" in r.stderr, (why, r.stderr[-2000:])
+    assert digest(out)["out.gguf"] == ref, why
+    assert leftovers(d) == [], (why, leftovers(d))
+    return r
+
+
+def test_rtn_gguf_kill9_then_resume_is_byte_identical(llmq_bin, smollm2_f32, rtn_ref, tmp_path):
+    points = sorted(random.Random(SEED + 2).sample(range(1, N_TENSORS + 1), 5))
+    resumed_from = set()
+    for i, k in enumerate(points):
+        why = f"rtn -> Q4_K_M: SIGKILL at tensor {k} of {N_TENSORS} (LLMQ_TEST_SEED={SEED})"
+        d = tmp_path / f"kill-{i}"
+        d.mkdir()
+        out = d / "out.gguf"
+        r = llmq(rtn_argv(llmq_bin, smollm2_f32, out), kill_at=k)
+        assert r.returncode == -signal.SIGKILL, (why, r.returncode, r.stderr[-2000:])
+        assert not out.exists() and (partial(out) / "output.gguf.part").is_file(), why
+        st = state(out)
+        assert st["kind"] == "gguf-stream" and st["tensors_done"] <= k, (why, st)
+        # what was written after the commit is cut off again: the file may be longer than the state says
+        assert (partial(out) / "output.gguf.part").stat().st_size >= st["offset"], why
+        resumed_from.add(st["tensors_done"])
+        if i == 0 and k < N_TENSORS:  # the resume is killed too, at a point of its own
+            r = llmq(rtn_argv(llmq_bin, smollm2_f32, out, "--resume"), kill_at=random.Random(SEED + k).randint(1, 40))
+            assert r.returncode == -signal.SIGKILL, (why, "then in the resume", r.stderr[-2000:])
+        r = rtn_resume(llmq_bin, smollm2_f32, d, rtn_ref, why)
+        if st["tensors_done"]:
+            assert f"continuing at tensor {st['tensors_done'] + 1} of {N_TENSORS}" in r.stderr or i == 0, why
+    assert len(resumed_from - {0}) >= 2, f"too few points after a commit: {sorted(resumed_from)}"
+
+
+def test_rtn_gguf_timer_kill_and_sigterm(llmq_bin, smollm2_f32, rtn_ref, tmp_path):
+    """kill -9 at whatever instant a timer hits after the first commit; SIGTERM keeps the checkpoint (exit 143,
+    its last line says how to continue) and removes no part of it."""
+    rng = random.Random(SEED + 3)
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        d = tmp_path / sig.name
+        d.mkdir()
+        out = d / "out.gguf"
+        p = start(rtn_argv(llmq_bin, smollm2_f32, out))
+        assert wait_blocks(p, out, 1, key="tensors_done"), "the run ended before its first commit"
+        time.sleep(rng.uniform(0, 0.5))
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)  # (the first commit comes after ~1 s of a ~4 s run)
+        if sig == signal.SIGTERM:
+            last = err.rstrip().splitlines()[-1]
+            assert p.returncode == 143, (p.returncode, err[-2000:])
+            assert "SIGTERM" in last and f"checkpoint kept in {out}.partial" in last and "--resume" in last, last
+            assert f"of {N_TENSORS} tensors written" in last, last
+        else:
+            assert p.returncode == -signal.SIGKILL, (p.returncode, err[-2000:])
+        assert not out.exists() and not any(".tmp." in n for n in os.listdir(d)), os.listdir(d)
+        assert sorted(os.listdir(partial(out))) == [".llmq-output", "output.gguf.part", "state.json"], \
+            os.listdir(partial(out))
+        rtn_resume(llmq_bin, smollm2_f32, d, rtn_ref, f"after {sig.name}")
+
+
+def test_rtn_gguf_checkpoint_of_another_run_is_refused(llmq_bin, smollm2_f32, rtn_ref, tmp_path):
+    out = tmp_path / "out.gguf"
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, out), kill_at=150)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    before = digest(partial(out))
+    assert state(out)["tensors_done"] > 0
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, out))
+    assert r.returncode == 1 and "add --resume to continue it, or --force" in r.stderr, r.stderr[-2000:]
+    cmd = rtn_argv(llmq_bin, smollm2_f32, out, "--resume")
+    for what, changed in [("settings.gguf_type: \"Q4_K_M\" in the checkpoint, \"Q5_K_M\" now",
+                           [c if c != "Q4_K_M" else "Q5_K_M" for c in cmd]),
+                          ("settings.pure", [*cmd, "--pure"]),
+                          ("run.threads: 2 in the checkpoint, 1 now", [c if c != "2" else "1" for c in cmd])]:
+        r = llmq(changed)
+        assert r.returncode == 1 and "the checkpoint is of another run" in r.stderr and what in r.stderr, \
+            (what, r.stderr[-2000:])
+    assert digest(partial(out)) == before, "a refused resume changed the checkpoint"
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, out, "--force"))  # --force discards it and starts over
+    assert r.returncode == 0 and "the previous checkpoint is discarded (--force)" in r.stderr, r.stderr[-2000:]
+    assert digest(out)["out.gguf"] == rtn_ref and leftovers(tmp_path) == [], leftovers(tmp_path)
+
+
+def test_rtn_gguf_calibrated_importance_resumes(llmq_bin, smollm2_f32, data_dir, tmp_path):
+    """rtn --calib into GGUF: a resume gathers the importance again from the same windows (their tokens_sha256
+    and the threads are in the fingerprint) and continues with the same bytes; other windows are refused."""
+    cal = tmp_path / "cal.txt"
+    cal.write_bytes((data_dir / "wikitext-2-raw" / "wiki.valid.raw").read_bytes()[:20000])
+    flags = ["--calib", cal, "--nsamples", "2", "--seqlen", "32", "--seed", "3"]
+    (tmp_path / "ref").mkdir()
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, tmp_path / "ref" / "out.gguf", *flags, "--no-checkpoint"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = digest(tmp_path / "ref" / "out.gguf")["out.gguf"]
+    d = tmp_path / "run"
+    d.mkdir()
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, d / "out.gguf", *flags), kill_at=240)
+    assert r.returncode == -signal.SIGKILL and state(d / "out.gguf")["tensors_done"] > 0, r.stderr[-2000:]
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, d / "out.gguf", "--resume", *flags[:-1], "4"))
+    assert r.returncode == 1 and "settings.calibration.seed" in r.stderr, r.stderr[-2000:]
+    rtn_resume(llmq_bin, smollm2_f32, d, ref, "rtn --calib", *flags)
+
+
+def test_rtn_gguf_imatrix_is_in_the_fingerprint(llmq_bin, smollm2_f32, data_dir, tmp_path):
+    """rtn --imatrix into GGUF: the file's sha256 is in the fingerprint (an imatrix of other content at the same
+    path is refused naming it); with the same one the resume has the uninterrupted run's bytes."""
+    cal = tmp_path / "cal.txt"
+    cal.write_bytes((data_dir / "wikitext-2-raw" / "wiki.valid.raw").read_bytes()[:20000])
+    for seed in ("3", "4"):
+        run([llmq_bin, "calib", "--model", smollm2_f32, "--calib", cal, "--nsamples", "2", "--seqlen", "32", "--seed",
+             seed, "--threads", "2", "--no-xtx", "--imatrix-out", tmp_path / f"imat{seed}.dat", "--quiet"])
+    imat = tmp_path / "imatrix.dat"
+    imat.write_bytes((tmp_path / "imat3.dat").read_bytes())
+    (tmp_path / "ref").mkdir()
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, tmp_path / "ref" / "out.gguf", "--imatrix", imat, "--no-checkpoint"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = digest(tmp_path / "ref" / "out.gguf")["out.gguf"]
+    d = tmp_path / "run"
+    d.mkdir()
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, d / "out.gguf", "--imatrix", imat), kill_at=240)
+    assert r.returncode == -signal.SIGKILL and state(d / "out.gguf")["tensors_done"] > 0, r.stderr[-2000:]
+    imat.write_bytes((tmp_path / "imat4.dat").read_bytes())
+    r = llmq(rtn_argv(llmq_bin, smollm2_f32, d / "out.gguf", "--imatrix", imat, "--resume"))
+    assert r.returncode == 1 and "settings.imatrix.sha256" in r.stderr, r.stderr[-2000:]
+    imat.write_bytes((tmp_path / "imat3.dat").read_bytes())
+    rtn_resume(llmq_bin, smollm2_f32, d, ref, "rtn --imatrix", "--imatrix", imat)

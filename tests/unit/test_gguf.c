@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 // ---- a byte builder for handcrafted files -------------------------------------------------------
@@ -930,12 +931,93 @@ static void test_writer_errors(void) {
     free(path);
 }
 
+// The whole file at path (n bytes), malloc'd.
+static uint8_t *slurp(const char *path, size_t *n) {
+    char *txt = NULL;
+    CHECK_EQ_INT(llmq_read_file(path, 1 << 20, &txt, n), LLMQ_OK);
+    return (uint8_t *)txt;
+}
+
+// begin_part / sync: an output written into a file of the caller's, interrupted after a sync (more bytes after it,
+// as a killed run leaves them) and continued, has the bytes of one written in one go; the part survives abort.
+static void test_writer_part(void) {
+    char *path = tmp_path("whole"), *out = tmp_path("resumed"), *part = tmp_path("resumed.part"),
+         *other = tmp_path("other");
+    float a[16], b[16];
+    for (int i = 0; i < 16; i++) a[i] = (float)i, b[i] = (float)-i;
+    unlink(path), unlink(out), unlink(part);
+    struct llmq_gguf_writer *w = small_writer();
+    CHECK_EQ_INT(llmq_gguf_writer_begin(w, path), LLMQ_OK);
+    CHECK_EQ_INT(llmq_gguf_writer_write_tensor(w, a, 64), LLMQ_OK);
+    CHECK_EQ_INT(llmq_gguf_writer_write_tensor(w, b, 32), LLMQ_OK);
+    CHECK_EQ_INT(llmq_gguf_writer_commit(w), LLMQ_OK);
+    llmq_gguf_writer_free(w);
+
+    int64_t done = -1;
+    uint64_t off = 0;
+    w = small_writer();
+    CHECK_EQ_INT(llmq_gguf_writer_begin_part(w, out, part, 0, 0), LLMQ_OK);
+    CHECK(!tmp_exists(out) && llmq_file_exists(part));
+    CHECK_EQ_INT(llmq_gguf_writer_write_tensor(w, a, 64), LLMQ_OK);
+    CHECK_EQ_INT(llmq_gguf_writer_sync(w, &done, &off), LLMQ_OK);
+    CHECK(done == 1 && off > 64);
+    CHECK_EQ_INT(llmq_gguf_writer_write_tensor(w, b, 10), LLMQ_OK); // a part of tensor b after the sync
+    CHECK_EQ_INT(llmq_gguf_writer_sync(w, &done, &off), LLMQ_ERR_ARG);
+    CHECK_CONTAINS(llmq_last_error(), "outside a tensor boundary");
+    llmq_gguf_writer_free(w); // the failure aborted it: part stays, nothing at out
+    CHECK(llmq_file_exists(part) && !llmq_file_exists(out));
+
+    // a resume at another offset, or with fewer bytes in part than recorded, is refused and changes nothing
+    struct stat sb;
+    CHECK(stat(part, &sb) == 0);
+    off_t len = sb.st_size;
+    w = small_writer();
+    CHECK_EQ_INT(llmq_gguf_writer_begin_part(w, out, part, 1, off + 32), LLMQ_ERR_CORRUPT);
+    CHECK_CONTAINS(llmq_last_error(), "not where this file's tensors end");
+    llmq_gguf_writer_free(w);
+    w = small_writer();
+    CHECK_EQ_INT(llmq_gguf_writer_begin_part(w, out, part, 3, off), LLMQ_ERR_CORRUPT); // more tensors than declared
+    llmq_gguf_writer_free(w);
+    CHECK(stat(part, &sb) == 0 && sb.st_size == len);
+
+    // continued after tensor a: the bytes after the sync are cut, tensor b written again
+    w = small_writer();
+    CHECK_EQ_INT(llmq_gguf_writer_begin_part(w, out, part, 1, off), LLMQ_OK);
+    CHECK_EQ_INT(llmq_gguf_writer_write_tensor(w, b, 32), LLMQ_OK);
+    CHECK_EQ_INT(llmq_gguf_writer_commit(w), LLMQ_OK);
+    llmq_gguf_writer_free(w);
+    CHECK(!llmq_file_exists(part));
+    size_t n1, n2;
+    uint8_t *x = slurp(path, &n1), *y = slurp(out, &n2);
+    CHECK(n1 == n2 && memcmp(x, y, n1) == 0);
+    free(x);
+    free(y);
+
+    // a part shorter than its recorded offset (or missing) is refused
+    test_write_file(part, "GGUF", 4);
+    w = small_writer();
+    CHECK_EQ_INT(llmq_gguf_writer_begin_part(w, other, part, 1, off), LLMQ_ERR_CORRUPT);
+    CHECK_CONTAINS(llmq_last_error(), "fewer than the");
+    llmq_gguf_writer_free(w);
+    unlink(part);
+    w = small_writer();
+    CHECK_EQ_INT(llmq_gguf_writer_begin_part(w, other, part, 1, off), LLMQ_ERR_CORRUPT);
+    llmq_gguf_writer_free(w);
+    CHECK(!llmq_file_exists(other));
+    unlink(path), unlink(out);
+    free(path);
+    free(out);
+    free(part);
+    free(other);
+}
+
 int main(void) {
     test_corrupt();
     test_round_trip();
     test_stories_v1_v3();
     test_prefixes_and_flips();
     test_writer_errors();
+    test_writer_part();
     fprintf(stderr, "test_gguf: ok\n");
     return 0;
 }

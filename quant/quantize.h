@@ -128,7 +128,12 @@
  * ---- Memory -----------------------------------------------------------------------------------------
  *   x_q or x_fp (N, D) f32 + one copy for the block passes; the forward object sized for micro_batch
  *   sequences (AWQ: for all N tokens, its search needs them in one call); one block's f32 weights and
- *   their quantized copies; XᵀX of the four block inputs in f64. The activations (x, its copy, the
+ *   their quantized copies; XᵀX of the four block inputs in f64. GPTQ's true-sequential block holds one
+ *   input's f64 sums at a time, releases them while the Hessian is taken (calib/calib.h
+ *   llmq_calib_hessian_take), keeps its quantized linears as codes / encoded rows between the passes and
+ *   decodes them into f32 for each pass only, and releases the solver buffers and the forward's weight scratch
+ *   between the phases; the 8B shape's peak is ffn_down's XᵀX pass (bench/README.md "scale"). The
+ *   activations (x, its copy, the
  *   forward's per-token buffers) come from common/spill.h: beyond --max-memory they live in an unlinked
  *   temporary file instead of RAM.
  *

@@ -12,7 +12,9 @@
 #   ("rtn gptq awq awq+gptq"), BUILD_DIR, LLMQ_CACHE, LLMQ_DATA, WORK (a directory to keep the quantized
 #   models, logs and JSON reports in; default a new /tmp/llmq_zeroshot.XXXXXX). Resumable: with a fixed WORK, a
 #   model whose quantization finished (its JSON report exists) is not quantized again, and a model whose task
-#   JSON exists is not evaluated again, so an interrupted run continues where it stopped.
+#   JSON exists is not evaluated again, so an interrupted run continues where it stopped; a result is kept only
+#   when its .args stamp matches the current settings (TASKS, LIMIT, calibration), so changing them redoes it.
+#   The eval JSON has every item's choice and scores (--json-items), for item-by-item comparisons.
 # Output (stdout): one markdown row per model: per task acc ± stderr (and acc_norm where the task defines it),
 #   in %, then the mean acc over the tasks. Each model's figures are in $WORK/eval_<model>.json.
 set -euo pipefail
@@ -36,13 +38,22 @@ mkdir -p "$WORK"
 COMMIT=$(git -C "$SRC" describe --always --dirty 2>/dev/null || echo unknown)
 echo "source $COMMIT; base $BASE; calibration wikitext-2-valid ${NSAMPLES}x${SEQLEN} seed 0; tasks $TASKS limit $LIMIT lm-eval protocol; group 64; threads $THREADS; work in $WORK" >&2
 
+# A kept result is reused only when it was made with the same settings: each result has a .args stamp next to
+# it (the settings it was made with); a missing or different stamp means evaluate / quantize again.
+kept() { # result-file settings
+  [[ -f "$1" && -f "$1.args" && "$(cat "$1.args")" == "$2" ]]
+}
+
 evaluate() { # model name
-  local json="$WORK/eval_$2.json"
-  [[ -f "$json" ]] && { echo "$2: tasks kept from an earlier run ($json)" >&2; return; }
+  local json="$WORK/eval_$2.json" args="tasks $TASKS limit $LIMIT protocol lm-eval model $1"
+  kept "$json" "$args" && { echo "$2: tasks kept from an earlier run ($json)" >&2; return; }
+  rm -f "$json" "$json.args"
+  local t0=$SECONDS
   "$LLMQ" eval --model "$1" --tasks "$TASKS" --limit "$LIMIT" --protocol lm-eval --threads "$THREADS" \
-    --json "$json.part" --force >"$WORK/eval_$2.txt" 2>"$WORK/eval_$2.err"
+    --json "$json.part" --json-items --force >"$WORK/eval_$2.txt" 2>"$WORK/eval_$2.err"
   mv "$json.part" "$json"
-  echo "$2: tasks done" >&2
+  echo "$args" >"$json.args"
+  echo "$2: tasks done in $((SECONDS - t0)) s" >&2
 }
 
 MODELS=(base)
@@ -51,13 +62,17 @@ for b in $BITS; do
   for m in $METHODS; do
     name="${m}_${b}"
     out="$WORK/q_$name"
-    if [[ ! -f "$WORK/q_$name.json" ]]; then
-      rm -rf "$out"
-      cal=()
-      [[ $m != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
+    cal=()
+    [[ $m != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
+    qargs="method $m bits $b group 64 format fake ${cal[*]}"
+    if ! kept "$WORK/q_$name.json" "$qargs"; then
+      rm -rf "$out" "$WORK/q_$name.json" "$WORK/q_$name.json.args"
+      t0=$SECONDS
       "$LLMQ" quantize --model "$BASE" --method "$m" --bits "$b" --group-size 64 --format fake --out "$out" \
         --threads "$THREADS" --json "$WORK/q_$name.json.part" "${cal[@]}" >"$WORK/q_$name.log" 2>&1
       mv "$WORK/q_$name.json.part" "$WORK/q_$name.json"
+      echo "$qargs" >"$WORK/q_$name.json.args"
+      echo "$name: quantized in $((SECONDS - t0)) s" >&2
     fi
     evaluate "$out" "$name"
     MODELS+=("$name")

@@ -9,8 +9,10 @@
 #   seed 0. Tasks: TASKS (default all), the first LIMIT items of each (-1: every item of the file).
 # Defaults: NSAMPLES=16 SEQLEN=512 LIMIT=-1. --quick: NSAMPLES=4 SEQLEN=256 LIMIT=20 BITS=4 METHODS="rtn gptq".
 # Environment overrides: NSAMPLES, SEQLEN, LIMIT, TASKS, THREADS (default nproc), BITS ("4 3"), METHODS
-#   ("rtn gptq awq awq+gptq"), BUILD_DIR, LLMQ_CACHE, LLMQ_DATA, WORK (a directory to keep the quantized
-#   models, logs and JSON reports in; default a new /tmp/llmq_zeroshot.XXXXXX). Resumable: with a fixed WORK, a
+#   ("rtn gptq awq awq+gptq"), PIPELINE (1: quantize every model in one background job while the evaluations
+#   run, each model evaluated as soon as its quantization is there; THREADS threads each; default 0), BUILD_DIR,
+#   LLMQ_CACHE, LLMQ_DATA, WORK (a directory to keep the quantized models, logs and JSON reports in; default a
+#   new /tmp/llmq_zeroshot.XXXXXX). Resumable: with a fixed WORK, a
 #   model whose quantization finished (its JSON report exists) is not quantized again, and a model whose task
 #   JSON exists is not evaluated again, so an interrupted run continues where it stopped; a result is kept only
 #   when its .args stamp matches the current settings (TASKS, LIMIT, calibration), so changing them redoes it.
@@ -30,6 +32,7 @@ else
 fi
 TASKS="${TASKS:-all}"
 THREADS="${THREADS:-$(nproc)}"
+PIPELINE="${PIPELINE:-0}"
 bench_need_llmq
 BASE="$CACHE/smollm2-f32.gguf"
 bench_smollm2_f32 "$BASE"
@@ -56,28 +59,49 @@ evaluate() { # model name
   echo "$2: tasks done in $((SECONDS - t0)) s" >&2
 }
 
+qargs_of() { # method bits: the settings stamp of that quantized model
+  local cal=""
+  [[ $1 != rtn ]] && cal=" --calib wikitext-2-valid --nsamples $NSAMPLES --seqlen $SEQLEN --seed 0"
+  echo "method $1 bits $2 group 64 format fake$cal"
+}
+
+quantize() { # method bits
+  local name="$1_$2" out="$WORK/q_$1_$2" qargs t0=$SECONDS cal=()
+  qargs=$(qargs_of "$1" "$2")
+  kept "$WORK/q_$name.json" "$qargs" && return
+  # a new model invalidates its evaluation
+  rm -rf "$out" "$WORK/q_$name.json" "$WORK/q_$name.json.args" "$WORK/eval_$name.json" "$WORK/eval_$name.json.args"
+  [[ $1 != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
+  "$LLMQ" quantize --model "$BASE" --method "$1" --bits "$2" --group-size 64 --format fake --out "$out" \
+    --threads "$THREADS" --json "$WORK/q_$name.json.part" "${cal[@]}" >"$WORK/q_$name.log" 2>&1
+  mv "$WORK/q_$name.json.part" "$WORK/q_$name.json"
+  echo "$qargs" >"$WORK/q_$name.json.args"
+  echo "$name: quantized in $((SECONDS - t0)) s" >&2
+}
+
 MODELS=(base)
+for b in $BITS; do for m in $METHODS; do MODELS+=("${m}_${b}"); done; done
+QPID=
+if [[ $PIPELINE == 1 ]]; then
+  # every quantization in one background job, in table order; each model is evaluated once it is there
+  (for b in $BITS; do for m in $METHODS; do quantize "$m" "$b"; done; done) &
+  QPID=$!
+fi
 evaluate "$BASE" base
 for b in $BITS; do
   for m in $METHODS; do
-    name="${m}_${b}"
-    out="$WORK/q_$name"
-    cal=()
-    [[ $m != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
-    qargs="method $m bits $b group 64 format fake ${cal[*]}"
-    if ! kept "$WORK/q_$name.json" "$qargs"; then
-      rm -rf "$out" "$WORK/q_$name.json" "$WORK/q_$name.json.args"
-      t0=$SECONDS
-      "$LLMQ" quantize --model "$BASE" --method "$m" --bits "$b" --group-size 64 --format fake --out "$out" \
-        --threads "$THREADS" --json "$WORK/q_$name.json.part" "${cal[@]}" >"$WORK/q_$name.log" 2>&1
-      mv "$WORK/q_$name.json.part" "$WORK/q_$name.json"
-      echo "$qargs" >"$WORK/q_$name.json.args"
-      echo "$name: quantized in $((SECONDS - t0)) s" >&2
+    if [[ -n $QPID ]]; then
+      until kept "$WORK/q_${m}_$b.json" "$(qargs_of "$m" "$b")"; do
+        kill -0 "$QPID" 2>/dev/null || { echo "error: quantization of ${m}_$b failed ($WORK/q_${m}_$b.log)" >&2; exit 1; }
+        sleep 10
+      done
+    else
+      quantize "$m" "$b"
     fi
-    evaluate "$out" "$name"
-    MODELS+=("$name")
+    evaluate "$WORK/q_${m}_$b" "${m}_$b"
   done
 done
+[[ -z $QPID ]] || wait "$QPID"
 
 printf '\nSmolLM2-135M (f32 base from Q4_1); `llmq eval --tasks %s --limit %s` (lm-eval protocol); calibration wiki.valid %sx%s seed 0; group 64 asym; source %s\n\n' \
   "$TASKS" "$LIMIT" "$NSAMPLES" "$SEQLEN" "$COMMIT"

@@ -4,6 +4,8 @@
 # protocol, acc / acc_norm with their standard errors, as one markdown table (README's zero-shot table).
 #
 #   bench/zeroshot.sh [--quick]
+#   WORK=DIR bench/zeroshot.sh --table   # print the tables of what DIR holds now (a partial run: the models
+#                                        # not evaluated yet are marked so); runs nothing
 # Base: ~/.cache/llmq/smollm2-f32.gguf (the f32 dequantization of SmolLM2-135M-Instruct.Q4_1.gguf; made with
 #   `llmq convert` when missing). Calibration (all but RTN): wiki.valid.raw, NSAMPLES windows of SEQLEN tokens,
 #   seed 0. Tasks: TASKS (default all), the first LIMIT items of each (-1: every item of the file).
@@ -18,11 +20,13 @@
 #   when its .args stamp matches the current settings (TASKS, LIMIT, calibration), so changing them redoes it.
 #   The eval JSON has every item's choice and scores (--json-items), for item-by-item comparisons.
 # Output (stdout): one markdown row per model: per task acc ± stderr (and acc_norm where the task defines it),
-#   in %, then the mean acc over the tasks. Each model's figures are in $WORK/eval_<model>.json.
+#   in %, then the mean acc over the tasks; then each model's change against the base with the paired standard
+#   error (bench/zeroshot_table.py). Each model's figures are in $WORK/eval_<model>.json.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-QUICK=0
+QUICK=0 TABLE=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
+[[ "${1:-}" == "--table" ]] && TABLE=1
 if [[ $QUICK == 1 ]]; then
   NSAMPLES="${NSAMPLES:-4}"; SEQLEN="${SEQLEN:-256}"; LIMIT="${LIMIT:-20}"; BITS="${BITS:-4}"
   METHODS="${METHODS:-rtn gptq}"
@@ -81,6 +85,15 @@ quantize() { # method bits
 
 MODELS=(base)
 for b in $BITS; do for m in $METHODS; do MODELS+=("${m}_${b}"); done; done
+tables() {
+  printf '\nSmolLM2-135M (f32 base from Q4_1); `llmq eval --tasks %s --limit %s` (lm-eval protocol); calibration wiki.valid %sx%s seed 0; group 64 asym; source %s\n\n' \
+    "$TASKS" "$LIMIT" "$NSAMPLES" "$SEQLEN" "$COMMIT"
+  python3 "$SRC/bench/zeroshot_table.py" "$WORK" "${MODELS[@]}"
+}
+if [[ $TABLE == 1 ]]; then # the tables of what WORK holds now, nothing run
+  tables
+  exit 0
+fi
 QPID=
 if [[ $PIPELINE == 1 ]]; then
   # every quantization in one background job, in table order; each model is evaluated once it is there
@@ -103,28 +116,4 @@ for b in $BITS; do
 done
 [[ -z $QPID ]] || wait "$QPID"
 
-printf '\nSmolLM2-135M (f32 base from Q4_1); `llmq eval --tasks %s --limit %s` (lm-eval protocol); calibration wiki.valid %sx%s seed 0; group 64 asym; source %s\n\n' \
-  "$TASKS" "$LIMIT" "$NSAMPLES" "$SEQLEN" "$COMMIT"
-python3 - "$WORK" "${MODELS[@]}" <<'EOF'
-import json, sys
-work, models = sys.argv[1], sys.argv[2:]
-reports = {m: json.load(open(f"{work}/eval_{m}.json"))["tasks"] for m in models}
-tasks = [t["task"] for t in reports[models[0]]]
-head = ["model"]
-for t in reports[models[0]]:
-    head.append(f"{t['task']} acc ({t['items']})")
-    if "acc_norm" in t:
-        head.append(f"{t['task']} acc_norm")
-head.append("mean acc")
-print("| " + " | ".join(head) + " |")
-print("|" + "---|" * len(head))
-for m in models:
-    row, accs = [m.replace("_", " ") + ("" if m == "base" else "-bit")], []
-    for t in reports[m]:
-        row.append(f"{100 * t['acc']:.2f} ± {100 * t['acc_stderr']:.2f}")
-        accs.append(t["acc"])
-        if "acc_norm" in t:
-            row.append(f"{100 * t['acc_norm']:.2f} ± {100 * t['acc_norm_stderr']:.2f}")
-    row.append(f"{100 * sum(accs) / len(accs):.2f}")
-    print("| " + " | ".join(row) + " |")
-EOF
+tables

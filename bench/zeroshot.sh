@@ -17,7 +17,9 @@
 #   new /tmp/llmq_zeroshot.XXXXXX). Resumable: with a fixed WORK, a
 #   model whose quantization finished (its JSON report exists) is not quantized again, and a model whose task
 #   JSON exists is not evaluated again, so an interrupted run continues where it stopped; a result is kept only
-#   when its .args stamp matches the current settings (TASKS, LIMIT, calibration), so changing them redoes it.
+#   when its .args stamp matches the current settings (TASKS, LIMIT, calibration), so changing them redoes it,
+#   except that a run of more items is cut to the first LIMIT; an interrupted quantization resumes from its
+#   checkpoint. Two instances on one WORK with disjoint BITS (or METHODS) may run at once; not the same model.
 #   The eval JSON has every item's choice and scores (--json-items), for item-by-item comparisons.
 # Output (stdout): one markdown row per model: per task acc ± stderr (and acc_norm where the task defines it),
 #   in %, then the mean acc over the tasks; then each model's change against the base with the paired standard
@@ -54,6 +56,24 @@ kept() { # result-file settings
 evaluate() { # model name
   local json="$WORK/eval_$2.json" args="tasks $TASKS limit $LIMIT protocol lm-eval model $1"
   kept "$json" "$args" && { echo "$2: tasks kept from an earlier run ($json)" >&2; return; }
+  # a kept run of the first L > LIMIT items (or of all) is cut to its first LIMIT items: the same choices and
+  # figures as a run of LIMIT items (bench/zeroshot_table.py --cut; checked on SmolLM2: 400 cut to 300 equals
+  # the 300 run); the longer run is kept as eval_<model>.limit<L>.json
+  local src a l
+  for src in "$json" "$WORK/eval_$2".limit*.json; do
+    [[ $LIMIT != -1 && -f $src && -f $src.args ]] || continue
+    a=$(cat "$src.args")
+    l=$(awk '{print $4}' <<<"$a")
+    [[ "${a/ limit $l / limit $LIMIT }" == "$args" ]] && { [[ $l == -1 ]] || ((l > LIMIT)); } || continue
+    if [[ $src == "$json" ]]; then
+      src="$WORK/eval_$2.limit$l.json"
+      mv "$json" "$src" && mv "$json.args" "$src.args"
+    fi
+    python3 "$SRC/bench/zeroshot_table.py" --cut "$src" "$json" "$LIMIT"
+    echo "$args" >"$json.args"
+    echo "$2: the first $LIMIT items cut from the run of $l ($src)" >&2
+    return
+  done
   rm -f "$json" "$json.args"
   local t0=$SECONDS
   "$LLMQ" eval --model "$1" --tasks "$TASKS" --limit "$LIMIT" --protocol lm-eval --threads "$THREADS" \
@@ -76,8 +96,9 @@ quantize() { # method bits
   # a new model invalidates its evaluation
   rm -rf "$out" "$WORK/q_$name.json" "$WORK/q_$name.json.args" "$WORK/eval_$name.json" "$WORK/eval_$name.json.args"
   [[ $1 != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
+  # --resume: an interrupted quantization continues from its checkpoint $out.partial (byte-identical)
   "$LLMQ" quantize --model "$BASE" --method "$1" --bits "$2" --group-size 64 --format fake --out "$out" \
-    --threads "$THREADS" --json "$WORK/q_$name.json.part" "${cal[@]}" >"$WORK/q_$name.log" 2>&1
+    --resume --threads "$THREADS" --json "$WORK/q_$name.json.part" "${cal[@]}" >"$WORK/q_$name.log" 2>&1
   mv "$WORK/q_$name.json.part" "$WORK/q_$name.json"
   echo "$qargs" >"$WORK/q_$name.json.args"
   echo "$name: quantized in $((SECONDS - t0)) s" >&2

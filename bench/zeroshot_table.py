@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """bench/zeroshot_table.py WORK MODEL... — the markdown tables of bench/zeroshot.sh from its WORK directory.
+   bench/zeroshot_table.py --cut SRC DST N — SRC's report cut to its first N items (see cut()).
 
 Reads WORK/eval_<model>.json (`llmq eval --tasks ... --json --json-items`) for each MODEL (the first is the
 base; a model without its JSON, or with another protocol / limit / seed than the base's, is listed as not
@@ -35,11 +36,45 @@ def paired(task, base_items, items, norm):
     return mean, math.sqrt(var / n), n
 
 
+def cut(src, dst, n):
+    """Write to dst the report of src (a --json-items run of the first L items) cut to its first n < L items:
+    every figure recomputed from the per-item choices (acc, acc_norm, lm-eval's stderr with n - 1, LAMBADA's
+    perplexity exp(-mean log-likelihood) and its delta-method stderr); tokens and seconds are dropped (they
+    were the longer run's); cut_from_limit records L."""
+    with open(src) as f:
+        j = json.load(f)
+    if j["task_seed"] is not None or j["task_limit"] != -1 and j["task_limit"] <= n:
+        sys.exit(f"zeroshot_table: {src} is not a first-N run of more than {n} items")
+
+    def mean_se(xs):
+        m = sum(xs) / len(xs)
+        return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+    for t in j["tasks"]:
+        items = [it for it in t["per_item"] if it["index"] < n]
+        t["per_item"], t["items"] = items, len(items)
+        t["acc"], t["acc_stderr"] = mean_se([correct(t["task"], it, False) for it in items])
+        if "acc_norm" in t:
+            t["acc_norm"], t["acc_norm_stderr"] = mean_se([correct(t["task"], it, True) for it in items])
+        if "ppl" in t:
+            m, se = mean_se([it["scores"][0] for it in items])
+            t["ppl"], t["ppl_stderr"] = math.exp(-m), math.exp(-m) * se
+        for k in ("tokens", "seconds", "tokens_per_s"):
+            t.pop(k, None)
+    j["cut_from_limit"], j["task_limit"] = j["task_limit"], n
+    with open(dst + ".part", "w") as f:
+        json.dump(j, f, indent=1)
+    os.replace(dst + ".part", dst)
+
+
 def label(m):
     return m.replace("_", " ") + ("" if m == "base" else "-bit")
 
 
 def main():
+    if sys.argv[1] == "--cut":
+        cut(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
     work, models = sys.argv[1], sys.argv[2:]
     reports, settings = {}, {}
     for m in models:

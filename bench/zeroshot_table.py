@@ -5,7 +5,8 @@
 Reads WORK/eval_<model>.json (`llmq eval --tasks ... --json --json-items`) for each MODEL (the first is the
 base; a model without its JSON, or with another protocol / limit / seed than the base's, is listed as not
 evaluated, so a partial run prints a partial table) and prints:
-  1. per task acc ± stderr (and acc_norm ± stderr where the task defines it), in %, then the mean acc;
+  1. per task acc ± stderr (and acc_norm ± stderr where the task defines it), in %, LAMBADA's perplexity of
+     the last word ± its stderr, then the mean acc over the tasks;
   2. per task the change against the base in points, ± the standard error of the paired difference: for
      item i, d_i = correct_model(i) − correct_base(i) over the items both runs scored, SE = sd(d) / sqrt(n)
      (sd with n − 1, as lm-eval's stderr of the mean). A change beyond 2 SE is in bold. The paired SE is much
@@ -96,6 +97,8 @@ def main():
     cols = [(t, n) for t in tasks for n in (False, True) if not n or "acc_norm" in reports[base][t]]
 
     head = ["model"] + [f"{t} {'acc_norm' if n else 'acc'} ({reports[base][t]['items']})" for t, n in cols]
+    ppl = [t for t in tasks if "ppl" in reports[base][t]]
+    head += [f"{t} ppl" for t in ppl]
     print("| " + " | ".join(head + ["mean acc"]) + " |")
     print("|" + "---|" * (len(head) + 1))
     for m in models:
@@ -109,6 +112,7 @@ def main():
             row.append(f"{100 * r[key]:.2f} ± {100 * r[key + '_stderr']:.2f}")
             if not n:
                 accs.append(r["acc"])
+        row += [f"{reports[m][t]['ppl']:.2f} ± {reports[m][t]['ppl_stderr']:.2f}" for t in ppl]
         row.append(f"{100 * sum(accs) / len(accs):.2f}")
         print("| " + " | ".join(row) + " |")
 

@@ -171,8 +171,8 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
         snprintf(buf, size, "--%s needs --method gptq or awq+gptq (it is a GPTQ option)", name);
         return buf;
     }
-    if ((q->gptaq || !isnan(q->gptaq_alpha)) && (gguf || *method != LLMQ_QMETHOD_GPTQ))
-        return "--gptaq needs --method gptq and a directory format (awq, gptq, fake)";
+    if ((q->gptaq || !isnan(q->gptaq_alpha)) && *method != LLMQ_QMETHOD_GPTQ)
+        return "--gptaq needs --method gptq (awq+gptq's Hessians come from the full-precision model already)";
     if (!isnan(q->gptaq_alpha) && !q->gptaq) return "--gptaq-alpha needs --gptaq";
     if (!isnan(q->gptaq_alpha) && !(q->gptaq_alpha > 0)) return "--gptaq-alpha must be > 0";
     if (q->grid && strcmp(q->grid, "minmax") && strcmp(q->grid, "mse") && strcmp(q->grid, "hmse"))
@@ -411,6 +411,8 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
     o->percdamp = isnan(q->damp) ? 0.01f : (float)q->damp;
     o->true_sequential = !q->no_tseq;
     o->act_order = q->act_order;
+    o->gptaq = q->gptaq;
+    if (!isnan(q->gptaq_alpha)) o->gptaq_alpha = (float)q->gptaq_alpha;
     o->out_dir = q->out;
     o->checkpoint = !q->no_ckpt; // a dry run writes none; its plan counts the one the run would keep
     o->resume = q->resume;
@@ -419,8 +421,6 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
         o->q = (struct llmq_qconfig){.bits = (int)q->bits, .group_size = (int)q->group, .sym = q->sym};
         o->static_groups = q->static_groups;
         o->group_aware = q->group_aware;
-        o->gptaq = q->gptaq;
-        if (!isnan(q->gptaq_alpha)) o->gptaq_alpha = (float)q->gptaq_alpha;
         o->gptq_grid = !q->grid || !strcmp(q->grid, "minmax") ? LLMQ_GPTQ_GRID_MINMAX
                        : !strcmp(q->grid, "mse")              ? LLMQ_GPTQ_GRID_MSE
                                                               : LLMQ_GPTQ_GRID_HMSE;
@@ -454,11 +454,12 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
          "GPTQ into awq / gptq / fake: each group's (scale, zero): minmax (the reference), mse (the reference's "
          "mse search: shrink grid 1..0.21, min sum |w-q|^2.4), hmse (the same grid, min sum diag(H)(w-q)^2)"},
         {"gptaq", CLI_BOOL, &q->gptaq, "off",
-         "GPTQ into awq / gptq / fake: GPTAQ (Li et al. 2025): each linear's target is the full-precision model's "
+         "GPTQ (any format, GGUF too): GPTAQ (Li et al. 2025): each linear's target is the full-precision model's "
          "output on its full-precision input, ||W X_fp - Q X_q||^2, instead of ||(W - Q) X_q||^2. Cost: a second "
          "activation stream (N x n_embd f32), one block's fp linear inputs (N x (3 n_embd + n_ff) f32 on a llama "
          "block; both under --max-memory), one more block pass per block, 2 C^3 flops more per linear; steps 5-7 "
-         "on the CPU. Resumable (the checkpoint holds both streams)"},
+         "on the CPU. Resumable (the checkpoint holds both streams). Into GGUF the encoder-alone fallback "
+         "(gptq:rtn) is off with it"},
         {"gptaq-alpha", CLI_FLOAT, &q->gptaq_alpha, "0.25",
          "GPTAQ: scale of the asymmetric term (upstream's 0.25; 1 = the plain closed form)"},
         {"no-true-sequential", CLI_BOOL, &q->no_tseq, "off",

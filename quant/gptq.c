@@ -194,14 +194,14 @@ static enum llmq_status check_inputs(const char *name, const float *W, const flo
     return LLMQ_OK;
 }
 
-// GPTAQ steps 2' and 4': P (C, C) := D[perm][:, perm] with the dead columns (original index) zeroed.
-static void gptaq_permute(float *P, const float *D, const uint8_t *dead, const int64_t *perm, int64_t C) {
-    for (int64_t i = 0; i < C; i++)
-        for (int64_t j = 0; j < C; j++) P[i * C + j] = dead[perm[j]] ? 0.0f : D[perm[i] * C + perm[j]];
-}
-
-// GPTAQ step 6': P (C, C) := alpha · triu₁(P Uᵀ) U in place, U (C, C) the upper factor (strict lower zero).
-static void gptaq_term(float *P, const float *U, int64_t C, float alpha) {
+void llmq_gptaq_term(const float *D, const uint8_t *dead, const int64_t *perm, const float *U, int64_t C, float alpha,
+                     float *P) {
+    for (int64_t i = 0; i < C; i++) // 2' + 4': D[perm][:, perm], the dead columns (original index) zeroed
+        for (int64_t j = 0; j < C; j++) {
+            const int64_t pi = perm ? perm[i] : i, pj = perm ? perm[j] : j;
+            P[i * C + j] = dead && dead[pj] ? 0.0f : D[pi * C + pj];
+        }
+    // 6': P := alpha · triu₁(P Uᵀ) U, two in-place triangular products (U upper, its strict lower is ignored)
     cblas_strmm(CblasRowMajor, CblasRight, CblasUpper, CblasTrans, CblasNonUnit, (blasint)C, (blasint)C, 1.0f, U,
                 (blasint)C, P, (blasint)C);
     for (int64_t i = 0; i < C; i++) memset(P + i * C, 0, (size_t)(i + 1) * sizeof *P); // keep j > i
@@ -292,7 +292,6 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         llmq_gptq_rebuild_h(H, o->H_src, perm, C);
     }
     for (int64_t j = 0; j < C; j++) dhp[j] = dh[perm[j]]; // diag(H) in processing order (step 7's groups)
-    if (P) gptaq_permute(P, o->dxxt, dead, perm, C);      // GPTAQ 2' + 4'
 
     // group of each processing position (dynamic groups follow the processing order; static groups and
     // the per-row grid do not move with act-order)
@@ -326,7 +325,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     if ((st = llmq_gptq_solver_init(&sv, H, &solver))) goto fail;
     t_chain = llmq_now_s();
     if ((st = hinv_retry(name, H, C, &percdamp, o->damp_increment, solver))) goto fail;
-    if (P) gptaq_term(P, H, C, o->gptaq_alpha); // GPTAQ 6': H's upper triangle is U now
+    if (P) llmq_gptaq_term(o->dxxt, dead, perm, H, C, o->gptaq_alpha, P); // H's upper triangle is U now
     t_chain = llmq_now_s() - t_chain;
     if ((st = llmq_gptq_solver_blocks(solver, W, out->scales, out->zeros, out->q, &loss, &t_gemm))) goto fail;
 

@@ -52,7 +52,8 @@
  * w_i · D[i, F] (H_FF)⁻¹, and with H⁻¹ = UᵀU (U the upper factor of step 6), (H_FF)⁻¹ = U_FFᵀ U_FF, so that row
  * is row i of P = triu₁(D Uᵀ) U (triu₁: strictly upper part). Steps:
  *   2'. D[:, dead] = 0 (the dead columns of step 2);  4'. D = D[perm][:, perm];
- *   6'. after the Cholesky chain: P = alpha · triu₁(D Uᵀ) U (two strmm, in place on the copy of D);
+ *   6'. after the Cholesky chain: P = alpha · triu₁(D Uᵀ) U (two strmm, in place on the copy of D;
+ *       2', 4' and 6' are llmq_gptaq_term);
  *   7'. in the block, W1[:, k] -= err1 · Hinv[i, k] − w · P[i, k] for k > i (w: column i before rounding);
  *       the lazy update W[:, i2:] += Wpre1 · P[i1:i2, i2:] before GPTQ's, Wpre1 the block's columns as they
  *       were just before their rounding. (Upstream's lazy term multiplies P by W1 after the block, which then
@@ -145,6 +146,12 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W /* (R, C) */, flo
 // H (the retry restarts from it).
 enum llmq_status llmq_gptq_hinv(const char *name, float *H /* (C, C) */, float *H0 /* (C, C) */, int64_t C,
                                 float *percdamp, float damp_increment);
+
+// GPTAQ steps 2', 4' and 6' (see "GPTAQ"): P (C, C) := alpha · triu₁(D' Uᵀ) U with D' = D[perm][:, perm] (perm NULL:
+// identity), its columns j with dead[perm[j]] zeroed (dead NULL: none), U (C, C) the upper factor of step 6 (its
+// strict lower triangle is not read). Shared with quant/gptq_gguf.c.
+void llmq_gptaq_term(const float *D /* (C, C) */, const uint8_t *dead /* (C) */, const int64_t *perm /* (C) */,
+                     const float *U /* (C, C) */, int64_t C, float alpha, float *P /* (C, C) */);
 
 // Step 4's order: perm = argsort(key, descending), STABLE (ties keep ascending index); tmp is (C)
 // scratch. Shared with quant/gptq_gguf.c.

@@ -399,6 +399,8 @@ static enum llmq_status gptq_onto(struct run *r, const struct llmq_qtarget *t, c
     go.percdamp = o->percdamp;
     go.n_threads = o->n_threads;
     go.act_order = o->act_order;
+    go.dxxt = r->Dcur;
+    go.gptaq_alpha = o->gptaq_alpha;
     return llmq_gptq_gguf_quantize(name, W, r->H, R, C, t->type, imp, &go, r->blk, loss, NULL);
 }
 
@@ -468,7 +470,7 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, float *W, c
         memcpy(r->H, Hx, (size_t)(C * C) * sizeof(float));
         if ((st = gptq_onto(r, &t, name, W, R, C, imp, &ql, &loss))) goto done;
         err = rel_err(r, r->Q, W, Hx, R, C); // W := W0 - Q; restored from the result by hand_over
-        if (t.kind == LLMQ_QPAYLOAD_ROWS && !(err < rtn_err)) {
+        if (t.kind == LLMQ_QPAYLOAD_ROWS && !(err < rtn_err) && !r->Dcur) { // GPTAQ does not minimise err
             llmq_info("quantize: %s: gptq err %.4e >= rtn_err %.4e: written with the encoder alone", name, err,
                       rtn_err);
             gptq_err = err;
@@ -733,6 +735,7 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
             json_object_set_new(s, "damp", json_real(o->percdamp));
             json_object_set_new(s, "act_order", json_boolean(o->act_order));
             json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ));
+            if (o->gptaq) json_object_set_new(s, "gptaq_alpha", json_real(o->gptaq_alpha));
         }
         return s;
     }
@@ -1037,10 +1040,9 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
     if (o->gptq_grid != LLMQ_GPTQ_GRID_MINMAX && (o->to_gguf || !llmq_qmethod_uses_gptq(o->method)))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --grid mse / hmse needs --method gptq or awq+gptq and a directory "
                                          "format (gguf blocks take the encoders' own scale searches)");
-    if (o->gptaq && (o->to_gguf || o->method != LLMQ_QMETHOD_GPTQ))
-        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --gptaq needs --method gptq and a directory format (awq, gptq, "
-                                         "fake): awq+gptq takes its Hessians from the full-precision model already, "
-                                         "and GPTQ onto GGUF blocks has no GPTAQ term yet");
+    if (o->gptaq && o->method != LLMQ_QMETHOD_GPTQ)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --gptaq needs --method gptq (awq+gptq takes its Hessians from the "
+                                         "full-precision model already: its X_fp and X_q are the same)");
     if (o->gptaq && !(o->gptaq_alpha > 0.0f && isfinite(o->gptaq_alpha)))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --gptaq-alpha must be > 0, got %g", (double)o->gptaq_alpha);
     if ((o->act_order || o->static_groups) && !llmq_qmethod_uses_gptq(o->method))

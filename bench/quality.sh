@@ -66,6 +66,7 @@ for b in $BITS; do
     [[ $m == awq+gptq-gar ]] && meth=(--method awq+gptq --act-group-aware)
     case $m in *-mse) meth+=(--grid mse); meth[1]=${meth[1]%-mse} ;; *-hmse) meth+=(--grid hmse); meth[1]=${meth[1]%-hmse} ;; esac
     [[ ${meth[1]} == gptq-ao ]] && meth=(--method gptq --act-order "${meth[@]:2}")
+    [[ ${meth[1]} == gptq-gar ]] && meth=(--method gptq --act-group-aware "${meth[@]:2}")
     [[ ${meth[1]} == gptaq ]] && meth=(--method gptq --gptaq "${meth[@]:2}")
     [[ ${meth[1]} == gptaq-ao ]] && meth=(--method gptq --gptaq --act-order "${meth[@]:2}")
     [[ ${meth[1]} == gptaq-gar ]] && meth=(--method gptq --gptaq --act-group-aware "${meth[@]:2}")

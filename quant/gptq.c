@@ -240,10 +240,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     gcol = malloc((size_t)C * sizeof *gcol);
     dh = malloc((size_t)C * sizeof *dh);
     dhp = malloc((size_t)C * sizeof *dhp);
-    if (o->dxxt) {
-        P = malloc((size_t)(C * C) * sizeof *P);
-        dead = calloc((size_t)C, 1);
-    }
+    if (o->dxxt) P = malloc((size_t)(C * C) * sizeof *P), dead = calloc((size_t)C, 1);
     if (!perm || !invperm || (!H0 && !o->H_src) || !row || !gcol || !dh || !dhp || (o->dxxt && (!P || !dead))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (C = %lld)", name, (long long)C);
         goto fail;

@@ -9,8 +9,9 @@
 # Full (the protocol): NSAMPLES=128 SEQLEN=512 CHUNKS=-1. --quick: NSAMPLES=8 SEQLEN=256 CHUNKS=20.
 # Environment overrides: NSAMPLES, SEQLEN, CHUNKS, THREADS (default nproc), BITS ("4 3"), METHODS
 #   ("rtn gptq gptq-ao awq awq+gptq"; gptq-ao = gptq --act-order, gptq-gar = gptq --act-group-aware,
-#   awq+gptq-gar = awq+gptq --act-group-aware; a -mse / -hmse suffix adds --grid mse / hmse, e.g. gptq-hmse,
-#   gptq-ao-hmse, awq+gptq-hmse), BUILD_DIR (default <repo>/build), LLMQ_CACHE, LLMQ_DATA, KEEP=1 (keep outputs),
+#   awq+gptq-gar = awq+gptq --act-group-aware, gptaq = gptq --gptaq, gptaq-ao = gptq --gptaq --act-order,
+#   gptaq-gar = gptq --gptaq --act-group-aware; a -mse / -hmse suffix adds --grid mse / hmse, e.g. gptq-hmse,
+#   gptq-ao-hmse, awq+gptq-hmse, gptaq-hmse), BUILD_DIR (default <repo>/build), LLMQ_CACHE, LLMQ_DATA, KEEP=1 (keep outputs),
 #   WORK (a directory to keep logs in; default a new /tmp/llmq_quality.XXXXXX). Resumable: with a fixed WORK, a
 #   (method, bits) whose eval log already holds a final estimate is not run again (nor is the base), so a long full
 #   run that was interrupted continues where it stopped. Each finished run appends a line to $WORK/results.tsv.
@@ -65,6 +66,10 @@ for b in $BITS; do
     [[ $m == awq+gptq-gar ]] && meth=(--method awq+gptq --act-group-aware)
     case $m in *-mse) meth+=(--grid mse); meth[1]=${meth[1]%-mse} ;; *-hmse) meth+=(--grid hmse); meth[1]=${meth[1]%-hmse} ;; esac
     [[ ${meth[1]} == gptq-ao ]] && meth=(--method gptq --act-order "${meth[@]:2}")
+    [[ ${meth[1]} == gptq-gar ]] && meth=(--method gptq --act-group-aware "${meth[@]:2}")
+    [[ ${meth[1]} == gptaq ]] && meth=(--method gptq --gptaq "${meth[@]:2}")
+    [[ ${meth[1]} == gptaq-ao ]] && meth=(--method gptq --gptaq --act-order "${meth[@]:2}")
+    [[ ${meth[1]} == gptaq-gar ]] && meth=(--method gptq --gptaq --act-group-aware "${meth[@]:2}")
     [[ $m != rtn ]] && cal=(--calib wikitext-2-valid --nsamples "$NSAMPLES" --seqlen "$SEQLEN" --seed 0)
     t0=$(date +%s.%N)
     /usr/bin/time -v "$LLMQ" quantize --model "$BASE" "${meth[@]}" --bits "$b" --group-size 64 --format fake \

@@ -76,7 +76,8 @@ struct qargs {
     const char *model, *method, *format, *out, *json, *fallback, *gguf_type, *imatrix, *tt_dummy, *output_type,
         *embedding_type, *device, *bits_arg, *mix, *target_size, *mix_exclude, *grid, *sensitivity, *moe_calib;
     long bits, group, sens_windows, sens_seqlen, moe_floor;
-    double damp, target_bpw;
+    double damp, target_bpw, gptaq_alpha;
+    bool gptaq;
     bool sym, asym, act_order, static_groups, group_aware, force, no_tseq, pure, dry_run, no_prov, allow_requant,
         resume, no_ckpt;
     struct cli_calib_args ca;
@@ -180,6 +181,10 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
         snprintf(buf, size, "--%s needs --method gptq or awq+gptq (it is a GPTQ option)", name);
         return buf;
     }
+    if ((q->gptaq || !isnan(q->gptaq_alpha)) && *method != LLMQ_QMETHOD_GPTQ)
+        return "--gptaq needs --method gptq (awq+gptq's Hessians come from the full-precision model already)";
+    if (!isnan(q->gptaq_alpha) && !q->gptaq) return "--gptaq-alpha needs --gptaq";
+    if (!isnan(q->gptaq_alpha) && !(q->gptaq_alpha > 0)) return "--gptaq-alpha must be > 0";
     if (q->grid && strcmp(q->grid, "minmax") && strcmp(q->grid, "mse") && strcmp(q->grid, "hmse"))
         return "--grid must be minmax, mse or hmse";
     if (q->grid && strcmp(q->grid, "minmax") && (gguf || !llmq_qmethod_uses_gptq(*method)))
@@ -414,6 +419,8 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
     o->percdamp = isnan(q->damp) ? 0.01f : (float)q->damp;
     o->true_sequential = !q->no_tseq;
     o->act_order = q->act_order;
+    o->gptaq = q->gptaq;
+    if (!isnan(q->gptaq_alpha)) o->gptaq_alpha = (float)q->gptaq_alpha;
     o->out_dir = q->out;
     o->checkpoint = !q->no_ckpt; // a dry run writes none; its plan counts the one the run would keep
     o->moe_calib_all = strcmp(q->moe_calib, "all") == 0;
@@ -456,6 +463,15 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
         {"grid", CLI_STR, &q->grid, "minmax",
          "GPTQ into awq / gptq / fake: each group's (scale, zero): minmax (the reference), mse (the reference's "
          "mse search: shrink grid 1..0.21, min sum |w-q|^2.4), hmse (the same grid, min sum diag(H)(w-q)^2)"},
+        {"gptaq", CLI_BOOL, &q->gptaq, "off",
+         "GPTQ (any format, GGUF too): GPTAQ (Li et al. 2025): each linear's target is the full-precision model's "
+         "output on its full-precision input, ||W X_fp - Q X_q||^2, instead of ||(W - Q) X_q||^2. Cost: a second "
+         "activation stream (N x n_embd f32), one block's fp linear inputs (N x (3 n_embd + n_ff) f32 on a llama "
+         "block; both under --max-memory), one more block pass per block, 2 C^3 flops more per linear; steps 5-7 "
+         "on the CPU. Resumable (the checkpoint holds both streams). Into GGUF the encoder-alone fallback "
+         "(gptq:rtn) is off with it"},
+        {"gptaq-alpha", CLI_FLOAT, &q->gptaq_alpha, "0.25",
+         "GPTAQ: scale of the asymmetric term (upstream's 0.25; 1 = the plain closed form)"},
         {"no-true-sequential", CLI_BOOL, &q->no_tseq, "off",
          "GPTQ: collect all Hessians of a block in one pass instead of [qkv] -> [o] -> [gate,up] -> [down]"},
         {"damp", CLI_FLOAT, &q->damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
@@ -584,6 +600,7 @@ int cmd_quantize(int argc, char **argv) {
                       .bits = LONG_MIN,
                       .group = LONG_MIN,
                       .damp = NAN,
+                      .gptaq_alpha = NAN,
                       .compare_chunks = 20,
                       .target_bpw = NAN,
                       .sens_windows = 4,

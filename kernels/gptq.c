@@ -62,8 +62,8 @@ enum llmq_status llmq_gptq_solver_init(const struct llmq_gptq_solve *s, float *H
     const char *name = s->name ? s->name : "gptq";
     if (s->backend != LLMQ_BACKEND_CPU && s->backend != LLMQ_BACKEND_CUDA)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: unknown backend %d", name, (int)s->backend);
-    if (s->backend == LLMQ_BACKEND_CUDA && s->grid)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: GPTQ on CUDA computes only the min/max grid", name);
+    if (s->backend == LLMQ_BACKEND_CUDA && (s->grid || s->P))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: GPTQ on CUDA computes only the min/max grid, without GPTAQ", name);
     if (s->C <= 0 || (s->backend == LLMQ_BACKEND_CUDA && (s->R <= 0 || s->B <= 0)))
         return llmq_errorf(LLMQ_ERR_ARG, "%s: bad GPTQ solve (R %lld, C %lld, B %lld)", name, (long long)s->R,
                            (long long)s->C, (long long)s->B);
@@ -123,8 +123,10 @@ int llmq_gptq_solver_hinv_attempt(struct llmq_gptq_solver *g, float damp) {
     return fail;
 }
 
-double llmq_gptq_block_row(float *W1, float *err1, uint8_t *code1, const float *Hinv1, int64_t ldh, int64_t count,
-                           const float *scales, const float *zeros, const int32_t *gcol, int maxq) {
+// The in-block loop of one row; P1 / wpre1 NULL: plain GPTQ (llmq_gptq_block_row), else GPTAQ's term too.
+static inline double block_row(float *W1, float *err1, uint8_t *code1, float *wpre1, const float *Hinv1,
+                               const float *P1, int64_t ldh, int64_t count, const float *scales, const float *zeros,
+                               const int32_t *gcol, int maxq) {
     double rloss = 0.0;
     for (int64_t i = 0; i < count; i++) {
         const float scale = scales[gcol[i]], zero = zeros[gcol[i]];
@@ -134,12 +136,23 @@ double llmq_gptq_block_row(float *W1, float *err1, uint8_t *code1, const float *
         const float e = (w - q) / d;                    // err1
         rloss += (double)((w - q) * (w - q) / (d * d)); // Losses1[:, i]
         const float *hrow = Hinv1 + i * ldh;            // Hinv1[i, :]
-        for (int64_t k = i + 1; k < count; k++) W1[k] -= e * hrow[k];
+        if (P1) {
+            const float *prow = P1 + i * ldh; // P1[i, :]
+            for (int64_t k = i + 1; k < count; k++) W1[k] -= e * hrow[k] - w * prow[k];
+            wpre1[i] = w;
+        } else {
+            for (int64_t k = i + 1; k < count; k++) W1[k] -= e * hrow[k];
+        }
         err1[i] = e;
         W1[i] = q;
         code1[i] = code;
     }
     return rloss;
+}
+
+double llmq_gptq_block_row(float *W1, float *err1, uint8_t *code1, const float *Hinv1, int64_t ldh, int64_t count,
+                           const float *scales, const float *zeros, const int32_t *gcol, int maxq) {
+    return block_row(W1, err1, code1, NULL, Hinv1, NULL, ldh, count, scales, zeros, gcol, maxq);
 }
 
 // The dynamic group at processing column c, n columns of every row: grids from W as it is now.
@@ -168,9 +181,12 @@ static enum llmq_status blocks_cpu(struct llmq_gptq_solver *g, float *W, float *
     const int64_t R = s->R, C = s->C, B = s->B, NG = s->NG, G_dyn = s->G_dyn;
     const float *Hinv = g->H;
     const int maxq = (1 << s->bits) - 1;
-    float *Err1 = malloc((size_t)(R * B) * sizeof *Err1); // (R, B) scaled errors of the current block
-    uint8_t *code1 = malloc((size_t)B);                   // (B) one row's codes, block order
-    if (!Err1 || !code1) {
+    const float *P = s->P;                                             // (C, C) GPTAQ's term, or NULL
+    float *Err1 = malloc((size_t)(R * B) * sizeof *Err1);              // (R, B) scaled errors of the current block
+    uint8_t *code1 = malloc((size_t)B);                                // (B) one row's codes, block order
+    float *Wpre1 = P ? malloc((size_t)(R * B) * sizeof *Wpre1) : NULL; // (R, B) GPTAQ: pre-rounding weights
+    if (!Err1 || !code1 || (P && !Wpre1)) {
+        free(Wpre1);
         free(code1);
         free(Err1);
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (R = %lld)", s->name, (long long)R);
@@ -185,18 +201,24 @@ static enum llmq_status blocks_cpu(struct llmq_gptq_solver *g, float *W, float *
 
         for (int64_t r = 0; r < R; r++) {
             // W[r, i1:i2] is this row's block of the reference's W1, updated in place; ends as Q1
-            *loss += llmq_gptq_block_row(W + r * C + i1, Err1 + r * count, code1, Hinv + i1 * C + i1, C, count,
-                                         scales + r * NG, zeros + r * NG, s->gcol + i1, maxq);
+            *loss +=
+                block_row(W + r * C + i1, Err1 + r * count, code1, P ? Wpre1 + r * count : NULL, Hinv + i1 * C + i1,
+                          P ? P + i1 * C + i1 : NULL, C, count, scales + r * NG, zeros + r * NG, s->gcol + i1, maxq);
             for (int64_t i = 0; i < count; i++) q[r * C + s->perm[i1 + i]] = code1[i]; // original order
         }
 
         // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
+        // (GPTAQ first: W[:, i2:] += Wpre1 · P[i1:i2, i2:])
         double tg = llmq_now_s();
+        if (i2 < C && P)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count, 1.0f,
+                        Wpre1, (blasint)count, P + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
         if (i2 < C)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count, -1.0f,
                         Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
         if (t_update) *t_update += llmq_now_s() - tg;
     }
+    free(Wpre1);
     free(code1);
     free(Err1);
     return LLMQ_OK;

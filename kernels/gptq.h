@@ -49,6 +49,11 @@ struct llmq_gptq_solve {
                         // rebuilds H from it (H_src[perm][:, perm], a zero diagonal entry set to 1)
     float *backup;      // CPU, optional when H_src is NULL: (C, C) scratch for the copy of H a failed attempt
                         // restores from; NULL with H_src NULL: allocated here
+    const float *P;     // CPU only, optional: (C, C) GPTAQ's asymmetric term in processing order (strict upper,
+                        // quant/gptq.h "GPTAQ"); each quantized column i then also adds w_i · P[i, i+1:] to the
+                        // columns after it (w_i its weight just before rounding), in the block and in the lazy
+                        // update (W[:, i2:] += Wpre1 · P[i1:i2, i2:], Wpre1 the block's pre-rounding weights).
+                        // NULL: plain GPTQ.
 };
 
 struct llmq_gptq_solver; // opaque: the backend's state for one layer

@@ -29,6 +29,7 @@ struct llmq_gptq_opts llmq_gptq_opts_default(void) {
         .static_groups = false,
         .blocksize = LLMQ_GPTQ_BLOCKSIZE_DEFAULT,
         .damp_increment = LLMQ_GPTQ_DAMP_INCREMENT_DEFAULT,
+        .gptaq_alpha = LLMQ_GPTAQ_ALPHA_DEFAULT,
     };
     return o;
 }
@@ -178,6 +179,12 @@ static enum llmq_status check_inputs(const char *name, const float *W, const flo
         if (!isfinite(H[i]))
             return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: Hessian (%lld, %lld) is %f", name, (long long)(i / C),
                                (long long)(i % C), (double)H[i]);
+    if (o->dxxt && !(o->gptaq_alpha > 0.0f && isfinite(o->gptaq_alpha)))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: GPTAQ's alpha must be > 0, got %g", name, (double)o->gptaq_alpha);
+    for (int64_t i = 0; o->dxxt && i < C * C; i++)
+        if (!isfinite(o->dxxt[i]))
+            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: GPTAQ cross term (%lld, %lld) is %f", name, (long long)(i / C),
+                               (long long)(i % C), (double)o->dxxt[i]);
 
     if (o->backend != LLMQ_BACKEND_CPU && o->backend != LLMQ_BACKEND_CUDA)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: unknown backend %d", name, (int)o->backend);
@@ -185,6 +192,21 @@ static enum llmq_status check_inputs(const char *name, const float *W, const flo
     if (o->backend == LLMQ_BACKEND_CUDA && llmq_cuda_device_count(&why) == 0)
         return llmq_errorf(LLMQ_ERR_DEVICE, "%s: GPTQ on CUDA: no CUDA device: %s", name, why);
     return LLMQ_OK;
+}
+
+void llmq_gptaq_term(const float *D, const uint8_t *dead, const int64_t *perm, const float *U, int64_t C, float alpha,
+                     float *P) {
+    for (int64_t i = 0; i < C; i++) // 2' + 4': D[perm][:, perm], the dead columns (original index) zeroed
+        for (int64_t j = 0; j < C; j++) {
+            const int64_t pi = perm ? perm[i] : i, pj = perm ? perm[j] : j;
+            P[i * C + j] = dead && dead[pj] ? 0.0f : D[pi * C + pj];
+        }
+    // 6': P := alpha · triu₁(P Uᵀ) U, two in-place triangular products (U upper, its strict lower is ignored)
+    cblas_strmm(CblasRowMajor, CblasRight, CblasUpper, CblasTrans, CblasNonUnit, (blasint)C, (blasint)C, 1.0f, U,
+                (blasint)C, P, (blasint)C);
+    for (int64_t i = 0; i < C; i++) memset(P + i * C, 0, (size_t)(i + 1) * sizeof *P); // keep j > i
+    cblas_strmm(CblasRowMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, (blasint)C, (blasint)C, alpha, U,
+                (blasint)C, P, (blasint)C);
 }
 
 enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_t R, int64_t C,
@@ -196,6 +218,8 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     float *row = NULL;                     // (C) permutation scratch
     float *dh = NULL, *dhp = NULL;         // (C) diag(H) after step 2, original and processing order
     int32_t *gcol = NULL;                  // (C) group of each processing position
+    float *P = NULL;                       // (C, C) GPTAQ: the cross term, then its P (processing order)
+    uint8_t *dead = NULL;                  // (C) GPTAQ: the dead columns of step 2
     struct llmq_gptq_solver *solver = NULL;
     memset(out, 0, sizeof *out);
 
@@ -216,7 +240,8 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     gcol = malloc((size_t)C * sizeof *gcol);
     dh = malloc((size_t)C * sizeof *dh);
     dhp = malloc((size_t)C * sizeof *dhp);
-    if (!perm || !invperm || (!H0 && !o->H_src) || !row || !gcol || !dh || !dhp) {
+    if (o->dxxt) P = malloc((size_t)(C * C) * sizeof *P), dead = calloc((size_t)C, 1);
+    if (!perm || !invperm || (!H0 && !o->H_src) || !row || !gcol || !dh || !dhp || (o->dxxt && (!P || !dead))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (C = %lld)", name, (long long)C);
         goto fail;
     }
@@ -231,6 +256,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         if (H[i * C + i] != 0.0f) continue;
         H[i * C + i] = 1.0f;
         for (int64_t r = 0; r < R; r++) W[r * C + i] = 0.0f;
+        if (dead) dead[i] = 1;
     }
 
     // 3. static groups from the original-order W
@@ -275,7 +301,7 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
     free(H0);
     H0 = NULL;
     struct grid_ctx gctx = {o, dhp};
-    const bool on_device = o->backend == LLMQ_BACKEND_CUDA && o->grid == LLMQ_GPTQ_GRID_MINMAX;
+    const bool on_device = o->backend == LLMQ_BACKEND_CUDA && o->grid == LLMQ_GPTQ_GRID_MINMAX && !P;
     struct llmq_gptq_solve sv = {
         .backend = on_device ? LLMQ_BACKEND_CUDA : LLMQ_BACKEND_CPU,
         .name = name,
@@ -291,10 +317,12 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W, float *H, int64_
         .grid = on_device || o->grid == LLMQ_GPTQ_GRID_MINMAX ? NULL : grid_cb,
         .grid_ctx = &gctx,
         .H_src = on_device ? NULL : o->H_src,
+        .P = P, // filled by step 6' below, before the blocks
     };
     if ((st = llmq_gptq_solver_init(&sv, H, &solver))) goto fail;
     t_chain = llmq_now_s();
     if ((st = hinv_retry(name, H, C, &percdamp, o->damp_increment, solver))) goto fail;
+    if (P) llmq_gptaq_term(o->dxxt, dead, perm, H, C, o->gptaq_alpha, P); // H's upper triangle is U now
     t_chain = llmq_now_s() - t_chain;
     if ((st = llmq_gptq_solver_blocks(solver, W, out->scales, out->zeros, out->q, &loss, &t_gemm))) goto fail;
 
@@ -318,6 +346,8 @@ fail:
     llmq_qlinear_free(out);
 done:
     llmq_gptq_solver_free(solver);
+    free(dead);
+    free(P);
     free(dhp);
     free(dh);
     free(gcol);

@@ -43,6 +43,28 @@
  * (OPENBLAS_NUM_THREADS / openblas_set_num_threads); the in-block loop is single-threaded per layer.
  * Results are bit-identical for a given OpenBLAS build and thread count.
  *
+ * GPTAQ (Li et al. 2025, "GPTAQ: Efficient Finetuning-Free Quantization for Asymmetric Calibration", arXiv
+ * 2504.02692; upstream Intelligent-Computing-Lab-Yale/GPTAQ fake_quant/gptaq_utils.py), opts.dxxt != NULL: the
+ * objective is ‖W X − Q X̃‖² with X̃ the layer's input in the quantized model (what H is made of) and X its input
+ * in the full-precision model, instead of GPTQ's ‖(W − Q) X̃‖². The caller passes dxxt = 2/n_seq · ΔX X̃ᵀ
+ * (C, C), ΔX = X − X̃ (D[i, j] = Σ_tokens Δx_i x̃_j, the same scale as H). Fixing column i to q_i, the columns
+ * F = {i+1, ...} compensate the error (w_i − q_i) x̃_i + w_i Δx_i on X̃: the GPTQ update plus
+ * w_i · D[i, F] (H_FF)⁻¹, and with H⁻¹ = UᵀU (U the upper factor of step 6), (H_FF)⁻¹ = U_FFᵀ U_FF, so that row
+ * is row i of P = triu₁(D Uᵀ) U (triu₁: strictly upper part). Steps:
+ *   2'. D[:, dead] = 0 (the dead columns of step 2);  4'. D = D[perm][:, perm];
+ *   6'. after the Cholesky chain: P = alpha · triu₁(D Uᵀ) U (two strmm, in place on the copy of D;
+ *       2', 4' and 6' are llmq_gptaq_term);
+ *   7'. in the block, W1[:, k] -= err1 · Hinv[i, k] − w · P[i, k] for k > i (w: column i before rounding);
+ *       the lazy update W[:, i2:] += Wpre1 · P[i1:i2, i2:] before GPTQ's, Wpre1 the block's columns as they
+ *       were just before their rounding. (Upstream's lazy term multiplies P by W1 after the block, which then
+ *       holds the rounded Q1, not the w its in-block term uses; here both use w, so the lazy form equals the
+ *       column-by-column one up to rounding.)
+ * alpha (opts.gptaq_alpha) scales the asymmetric term; upstream's default is 0.25 (alpha = 1 is the plain
+ * closed form). Cost: one more C x C fp32 matrix during the solve (the copy of D, then P) and 2 C³ flops
+ * (the two strmm) per linear, R x B floats (Wpre1) and one more (R, C, B) sgemm per lazy block; steps 5-7 then
+ * run on the CPU whatever the backend (like the searched grids). The caller's cost (the full-precision
+ * stream, X per block input, the D sums) is quant/quantize.h's.
+ *
  * Steps 5-7 run behind the kernels/gptq.h dispatch (its CPU reference is the text above; its in-block loop
  * llmq_gptq_block_row). CUDA (opts.backend = LLMQ_BACKEND_CUDA, kernels/gptq_cuda.h underneath): steps 1-4
  * and 8 stay here on the CPU; steps 5-7 run on the device: damping and the Cholesky chain in cuSOLVER
@@ -69,6 +91,7 @@
 #define LLMQ_GPTQ_PERCDAMP_DEFAULT 0.01f
 #define LLMQ_GPTQ_DAMP_INCREMENT_DEFAULT 0.0025f // GPTQModel damp_auto_increment
 #define LLMQ_GPTQ_BLOCKSIZE_DEFAULT 128
+#define LLMQ_GPTAQ_ALPHA_DEFAULT 0.25f // upstream fasterquant(alpha=0.25)
 
 // How each group's (scale, zero) is found (at steps 1, 3 and 7, wherever the reference calls find_params).
 enum llmq_gptq_grid {
@@ -90,9 +113,12 @@ struct llmq_gptq_opts {
     const float *H_src;        // (C, C) NULL, or an unchanged copy of the H passed in, kept by the caller for
                                // the whole call: then the solver holds no C x C backup of its own (the damping
                                // retry and act-order's permutation rebuild H from it; same bytes), C² floats less
+    const float *dxxt; // (C, C) NULL, or GPTAQ's cross term 2/n_seq · ΔX X̃ᵀ in original column order (see "GPTAQ"
+                       // above); read only
+    float gptaq_alpha; // GPTAQ's scale of the asymmetric term (> 0; upstream 0.25); used only with dxxt
 };
 
-// Default options: 4-bit, group 128, asym, percdamp 0.01, no act-order, block 128, CPU.
+// Default options: 4-bit, group 128, asym, percdamp 0.01, no act-order, block 128, CPU, no GPTAQ (alpha 0.25).
 struct llmq_gptq_opts llmq_gptq_opts_default(void);
 
 // Quantize one linear layer with GPTQ.
@@ -120,6 +146,12 @@ enum llmq_status llmq_gptq_quantize(const char *name, float *W /* (R, C) */, flo
 // H (the retry restarts from it).
 enum llmq_status llmq_gptq_hinv(const char *name, float *H /* (C, C) */, float *H0 /* (C, C) */, int64_t C,
                                 float *percdamp, float damp_increment);
+
+// GPTAQ steps 2', 4' and 6' (see "GPTAQ"): P (C, C) := alpha · triu₁(D' Uᵀ) U with D' = D[perm][:, perm] (perm NULL:
+// identity), its columns j with dead[perm[j]] zeroed (dead NULL: none), U (C, C) the upper factor of step 6 (its
+// strict lower triangle is not read). Shared with quant/gptq_gguf.c.
+void llmq_gptaq_term(const float *D /* (C, C) */, const uint8_t *dead /* (C) */, const int64_t *perm /* (C) */,
+                     const float *U /* (C, C) */, int64_t C, float alpha, float *P /* (C, C) */);
 
 // Step 4's order: perm = argsort(key, descending), STABLE (ties keep ascending index); tmp is (C)
 // scratch. Shared with quant/gptq_gguf.c.

@@ -28,6 +28,7 @@ struct llmq_gptq_gguf_opts llmq_gptq_gguf_opts_default(void) {
         .damp_increment = LLMQ_GPTQ_DAMP_INCREMENT_DEFAULT,
         .blocksize = LLMQ_GPTQ_BLOCKSIZE_DEFAULT,
         .n_threads = 1,
+        .gptaq_alpha = LLMQ_GPTAQ_ALPHA_DEFAULT,
     };
     return o;
 }
@@ -44,6 +45,8 @@ struct batch_job {
     float *Err1;         // (R, i2 - i1)
     double *rowloss;     // (R)
     const int64_t *perm; // (C) act-order: processing position -> original column; NULL: identity
+    const float *P;      // (C, C) GPTAQ's term (processing order), or NULL
+    float *Wpre1;        // (R, i2 - i1) GPTAQ: each column's value just before its rounding
     bool fixed;          // act-order: every block is encoded already, only codes are chosen
     enum llmq_status st;
 };
@@ -77,7 +80,13 @@ static void *batch_rows(void *arg) {
             const float er = (w - q) / d;                   // err1
             rloss += (double)((w - q) * (w - q) / (d * d)); // Losses1[:, i]
             const float *hrow = j->Hinv + p * C + i1;       // Hinv1[i, :]
-            for (int64_t k = i + 1; k < count; k++) W1[k] -= er * hrow[k];
+            if (j->P) {                                     // GPTAQ (quant/gptq.h 7')
+                const float *prow = j->P + p * C + i1;
+                for (int64_t k = i + 1; k < count; k++) W1[k] -= er * hrow[k] - w * prow[k];
+                j->Wpre1[r * count + i] = w;
+            } else {
+                for (int64_t k = i + 1; k < count; k++) W1[k] -= er * hrow[k];
+            }
             err1[i] = er;
             W1[i] = q;
         }
@@ -127,6 +136,8 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     if (!(o->percdamp >= 0.0f && o->percdamp < 1.0f))
         return llmq_errorf(LLMQ_ERR_ARG, "%s: percdamp must be in [0, 1), got %g", name, (double)o->percdamp);
     if (o->blocksize < 0) return llmq_errorf(LLMQ_ERR_ARG, "%s: blocksize %d < 0", name, o->blocksize);
+    if (o->dxxt && !(o->gptaq_alpha > 0.0f && isfinite(o->gptaq_alpha)))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: GPTAQ's alpha must be > 0, got %g", name, (double)o->gptaq_alpha);
     for (int64_t i = 0; i < R * C; i++)
         if (!isfinite(W[i]))
             return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: weight (%lld, %lld) is %f", name, (long long)(i / C),
@@ -154,12 +165,20 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     double *rowloss = calloc((size_t)R, sizeof *rowloss); // (R)
     int64_t *perm = NULL, *tmp = NULL;                    // (C) act-order
     float *row = NULL;                                    // (C) act-order permutation scratch
+    float *P = NULL, *Wpre1 = NULL;                       // GPTAQ: (C, C), (R, B)
+    uint8_t *dead = NULL;                                 // GPTAQ: (C) the dead columns
+    if (o->dxxt) {
+        P = malloc((size_t)(C * C) * sizeof *P);
+        Wpre1 = malloc((size_t)(R * B) * sizeof *Wpre1);
+        dead = calloc((size_t)C, 1);
+    }
     if (o->act_order) {
         perm = malloc((size_t)C * sizeof *perm);
         tmp = malloc((size_t)C * sizeof *tmp);
         row = malloc((size_t)C * sizeof *row);
     }
-    if (!imp || !H0 || !Err1 || !rowloss || (o->act_order && (!perm || !tmp || !row))) {
+    if (!imp || !H0 || !Err1 || !rowloss || (o->act_order && (!perm || !tmp || !row)) ||
+        (o->dxxt && (!P || !Wpre1 || !dead))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory for GPTQ scratch (C = %lld)", name, (long long)C);
         goto done;
     }
@@ -172,6 +191,7 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
         if (H[i * C + i] != 0.0f) continue;
         H[i * C + i] = 1.0f;
         for (int64_t r = 0; r < R; r++) W[r * C + i] = 0.0f;
+        if (dead) dead[i] = 1;
     }
 
     // act-order: every block's grid from the original W, then W and H in decreasing diag(H) order
@@ -189,6 +209,7 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     free(H0);
     H0 = NULL;
     const float *Hinv = H; // (C, C) upper triangle
+    if (P) llmq_gptaq_term(o->dxxt, dead, perm, Hinv, C, o->gptaq_alpha, P);
 
     // 7. lazy batches
     for (int64_t i1 = 0; i1 < C; i1 += B) {
@@ -207,10 +228,15 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
                                 .Err1 = Err1,
                                 .rowloss = rowloss,
                                 .perm = perm,
+                                .P = P,
+                                .Wpre1 = Wpre1,
                                 .fixed = o->act_order};
         if ((st = run_batch(&job, R, o->n_threads))) goto done;
-        // W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
+        // (GPTAQ: W[:, i2:] += Wpre1 · P[i1:i2, i2:]), W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]
         double tg = llmq_now_s();
+        if (i2 < C && P)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count, 1.0f,
+                        Wpre1, (blasint)count, P + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
         if (i2 < C)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)R, (blasint)(C - i2), (blasint)count, -1.0f,
                         Err1, (blasint)count, Hinv + i1 * C + i2, (blasint)C, 1.0f, W + i2, (blasint)C);
@@ -230,6 +256,9 @@ enum llmq_status llmq_gptq_gguf_quantize(const char *name, float *W, float *H, i
     if (loss) *loss = sum / 2.0;
     if (percdamp_used) *percdamp_used = percdamp;
 done:
+    free(dead);
+    free(Wpre1);
+    free(P);
     free(row);
     free(tmp);
     free(perm);

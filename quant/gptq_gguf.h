@@ -69,9 +69,13 @@ struct llmq_gptq_gguf_opts {
     int blocksize;        // lazy batch width before rounding up to a multiple of QK; 0 -> 128
     int n_threads;        // >= 1
     bool act_order;       // columns in order of decreasing diag(H), every block's grid fixed first (below)
+    const float *dxxt;    // (C, C) NULL, or GPTAQ's cross term 2/n_seq · ΔX X̃ᵀ (quant/gptq.h "GPTAQ"): the same
+                          // steps 2', 4', 6', 7' on this solver's batches (the in-batch term and the lazy
+                          // W[:, i2:] += Wpre1 · P[i1:i2, i2:]); one (C, C) and one (R, B) fp32 buffer more
+    float gptaq_alpha;    // its scale (> 0; upstream 0.25); used only with dxxt
 };
 
-// percdamp 0.01, damp_increment 0.0025, blocksize 128, 1 thread.
+// percdamp 0.01, damp_increment 0.0025, blocksize 128, 1 thread, no GPTAQ (alpha 0.25).
 struct llmq_gptq_gguf_opts llmq_gptq_gguf_opts_default(void);
 
 // GPTQ of one linear onto block type `type` (a ggml block type llmq_gguf_can_encode accepts;

@@ -457,6 +457,12 @@ static void plan_memory(struct shape *s, struct llmq_plan *p) {
     bool writer_only = s->gguf && o->method == LLMQ_QMETHOD_RTN;
     if (s->calib && !writer_only) {
         mm.x = 2.0 * 4.0 * (double)s->N * (double)s->D;
+        if (o->gptaq) { // quant/quantize.h "gptaq": x_fp, one block's fp linear inputs, the ΔXᵀX̃ sums and D
+            double sc = 0, cm = cmax_slot(s);
+            for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) sc += (double)slot_c(s, k);
+            mm.x += 4.0 * (double)s->N * ((double)s->D + sc) + xtx_all(s) +
+                    4.0 * (LLMQ_GRAM_MICRO_BATCH * cm + 2 * cm * cm);
+        }
         mm.acts = mm.x;
         mm.fwd = forward_bytes(s, s->T, true, &mm.acts);
         mm.fwd_scratch = weight_scratch_bytes(s);
@@ -707,6 +713,8 @@ static void time_linear(const struct shape *s, const struct llmq_plan_rates *r, 
     if (s->calib) st[ST_ERR] += per((s->gptq ? 4.0 : 2.0) * 2.0 * R * C * C, r->sgemm_flops);
     if (s->calib) st[ST_ERR] += per(C * C * 12.0 + rc * 12.0, r->mem_bps); // the H / Hx / W copies
     if (s->gptq) st[ST_SOLVE] += per(gptq_flops(R, C), r->sgemm_flops);
+    if (s->gptq && s->o->gptaq)
+        st[ST_SOLVE] += per(2.0 * C * C * C + 2.0 * R * C * GPTQ_B, r->sgemm_flops); // P, Wpre1·P
 }
 
 // AWQ's search of block l: n_grid forwards of each scale group's module over the N tokens (or the Gram form),
@@ -798,6 +806,11 @@ static void plan_time(const struct shape *s, struct llmq_plan *p) {
                 for (int k = LLMQ_LIN_O; k < LLMQ_LIN_COUNT; k++) conv += conv_of(s, l, k);
                 conv += conv_of(s, l, LLMQ_LIN_DOWN);
                 for (int slot = 0; slot < LLMQ_CALIB_N_SLOTS; slot++) time_xtx(s, r, (double)slot_c(s, slot), st);
+                if (o->gptaq) { // the fp pass and the ΔXᵀX̃ products (a full C x C product, twice a syrk's work)
+                    fl += fwd_flops(s, l, false);
+                    for (int slot = 0; slot < LLMQ_CALIB_N_SLOTS; slot++)
+                        for (int t = 0; t < 2; t++) time_xtx(s, r, (double)slot_c(s, slot), st);
+                }
             } else if (s->calib) { // one fp pass with every input's statistics (+ GPTQ's x_q pass)
                 fl = fwd_flops(s, l, false) * (o->method == LLMQ_QMETHOD_GPTQ ? 2.0 : 1.0);
                 for (int k = 0; k < LLMQ_LIN_COUNT; k++) conv += conv_of(s, l, k);

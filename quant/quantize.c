@@ -56,6 +56,7 @@ struct llmq_quantize_opts llmq_quantize_default_opts(void) {
     o.q = (struct llmq_qconfig){.bits = 4, .group_size = 128, .sym = false};
     o.percdamp = 0.01f;
     o.true_sequential = true;
+    o.gptaq_alpha = LLMQ_GPTAQ_ALPHA_DEFAULT;
     o.micro_batch = 8;
     o.n_threads = 1;
     o.calib.nsamples = 128;
@@ -111,6 +112,16 @@ struct run {
     float **exp_wq;                          // (3E) gptq: an expert's dequantized result, freed after its block
     int64_t *under;                          // (E) the coverage's experts under the floor
     json_t *moe;                             // the coverage report ("moe" in the JSON); NULL for a dense model
+    // GPTAQ (o->gptaq): the full-precision stream and the cross terms of the current block
+    float *xfp;                           // (N, D) the fp model's block input: r->x + N * D (one allocation, so that
+                                          // the checkpoint's activations carry both streams)
+    float *fpin;                          // (N, Σ C_slot) the block's fp linear inputs, slot after slot
+    float *fpin_slot[LLMQ_CALIB_N_SLOTS]; // slot s's (N, C_s) inside fpin
+    int64_t cin[LLMQ_CALIB_N_SLOTS];      // C_s: the input width of each slot (the widest over the blocks)
+    double *dxx[LLMQ_CALIB_N_SLOTS];      // (C_s, C_s) Σ ΔXᵀX̃ of the current block, f64
+    float *dscr;                          // (LLMQ_GRAM_MICRO_BATCH * Cmax + Cmax * Cmax) ΔX chunk, f32 product
+    float *Dcur;                          // (Cmax, Cmax) the D handed to the solver, NULL when there is none
+    int64_t tok0;                         // the first token of the micro-batch a hook sees
     // to_gguf only (the targets are ggml types)
     uint8_t *blk;                    // (Rmax, Cmax * 4 bytes) one linear's encoded rows
     float *imp;                      // (Cmax) importance handed to the encoder / solver
@@ -129,10 +140,43 @@ struct run {
     double bits_total;      // Σ bits of codes + scales (f16) + zeros
 };
 
+// GPTAQ: dxx[slot] += ΔXᵀX̃ of the n tokens xq (n, C) from r->tok0 on, ΔX = their fp inputs - xq.
+static enum llmq_status dxx_add(struct run *r, int slot, const float *xq, int64_t n) {
+    const int64_t C = r->cin[slot], nb = LLMQ_GRAM_MICRO_BATCH;
+    if (r->tok0 + n > r->d.n_seq * r->d.seqlen) return llmq_errorf(LLMQ_ERR_ARG, "quantize: gptaq: token overflow");
+    const float *xf = r->fpin_slot[slot] + r->tok0 * C;
+    float *dx = r->dscr, *prod = r->dscr + nb * C;
+    for (int64_t t0 = 0; t0 < n; t0 += nb) {
+        const int64_t m = n - t0 < nb ? n - t0 : nb;
+        for (int64_t i = 0; i < m * C; i++) dx[i] = xf[t0 * C + i] - xq[t0 * C + i];
+        enum llmq_status st =
+            llmq_gemm_f32(r->o->backend, true, false, C, C, m, 1.0f, dx, C, xq + t0 * C, C, 0.0f, prod, C);
+        if (st) return st;
+        for (int64_t i = 0; i < C * C; i++) r->dxx[slot][i] += (double)prod[i];
+    }
+    return LLMQ_OK;
+}
+
 static void hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
     struct run *r = user;
-    if (r->want_slot == -2 || (r->want_slot >= 0 && llmq_calib_slot_of(which) != r->want_slot)) return;
+    int slot = llmq_calib_slot_of(which);
+    if (r->want_slot == -2 || (r->want_slot >= 0 && slot != r->want_slot)) return;
     llmq_calib_stats_hook(&r->s, layer, which, in, n, n_in);
+    if (r->fpin && !r->s.err) r->s.err = dxx_add(r, slot, in, n);
+}
+
+// GPTAQ's fp pass: each linear's input into its slot of r->fpin, at the micro-batch's tokens.
+static void fp_hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
+    struct run *r = user;
+    int slot = llmq_calib_slot_of(which);
+    (void)layer;
+    if (r->s.err) return;
+    if (n_in != r->cin[slot] || r->tok0 + n > r->d.n_seq * r->d.seqlen) {
+        r->s.err = llmq_errorf(LLMQ_ERR_ARG, "quantize: gptaq: unexpected input (%lld x %lld) of slot %d", (long long)n,
+                               (long long)n_in, slot);
+        return;
+    }
+    memcpy(r->fpin_slot[slot] + r->tok0 * n_in, in, (size_t)(n * n_in) * sizeof(float));
 }
 
 static void expert_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
@@ -157,6 +201,7 @@ static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_sl
         int64_t ns = r->d.n_seq - s0 < mb ? r->d.n_seq - s0 : mb;
         r->s.n_seq_hint = ns;
         bool any = want_slot != -2 || r->want_eslot != -2;
+        r->tok0 = s0 * L;
         enum llmq_status st = llmq_forward_block(r->f, l, &r->ly, buf + s0 * L * D, ns, L, any ? hook : NULL, r);
         if (!st) st = r->s.err;
         if (st) return st;
@@ -195,6 +240,8 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
             if ((st = llmq_forward_rmsnorm(r->f, b, n, wn + D, a))) break;
         }
         st = llmq_calib_stats_add(&r->s, l, ffn ? LLMQ_CALIB_SLOT_GATE : LLMQ_CALIB_SLOT_Q, a, n, ns);
+        r->tok0 = s0 * L;
+        if (!st && r->fpin) st = dxx_add(r, ffn ? LLMQ_CALIB_SLOT_GATE : LLMQ_CALIB_SLOT_Q, a, n);
     }
     if (!st) llmq_calib_stats_finish(&r->s, l);
     free(own);
@@ -407,12 +454,16 @@ static enum llmq_status gptq_onto(struct run *r, const struct llmq_qtarget *t, c
         go.backend = o->backend; // CUDA: steps 5-7 on the GPU (quant/gptq.h)
         go.grid = o->gptq_grid;
         go.H_src = r->Hx; // r->H is a copy of it (quantize_linear): the solver keeps no C x C backup
+        go.dxxt = r->Dcur;
+        go.gptaq_alpha = o->gptaq_alpha;
         return llmq_gptq_quantize(name, W, r->H, R, C, &go, ql, loss, NULL);
     }
     struct llmq_gptq_gguf_opts go = llmq_gptq_gguf_opts_default();
     go.percdamp = o->percdamp;
     go.n_threads = o->n_threads;
     go.act_order = o->act_order;
+    go.dxxt = r->Dcur;
+    go.gptaq_alpha = o->gptaq_alpha;
     return llmq_gptq_gguf_quantize(name, W, r->H, R, C, t->type, imp, &go, r->blk, loss, NULL);
 }
 
@@ -531,7 +582,7 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, 
         memcpy(r->H, Hx, (size_t)(C * C) * sizeof(float));
         if ((st = gptq_onto(r, &t, name, W, R, C, imp, &ql, &loss))) goto done;
         err = rel_err(r, r->Q, W, Hx, R, C); // W := W0 - Q; restored from the result by hand_over
-        if (t.kind == LLMQ_QPAYLOAD_ROWS && !(err < rtn_err)) {
+        if (t.kind == LLMQ_QPAYLOAD_ROWS && !(err < rtn_err) && !r->Dcur) { // GPTAQ does not minimise err
             llmq_info("quantize: %s: gptq err %.4e >= rtn_err %.4e: written with the encoder alone", name, err,
                       rtn_err);
             gptq_err = err;
@@ -733,9 +784,31 @@ static void held_release(struct run *r) {
         if (r->held[k].on) llmq_scratch_release(r->wq[k], (size_t)r->n_w * sizeof(float));
 }
 
+// GPTAQ: x_fp <- fp block l (x_fp) with the model's weights, its linears' inputs into r->fpin, the sums of D zeroed.
+static enum llmq_status fp_pass(struct run *r, int l) {
+    int64_t D = r->m->hp.n_embd, mb = r->o->micro_batch, L = r->d.seqlen;
+    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) memset(r->dxx[k], 0, (size_t)(r->cin[k] * r->cin[k]) * sizeof(double));
+    for (int64_t s0 = 0; s0 < r->d.n_seq; s0 += mb) {
+        int64_t ns = r->d.n_seq - s0 < mb ? r->d.n_seq - s0 : mb;
+        r->tok0 = s0 * L;
+        enum llmq_status st = llmq_forward_block(r->f, l, &r->m->layers[l], r->xfp + s0 * L * D, ns, L, fp_hook, r);
+        if (!st) st = r->s.err;
+        if (st) return st;
+    }
+    return LLMQ_OK;
+}
+
+// GPTAQ: r->Dcur (C, C) := 2/n_seq · dxx[slot], the scale of H (llmq_calib_hessian).
+static void gptaq_cross(struct run *r, int slot) {
+    const int64_t C = r->cin[slot];
+    const double f = 2.0 / (double)r->d.n_seq;
+    for (int64_t i = 0; i < C * C; i++) r->Dcur[i] = (float)(f * r->dxx[slot][i]);
+}
+
 static enum llmq_status block_gptq(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly); // GPTQ changes no norm or bias
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
+    if (!st && r->fpin) st = fp_pass(r, l);
     if (st) return st;
     if (!r->o->true_sequential) {
         release_work(r);
@@ -773,6 +846,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             const bool last = j == 2 || seq_groups[g][j + 1] < 0; // the input's last linear: its sums are dropped
             st = last ? llmq_calib_hessian_take(&r->s, l, slot, r->H) : llmq_calib_hessian(&r->s, l, slot, r->H);
             if (st) break;
+            if (r->fpin) gptaq_cross(r, slot);
             r->hold = true;
             st = quantize_linear(r, l, k, -1, r->W, r->H, NULL, false);
             r->hold = false;
@@ -939,6 +1013,7 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
             json_object_set_new(s, "damp", json_real(o->percdamp));
             json_object_set_new(s, "act_order", json_boolean(o->act_order));
             json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ));
+            if (o->gptaq) json_object_set_new(s, "gptaq_alpha", json_real(o->gptaq_alpha));
         }
         return s;
     }
@@ -953,6 +1028,8 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
         json_object_set_new(s, "true_sequential", json_boolean(o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential));
         if (o->gptq_grid != LLMQ_GPTQ_GRID_MINMAX) // absent by default: the outputs so far keep their bytes
             json_object_set_new(s, "grid", json_string(o->gptq_grid == LLMQ_GPTQ_GRID_MSE ? "mse" : "hmse"));
+        if (o->gptaq) // likewise absent by default
+            json_object_set_new(s, "gptaq_alpha", json_real(o->gptaq_alpha));
     }
     json_object_set_new(s, "fallback", json_string(o->fallback_rtn_per_channel ? "rtn-per-channel" : "none"));
     json_object_set_new(s, "format", json_string(llmq_export_format_name(o->out.format)));
@@ -1262,6 +1339,16 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
     if (o->gptq_grid != LLMQ_GPTQ_GRID_MINMAX && (o->to_gguf || !llmq_qmethod_uses_gptq(o->method)))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --grid mse / hmse needs --method gptq or awq+gptq and a directory "
                                          "format (gguf blocks take the encoders' own scale searches)");
+    if (o->gptaq && o->method != LLMQ_QMETHOD_GPTQ)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --gptaq needs --method gptq (awq+gptq takes its Hessians from the "
+                                         "full-precision model already: its X_fp and X_q are the same)");
+    if (o->gptaq && m->hp.moe)
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "quantize: --gptaq is not implemented for a mixture of experts (%s): its "
+                           "full-precision stream does not carry the experts' inputs",
+                           llmq_arch_name(m->hp.arch));
+    if (o->gptaq && !(o->gptaq_alpha > 0.0f && isfinite(o->gptaq_alpha)))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: --gptaq-alpha must be > 0, got %g", (double)o->gptaq_alpha);
     if ((o->act_order || o->static_groups) && !llmq_qmethod_uses_gptq(o->method))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: --act-order and --static-groups need --method gptq or awq+gptq");
     if (o->group_aware &&
@@ -1339,8 +1426,9 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
     ALLOC(r->T, r->n_t);
     ALLOC(r->H, Cmax * Cmax);
     ALLOC(r->Hx, Cmax * Cmax);
-    if (r->have_calib) { // the activations: under --max-memory (common/spill.h)
-        ok = ok && (r->x = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs"));
+    const int64_t nx = o->gptaq ? 2 : 1; // GPTAQ: x_q and x_fp in one allocation
+    if (r->have_calib) {                 // the activations: under --max-memory (common/spill.h)
+        ok = ok && (r->x = llmq_big_alloc((size_t)(nx * N * D) * sizeof(float), "quantize: block inputs"));
         ok = ok && (r->xt = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs (copy)"));
     }
     if (o->method == LLMQ_QMETHOD_GPTQ)
@@ -1358,6 +1446,25 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
     if (r->m->hp.moe && (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ))
         ALLOC(r->W0, Rmax * Cmax);
     ALLOC(r->imp, Cmax);
+    if (ok && o->gptaq && r->have_calib) {
+        static const enum llmq_linear first[LLMQ_CALIB_N_SLOTS] = {LLMQ_LIN_Q, LLMQ_LIN_O, LLMQ_LIN_GATE,
+                                                                   LLMQ_LIN_DOWN};
+        int64_t sum = 0;
+        r->xfp = r->x + N * D;
+        for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
+            for (int64_t l = 0; l < r->m->hp.n_layer; l++) {
+                int64_t C = r->m->layers[l].w[first[k]]->shape[1];
+                r->cin[k] = C > r->cin[k] ? C : r->cin[k];
+            }
+            sum += r->cin[k];
+            ALLOC(r->dxx[k], r->cin[k] * r->cin[k]);
+        }
+        ok = ok && (r->fpin = llmq_big_alloc((size_t)(N * sum) * sizeof(float), "quantize: gptaq fp inputs"));
+        for (int k = 0, off = 0; ok && k < LLMQ_CALIB_N_SLOTS; off += (int)r->cin[k], k++)
+            r->fpin_slot[k] = r->fpin + N * off;
+        ALLOC(r->dscr, LLMQ_GRAM_MICRO_BATCH * Cmax + Cmax * Cmax);
+        ALLOC(r->Dcur, Cmax * Cmax);
+    }
     if (o->to_gguf) {
         ALLOC(r->blk, 4 * Rmax * Cmax); // 4 bytes per element hold any type (F32 is the widest)
         ALLOC(r->fq_qw, Cmax);
@@ -1380,6 +1487,7 @@ static enum llmq_status embed_inputs(struct run *r, int64_t N, int64_t D) {
         st = llmq_forward_embed(r->f, r->d.tokens + t0, n, r->x + t0 * D);
     }
     if (st) return st;
+    if (r->xfp) memcpy(r->xfp, r->x, (size_t)(N * D) * sizeof(float)); // GPTAQ: both streams start equal
     if ((o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) &&
         (st = llmq_forward_init(r->m, N, o->n_threads, &r->fbig)))
         return st;
@@ -1486,6 +1594,10 @@ static void run_free(struct run *r) {
     free(r->under);
     json_decref(r->moe);
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) free(r->simp[k]);
+    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) free(r->dxx[k]);
+    llmq_big_free(r->fpin);
+    free(r->dscr);
+    free(r->Dcur);
     free(r->blk);
     free(r->imp);
     free(r->fq_qw);
@@ -1509,7 +1621,7 @@ static enum llmq_status open_checkpoint(struct run *r, const json_t *prov, int64
     json_decref(fp);
     if (st || *l0 == 0) return st;
     st = llmq_ckpt_replay(r->ck, r->m, r->w, r->layers, &r->bits_total, r->have_calib ? r->x : NULL,
-                          N * r->m->hp.n_embd);
+                          (r->xfp ? 2 : 1) * N * r->m->hp.n_embd); // GPTAQ: x_q, then x_fp
     double replayed = r->eta_other;
     for (int64_t l = 0; l < *l0; l++)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
@@ -1574,7 +1686,8 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         }
         if (!st && r.gemm_st) st = r.gemm_st;
         if (!st && r.ck)
-            st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.have_calib ? r.x : NULL, N * D);
+            st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.have_calib ? r.x : NULL,
+                                        (r.xfp ? 2 : 1) * N * D);
         for (int64_t k = 0; !st && k < LLMQ_LIN_COUNT + (m->hp.moe ? 3 * m->hp.n_expert : 0); k++) {
             const struct llmq_tensor_view *v = block_weight(m, l, k); // done: release their file pages
             if (v) llmq_mmap_release(v->data, v->nbytes);

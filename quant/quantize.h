@@ -18,6 +18,16 @@
  *             the model's views for the rest; the model itself is never changed), collecting the
  *             group's XᵀX; H = 2/n_seq · XᵀX (calib/calib.h); each linear: llmq_gptq_quantize. After the
  *             block, x_q <- block(x_q) with all seven quantized: 5 block passes per block.
+   gptq, gptaq (o->gptaq; Li et al. 2025, quant/gptq.h "GPTAQ"): the same passes on x_q, and a second stream x_fp,
+             the block inputs of the FULL-PRECISION model: per block, first x_fp <- block(x_fp) with the model's
+             weights, keeping every linear's fp input X (N, C) of that pass; then each statistics pass on x_q also
+             sums ΔXᵀX̃ per block input (ΔX = X - X̃, in f64 over <= 256-token f32 products, like XᵀX), and each
+             linear's solve gets D = 2/n_seq · ΔXᵀX̃ (llmq_gptq_opts.dxxt): Q minimises ‖W X − Q X̃‖². Cost: x_fp
+             (N, D) f32 more; the fp inputs of one block, N x (C_q + C_o + C_gate + C_down) f32 (SmolLM2-135M:
+             N x 3,264 floats, 107 MB at 16 x 512 tokens, 855 MB at 128 x 512), both under --max-memory
+             (common/spill.h); one (C, C) f64 sum per block input and one (C, C) f32 D; one more block pass per
+             block (6 instead of 5) and one (C, C, N) product per block input; the solver's own 2 C³ per linear
+             (quant/gptq.h). The checkpoint carries x_fp with x (the resume continues both streams).
  *   awq       AutoAWQ: block inputs x_fp from the full-precision model; llmq_awq_search (scale + clip)
  *             on the block's fp input; each scaled and clipped linear rounded on the AWQ grid
  *             (llmq_quant_params_awq); the folded norms and v bias go to the output with the search's
@@ -186,6 +196,8 @@ struct llmq_quantize_opts {
     bool true_sequential;          // GPTQ (default true)
     enum llmq_gptq_grid gptq_grid; // GPTQ into a directory: each group's (scale, zero) search (quant/gptq.h);
                                    // MINMAX by default; not gguf (the block encoders search their own scales)
+    bool gptaq;                    // gptq into a directory: GPTAQ's target, see "Per method" (quant/gptq.h "GPTAQ")
+    float gptaq_alpha;             // its scale of the asymmetric term (0.25, upstream's)
     bool fallback_rtn_per_channel; // non-tiled C -> RTN per channel instead of an error
     bool allow_requantize;         // quantize linears stored in a block type (a Q4_1 GGUF input) instead
                                    // of refusing the first (LLMQ_ERR_ARG), as quant/gguf_export.h

@@ -483,3 +483,34 @@ def test_rtn_gguf_imatrix_is_in_the_fingerprint(llmq_bin, smollm2_f32, data_dir,
     assert r.returncode == 1 and "settings.imatrix.sha256" in r.stderr, r.stderr[-2000:]
     imat.write_bytes((tmp_path / "imat3.dat").read_bytes())
     rtn_resume(llmq_bin, smollm2_f32, d, ref, "rtn --imatrix", "--imatrix", imat)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gguf"])
+def test_gptaq_resumes_both_streams(llmq_bin, work, fmt):
+    """--gptaq keeps a second (full-precision) activation stream; its checkpoint carries both (x_q, then x_fp in
+    the one activation file): a run killed after block 1 and resumed writes the uninterrupted run's bytes. The
+    flag changes the output (so the identity is not plain GPTQ's), and the checkpoint is refused by a resume
+    without --gptaq or with another --gptaq-alpha (the settings differ)."""
+    d = work["root"] / f"gptaq-{fmt}"
+    name = "out.gguf" if fmt == "gguf" else "out"
+    for sub in ("ref", "plain", "run"):
+        (d / sub).mkdir(parents=True)
+    r = llmq(pair_argv(llmq_bin, work, "gptq", fmt, d / "ref" / name, "--gptaq", "--no-checkpoint"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = digest(d / "ref" / name)
+    r = llmq(pair_argv(llmq_bin, work, "gptq", fmt, d / "plain" / name, "--no-checkpoint"))
+    assert r.returncode == 0 and digest(d / "plain" / name) != ref, r.stderr[-2000:]
+    out = d / "run" / name
+    r = llmq(pair_argv(llmq_bin, work, "gptq", fmt, out, "--gptaq"), kill_at=11 * 2)  # after block 1
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    act = [p for p in partial(out).iterdir() if p.name.startswith("x-")]
+    n_embd = 256  # synth_ckpt's "small" shape
+    assert act and act[0].stat().st_size == 2 * 4 * 16 * n_embd * 4, [(p.name, p.stat().st_size) for p in act]
+    r = llmq(pair_argv(llmq_bin, work, "gptq", fmt, out, "--gptaq", "--gptaq-alpha", "0.5", "--resume"))
+    assert r.returncode != 0 and "gptaq" in r.stderr, r.stderr[-2000:]  # another alpha: refused
+    r = llmq(pair_argv(llmq_bin, work, "gptq", fmt, out, "--resume"))
+    assert r.returncode != 0 and "gptaq" in r.stderr, r.stderr[-2000:]  # plain GPTQ: refused
+    r = llmq(pair_argv(llmq_bin, work, "gptq", fmt, out, "--gptaq", "--resume"))
+    assert r.returncode == 0 and "resuming from the checkpoint" in r.stderr, r.stderr[-2000:]
+    assert digest(out) == ref
+    assert leftovers(d / "run") == [], leftovers(d / "run")

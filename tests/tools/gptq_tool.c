@@ -4,9 +4,10 @@
  *
  *   gptq_tool --W FILE --H FILE --R R --C C --out PREFIX [--bits 4] [--group 128] [--sym]
  *             [--act-order | --group-aware] [--static-groups] [--percdamp 0.01] [--blocksize 128] [--rtn]
- *             [--grid minmax|mse|hmse]
+ *             [--grid minmax|mse|hmse] [--dxxt FILE [--alpha 0.25]]
  *
- * Inputs: W (R, C) and H (C, C) row-major little-endian f32 (H ignored with --rtn).
+ * Inputs: W (R, C) and H (C, C) row-major little-endian f32 (H ignored with --rtn); --dxxt: GPTAQ's cross
+ * term 2/n · ΔX X̃ᵀ (C, C) f32 (quant/gptq.h "GPTAQ"), --alpha its scale.
  * Outputs: PREFIX.q (R, C) u8 codes, PREFIX.scales / PREFIX.zeros (R, NG) f32, PREFIX.gidx (C) i32,
  * PREFIX.Q (R, C) f32 dequantized W, PREFIX.Hinv (C, C) f32 (GPTQ only: the upper factor used, in
  * processing order). stdout: one JSON line {"status", "percdamp", "loss", "n_groups"}; exit 0 on
@@ -34,7 +35,7 @@ static void *read_raw(const char *path, size_t n) {
 }
 
 int main(int argc, char **argv) {
-    const char *wpath = NULL, *hpath = NULL, *prefix = NULL;
+    const char *wpath = NULL, *hpath = NULL, *prefix = NULL, *dpath = NULL;
     long long R = 0, C = 0;
     int rtn = 0;
     struct llmq_gptq_opts o = llmq_gptq_opts_default();
@@ -57,6 +58,10 @@ int main(int argc, char **argv) {
             wpath = argv[++i];
         else if (!strcmp(a, "--H"))
             hpath = argv[++i];
+        else if (!strcmp(a, "--dxxt"))
+            dpath = argv[++i];
+        else if (!strcmp(a, "--alpha"))
+            o.gptaq_alpha = strtof(argv[++i], NULL);
         else if (!strcmp(a, "--out"))
             prefix = argv[++i];
         else if (!strcmp(a, "--R"))
@@ -86,7 +91,9 @@ int main(int argc, char **argv) {
     }
     float *W = read_raw(wpath, (size_t)(R * C) * sizeof(float));
     float *H = rtn ? NULL : read_raw(hpath, (size_t)(C * C) * sizeof(float));
-    if (!W || (!rtn && !H)) {
+    float *Dx = dpath ? read_raw(dpath, (size_t)(C * C) * sizeof(float)) : NULL;
+    o.dxxt = Dx;
+    if (!W || (!rtn && !H) || (dpath && !Dx)) {
         fprintf(stderr, "gptq_tool: cannot read inputs\n");
         return 1;
     }
@@ -97,6 +104,7 @@ int main(int argc, char **argv) {
                               : llmq_gptq_quantize("gptq_tool", W, H, R, C, &o, &ql, &loss, &pd);
     if (st) {
         printf("{\"status\": \"%s\"}\n", llmq_status_name(st));
+        free(Dx);
         free(H);
         free(W);
         return 2;
@@ -115,6 +123,7 @@ int main(int argc, char **argv) {
     printf("{\"status\": \"ok\", \"percdamp\": %.9g, \"loss\": %.17g, \"n_groups\": %lld}\n", (double)pd, loss,
            (long long)ql.n_groups);
     llmq_qlinear_free(&ql);
+    free(Dx);
     free(H);
     free(W);
     return 0;

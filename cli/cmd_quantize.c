@@ -63,6 +63,11 @@ static const char *default_format(const char *method, bool gguf_out, long bits, 
 
 #define MOE_CALIB_DEFAULT "all"
 #define MOE_FLOOR_DEFAULT "32" // LLMQ_MOE_TOKEN_FLOOR_DEFAULT
+#define MOE_FLOOR_HELP                                                                                                 \
+    "mixture of experts, --moe-calib routed: an expert the router sends fewer calibration tokens is rounded (RTN) "    \
+    "instead of solved by GPTQ (gptq, awq+gptq), with a log line and \"fallback\" in --json (under all: no "           \
+    "fallback). Default 32 (a judgement, not a measurement: below it an expert's Hessian has rank < 32 and GPTQ "      \
+    "fits its few tokens)"
 #define MOE_CALIB_HELP                                                                                                 \
     "mixture of experts: which calibration tokens each expert's statistics see: routed (the ones the router "          \
     "sends it) or all (every token through every expert for the statistics only, the block output still "              \
@@ -476,12 +481,7 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
          "GPTQ: collect all Hessians of a block in one pass instead of [qkv] -> [o] -> [gate,up] -> [down]"},
         {"damp", CLI_FLOAT, &q->damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
         {"moe-calib", CLI_STR, &q->moe_calib, MOE_CALIB_DEFAULT, MOE_CALIB_HELP},
-        {"moe-token-floor", CLI_INT, &q->moe_floor, MOE_FLOOR_DEFAULT,
-         "mixture of experts, --moe-calib routed: an expert the router sends fewer calibration tokens is rounded "
-         "(RTN) instead of solved by GPTQ (gptq, awq+gptq), with a log line and \"fallback\" in --json (under all: "
-         "no fallback). Default 32 (a judgement, not a measurement: below it an expert's Hessian has rank < 32 and "
-         "GPTQ fits its "
-         "few tokens)"},
+        {"moe-token-floor", CLI_INT, &q->moe_floor, MOE_FLOOR_DEFAULT, MOE_FLOOR_HELP},
         {"format", CLI_STR, &q->format,
          "the method's packed format: awq for --method awq (4 bits with a group size), else gptq (2, 3, 4, 8 "
          "bits), else fake; fake with --fallback rtn-per-channel; gguf when --gguf-type is given or --out ends "

@@ -89,8 +89,8 @@ static enum llmq_status gram_tile(enum llmq_backend be, const float *Xb, int64_t
     if (st) return st;
     for (int64_t i = i0; i < i1; i++) {
         double *dst = acc + i * C;
-        const float *src = scratch + (i - i0) * w - i0;
-        for (int64_t k = i; k < C; k++) dst[k] += (double)src[k];
+        const float *src = scratch + (i - i0) * w; // columns i0 .. C-1 of row i
+        for (int64_t k = i; k < C; k++) dst[k] += (double)src[k - i0];
     }
     return LLMQ_OK;
 }

@@ -323,9 +323,10 @@ static double solve_bytes(const struct shape *s, int64_t l, int k) {
 // The f32 scratch of the XᵀX products for an input of C columns (kernels/gemm.h llmq_gram_acc_f64).
 static double gram_bytes(int64_t C) { return 4.0 * (double)llmq_gram_scratch_rows(C) * (double)C; }
 
-// quant/quantize.c quad_form's product scratch T for a linear of R rows: (min(R, QF_ROWS), C).
+// quant/quantize.c quad_form's product scratch T for a linear of R rows: (min(R, QF_ROWS), C); on CUDA (R, C).
 static double t_bytes(const struct shape *s, int64_t l, int k) {
-    return 4.0 * (double)(rows(s, l, k) < QF_ROWS ? rows(s, l, k) : QF_ROWS) * (double)cols(s, l, k);
+    int64_t R = rows(s, l, k), n = s->o->backend == LLMQ_BACKEND_CUDA || R < QF_ROWS ? R : QF_ROWS; // CUDA: all R
+    return 4.0 * (double)n * (double)cols(s, l, k);
 }
 
 // A quantized linear as block_gptq holds it between passes (quant/quantize.c hold_result): its encoded rows, or
@@ -710,8 +711,9 @@ static void time_linear(const struct shape *s, const struct llmq_plan_rates *r, 
     } else {
         st[ST_ROUND] += n_round * per(rc, r->rtn_eps) + per(rc * 8.0, r->mem_bps); // + packing
     }
-    if (s->calib) st[ST_ERR] += per((s->gptq ? 4.0 : 2.0) * 2.0 * R * C * C, r->sgemm_flops);
-    if (s->calib) st[ST_ERR] += per(C * C * 12.0 + rc * 12.0, r->mem_bps); // the H / Hx / W copies
+    if (s->calib)
+        st[ST_ERR] += per((s->gptq ? 3.0 : 2.0) * 2.0 * R * C * C, r->sgemm_flops); // rtn_err, err: one ‖W X‖²
+    if (s->calib) st[ST_ERR] += per(C * C * 12.0 + rc * 12.0, r->mem_bps);          // the H / Hx / W copies
     if (s->gptq) st[ST_SOLVE] += per(gptq_flops(R, C), r->sgemm_flops);
     if (s->gptq && s->o->gptaq)
         st[ST_SOLVE] += per(2.0 * C * C * C + 2.0 * R * C * GPTQ_B, r->sgemm_flops); // P, Wpre1·P

@@ -90,8 +90,8 @@ struct run {
     float *Q;                  // (Rmax, Cmax) dequantized result / RTN comparison
     float *H;                  // (Cmax, Cmax) Hessian given to GPTQ (destroyed)
     float *Hx;                 // (Cmax, Cmax) XᵀX kept for the error
-    float *T;                  // (QF_ROWS, Cmax) product scratch of quad_form
-    int64_t n_w, n_h, n_t;     // Rmax * Cmax (W, Q), Cmax * Cmax (H, Hx), QF_ROWS * Cmax (T): for release_work
+    float *T;                  // (QF_ROWS or, on CUDA, Rmax, Cmax) product scratch of quad_form
+    int64_t n_w, n_h, n_t;     // Rmax * Cmax (W, Q), Cmax * Cmax (H, Hx), T's: for release_work
     enum llmq_status gemm_st;  // first failed product of rel_err (it returns NaN then); checked per block
     struct llmq_layer ly;      // the current block's weight set: the model's block, with gptq's quantized
                                // linears on ov as they are done (AWQ runs its own, struct llmq_awq_block.ly)
@@ -249,13 +249,16 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
     return st;
 }
 
-// Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double. T = Δ H is formed QF_ROWS rows at a time, so
-// r->T holds (QF_ROWS, C) however large R is (every element of T is the same dot product either way).
+// Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double. On the CPU T = Δ H is formed QF_ROWS rows at a time,
+// so r->T holds (QF_ROWS, C) however large R is; on CUDA in one product (each call uploads H: kernels/gemm.h), into
+// a T of (Rmax, Cmax).
 #define QF_ROWS 256
+static int64_t qf_rows(const struct run *r, int64_t R) { return r->o->backend == LLMQ_BACKEND_CUDA ? R : QF_ROWS; }
 static double quad_form(struct run *r, const float *Dl, const float *H, int64_t R, int64_t C) {
     double s = 0;
-    for (int64_t r0 = 0; r0 < R; r0 += QF_ROWS) {
-        const int64_t n = R - r0 < QF_ROWS ? R - r0 : QF_ROWS;
+    const int64_t step = qf_rows(r, R);
+    for (int64_t r0 = 0; r0 < R; r0 += step) {
+        const int64_t n = R - r0 < step ? R - r0 : step;
         const float *D0 = Dl + r0 * C;
         enum llmq_status st = llmq_gemm_f32(r->o->backend, false, false, n, C, C, 1.0f, D0, C, H, C, 0.0f, r->T, C);
         if (st) {
@@ -267,8 +270,9 @@ static double quad_form(struct run *r, const float *Dl, const float *H, int64_t 
     return s;
 }
 
-// err = ‖(W - Q) X‖² / ‖W X‖² from Hx, or the weight error when Hx is NULL. Uses r->T; Q is overwritten.
-static double rel_err(struct run *r, const float *W, float *Q, const float *Hx, int64_t R, int64_t C) {
+// err = ‖(W - Q) X‖² / ‖W X‖² from Hx, or the weight error when Hx is NULL. Uses r->T; Q is overwritten. den: NULL,
+// or ‖W X‖² of this W and Hx when >= 0 (not formed again), else set to it (GPTQ's two errors share W and Hx).
+static double rel_err(struct run *r, const float *W, float *Q, const float *Hx, int64_t R, int64_t C, double *den) {
     for (int64_t i = 0; i < R * C; i++) Q[i] = W[i] - Q[i];
     if (!Hx) {
         double a = 0, b = 0;
@@ -278,9 +282,10 @@ static double rel_err(struct run *r, const float *W, float *Q, const float *Hx, 
         }
         return b > 0 ? a / b : 0;
     }
-    double den = quad_form(r, W, Hx, R, C);
+    double d = den && *den >= 0 ? *den : quad_form(r, W, Hx, R, C);
+    if (den) *den = d;
     double num = quad_form(r, Q, Hx, R, C);
-    return den > 0 ? num / den : 0;
+    return d > 0 ? num / d : 0;
 }
 
 // RTN on the AWQ grid (AutoAWQ pseudo_quantize_tensor with zero point): llmq_quant_params_awq per group.
@@ -523,7 +528,7 @@ static double rtn_orig_err(struct run *r, const struct llmq_qtarget *t, const ch
     enum llmq_status st = llmq_model_weight_f32(v, r->W0, r->o->n_threads);
     if (!st) st = round_onto(r, t, name, r->W0, R, C, t->kind == LLMQ_QPAYLOAD_ROWS ? r->imp : NULL, false, &ql, r->Q);
     llmq_qlinear_free(&ql);
-    return st ? NAN : rel_err(r, r->W0, r->Q, r->H, R, C);
+    return st ? NAN : rel_err(r, r->W0, r->Q, r->H, R, C, NULL);
 }
 
 // One linear onto the writer's target and into the writer, as the run's method does it; logs the line and
@@ -577,11 +582,12 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, 
         // the rounding alone with the same importance, for the comparison column
         if ((st = round_onto(r, &t, name, W, R, C, imp, false, &ql, r->Q))) goto done;
         llmq_qlinear_free(&ql);
-        rtn_err = rel_err(r, W, r->Q, Hx, R, C);
+        double den = -1; // ‖W0 X‖², formed once for both errors
+        rtn_err = rel_err(r, W, r->Q, Hx, R, C, &den);
         memcpy(r->Q, W, (size_t)(R * C) * sizeof(float)); // keep the original W for the error
         memcpy(r->H, Hx, (size_t)(C * C) * sizeof(float));
         if ((st = gptq_onto(r, &t, name, W, R, C, imp, &ql, &loss))) goto done;
-        err = rel_err(r, r->Q, W, Hx, R, C); // W := W0 - Q; restored from the result by hand_over
+        err = rel_err(r, r->Q, W, Hx, R, C, &den); // W := W0 - Q; restored from the result by hand_over
         if (t.kind == LLMQ_QPAYLOAD_ROWS && !(err < rtn_err) && !r->Dcur) { // GPTAQ does not minimise err
             llmq_info("quantize: %s: gptq err %.4e >= rtn_err %.4e: written with the encoder alone", name, err,
                       rtn_err);
@@ -593,7 +599,7 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, 
         }
     } else {
         if ((st = round_onto(r, &t, name, W, R, C, imp, !plain && method == LLMQ_QMETHOD_AWQ, &ql, r->Q))) goto done;
-        err = rel_err(r, W, r->Q, Hx, R, C);
+        err = rel_err(r, W, r->Q, Hx, R, C, NULL);
     }
     if ((st = hand_over(r, l, k, x, &t, &ql, R, C, W))) goto done;
     report_linear(r, l, k, x, R, C, result_bits(&t, &ql, R, rb), how,
@@ -1422,7 +1428,7 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
     r->n_h = Cmax * Cmax;
     ALLOC(r->W, Rmax * Cmax);
     ALLOC(r->Q, Rmax * Cmax);
-    r->n_t = (Rmax < QF_ROWS ? Rmax : QF_ROWS) * Cmax;
+    r->n_t = (Rmax < qf_rows(r, Rmax) ? Rmax : qf_rows(r, Rmax)) * Cmax;
     ALLOC(r->T, r->n_t);
     ALLOC(r->H, Cmax * Cmax);
     ALLOC(r->Hx, Cmax * Cmax);

@@ -1,6 +1,7 @@
 // tests/unit/test_gemm_cpu.c — kernels/gemm.h's dispatch on the CPU: the cblas path against a naive
 // double-precision loop (all transposes, strides, alpha/beta, K = 0), SYRK's untouched lower
-// triangle, argument errors, and the CUDA backend's behaviour without a device (small products run
+// triangle, the Gram sums of calibration (one SYRK, or row tiles for wide inputs) exact on integer data, argument
+// errors, and the CUDA backend's behaviour without a device (small products run
 // the CPU path; large ones are LLMQ_ERR_DEVICE in a build without CUDA). GPU-vs-CPU: tests/gpu/test_gemm.c.
 #include "harness.h"
 
@@ -47,7 +48,41 @@ static void check_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float 
         }
 }
 
+// llmq_gram_acc_f64 over C columns, N rows of small integers (every f32 product and sum exact, so any tiling must
+// give the exact sums): the upper triangle of sampled rows against a double loop, the lower triangle untouched.
+static void check_gram(int64_t C, int64_t N) {
+    float *X = malloc((size_t)(N * C) * sizeof(float));
+    float *scr = malloc((size_t)(llmq_gram_scratch_rows(C) * C) * sizeof(float));
+    double *acc = calloc((size_t)(C * C), sizeof(double));
+    CHECK(X && scr && acc);
+    unsigned s = (unsigned)(C * 7 + N);
+    for (int64_t i = 0; i < N * C; i++) X[i] = (float)(int)(urand(&s) * 2.99);     // -2 .. 2
+    for (int64_t i = 0; i < C; i++) acc[i * C + (i ? i - 1 : 0)] = i ? -5.0 : 0.0; // the lower triangle: kept
+    CHECK(llmq_gram_acc_f64(LLMQ_BACKEND_CPU, X, N, C, scr, acc) == LLMQ_OK);
+    const int64_t probe[] = {0, 1, 511, 512, 513, C / 2, C - 5, C - 1};
+    for (size_t p = 0; p < sizeof(probe) / sizeof(probe[0]); p++) {
+        const int64_t i = probe[p];
+        if (i) CHECK(acc[i * C + i - 1] == -5.0);
+        for (int64_t j = i; j < C; j++) {
+            double ref = 0;
+            for (int64_t t = 0; t < N; t++) ref += (double)X[t * C + i] * (double)X[t * C + j];
+            if (acc[i * C + j] != ref) {
+                fprintf(stderr, "gram C %lld N %lld: [%lld][%lld] = %g, want %g\n", (long long)C, (long long)N,
+                        (long long)i, (long long)j, acc[i * C + j], ref);
+                CHECK(0);
+            }
+        }
+    }
+    free(X), free(scr), free(acc);
+}
+
 int main(void) {
+    // the Gram sums: one SYRK up to LLMQ_GRAM_TILE_FROM columns, row tiles beyond (a last tile of 4 rows here);
+    // two micro-batches (256 + 44 rows)
+    CHECK(llmq_gram_scratch_rows(LLMQ_GRAM_TILE_FROM) == LLMQ_GRAM_TILE_FROM);
+    CHECK(llmq_gram_scratch_rows(LLMQ_GRAM_TILE_FROM + 4) == LLMQ_GRAM_TILE);
+    check_gram(600, 300);
+    check_gram(LLMQ_GRAM_TILE_FROM + 4, 300);
     for (int t = 0; t < 4; t++) {
         check_gemm(t & 1, t >> 1, 1, 1, 1, 1.0f, 0.0f);
         check_gemm(t & 1, t >> 1, 7, 33, 5, -0.5f, 2.0f);

@@ -204,7 +204,7 @@ static json_t *report_json(const struct llmq_eval_report *rep) {
 struct eargs {
     const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
         *logits_dtype, *rows, *device, *emulate_name, *gates_dummy, *tasks;
-    long ctx, chunks, threads, limit, seed; // ctx LONG_MIN: not given
+    long ctx, chunks, threads, limit, seed, lc_parallel; // ctx LONG_MIN: not given
     bool force, json_items, no_prefix_reuse;
 };
 
@@ -222,6 +222,7 @@ static const char *check_task_flags(const struct eargs *a, enum llmq_eval_protoc
         return "--limit, --seed, --json-items and --no-prefix-reuse need --tasks";
     if (a->limit == 0 || a->limit < -1) return "--limit must be -1 (all) or at least 1";
     if (a->seed < -1) return "--seed must be at least 0";
+    if (a->lc_parallel < 1 || a->lc_parallel > 256) return "--llamacpp-parallel must be between 1 and 256";
     if (a->json_items && !a->json_path) return "--json-items needs --json FILE";
     if (a->tasks && !eval_tasks_list_ok(a->tasks)) return "--tasks: not a task list (the line above says why)";
     return NULL;
@@ -358,6 +359,7 @@ static enum llmq_status run_tasks(const struct eargs *a, const struct llmq_model
                                  .seed = a->seed,
                                  .json_items = a->json_items,
                                  .no_prefix_reuse = a->no_prefix_reuse,
+                                 .lc_parallel = (int)a->lc_parallel,
                                  .n_threads = (int)a->threads,
                                  .backend = backend,
                                  .emulate = emulate};
@@ -497,6 +499,7 @@ static int parse_flags(int argc, char **argv, struct eargs *a) {
 int cmd_eval(int argc, char **argv) {
     struct eargs a = {.limit = -1,
                       .seed = -1,
+                      .lc_parallel = LLMQ_TASKS_LC_PARALLEL,
                       .logits_dtype = "f16",
                       .rows = "auto",
                       .device = "auto",

@@ -142,6 +142,7 @@ enum llmq_status eval_tasks_run(const struct llmq_model *m, const struct eval_ta
                                 .emulate = a->emulate,
                                 .keep_items = a->json_items,
                                 .no_prefix_reuse = a->no_prefix_reuse,
+                                .lc_parallel = a->lc_parallel,
                                 .progress = on_progress,
                                 .progress_user = &pr};
     for (int i = 0; i < LLMQ_TASK_COUNT; i++) o.paths[i] = paths[i];

@@ -22,6 +22,9 @@ struct llmq_model;
          "--tasks: N items per task: the first N (lm-eval), the N llama-perplexity picks (llamacpp), or with --seed "  \
          "a seeded sample"},                                                                                           \
         {"seed", CLI_INT, &(a)->seed, "none", "--tasks: draw the --limit items at random with this seed"},             \
+        {"llamacpp-parallel", CLI_INT, &(a)->lc_parallel, "4",                                                         \
+         "--tasks --protocol llamacpp --emulate llamacpp-cpu: the -np of the llama-perplexity run to match (which "    \
+         "items share its batches; a ubatch under 64 tokens takes flash attention's f16 vector path)"},                \
         {"no-prefix-reuse", CLI_BOOL, &(a)->no_prefix_reuse, "off (reuse)",                                            \
          "--tasks: run every choice from position 0 instead of the item's shared prefix once (the same scores up to "  \
          "float rounding; slower)"},                                                                                   \
@@ -45,6 +48,7 @@ struct eval_tasks_args {
     long seed;            // --seed (-1: not given)
     bool json_items;      // --json-items
     bool no_prefix_reuse; // --no-prefix-reuse
+    int lc_parallel;      // --llamacpp-parallel
     int n_threads;
     enum llmq_backend backend;
     enum llmq_emulate emulate;

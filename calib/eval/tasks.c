@@ -182,6 +182,10 @@ struct req {
     int choice;         //
     int64_t pre;        // tokens [0, pre) are the item's shared prefix, run once (0: none; header "How the model
                         // is run"); the scored positions are all >= pre
+    // --emulate llamacpp-cpu, protocol llamacpp (lc_plan): where llama-perplexity's batch holds this request's
+    // tokens: position p < lc_cp (the choices' common prefix) at lc_base + p, p >= lc_cp at lc_own + p - lc_cp, in a
+    // batch of lc_total tokens (0: not planned)
+    int64_t lc_len, lc_cp, lc_base, lc_own, lc_total;
 };
 
 static void req_free(struct req *r) {
@@ -289,6 +293,7 @@ static enum llmq_status llamacpp_reqs(const struct llmq_model *m, enum llmq_task
                   (long long)it->index);
         cp = 1;
     }
+    for (int c = 0; c < n; c++) r[c].lc_len = len[c], r[c].lc_cp = cp;
     if (id != LLMQ_TASK_WINOGRANDE || n != 2) {
         for (int c = 0; c < n && !st; c++) {
             r[c].tok = seq[c], r[c].n_tok = len[c] - 1;
@@ -343,6 +348,7 @@ struct engine {
     double **dst;      // (HEAD_ROWS) where each row's log-prob goes
     struct req **dreq; // (HEAD_ROWS) its request (greedy flag)
     struct llmq_eval_row *rows;
+    uint8_t *fv; // (max_tokens) emulation: a call's rows on llama.cpp's flash-attention vector path (lc_plan)
 };
 
 static void engine_free(struct engine *e) {
@@ -355,6 +361,7 @@ static void engine_free(struct engine *e) {
     free(e->dst);
     free(e->dreq);
     free(e->rows);
+    free(e->fv);
 }
 
 static enum llmq_status engine_init(struct engine *e, const struct llmq_model *m, const struct llmq_tasks_opts *o,
@@ -376,6 +383,8 @@ static enum llmq_status engine_init(struct engine *e, const struct llmq_model *m
     e->dst = malloc(HEAD_ROWS * sizeof(double *));
     e->dreq = malloc(HEAD_ROWS * sizeof(struct req *));
     e->rows = malloc(HEAD_ROWS * sizeof(*e->rows));
+    if (o->emulate == LLMQ_EMULATE_LLAMACPP_CPU && !(e->fv = malloc((size_t)max_tokens)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory");
     if (!e->tokens || !e->x || !e->xr || !e->logits || !e->tg || !e->dst || !e->dreq || !e->rows)
         return llmq_errorf(LLMQ_ERR_NOMEM, "tasks: out of memory for %lld-token forward calls", (long long)max_tokens);
     return LLMQ_OK;
@@ -418,6 +427,33 @@ static enum llmq_status score_rows(struct engine *e, struct req **rs, int nr, co
     return st;
 }
 
+// ---- llama-perplexity's batches (--emulate llamacpp-cpu, header "Emulating llama-perplexity's batches") -----------
+
+enum { LC_CTX = 512, LC_BATCH = 2048, LC_UBATCH = 512, LC_FA_TILE_Q = 64 };
+
+// Whether llama.cpp runs the attention of r's position p on flash attention's vector path: its batch is cut into
+// n_batch pieces, those into ubatches of n_ubatch tokens (one KV stream: in order), and a ubatch of fewer than
+// GGML_FA_TILE_Q queries takes the vector path (ggml-cpu ops.cpp ggml_compute_forward_flash_attn_ext_f16).
+static uint8_t lc_favec(const struct req *r, int64_t p) {
+    if (r->lc_total <= 0) return 0;
+    const int64_t i = p < r->lc_cp ? r->lc_base + p : r->lc_own + p - r->lc_cp;
+    const int64_t b0 = i / LC_BATCH * LC_BATCH, nb = r->lc_total - b0 < LC_BATCH ? r->lc_total - b0 : LC_BATCH;
+    const int64_t u0 = (i - b0) / LC_UBATCH * LC_UBATCH, nu = nb - u0 < LC_UBATCH ? nb - u0 : LC_UBATCH;
+    return nu < LC_FA_TILE_Q;
+}
+
+// e->fv for a call over the requests rs (nr), T rows each, row t holding position from[s] + t (< upto[s]: real),
+// and hands it to the forward; no-op without the emulation.
+static enum llmq_status lc_rows(struct engine *e, struct req *const *rs, int64_t nr, int64_t T, bool prefix) {
+    if (!e->fv) return LLMQ_OK;
+    for (int64_t s = 0; s < nr; s++) {
+        const struct req *r = rs[s];
+        const int64_t from = prefix ? 0 : r->pre, upto = prefix ? r->pre : r->n_tok;
+        for (int64_t t = 0; t < T; t++) e->fv[s * T + t] = from + t < upto ? lc_favec(r, from + t) : 0;
+    }
+    return llmq_forward_set_favec_rows(e->f, e->fv);
+}
+
 // e->tokens (nr * T) = the tokens [pre, n_tok) of the requests rs (nr), each padded at the end to T.
 static void fill_tokens(struct engine *e, struct req **rs, int nr, int64_t T) {
     for (int s = 0; s < nr; s++) {
@@ -434,6 +470,7 @@ static enum llmq_status run_call(struct engine *e, struct req **rs, int nr) {
     const int64_t T = rs[0]->n_tok;
     fill_tokens(e, rs, nr, T);
     enum llmq_status st = llmq_forward_embed(e->f, e->tokens, nr * T, e->x);
+    if (!st) st = lc_rows(e, rs, nr, T, false);
     for (int l = 0; !st && l < (int)e->m->hp.n_layer; l++)
         st = llmq_forward_block(e->f, l, &e->m->layers[l], e->x, nr, T, NULL, NULL);
     if (st) return st;
@@ -521,6 +558,33 @@ struct task_run {
     struct req **sorted; // (n_req)
     struct llmq_task_item_result *ir;
 };
+
+// Packs the items of s as llama-perplexity does (tools/perplexity/perplexity.cpp hellaswag_score, winogrande_score,
+// multiple_choice_score with -c 512 and -np n_par): items in order while the batch's sequences (one per choice) stay
+// within max_seq and its tokens within n_par * 512; each item's common prefix once, then every choice's own tokens.
+static void lc_plan(const struct llmq_task_set *s, struct task_run *t, int n_par) {
+    const int64_t per = s->id == LLMQ_TASK_WINOGRANDE ? 2 * 128 : 4 * 32, max_seq = per < n_par ? per : n_par;
+    const int64_t n_ctx = (int64_t)n_par * LC_CTX;
+    for (int64_t i0 = 0, i1; i0 < s->n_items; i0 = i1) {
+        int64_t n_cur = 0, n_seq = 0;
+        for (i1 = i0; i1 < s->n_items; i1++) {
+            const struct req *r = &t->reqs[t->first[i1]];
+            int64_t need = r[0].lc_cp;
+            for (int c = 0; c < s->items[i1].n_choices; c++) need += r[c].lc_len - r[c].lc_cp;
+            if (i1 > i0 && (n_cur + need > n_ctx || n_seq + s->items[i1].n_choices > max_seq)) break;
+            n_cur += need, n_seq += s->items[i1].n_choices;
+        }
+        for (int64_t i = i0, at = 0; i < i1; i++) {
+            struct req *r = &t->reqs[t->first[i]];
+            int64_t own = at + r[0].lc_cp;
+            for (int c = 0; c < s->items[i].n_choices; c++) {
+                r[c].lc_base = at, r[c].lc_own = own, r[c].lc_total = n_cur;
+                own += r[c].lc_len - r[c].lc_cp;
+            }
+            at = own;
+        }
+    }
+}
 
 static void task_run_free(struct task_run *t) {
     for (int64_t i = 0; i < t->n_req; i++) req_free(&t->reqs[i]);
@@ -729,7 +793,8 @@ static enum llmq_status group_run(struct engine *e, struct group *g, const struc
         for (int64_t c = 0; c < g->n_pc && !st; c++) {
             const struct gcall *k = &g->pc[c];
             const float *K, *V;
-            st = llmq_forward_block(e->f, l, &e->m->layers[l], g->xp + k->row0 * D, k->nr, k->T, NULL, NULL);
+            st = lc_rows(e, g->pre + k->first, k->nr, k->T, true);
+            if (!st) st = llmq_forward_block(e->f, l, &e->m->layers[l], g->xp + k->row0 * D, k->nr, k->T, NULL, NULL);
             llmq_forward_last_kv(e->f, &K, &V);
             for (int64_t s = 0; s < k->nr && !st; s++) { // in g->pre order: kv_row ascending
                 size_t n = (size_t)(g->pre[k->first + s]->pre * Dkv) * sizeof(float);
@@ -740,8 +805,10 @@ static enum llmq_status group_run(struct engine *e, struct group *g, const struc
         }
         for (int64_t c = 0; c < g->n_ec && !st; c++) {
             const struct gcall *k = &g->ec[c];
-            st = llmq_forward_block_prefixed(e->f, l, &e->m->layers[l], g->xe + k->row0 * D, k->nr, k->T,
-                                             g->pk + k->first, g->pv + k->first, g->pl + k->first);
+            st = lc_rows(e, g->end + k->first, k->nr, k->T, false);
+            if (!st)
+                st = llmq_forward_block_prefixed(e->f, l, &e->m->layers[l], g->xe + k->row0 * D, k->nr, k->T,
+                                                 g->pk + k->first, g->pv + k->first, g->pl + k->first);
         }
         pr->tokens_done = done_tok + g_tok * (l + 1) / L;
         pr->elapsed_s = llmq_now_s() - t0;
@@ -808,6 +875,9 @@ static enum llmq_status run_task(const struct llmq_model *m, const struct llmq_t
     double t0 = llmq_now_s();
     enum llmq_status st = build_reqs(m, s, &t);
     if (st) goto done;
+    if (o->emulate == LLMQ_EMULATE_LLAMACPP_CPU && s->protocol == LLMQ_TASK_PROTOCOL_LLAMACPP &&
+        s->id != LLMQ_TASK_LAMBADA)
+        lc_plan(s, &t, o->lc_parallel > LLMQ_TASKS_LC_PARALLEL ? o->lc_parallel : LLMQ_TASKS_LC_PARALLEL);
     qsort(t.sorted, (size_t)t.n_req, sizeof(*t.sorted), cmp_req_len);
     int64_t budget = o->max_batch_tokens > 0 ? o->max_batch_tokens : 2048, total = 0;
     if (t.sorted[0]->n_tok > budget) budget = t.sorted[0]->n_tok;

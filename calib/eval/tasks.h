@@ -121,6 +121,19 @@
  *   (item and task "tokens") are the tokens through the model: P once plus each choice's own. The output head
  *   runs only on the positions whose logits are scored.
  *
+ * ---- Emulating llama-perplexity's batches (--emulate llamacpp-cpu with --protocol llamacpp) ---------------
+ *   llama.cpp's flash attention (on by default on the CPU) runs a ubatch of fewer than GGML_FA_TILE_Q = 64
+ *   queries on its vector path, which reads Q in f16 and accumulates V in f16 (ggml-cpu ops.cpp
+ *   ggml_compute_forward_flash_attn_ext_f16_one_chunk); larger ubatches keep both in f32. Which ubatch a token
+ *   lands in depends on how llama-perplexity packs the items (tools/perplexity/perplexity.cpp): items in order,
+ *   each item's common prefix once and then each choice's own tokens, while the batch has at most max_seq
+ *   sequences (one per choice; max_seq = min(128, -np), winogrande min(256, -np)) and -np * 512 tokens (-c 512,
+ *   its default); the batch is cut into n_batch 2048 and then n_ubatch 512 pieces in order (one KV stream:
+ *   kv_unified). The emulation replays that packing for the -np of opts.lc_parallel (--llamacpp-parallel;
+ *   default 4, llama-perplexity's max(4, -np) with -np 1) and gives the rows of a small ubatch the vector
+ *   path's arithmetic (calib/model/forward.h llmq_forward_set_favec_rows). Other -c / -b / -ub values are not
+ *   modelled. Short items (arc-easy: two per batch at -np 8, often under 64 tokens) take it most.
+ *
  * ---- Errors ----------------------------------------------------------------------------------------------
  *   LLMQ_ERR_ARG unknown task name / bad list, an item longer than the model's context limit
  *   (2^20 tokens); LLMQ_ERR_CORRUPT a malformed task file (file:line and what is wrong);
@@ -237,6 +250,8 @@ struct llmq_tasks_progress {
     double elapsed_s;              // of this task
 };
 
+#define LLMQ_TASKS_LC_PARALLEL 4 // llama-perplexity's -np for the task modes: max(4, -np), -np 1 by default
+
 struct llmq_tasks_opts {
     enum llmq_task_protocol protocol;
     int64_t limit; // < 0: all items
@@ -245,6 +260,8 @@ struct llmq_tasks_opts {
     int n_threads; // >= 1
     enum llmq_backend backend;
     enum llmq_emulate emulate;
+    int lc_parallel; // llamacpp-cpu, protocol llamacpp: llama-perplexity -np (raised to LLMQ_TASKS_LC_PARALLEL as it
+                     // does)
     int64_t max_batch_tokens;           // tokens per forward call (<= 0: 2048)
     bool no_prefix_reuse;               // every choice from position 0 (header "How the model is run")
     bool keep_items;                    // fill llmq_task_result.items

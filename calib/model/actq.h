@@ -35,8 +35,12 @@
  *   softmax and the V accumulation in f32 (only K and V are f16). Without flash attention
  *   (llama-cpp-python's default, llama-perplexity -fa off) KQ = mul_mat(K f16, Q) converts Q to f16,
  *   and KQV = mul_mat(V f16, softmax(KQ)) converts the probabilities to f16.
- *   Not emulated: flash attention's online softmax over KV tiles (an f32 reordering), its vector
- *   path for batches under 64 queries (Q to f16 and an f16 V accumulator), summation orders.
+ *   For a ubatch under 64 queries flash attention takes its vector path instead: Q to f16, the scores
+ *   in key order with an online softmax whose V accumulator is f16 (ggml_vec_mad_f16 / _scale_f16 round
+ *   every update). Emulated row by row where the caller knows the ubatches (calib/model/forward.h
+ *   llmq_forward_set_favec_rows; calib/eval/tasks.h replays llama-perplexity's batches).
+ *   Not emulated: flash attention's online softmax over KV tiles (an f32 reordering), summation orders
+ *   (ggml_vec_dot_f16's lanes: the vector path's scores are summed in double here).
  */
 #ifndef LLMQ_CALIB_ACTQ_H
 #define LLMQ_CALIB_ACTQ_H

@@ -45,6 +45,8 @@ struct llmq_forward {
     enum llmq_backend backend; // of the linear / head products (llmq_forward_set_backend); CPU by default
     enum llmq_emulate emulate; // calib/model/actq.h; NONE: plain f32
     float *xq;                 // (max_tokens, max(D, Dq, F)) a linear input rounded as llama.cpp would (emulate only)
+    const uint8_t *favec;      // (rows of a call) 1: the row's attention as flash attention's vector path (emulate
+                               // llamacpp-cpu only; llmq_forward_set_favec_rows); NULL: none
 
     float *wbuf; // (wbuf_n) f32 copy of the weight rows in use
     int64_t wbuf_n;
@@ -356,6 +358,49 @@ static void softmax_row(const struct llmq_forward *f, float *row, int64_t j0, in
     for (int64_t j = nv; j < nk; j++) row[j] = 0.0f;
 }
 
+static float f16r(float x) { return llmq_f16_to_f32(llmq_f32_to_f16(x)); }
+
+// The keys of one query row for favec_row: rows [j0, nv) of (K1; K2) and (V1; V2), n1 rows in the first part,
+// every row Dh values at stride ld (the emulation's K and V, already rounded to f16).
+struct favec_keys {
+    const float *K1, *V1, *K2, *V2;
+    int64_t n1, ld, j0, nv;
+};
+
+// One query row q (Dh) as llama.cpp's flash-attention vector path (ggml-cpu ops.cpp
+// ggml_compute_forward_flash_attn_ext_f16_one_chunk, taken for a ubatch of fewer than GGML_FA_TILE_Q = 64 queries
+// with an F16 KV cache): Q rounded to f16; per visible key in cell order its score dot(K, Q) (here summed in
+// double: ggml's ggml_vec_dot_f16 sums f32 lanes, an order not emulated), times scale (gemma2: cap * tanh(s *
+// scale / cap)); an online softmax whose V accumulator is f16, every update rounded to f16 (ggml_vec_scale_f16 on a
+// new maximum, then ggml_vec_mad_f16's fused multiply-add); out = f32(acc) * (1 / S).
+static void favec_row(const float *q, int64_t Dh, const struct favec_keys *k, float scale, float cap, float *out) {
+    float q16[LLMQ_FAVEC_MAX_DH], acc[LLMQ_FAVEC_MAX_DH];
+    for (int64_t d = 0; d < Dh; d++) q16[d] = f16r(q[d]), acc[d] = 0.0f;
+    float M = -INFINITY, S = 0.0f;
+    if (cap > 0.0f) scale /= cap;
+    for (int64_t j = k->j0; j < k->nv; j++) {
+        const float *kr = j < k->n1 ? k->K1 + j * k->ld : k->K2 + (j - k->n1) * k->ld;
+        const float *vr = j < k->n1 ? k->V1 + j * k->ld : k->V2 + (j - k->n1) * k->ld;
+        double dot = 0.0;
+        for (int64_t d = 0; d < Dh; d++) dot += (double)kr[d] * (double)q16[d];
+        float s = (float)dot * scale;
+        if (cap > 0.0f) s = cap * tanhf(s);
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) {
+            const float Mold = M;
+            M = s;
+            ms = expf(Mold - M);
+            for (int64_t d = 0; d < Dh; d++) acc[d] = f16r(acc[d] * ms);
+        } else {
+            vs = expf(s - M);
+        }
+        for (int64_t d = 0; d < Dh; d++) acc[d] = f16r(fmaf(vr[d], vs, acc[d]));
+        S = fmaf(S, ms, vs);
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int64_t d = 0; d < Dh; d++) out[d] = acc[d] * inv;
+}
+
 // One task: rows [t0, t1) of head h of sequence s. Tasks are handed out largest first (the last
 // row blocks attend to the most keys).
 static void attn_worker(void *p, int ith, int nth) {
@@ -389,6 +434,12 @@ static void attn_worker(void *p, int ith, int nth) {
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)nk, 1.0f, S, (int)nk, Vv, (int)Dkv,
                     0.0f, O, (int)Dq);
+        for (int64_t i = 0; f->favec && i < m; i++) { // rows of llama.cpp's vector path: replaced
+            if (!f->favec[s * c->seqlen + t0 + i]) continue;
+            int64_t nv = t0 + i + 1;
+            struct favec_keys fk = {K, Vv, NULL, NULL, nv, Dkv, window > 0 && nv > window ? nv - window : 0, nv};
+            favec_row(Q + i * Dq, Dh, &fk, scale, cap, O + i * Dq);
+        }
     }
 }
 
@@ -575,6 +626,16 @@ enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emul
         return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld emulated activations of %s",
                            (long long)(f->max_tokens * c), f->m->path);
     f->emulate = e;
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_forward_set_favec_rows(struct llmq_forward *f, const uint8_t *rows) {
+    if (rows && (f->emulate != LLMQ_EMULATE_LLAMACPP_CPU || f->m->hp.head_dim > LLMQ_FAVEC_MAX_DH))
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "forward: the flash-attention vector path is emulated only under "
+                           "llamacpp-cpu with a head size up to %d",
+                           LLMQ_FAVEC_MAX_DH);
+    f->favec = rows;
     return LLMQ_OK;
 }
 
@@ -990,6 +1051,19 @@ static void attn_pre_worker(void *p, int ith, int nth) {
                         c->pre_v[s] + hk * Dh, (int)Dkv, 0.0f, O, (int)Dq);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)Dh, (int)t1, 1.0f, S + P, (int)nk, Vv,
                     (int)Dkv, P > 0 ? 1.0f : 0.0f, O, (int)Dq);
+        for (int64_t i = 0; f->favec && i < m; i++) { // rows of llama.cpp's vector path: replaced
+            if (!f->favec[s * c->seqlen + t0 + i]) continue;
+            int64_t nv = P + t0 + i + 1;
+            struct favec_keys fk = {P > 0 ? c->pre_k[s] + hk * Dh : NULL,
+                                    P > 0 ? c->pre_v[s] + hk * Dh : NULL,
+                                    K,
+                                    Vv,
+                                    P,
+                                    Dkv,
+                                    c->window > 0 && nv > c->window ? nv - c->window : 0,
+                                    nv};
+            favec_row(Q + i * Dq, Dh, &fk, scale, cap, O + i * Dq);
+        }
     }
 }
 

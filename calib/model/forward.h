@@ -88,6 +88,14 @@ void llmq_forward_set_backend(struct llmq_forward *f, enum llmq_backend be);
 // floats on the first mode other than NONE. LLMQ_ERR_ARG for an unknown mode, LLMQ_ERR_NOMEM.
 enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emulate e);
 
+// Under LLMQ_EMULATE_LLAMACPP_CPU, the rows of the following block calls whose attention llama.cpp computes on
+// flash attention's vector path (its path for a ubatch of fewer than 64 queries; calib/model/actq.h): rows[t] != 0
+// for row t = s * seqlen + i of a call (sequence s, its row i), NULL for none (the default). Those rows read Q in
+// f16 and accumulate V in f16 (forward.c favec_row); the others as before. rows must cover every row of each call
+// made while it is set. LLMQ_ERR_ARG under another mode or for a head size over LLMQ_FAVEC_MAX_DH.
+#define LLMQ_FAVEC_MAX_DH 512
+enum llmq_status llmq_forward_set_favec_rows(struct llmq_forward *f, const uint8_t *rows);
+
 // One sequence of n tokens (tokens (n)) from position 0 (prefill, causal). Writes the logits of
 // positions [first_logit, n) into logits: ((n - first_logit), V) floats, row-major.
 enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *tokens, int64_t n, int64_t first_logit,

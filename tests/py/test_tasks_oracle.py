@@ -12,7 +12,7 @@
   when it is not there): --hellaswag, --winogrande and --multiple-choice (ARC-Easy, ARC-Challenge, PIQA in
   its binary format) on the SmolLM2 GGUF at f32 and at Q4_K_M (made by llama-quantize), N tasks each
   (N = 400, $LLMQ_TASKS_LLAMA_N) as llama-perplexity selects them; llmq with --protocol llamacpp --emulate
-  llamacpp-cpu --limit N evaluates the same items in the same order: per-item correctness equal on >= 99%
+  llamacpp-cpu --limit N --llamacpp-parallel 8 (the -np both run with) evaluates the same items in the same order: per-item correctness equal on >= 99%
   and the accuracy within 0.5 points. (llama-perplexity prints, per item, the running accuracy for
   hellaswag and multiple choice, from which each item's correctness follows, and the choice itself for
   winogrande.)
@@ -34,6 +34,7 @@ CACHE = Path(os.environ.get("LLMQ_CACHE", Path.home() / ".cache" / "llmq"))
 N_LMEVAL = int(os.environ.get("LLMQ_TASKS_ORACLE_N", "200"))
 N_LLAMA = int(os.environ.get("LLMQ_TASKS_LLAMA_N", "400"))
 THREADS = os.environ.get("LLMQ_THREADS", "2")
+NP = "8"  # llama-perplexity -np, and llmq's --llamacpp-parallel (which items share a batch: calib/eval/tasks.h)
 
 
 def sha256_file(p):
@@ -248,7 +249,7 @@ def running_correct(values, scale):
 
 
 def perplexity_run(model, args):
-    r = run([llama_bin("llama-perplexity"), "-m", model, "-t", THREADS, "-np", "8", "--no-warmup"] + args)
+    r = run([llama_bin("llama-perplexity"), "-m", model, "-t", THREADS, "-np", NP, "--no-warmup"] + args)
     return r.stdout + r.stderr
 
 
@@ -281,7 +282,8 @@ def test_llamacpp_protocol(llmq_bin, smol, request, task, quant):
     args, entry = case_inputs(smol, task)
     log = perplexity_run(model, args)
     ours = llmq_tasks(llmq_bin, model, smol["dir"] / f"llmq-{task}-{quant}.json", entry,
-                      ["--protocol", "llamacpp", "--emulate", "llamacpp-cpu", "--limit", str(N_LLAMA)])
+                      ["--protocol", "llamacpp", "--emulate", "llamacpp-cpu", "--limit", str(N_LLAMA),
+                       "--llamacpp-parallel", NP])
     o = next(iter(ours.values()))
     mine = [int(it["pred"] == it["gold"]) for it in o["per_item"]]
     if task == "hellaswag":

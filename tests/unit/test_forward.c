@@ -571,6 +571,22 @@ static void fake_random(struct fake_model *fm, int64_t D, int64_t F, int64_t L, 
     }
 }
 
+// Every layer: the prefix xp (P rows) through llmq_forward_block, its K / V copied to kc (then V at kc + P * Dkv),
+// and the n_seq continuations xe (T rows each) through llmq_forward_block_prefixed on them.
+static void run_prefixed(struct llmq_forward *f, const struct llmq_model *m, float *xp, int64_t P, float *xe,
+                         int64_t n_seq, int64_t T, float *kc, const float *const *pk, const float *const *pv,
+                         const int64_t *pl) {
+    const int64_t Dkv = m->hp.n_head_kv * m->hp.head_dim;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const float *k, *v;
+        CHECK(llmq_forward_block(f, il, &m->layers[il], xp, 1, P, NULL, NULL) == LLMQ_OK);
+        llmq_forward_last_kv(f, &k, &v);
+        memcpy(kc, k, (size_t)(P * Dkv) * sizeof(float));
+        memcpy(kc + P * Dkv, v, (size_t)(P * Dkv) * sizeof(float));
+        CHECK(llmq_forward_block_prefixed(f, il, &m->layers[il], xe, n_seq, T, pk, pv, pl) == LLMQ_OK);
+    }
+}
+
 // 4b. Continuations of one shared prefix through llmq_forward_block_prefixed vs each whole sequence.
 static void check_prefixed(const struct llmq_model *m, const char *label, enum llmq_emulate e) {
     const struct llmq_hparams *hp = &m->hp;
@@ -598,14 +614,7 @@ static void check_prefixed(const struct llmq_model *m, const char *label, enum l
         CHECK(llmq_forward_embed(f, cont[s], T, xe + s * T * D) == LLMQ_OK);
     }
     const float *pk[3] = {kc, kc, NULL}, *pv[3] = {vc, vc, NULL};
-    for (int il = 0; il < hp->n_layer; il++) {
-        const float *k, *v;
-        CHECK(llmq_forward_block(f, il, &m->layers[il], xp, 1, P, NULL, NULL) == LLMQ_OK);
-        llmq_forward_last_kv(f, &k, &v);
-        memcpy(kc, k, (size_t)(P * Dkv) * sizeof(float));
-        memcpy(vc, v, (size_t)(P * Dkv) * sizeof(float));
-        CHECK(llmq_forward_block_prefixed(f, il, &m->layers[il], xe, 3, T, pk, pv, pl) == LLMQ_OK);
-    }
+    run_prefixed(f, m, xp, P, xe, 3, T, kc, pk, pv, pl);
     float d = 0, big = 0; // max |difference| over the three sequences; max |reference logit|
     for (int s = 0; s < 3; s++) {
         CHECK(llmq_forward_head(f, xe + s * T * D, len[s], lg) == LLMQ_OK);
@@ -630,6 +639,47 @@ static void check_prefixed(const struct llmq_model *m, const char *label, enum l
     llmq_log_set_level(LLMQ_LOG_INFO);
     llmq_forward_free(f);
     free(ref), free(lg), free(xp), free(xe), free(kc);
+}
+
+// 4c. llama.cpp's flash-attention vector path (llmq_forward_set_favec_rows) under llamacpp-cpu: it changes the
+// logits by f16 accumulation steps only, a prefix continued through block_prefixed gives what the whole sequence
+// gives with it, and other modes refuse it.
+static void check_favec(const struct llmq_model *m) {
+    const struct llmq_hparams *hp = &m->hp;
+    const int64_t D = hp->n_embd, V = hp->n_vocab, Dkv = hp->n_head_kv * hp->head_dim, P = 20, T = 24, n = P + T;
+    int32_t tok[44];
+    uint8_t ones[256];
+    memset(ones, 1, sizeof ones);
+    for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)((i * 97 + 5) % V);
+    struct llmq_forward *f = NULL;
+    CHECK(llmq_forward_init(m, 256, 2, &f) == LLMQ_OK);
+    llmq_log_set_level(LLMQ_LOG_SILENT);
+    CHECK(llmq_forward_set_favec_rows(f, ones) == LLMQ_ERR_ARG); // mode none
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    CHECK(llmq_forward_set_emulate(f, LLMQ_EMULATE_LLAMACPP_CPU) == LLMQ_OK);
+    float *a = malloc((size_t)(n * V) * sizeof(float)), *b = malloc((size_t)(n * V) * sizeof(float));
+    float *xp = malloc((size_t)(P * D) * sizeof(float)), *xe = malloc((size_t)(T * D) * sizeof(float));
+    float *kc = malloc((size_t)(2 * P * Dkv) * sizeof(float)), *vc = kc + P * Dkv;
+    CHECK(a && b && xp && xe && kc);
+    CHECK(llmq_forward_logits(f, tok, n, 0, a) == LLMQ_OK);
+    CHECK(llmq_forward_set_favec_rows(f, ones) == LLMQ_OK);
+    CHECK(llmq_forward_logits(f, tok, n, 0, b) == LLMQ_OK);
+    float big = 0, d = max_abs_diff(a, b, n * V);
+    for (int64_t i = 0; i < n * V; i++) big = fabsf(a[i]) > big ? fabsf(a[i]) : big;
+    CHECK(llmq_forward_embed(f, tok, P, xp) == LLMQ_OK);
+    CHECK(llmq_forward_embed(f, tok + P, T, xe) == LLMQ_OK);
+    const float *pk[1] = {kc}, *pv[1] = {vc};
+    const int64_t pl[1] = {P};
+    run_prefixed(f, m, xp, P, xe, 1, T, kc, pk, pv, pl);
+    CHECK(llmq_forward_head(f, xe, T, a) == LLMQ_OK);
+    float dp = max_abs_diff(a, b + P * V, T * V);
+    printf("stories260K (emulated): flash attention's vector path moves the logits by %.3g (max |logit| %.3g); a "
+           "%lld-token prefix continued on it vs the whole sequence: %.3g\n",
+           d, big, (long long)P, dp);
+    CHECK(d > 0.0f && d < big / 64.0f); // active; f16 steps of the V accumulator, not a different computation
+    CHECK(dp < big / 1024.0f);          // as check_prefixed: single f16 steps from the f32 rounding of other calls
+    llmq_forward_free(f);
+    free(a), free(b), free(xp), free(xe), free(kc);
 }
 
 static void check_against_naive(const char *dir, const char *label, int64_t n) {
@@ -930,6 +980,7 @@ int main(void) {
     test_weight_sets(m, 1);
     check_prefixed(m, "stories260K", LLMQ_EMULATE_NONE);
     check_prefixed(m, "stories260K", LLMQ_EMULATE_LLAMACPP_CPU_NOFA);
+    check_favec(m);
     test_stories_as_hf(m, tmp);
     llmq_model_free(m);
     test_random_models(tmp);

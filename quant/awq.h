@@ -60,7 +60,7 @@
  * it holds the scaled, folded and clipped weights, which the driver hands to the solvers and the writer
  * (quant/quantize.h, quant/writer.h llmq_qwriter_put_block).
  *
- * ---- Mixture of experts (mixtral, qwen3_moe) -----------------------------------------------------
+ * ---- Mixture of experts (mixtral, qwen3_moe, qwen2_moe) ------------------------------------------
  * The post-attention norm feeds the router and every expert, so it is one scale group over all experts' gate and
  * up (AutoAWQ's Mixtral get_layers_for_scaling: prev_op post_attention_layernorm, layers = every expert's w1 / w3,
  * module2inspect the sparse MoE block): x_mean over all N tokens of the ffn input, w_mean over the rows of all
@@ -70,6 +70,17 @@
  * down_x on the rows the router sends to x (their SiLU(gate) * up), loss = mse of down_x's output; an expert no
  * token reaches keeps s = 1 (no group). The clip search runs on every expert's gate / up / down with its own
  * routed (scaled) inputs. The attention's groups are unchanged.
+ * qwen2_moe (its shared expert: formats/llama/arch.h): the post-attention norm feeds the router, the shared expert's
+ * sigmoid gate (ffn_gate_inp_shexp), every expert's gate / up and the shared expert's gate / up, so its one scale s
+ * must be carried by all of them: the search's group is every expert's gate / up plus the shared expert's (as
+ * AutoAWQ's Qwen2MoE grouping: experts' gate_proj / up_proj + shared_expert.gate_proj / up_proj, module2inspect the
+ * sparse MoE block; w_mean over all their rows, loss = mse of the whole block MLP, the gated shared output
+ * included), and after it ffn_norm /= s while the router's AND the shared gate's columns *= s (both stay full
+ * precision, so the routing and the sigmoid gate are those of the unscaled model up to rounding; AutoAWQ leaves
+ * both unscaled, which moves them). The shared expert's up -> down is an ordinary group (the dense one, on all N
+ * tokens); it is searched and applied before the experts' search, whose shared gate / up candidates thus carry up's
+ * row scaling already (a per-row factor, which the group quantizers reproduce up to rounding). The clip search
+ * covers the shared expert's gate / up / down on its (scaled) all-token inputs.
  *
  * Memory of llmq_awq_search (f32): the block copies (its weights once), plus for N tokens the
  * captured inputs n1 (N, D), o input (N, Dq), n2 (N, D), down input (N, F), and five (N, D) buffers
@@ -195,6 +206,9 @@ struct llmq_awq_block {
     float *s_ffn;                          // (D) ffn_norm -> every expert's gate and up; NULL before the search
     float **s_down;                        // (E) up_x -> down_x; NULL for an expert no token was routed to
     float ratio_ffn;                       // the ffn_norm group's chosen ratio
+    // qwen2_moe: w[GATE], w[UP], w[DOWN] are the shared expert's (F its width); its gate ffn_gate_inp_shexp:
+    float *shg;                   // (D) f32 copy, its columns scaled by s_ffn as the router's
+    struct llmq_tensor_view vshg; // (1, D) view on it: ly.shexp_gate
 };
 
 // Copies block `layer` of m to f32 (any weight dtype llmq_model_weight_f32 reads) into a new block.

@@ -108,6 +108,9 @@ static enum llmq_status copy_experts(struct llmq_awq_block *b, const struct llmq
             return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory copying the experts of layer %d", b->layer);
         st = llmq_model_weight_f32(ly->shexp_gate, b->shg, n_threads);
         f32_view(&b->vshg, b->shg, 1, b->D, ly->shexp_gate->name);
+        b->vshg.n_dims = 2; // (1, D) as the model's (a linear's weight, not a norm)
+        b->vshg.shape[0] = 1;
+        b->vshg.shape[1] = b->D;
         b->ly.shexp_gate = &b->vshg;
     }
     return st;
@@ -698,7 +701,7 @@ static void moe_cap_free(struct moe_cap *c) {
 // (N, D) for the ffn input n2 (N, D); out (N, D) scratch. Result: b->s_ffn, b->ratio_ffn.
 static enum llmq_status moe_search_ffn(struct llmq_awq_block *b, struct llmq_forward *f, const float *n2, int64_t N,
                                        const float *fp_out, float *out, const struct llmq_awq_opts *o) {
-    const int64_t D = b->D, E = b->E, Fe = b->Fe, G = expert_group(o, LLMQ_LIN_GATE, D);
+    const int64_t D = b->D, E = b->E, Fe = b->Fe, G = expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE), D);
     const int64_t Fs = b->w[LLMQ_LIN_GATE] ? b->F : 0; // qwen2_moe: the shared expert's gate / up join the group
     float *x_mean = alloc_f32(D), *w_mean = alloc_f32(D), *s = alloc_f32(D), *tmp = alloc_f32((Fe > Fs ? Fe : Fs) * D);
     float *cand = alloc_f32(2 * (E * Fe + Fs) * D);
@@ -720,7 +723,8 @@ static enum llmq_status moe_search_ffn(struct llmq_awq_block *b, struct llmq_for
         for (int64_t x = 0; x < E; x++)
             for (int k = 0; k < 2; k++) {
                 float *c = cand + (2 * x + k) * Fe * D;
-                candidate_of(b->layer, LLMQ_LIN_GATE + k, b->ew[3 * x + k], Fe, D, G, s, o, tmp, c);
+                candidate_of(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), b->ew[3 * x + k], Fe, D, G, s, o, tmp,
+                             c);
                 b->vew[3 * x + k].data = c;
             }
         for (int k = 0; k < 2 && Fs; k++) {
@@ -761,7 +765,7 @@ done:
 // up_x -> down_x of expert x on its routed down inputs X (n, Fe): the loss is down_x's output. Result: s_down[x].
 static enum llmq_status moe_search_down(struct llmq_awq_block *b, int64_t x, const float *X, int64_t n,
                                         const struct llmq_awq_opts *o, float *ratio_out) {
-    const int64_t D = b->D, Fe = b->Fe, G = expert_group(o, LLMQ_LIN_DOWN, Fe);
+    const int64_t D = b->D, Fe = b->Fe, G = expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), Fe);
     const float *W = b->ew[3 * x + 2]; // (D, Fe)
     float *x_mean = alloc_f32(Fe), *w_mean = alloc_f32(Fe), *s = alloc_f32(Fe), *tmp = alloc_f32(D * Fe);
     float *cand = alloc_f32(D * Fe), *fp = alloc_f32(n * D), *out = alloc_f32(n * D);
@@ -779,7 +783,7 @@ static enum llmq_status moe_search_down(struct llmq_awq_block *b, int64_t x, con
     for (int i = 0; i < o->n_grid && !st; i++) {
         const float ratio = (float)((double)i / (double)o->n_grid);
         ratio_scales(x_mean, w_mean, Fe, ratio, o->duo_scaling, s);
-        candidate_of(b->layer, LLMQ_LIN_DOWN, W, D, Fe, G, s, o, tmp, cand);
+        candidate_of(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), W, D, Fe, G, s, o, tmp, cand);
         if ((st = gemm_nt(o->backend, X, cand, n, D, Fe, out))) break;
         const double loss = mse(fp, out, n * D);
         if (!isfinite(loss))
@@ -839,12 +843,12 @@ static enum llmq_status moe_clip(struct llmq_awq_block *b, const struct moe_cap 
         if (!cap->n[x]) continue;
         int64_t T = sample_scaled(cap->in[x], cap->n[x], D, o->n_sample_token, b->s_ffn, S);
         for (int k = 0; k < 2 && !st; k++, err += e)
-            st = clip_weight(b->layer, LLMQ_LIN_GATE + k, b->ew[3 * x + k], Fe, D, b->s_ffn, S, T, o,
-                             expert_group(o, LLMQ_LIN_GATE + k, D), best, &e);
+            st = clip_weight(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), b->ew[3 * x + k], Fe, D, b->s_ffn, S, T,
+                             o, expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), D), best, &e);
         if (st) break;
         T = sample_scaled(cap->act[x], cap->n[x], Fe, o->n_sample_token, b->s_down[x], S);
-        st = clip_weight(b->layer, LLMQ_LIN_DOWN, b->ew[3 * x + 2], D, Fe, b->s_down[x], S, T, o,
-                         expert_group(o, LLMQ_LIN_DOWN, Fe), best, &e);
+        st = clip_weight(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), b->ew[3 * x + 2], D, Fe, b->s_down[x], S, T, o,
+                         expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), Fe), best, &e);
         err += e;
         clipped++;
     }

@@ -126,8 +126,12 @@
 // the scale search, the chosen ones during the clip search; NULL = none), so that a quantizer that
 // weights columns by input statistics can divide them by s². w and out do not overlap. Called from
 // the searching thread only (it may use threads of its own).
+// A moe block's experts' gate / up / down reach it (and lin_group_size) as LLMQ_AWQ_EXPERT_LIN(GATE / UP / DOWN) =
+// LLMQ_LIN_COUNT + 0 / 1 / 2, not as the dense values, which qwen2_moe's shared expert keeps (its types differ).
 typedef void (*llmq_awq_fake_quant_fn)(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0, int64_t n,
                                        const float *s, const float *w, float *out);
+#define LLMQ_AWQ_EXPERT_LIN(l) ((enum llmq_linear)(LLMQ_LIN_COUNT + ((l)-LLMQ_LIN_GATE)))
+#define LLMQ_AWQ_N_LIN (LLMQ_LIN_COUNT + 3) // the values fake_quant and lin_group_size take
 
 struct llmq_awq_opts {
     int bits;                  // 4 (2..8); the search always uses the zero-point (asym) grid, as AutoAWQ's
@@ -154,7 +158,7 @@ struct llmq_awq_opts {
     void *fake_quant_user;
     // Per-linear group size (> 0 and tiling the linear's C: used instead of group_size for that
     // linear's w_mean, candidates and clip table; e.g. the GGUF block size of its type). 0: group_size.
-    int lin_group_size[LLMQ_LIN_COUNT];
+    int lin_group_size[LLMQ_AWQ_N_LIN]; // the experts' at LLMQ_AWQ_EXPERT_LIN
 };
 
 // AutoAWQ's defaults above (group_size 128, bits 4).

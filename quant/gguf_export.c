@@ -70,6 +70,7 @@ struct llmq_gguf_export {
     struct entry *ent;                 // (n) in file order
     int64_t n, next;                   // next: the first entry not written yet
     int64_t *lin;                      // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
+    int64_t *xlin;                     // (n_layer * 3) moe: entry index of each stacked expert tensor
     int *n_handed;                     // (n_layer) linears handed over per block
     struct llmq_tensor_view *given;    // (n_layer, N_GIVEN) copies of the handed-over block tensors (data NULL: none)
     float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
@@ -423,6 +424,7 @@ static void export_free(struct llmq_gguf_export *e) {
     free(e->cimp);
     free(e->ent);
     free(e->lin);
+    free(e->xlin);
     free(e->n_handed);
     free(e->rope_gen);
     free(e->f);
@@ -599,12 +601,14 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
     e->t0 = llmq_now_s();
     if ((out_path && !(e->out_path = strdup(out_path))) ||
         !(e->lin = malloc((size_t)(L * LLMQ_LIN_COUNT) * sizeof(int64_t))) ||
+        !(e->xlin = malloc((size_t)(L > 0 ? L * 3 : 1) * sizeof(int64_t))) ||
         !(e->n_handed = calloc((size_t)(L > 0 ? L : 1), sizeof(int))) ||
         !(e->given = calloc((size_t)(L > 0 ? L * N_GIVEN : 1), sizeof(*e->given)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
         goto fail;
     }
     for (int64_t i = 0; i < L * LLMQ_LIN_COUNT; i++) e->lin[i] = -1;
+    for (int64_t i = 0; i < L * 3; i++) e->xlin[i] = -1;
     if ((st = m->from_gguf ? list_gguf(e, &cap) : list_hf(e, &cap))) goto fail;
     qsort(e->ent, (size_t)e->n, sizeof(*e->ent), entry_cmp);
     for (int64_t i = 0; i < e->n; i++) { // gguf_write's ggml_n_dims: outer dims of 1 are not written ((1, D) -> (D))
@@ -629,7 +633,9 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         memcpy(mt[i].shape, x->shape, sizeof(mt[i].shape));
         mt[i].src_type = x->src_type;
         if (x->kind == K_LINEAR) e->lin[x->layer * LLMQ_LIN_COUNT + x->which] = i;
-        if (x->kind == K_EXPS) e->lin[x->layer * LLMQ_LIN_COUNT + LLMQ_LIN_GATE + x->which] = i; // their type
+        if (x->kind == K_EXPS) e->xlin[x->layer * 3 + x->which] = i;
+        if (x->kind == K_EXPS && !m->hp.shexp) // their type (qwen2_moe: these are its shared expert's)
+            e->lin[x->layer * LLMQ_LIN_COUNT + LLMQ_LIN_GATE + x->which] = i;
     }
     struct llmq_gguf_mix_model mm;
     llmq_gguf_mix_model_from_hparams(&m->hp, &mm);
@@ -872,6 +878,19 @@ static struct entry *linear_entry(const struct llmq_gguf_export *e, int64_t laye
     return i >= 0 ? &e->ent[i] : NULL; // a moe block has no dense gate / up / down (qwen2_moe: its shared expert's)
 }
 
+// The stacked expert tensor of (layer, which GATE / UP / DOWN), or NULL.
+static struct entry *expert_entry(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
+    if (!e || !e->m->hp.moe || layer < 0 || layer >= e->m->hp.n_layer || which < LLMQ_LIN_GATE || which > LLMQ_LIN_DOWN)
+        return NULL;
+    int64_t i = e->xlin[layer * 3 + (which - LLMQ_LIN_GATE)];
+    return i >= 0 ? &e->ent[i] : NULL;
+}
+
+enum llmq_dtype llmq_gguf_export_expert_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
+    const struct entry *x = expert_entry(e, layer, which);
+    return x ? x->ch.type : LLMQ_DTYPE_INVALID;
+}
+
 enum llmq_dtype llmq_gguf_export_linear_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
     const struct entry *x = linear_entry(e, layer, which);
     return x ? x->ch.type : LLMQ_DTYPE_INVALID;
@@ -939,7 +958,7 @@ static enum llmq_status expert_part(struct llmq_gguf_export *e, int64_t layer, e
                                     const void *data, struct entry **xo, size_t *off) {
     if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: no export");
     if (e->err) return e->err;
-    struct entry *x = linear_entry(e, layer, which);
+    struct entry *x = expert_entry(e, layer, which);
     if (!x || x->kind != K_EXPS || !data || expert < 0 || expert >= e->m->hp.n_expert)
         return llmq_errorf(LLMQ_ERR_ARG, "gguf export: expert %lld of linear (%lld, %d) out of range or no data",
                            (long long)expert, (long long)layer, (int)which);

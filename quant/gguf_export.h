@@ -191,10 +191,11 @@ enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t
                                              const float *W);
 
 // A moe block's experts (which LLMQ_LIN_GATE, UP, DOWN: blk.N.ffn_{gate,up,down}_exps): one type for all E experts of
-// the stacked tensor (llmq_gguf_export_linear_type of that `which` gives it). Expert `expert`'s (R, C) handed over as
-// R encoded rows (or f32 weights, encoded here without importance), copied into the stacked tensor at rows
-// expert R .. (expert + 1) R - 1; the tensor is written once all E are there. Without any hand-over (rtn: the
-// writer alone) it is encoded from the model's views at finish, as before.
+// the stacked tensor (llmq_gguf_export_expert_type of that `which` gives it; LLMQ_DTYPE_INVALID for a dense model).
+// Expert `expert`'s (R, C) handed over as R encoded rows (or f32 weights, encoded here without importance), copied into
+// the stacked tensor at rows expert R .. (expert + 1) R - 1; the tensor is written once all E are there. Without any
+// hand-over (rtn: the writer alone) it is encoded from the model's views at finish, as before.
+enum llmq_dtype llmq_gguf_export_expert_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which);
 enum llmq_status llmq_gguf_export_expert_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
                                                int64_t expert, const void *blocks);
 enum llmq_status llmq_gguf_export_expert_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,

@@ -895,10 +895,10 @@ static enum llmq_status block_gptq(struct run *r, int l) {
 // (the imatrix) when it has one, else the mean x² of the block's fp inputs (what llama.cpp's imatrix would
 // hold for this calibration), divided by s² for the scaled input.
 struct gguf_fq {
-    enum llmq_dtype type[LLMQ_LIN_COUNT];
-    const float *imp[LLMQ_LIN_COUNT]; // (C) importance of the unscaled input, or NULL
-    float *qw;                        // (Cmax) importance of the scaled input
-    uint8_t *blk;                     // (Rmax, Cmax * 4 bytes) the encoded rows
+    enum llmq_dtype type[LLMQ_AWQ_N_LIN]; // the experts' at LLMQ_AWQ_EXPERT_LIN (quant/awq.h)
+    const float *imp[LLMQ_AWQ_N_LIN];     // (C) importance of the unscaled input, or NULL
+    float *qw;                            // (Cmax) importance of the scaled input
+    uint8_t *blk;                         // (Rmax, Cmax * 4 bytes) the encoded rows
     int n_threads;
     enum llmq_status st; // first failure (the callback returns nothing)
 };
@@ -937,16 +937,20 @@ static const float *stats_importance(const struct run *r, int l, int slot, float
 // The search's quantizer from the writer's targets of block l: AutoAWQ's grid with the grid's bits and group
 // size for integer codes (a directory: one grid for every linear), gguf_fake_quant for ggml types.
 static void awq_quantizer(struct run *r, int l, struct llmq_awq_opts *ao, struct gguf_fq *fq) {
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-        const struct llmq_qtarget t = llmq_qwriter_target(r->w, l, (enum llmq_linear)k);
+    for (int k = 0; k < (r->m->hp.moe ? LLMQ_AWQ_N_LIN : LLMQ_LIN_COUNT); k++) {
+        const bool xp = k >= LLMQ_LIN_COUNT; // an expert's (moe): its stacked tensor's type, no DOWN importance
+        const enum llmq_linear lin = xp ? (enum llmq_linear)(LLMQ_LIN_GATE + k - LLMQ_LIN_COUNT) : (enum llmq_linear)k;
+        const struct llmq_qtarget t = xp ? llmq_qwriter_expert_target(r->w, l, lin) : llmq_qwriter_target(r->w, l, lin);
         if (t.kind == LLMQ_QPAYLOAD_CODES) {
             ao->bits = t.q.bits;
             ao->group_size = t.q.group_size;
             continue;
         }
-        int slot = llmq_calib_slot_of((enum llmq_linear)k);
+        int slot = llmq_calib_slot_of(lin);
         fq->type[k] = t.type;
-        fq->imp[k] = t.importance ? t.importance : stats_importance(r, l, slot, r->simp[slot]);
+        fq->imp[k] = t.importance                 ? t.importance
+                     : xp && lin == LLMQ_LIN_DOWN ? NULL // the DOWN slot is qwen2_moe's shared expert's (or empty)
+                                                  : stats_importance(r, l, slot, r->simp[slot]);
         int64_t blck = llmq_dtype_traits(t.type)->blck;
         ao->lin_group_size[k] = blck > 1 ? (int)blck : 32; // F16 / BF16 / F32: any group, nearly lossless
         ao->fake_quant = gguf_fake_quant;

@@ -27,8 +27,11 @@
  *     n_threads). An HF llama / mistral model's q and k rows are permuted as llmq convert does
  *     (formats/llama/arch.h llmq_arch_qk_src_row): whole encoded rows move.
  *   Alignment 32 (or the input's general.alignment), version 3.
- *   Mixtures of experts (mixtral, qwen3_moe): blk.N.ffn_{gate,up,down}_exps (E, R, C) are written expert by expert
- *     from the model's per-expert views (m->layers[l].exps: slices of the stacked tensor for a GGUF input, the
+ *   qwen2_moe: its shared expert's ffn_{gate,up,down}_shexp are the block's gate / up / down linears (all seven
+ *     handed over one by one), its gate ffn_gate_inp_shexp keeps its type like the router and is written 1-D (D):
+ *     every tensor's outer dims of 1 are dropped, as llama.cpp's gguf writer (ggml_n_dims) does.
+ *   Mixtures of experts (mixtral, qwen3_moe, qwen2_moe): blk.N.ffn_{gate,up,down}_exps (E, R, C) are written expert by
+ * expert from the model's per-expert views (m->layers[l].exps: slices of the stacked tensor for a GGUF input, the
  *     per-expert HF tensors stacked in index order for an HF input, as llmq convert stacks them), one type for the
  *     whole stacked tensor as llama-quantize chooses it (quant/gguf_mix.h: n_expert, the block of ffn_down_exps from
  *     its name); every encoder works row by row, so this is llama_model_quantize's output when no importance is

@@ -347,7 +347,7 @@ static int64_t slot_n_in(const struct llmq_model *m, int slot) {
     case LLMQ_CALIB_SLOT_Q:
     case LLMQ_CALIB_SLOT_GATE: return m->hp.n_embd;
     case LLMQ_CALIB_SLOT_O: return m->hp.n_head * m->hp.head_dim;
-    default: return m->hp.n_ff;
+    default: return m->hp.shexp ? m->hp.n_ff_shexp : m->hp.n_ff; // qwen2_moe: the shared expert's down
     }
 }
 

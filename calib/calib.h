@@ -53,6 +53,8 @@
  *   calibrate_all_experts; the block output still sums the routed experts only). routed counts the
  *   routed tokens either way (the coverage report). An expert's xtx is calloc'ed (its pages are touched
  *   only once a token reaches it): E (D² + Fe²) f64 per block at most. Not kept in .lcs or imatrix files.
+ *   qwen2_moe: its shared expert is the block's dense MLP, so the GATE slot (every token) is also its gate/up
+ *   input and the DOWN slot (Fs wide) its down input.
  *
  * ---- Stats file (.lcs), little-endian ------------------------------------------------------------
  *   offset size

@@ -103,6 +103,16 @@ static enum llmq_status copy_experts(struct llmq_awq_block *b, const struct llmq
     }
     b->ly.router = &b->vrouter;
     b->ly.exps = b->eset;
+    if (!st && ly->shexp_gate) { // qwen2_moe: the shared expert's gate, scaled with the router
+        if (!(b->shg = alloc_f32(b->D)))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory copying the experts of layer %d", b->layer);
+        st = llmq_model_weight_f32(ly->shexp_gate, b->shg, n_threads);
+        f32_view(&b->vshg, b->shg, 1, b->D, ly->shexp_gate->name);
+        b->vshg.n_dims = 2; // (1, D) as the model's (a linear's weight, not a norm)
+        b->vshg.shape[0] = 1;
+        b->vshg.shape[1] = b->D;
+        b->ly.shexp_gate = &b->vshg;
+    }
     return st;
 }
 
@@ -120,12 +130,12 @@ enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int 
     b->m = m;
     b->layer = layer;
     b->D = hp->n_embd;
-    b->F = hp->n_ff;
+    b->F = hp->shexp ? hp->n_ff_shexp : hp->n_ff; // qwen2_moe: the shared expert's width
     b->Dq = hp->n_head * hp->head_dim;
     b->Dkv = hp->n_head_kv * hp->head_dim;
     for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
         const struct llmq_tensor_view *w = ly->w[l];
-        if (!w) continue; // a moe block's gate / up / down: its experts (copy_experts)
+        if (!w) continue; // a moe block's gate / up / down: its experts (copy_experts); qwen2_moe's: its shared expert
         const int64_t R = w->shape[0], C = w->shape[1];
         if (!(b->w[l] = alloc_f32(R * C))) goto nomem;
         if ((st = llmq_model_weight_f32(w, b->w[l], n_threads))) goto fail;
@@ -178,6 +188,7 @@ void llmq_awq_block_free(struct llmq_awq_block *b) {
     free(b->s_down);
     free(b->s_ffn);
     free(b->router);
+    free(b->shg);
     for (int g = 0; g < b->n_groups; g++) {
         free(b->groups[g].loss);
         free(b->groups[g].scales);
@@ -186,6 +197,7 @@ void llmq_awq_block_free(struct llmq_awq_block *b) {
 }
 
 const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin) {
+    if (b->ew && (lin == LLMQ_LIN_GATE || lin == LLMQ_LIN_UP)) return b->w[lin] ? b->s_ffn : NULL; // shared expert
     for (int g = 0; g < b->n_groups; g++)
         for (int i = 0; i < b->groups[g].n_lin; i++)
             if (b->groups[g].lin[i] == lin) return b->groups[g].scales;
@@ -689,9 +701,10 @@ static void moe_cap_free(struct moe_cap *c) {
 // (N, D) for the ffn input n2 (N, D); out (N, D) scratch. Result: b->s_ffn, b->ratio_ffn.
 static enum llmq_status moe_search_ffn(struct llmq_awq_block *b, struct llmq_forward *f, const float *n2, int64_t N,
                                        const float *fp_out, float *out, const struct llmq_awq_opts *o) {
-    const int64_t D = b->D, E = b->E, Fe = b->Fe, G = expert_group(o, LLMQ_LIN_GATE, D);
-    float *x_mean = alloc_f32(D), *w_mean = alloc_f32(D), *s = alloc_f32(D), *tmp = alloc_f32(Fe * D);
-    float *cand = alloc_f32(2 * E * Fe * D);
+    const int64_t D = b->D, E = b->E, Fe = b->Fe, G = expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE), D);
+    const int64_t Fs = b->w[LLMQ_LIN_GATE] ? b->F : 0; // qwen2_moe: the shared expert's gate / up join the group
+    float *x_mean = alloc_f32(D), *w_mean = alloc_f32(D), *s = alloc_f32(D), *tmp = alloc_f32((Fe > Fs ? Fe : Fs) * D);
+    float *cand = alloc_f32(2 * (E * Fe + Fs) * D);
     double *acc = calloc((size_t)D, sizeof *acc), best = INFINITY, loss0 = 0;
     enum llmq_status st = LLMQ_OK;
     if (!x_mean || !w_mean || !s || !tmp || !cand || !acc || !(b->s_ffn = alloc_f32(D))) {
@@ -701,18 +714,28 @@ static enum llmq_status moe_search_ffn(struct llmq_awq_block *b, struct llmq_for
     compute_x_mean(n2, N, D, x_mean);
     for (int64_t j = 0; j < 3 * E; j++)
         if (j % 3 != 2) w_mean_acc(b->ew[j], Fe, D, G, acc);
-    for (int64_t c = 0; c < D; c++) w_mean[c] = (float)(acc[c] / (double)(2 * E * Fe));
+    for (int k = 0; k < 2 && Fs; k++)
+        w_mean_acc(b->w[LLMQ_LIN_GATE + k], Fs, D, expert_group(o, LLMQ_LIN_GATE + k, D), acc);
+    for (int64_t c = 0; c < D; c++) w_mean[c] = (float)(acc[c] / (double)(2 * (E * Fe + Fs)));
     for (int i = 0; i < o->n_grid && !st; i++) {
         const float ratio = (float)((double)i / (double)o->n_grid);
         ratio_scales(x_mean, w_mean, D, ratio, o->duo_scaling, s);
         for (int64_t x = 0; x < E; x++)
             for (int k = 0; k < 2; k++) {
                 float *c = cand + (2 * x + k) * Fe * D;
-                candidate_of(b->layer, LLMQ_LIN_GATE + k, b->ew[3 * x + k], Fe, D, G, s, o, tmp, c);
+                candidate_of(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), b->ew[3 * x + k], Fe, D, G, s, o, tmp,
+                             c);
                 b->vew[3 * x + k].data = c;
             }
+        for (int k = 0; k < 2 && Fs; k++) {
+            float *c = cand + 2 * E * Fe * D + k * Fs * D;
+            candidate_of(b->layer, LLMQ_LIN_GATE + k, b->w[LLMQ_LIN_GATE + k], Fs, D,
+                         expert_group(o, LLMQ_LIN_GATE + k, D), s, o, tmp, c);
+            b->vw[LLMQ_LIN_GATE + k].data = c;
+        }
         st = llmq_forward_mlp(f, b->layer, &b->ly, n2, N, out);
         for (int64_t j = 0; j < 3 * E; j++) b->vew[j].data = b->ew[j];
+        for (int k = 0; k < 2 && Fs; k++) b->vw[LLMQ_LIN_GATE + k].data = b->w[LLMQ_LIN_GATE + k];
         const double loss = st ? NAN : mse(fp_out, out, N * D);
         if (!st && !isfinite(loss))
             st = llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d, experts' gate / up: loss %g at ratio %g", b->layer, loss,
@@ -725,9 +748,10 @@ static enum llmq_status moe_search_ffn(struct llmq_awq_block *b, struct llmq_for
         }
     }
     if (!st)
-        llmq_info("awq: layer %d ffn_norm->%lld experts' gate,up (+ router columns): ratio %.2f, loss %.6g (ratio 0: "
+        llmq_info("awq: layer %d ffn_norm->%lld experts' gate,up%s (+ router columns): ratio %.2f, loss %.6g (ratio 0: "
                   "%.6g)",
-                  b->layer, (long long)E, (double)b->ratio_ffn, best, loss0);
+                  b->layer, (long long)E, Fs ? " and the shared expert's (+ its gate's columns)" : "",
+                  (double)b->ratio_ffn, best, loss0);
 done:
     free(x_mean);
     free(w_mean);
@@ -741,7 +765,7 @@ done:
 // up_x -> down_x of expert x on its routed down inputs X (n, Fe): the loss is down_x's output. Result: s_down[x].
 static enum llmq_status moe_search_down(struct llmq_awq_block *b, int64_t x, const float *X, int64_t n,
                                         const struct llmq_awq_opts *o, float *ratio_out) {
-    const int64_t D = b->D, Fe = b->Fe, G = expert_group(o, LLMQ_LIN_DOWN, Fe);
+    const int64_t D = b->D, Fe = b->Fe, G = expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), Fe);
     const float *W = b->ew[3 * x + 2]; // (D, Fe)
     float *x_mean = alloc_f32(Fe), *w_mean = alloc_f32(Fe), *s = alloc_f32(Fe), *tmp = alloc_f32(D * Fe);
     float *cand = alloc_f32(D * Fe), *fp = alloc_f32(n * D), *out = alloc_f32(n * D);
@@ -759,7 +783,7 @@ static enum llmq_status moe_search_down(struct llmq_awq_block *b, int64_t x, con
     for (int i = 0; i < o->n_grid && !st; i++) {
         const float ratio = (float)((double)i / (double)o->n_grid);
         ratio_scales(x_mean, w_mean, Fe, ratio, o->duo_scaling, s);
-        candidate_of(b->layer, LLMQ_LIN_DOWN, W, D, Fe, G, s, o, tmp, cand);
+        candidate_of(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), W, D, Fe, G, s, o, tmp, cand);
         if ((st = gemm_nt(o->backend, X, cand, n, D, Fe, out))) break;
         const double loss = mse(fp, out, n * D);
         if (!isfinite(loss))
@@ -791,6 +815,10 @@ static void moe_apply(struct llmq_awq_block *b) {
     for (int64_t c = 0; c < D; c++) b->ffn_norm[c] /= s[c];
     for (int64_t r = 0; r < E; r++)
         for (int64_t c = 0; c < D; c++) b->router[r * D + c] *= s[c];
+    for (int64_t c = 0; b->shg && c < D; c++) b->shg[c] *= s[c]; // qwen2_moe: its shared expert's gate and
+    for (int k = 0; k < 2 && b->w[LLMQ_LIN_GATE]; k++)           // gate / up (whose rows up's own group scaled)
+        for (int64_t r = 0; r < b->F; r++)
+            for (int64_t c = 0; c < D; c++) b->w[LLMQ_LIN_GATE + k][r * D + c] *= s[c];
     for (int64_t x = 0; x < E; x++) {
         for (int k = 0; k < 2; k++)
             for (int64_t r = 0; r < Fe; r++)
@@ -815,12 +843,12 @@ static enum llmq_status moe_clip(struct llmq_awq_block *b, const struct moe_cap 
         if (!cap->n[x]) continue;
         int64_t T = sample_scaled(cap->in[x], cap->n[x], D, o->n_sample_token, b->s_ffn, S);
         for (int k = 0; k < 2 && !st; k++, err += e)
-            st = clip_weight(b->layer, LLMQ_LIN_GATE + k, b->ew[3 * x + k], Fe, D, b->s_ffn, S, T, o,
-                             expert_group(o, LLMQ_LIN_GATE + k, D), best, &e);
+            st = clip_weight(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), b->ew[3 * x + k], Fe, D, b->s_ffn, S, T,
+                             o, expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), D), best, &e);
         if (st) break;
         T = sample_scaled(cap->act[x], cap->n[x], Fe, o->n_sample_token, b->s_down[x], S);
-        st = clip_weight(b->layer, LLMQ_LIN_DOWN, b->ew[3 * x + 2], D, Fe, b->s_down[x], S, T, o,
-                         expert_group(o, LLMQ_LIN_DOWN, Fe), best, &e);
+        st = clip_weight(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), b->ew[3 * x + 2], D, Fe, b->s_down[x], S, T, o,
+                         expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), Fe), best, &e);
         err += e;
         clipped++;
     }
@@ -927,7 +955,10 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         {LLMQ_AWQ_PREV_UP, 1, {LLMQ_LIN_DOWN}, cap.act, NULL, F},
     };
     for (int d = 0; d < 4 && !st; d++) {
-        if ((defs[d].prev == LLMQ_AWQ_PREV_V && !has_vo) || (moe && d >= 2)) continue;
+        // moe: ffn_norm's group is the experts' (moe_search: qwen2_moe's shared gate / up among them), up -> down
+        // only the shared expert's (qwen2_moe; the experts' in moe_search)
+        if ((defs[d].prev == LLMQ_AWQ_PREV_V && !has_vo) || (moe && d == 2) || (moe && d == 3 && !b->w[LLMQ_LIN_DOWN]))
+            continue;
         struct llmq_awq_group *g = &b->groups[b->n_groups++];
         g->prev = defs[d].prev;
         g->n_lin = defs[d].n_lin;
@@ -958,7 +989,8 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
             goto done;
         }
         const enum llmq_linear clip_lins[5] = {LLMQ_LIN_V, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_UP, LLMQ_LIN_DOWN};
-        for (int k = 0; k < (moe ? 2 : 5) && !st; k++) { // moe: gate / up / down are the experts' (moe_clip)
+        const bool dense_mlp = !moe || b->w[LLMQ_LIN_DOWN];    // qwen2_moe: its shared expert
+        for (int k = 0; k < (dense_mlp ? 5 : 2) && !st; k++) { // moe: the experts' gate / up / down in moe_clip
             const enum llmq_linear l = clip_lins[k];
             const float *in = l == LLMQ_LIN_V      ? cap.n1
                               : l == LLMQ_LIN_O    ? cap.att

@@ -60,7 +60,7 @@
  * it holds the scaled, folded and clipped weights, which the driver hands to the solvers and the writer
  * (quant/quantize.h, quant/writer.h llmq_qwriter_put_block).
  *
- * ---- Mixture of experts (mixtral, qwen3_moe) -----------------------------------------------------
+ * ---- Mixture of experts (mixtral, qwen3_moe, qwen2_moe) ------------------------------------------
  * The post-attention norm feeds the router and every expert, so it is one scale group over all experts' gate and
  * up (AutoAWQ's Mixtral get_layers_for_scaling: prev_op post_attention_layernorm, layers = every expert's w1 / w3,
  * module2inspect the sparse MoE block): x_mean over all N tokens of the ffn input, w_mean over the rows of all
@@ -70,6 +70,17 @@
  * down_x on the rows the router sends to x (their SiLU(gate) * up), loss = mse of down_x's output; an expert no
  * token reaches keeps s = 1 (no group). The clip search runs on every expert's gate / up / down with its own
  * routed (scaled) inputs. The attention's groups are unchanged.
+ * qwen2_moe (its shared expert: formats/llama/arch.h): the post-attention norm feeds the router, the shared expert's
+ * sigmoid gate (ffn_gate_inp_shexp), every expert's gate / up and the shared expert's gate / up, so its one scale s
+ * must be carried by all of them: the search's group is every expert's gate / up plus the shared expert's (as
+ * AutoAWQ's Qwen2MoE grouping: experts' gate_proj / up_proj + shared_expert.gate_proj / up_proj, module2inspect the
+ * sparse MoE block; w_mean over all their rows, loss = mse of the whole block MLP, the gated shared output
+ * included), and after it ffn_norm /= s while the router's AND the shared gate's columns *= s (both stay full
+ * precision, so the routing and the sigmoid gate are those of the unscaled model up to rounding; AutoAWQ leaves
+ * both unscaled, which moves them). The shared expert's up -> down is an ordinary group (the dense one, on all N
+ * tokens); it is searched and applied before the experts' search, whose shared gate / up candidates thus carry up's
+ * row scaling already (a per-row factor, which the group quantizers reproduce up to rounding). The clip search
+ * covers the shared expert's gate / up / down on its (scaled) all-token inputs.
  *
  * Memory of llmq_awq_search (f32): the block copies (its weights once), plus for N tokens the
  * captured inputs n1 (N, D), o input (N, Dq), n2 (N, D), down input (N, F), and five (N, D) buffers
@@ -115,8 +126,12 @@
 // the scale search, the chosen ones during the clip search; NULL = none), so that a quantizer that
 // weights columns by input statistics can divide them by s². w and out do not overlap. Called from
 // the searching thread only (it may use threads of its own).
+// A moe block's experts' gate / up / down reach it (and lin_group_size) as LLMQ_AWQ_EXPERT_LIN(GATE / UP / DOWN) =
+// LLMQ_LIN_COUNT + 0 / 1 / 2, not as the dense values, which qwen2_moe's shared expert keeps (its types differ).
 typedef void (*llmq_awq_fake_quant_fn)(void *user, int layer, enum llmq_linear lin, int64_t rows, int64_t c0, int64_t n,
                                        const float *s, const float *w, float *out);
+#define LLMQ_AWQ_EXPERT_LIN(l) ((enum llmq_linear)(LLMQ_LIN_COUNT + ((l)-LLMQ_LIN_GATE)))
+#define LLMQ_AWQ_N_LIN (LLMQ_LIN_COUNT + 3) // the values fake_quant and lin_group_size take
 
 struct llmq_awq_opts {
     int bits;                  // 4 (2..8); the search always uses the zero-point (asym) grid, as AutoAWQ's
@@ -143,7 +158,7 @@ struct llmq_awq_opts {
     void *fake_quant_user;
     // Per-linear group size (> 0 and tiling the linear's C: used instead of group_size for that
     // linear's w_mean, candidates and clip table; e.g. the GGUF block size of its type). 0: group_size.
-    int lin_group_size[LLMQ_LIN_COUNT];
+    int lin_group_size[LLMQ_AWQ_N_LIN]; // the experts' at LLMQ_AWQ_EXPERT_LIN
 };
 
 // AutoAWQ's defaults above (group_size 128, bits 4).
@@ -195,6 +210,9 @@ struct llmq_awq_block {
     float *s_ffn;                          // (D) ffn_norm -> every expert's gate and up; NULL before the search
     float **s_down;                        // (E) up_x -> down_x; NULL for an expert no token was routed to
     float ratio_ffn;                       // the ffn_norm group's chosen ratio
+    // qwen2_moe: w[GATE], w[UP], w[DOWN] are the shared expert's (F its width); its gate ffn_gate_inp_shexp:
+    float *shg;                   // (D) f32 copy, its columns scaled by s_ffn as the router's
+    struct llmq_tensor_view vshg; // (1, D) view on it: ly.shexp_gate
 };
 
 // Copies block `layer` of m to f32 (any weight dtype llmq_model_weight_f32 reads) into a new block.

@@ -22,8 +22,8 @@
 #define CHUNK_FLOATS (1 << 20) // model tensors are converted 4 MiB of f32 at a time
 #define MAX_PARTS 5            // qweight, qzeros, scales, g_idx, bias
 #define N_GIVEN                                                                                                        \
-    6 // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases,
-      // the moe router
+    7 // a block's tensors a driver hands over (llmq_export_block): norms, q / k / v biases,
+      // the moe router, qwen2_moe's shared expert gate
 
 const int LLMQ_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
@@ -100,7 +100,7 @@ enum slot_kind {
     SLOT_FFN_NORM,
     SLOT_NORM,
     SLOT_LINEAR,
-    SLOT_ROUTER, // a moe block's router (the model's, unquantized)
+    SLOT_ROUTER, // a moe block's router or (role LLMQ_T_FFN_GATE_INP_SHEXP) shared expert gate (unquantized)
     SLOT_OUT_NORM,
     SLOT_LM_HEAD
 };
@@ -145,7 +145,7 @@ struct llmq_export {
 static void lin_name_x(const struct llmq_model *m, char *buf, size_t n, int64_t layer, enum llmq_linear w,
                        int64_t expert) {
     if (expert < 0) {
-        llmq_linear_full_name(w, layer, true, buf, n);
+        llmq_arch_linear_full_name(m->hp.arch, w, layer, true, buf, n);
         return;
     }
     llmq_tensor_expert_hf_name(m->hp.arch, LLMQ_T_FFN_GATE_EXPS + (w - LLMQ_LIN_GATE), layer, expert, buf, n);
@@ -180,6 +180,7 @@ int llmq_export_fit_group(const struct llmq_model *m, int group_size) {
             for (int k = 0; all && k < LLMQ_LIN_COUNT; k++) {
                 int64_t x = m->hp.moe && k >= LLMQ_LIN_GATE ? 0 : -1; // moe: expert 0 stands for all (same shapes)
                 all = llmq_layer_linear(&m->layers[l], k, x)->shape[1] % g == 0;
+                if (all && x >= 0 && m->layers[l].w[k]) all = m->layers[l].w[k]->shape[1] % g == 0; // shared expert
             }
         if (all) break;
     }
@@ -273,17 +274,21 @@ static json_t *quant_config(const struct llmq_export *e) {
 
 // A block's slots: two norms, the seven linears, and after down_proj q_norm / k_norm (qwen3, gemma3) and the
 // post norms (gemma).
-// A moe block: the two norms, q k v o, the router and E x (gate, up, down), then q_norm / k_norm.
+// A moe block: the two norms, q k v o, the router and E x (gate, up, down), then q_norm / k_norm; qwen2_moe: the
+// router, the shared expert gate, E x (gate, up, down), then the shared expert's gate, up, down.
 static int64_t slots_per_layer(const struct llmq_model *m) {
-    int64_t lin = m->hp.moe ? LLMQ_LIN_GATE + 1 + 3 * m->hp.n_expert : LLMQ_LIN_COUNT;
+    const int64_t E3 = 3 * m->hp.n_expert;
+    int64_t lin = m->hp.shexp ? LLMQ_LIN_GATE + 2 + E3 + 3 : m->hp.moe ? LLMQ_LIN_GATE + 1 + E3 : LLMQ_LIN_COUNT;
     return lin + 2 + (m->hp.qk_norm ? 2 : 0) + (m->hp.gemma ? 2 : 0);
 }
 
 // The slot of block l's linear `which` (expert >= 0: that expert's gate / up / down), in the order of
 // llmq_export_begin.
 static int64_t linear_slot(const struct llmq_model *m, int64_t l, enum llmq_linear which, int64_t expert) {
-    int64_t base = 1 + l * slots_per_layer(m);                                                   // its input_layernorm
-    if (expert >= 0) return base + 1 + LLMQ_LIN_GATE + 2 + 3 * expert + (which - LLMQ_LIN_GATE); // + ffn norm, router
+    int64_t base = 1 + l * slots_per_layer(m);                           // its input_layernorm
+    int64_t exp0 = base + 1 + LLMQ_LIN_GATE + 2 + (m->hp.shexp ? 1 : 0); // + ffn norm, router (, shared gate)
+    if (expert >= 0) return exp0 + 3 * expert + (which - LLMQ_LIN_GATE);
+    if (m->hp.shexp && which >= LLMQ_LIN_GATE) return exp0 + 3 * m->hp.n_expert + (which - LLMQ_LIN_GATE);
     return base + (int64_t)which + 1 + (which >= LLMQ_LIN_GATE ? 1 : 0);
 }
 
@@ -424,8 +429,9 @@ static enum llmq_status write_slot(struct llmq_export *e, struct slot *s) {
     case SLOT_OUT_NORM: return write_norm(e, s->layer, s->role);
     case SLOT_LM_HEAD: return write_view(e, m->output);
     case SLOT_ROUTER: { // the copy handed over (AWQ: its columns scaled), else the model's
-        struct llmq_tensor_view *g = given(e, s->layer, 5);
-        st = write_view(e, g ? g : m->layers[s->layer].router);
+        const bool sh = s->role == LLMQ_T_FFN_GATE_INP_SHEXP;
+        struct llmq_tensor_view *g = given(e, s->layer, sh ? 6 : 5);
+        st = write_view(e, g ? g : sh ? m->layers[s->layer].shexp_gate : m->layers[s->layer].router);
         if (g) llmq_tensor_copy_free(g);
         return st;
     }
@@ -638,6 +644,10 @@ enum llmq_status llmq_export_check(const struct llmq_model *m, const struct llmq
             const struct llmq_tensor_view *v = llmq_layer_linear(&m->layers[l], w, x);
             lin_name_x(m, what, sizeof what, l, (enum llmq_linear)w, x);
             st = check_shape(o, what, v->shape[0], v->shape[1], fit);
+            if (!st && x >= 0 && (v = m->layers[l].w[w])) { // qwen2_moe: the shared expert too
+                lin_name_x(m, what, sizeof what, l, (enum llmq_linear)w, -1);
+                st = check_shape(o, what, v->shape[0], v->shape[1], fit);
+            }
         }
     return st;
 }
@@ -650,7 +660,15 @@ static enum llmq_status declare_experts(struct llmq_export *e, int64_t l) {
     llmq_tensor_full_name(m->hp.arch, LLMQ_T_FFN_GATE_INP, l, true, what, sizeof what);
     struct slot *s = add_slot(e, SLOT_ROUTER, l, 0, what);
     s->ready = true; // nothing to wait for: the post_attention_layernorm before it waits for o only
+    s->role = LLMQ_T_FFN_GATE_INP;
     enum llmq_status st = declare_view(e, s->name, m->layers[l].router);
+    if (!st && m->layers[l].shexp_gate) { // qwen2_moe: its shared expert's gate, unquantized as the router
+        llmq_tensor_full_name(m->hp.arch, LLMQ_T_FFN_GATE_INP_SHEXP, l, true, what, sizeof what);
+        s = add_slot(e, SLOT_ROUTER, l, 0, what);
+        s->ready = true;
+        s->role = LLMQ_T_FFN_GATE_INP_SHEXP;
+        st = declare_view(e, s->name, m->layers[l].shexp_gate);
+    }
     for (int64_t x = 0; !st && x < m->hp.n_expert; x++)
         for (int w = LLMQ_LIN_GATE; !st && w <= LLMQ_LIN_DOWN; w++) {
             s = add_slot(e, SLOT_LINEAR, l, (enum llmq_linear)w, NULL);
@@ -731,10 +749,8 @@ enum llmq_status llmq_export_begin(const struct llmq_model *m, const char *out_d
                 s->role = r;
                 if ((st = declare_view(e, s->name, norm_view(m, l, r)))) goto fail;
             }
-            if (m->hp.moe && w >= LLMQ_LIN_GATE) {
-                if (w == LLMQ_LIN_GATE && (st = declare_experts(e, l))) goto fail;
-                if (w != LLMQ_LIN_DOWN) continue;
-            } else {
+            if (m->hp.moe && w == LLMQ_LIN_GATE && (st = declare_experts(e, l))) goto fail;
+            if (!m->hp.moe || w < LLMQ_LIN_GATE || m->hp.shexp) { // qwen2_moe: the shared expert after the experts
                 s = add_slot(e, SLOT_LINEAR, l, (enum llmq_linear)w, NULL);
                 if ((st = declare_linear(e, s))) goto fail;
             }
@@ -779,9 +795,9 @@ enum llmq_status llmq_export_expert(struct llmq_export *e, int64_t layer, enum l
     enum llmq_status st;
     if (!e) return llmq_errorf(LLMQ_ERR_ARG, "export: no export");
     if (e->poisoned) return e->poisoned;
-    const bool moe_ffn = e->m->hp.moe && which >= LLMQ_LIN_GATE;
-    if (layer < 0 || layer >= e->m->hp.n_layer || (unsigned)which >= LLMQ_LIN_COUNT || !ql ||
-        moe_ffn != (expert >= 0) || expert >= e->m->hp.n_expert)
+    const bool moe_ffn = e->m->hp.moe && which >= LLMQ_LIN_GATE; // qwen2_moe: expert -1 is the shared expert
+    const bool exists = expert < 0 ? !moe_ffn || e->m->hp.shexp : moe_ffn && expert < e->m->hp.n_expert;
+    if (layer < 0 || layer >= e->m->hp.n_layer || (unsigned)which >= LLMQ_LIN_COUNT || !ql || !exists)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: linear %d (expert %lld) of layer %lld does not exist", e->out, (int)which,
                            (long long)expert, (long long)layer);
     lin_name_x(e->m, what, sizeof what, layer, which, expert);
@@ -827,7 +843,8 @@ enum llmq_status llmq_export_block(struct llmq_export *e, int64_t layer, const s
     for (int w = LLMQ_LIN_Q; w <= LLMQ_LIN_V; w++) late = late || e->slots[first + 1 + w].ready;
     if (late)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: block %lld handed over after its first linear", e->out, (long long)layer);
-    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->router};
+    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq,        ly->bk,
+                                                 ly->bv,        ly->router,   ly->shexp_gate};
     for (int g = 0; g < N_GIVEN; g++) {
         struct llmq_tensor_view *c = &e->given[layer * N_GIVEN + g];
         llmq_tensor_copy_free(c); // handed over again: the last one counts

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #define CHUNK_FLOATS ((int64_t)4 << 20) // rows decoded per step: about 16 MiB of f32
-#define N_GIVEN 6                       // a block's tensors a driver hands over (llmq_gguf_export_block)
+#define N_GIVEN 7                       // a block's tensors a driver hands over (llmq_gguf_export_block)
 
 enum kind {
     K_VIEW,      // a tensor of the input GGUF that the model does not use (copied / converted as planned)
@@ -35,8 +35,9 @@ enum kind {
     K_BQ,
     K_BK,
     K_BV,
-    K_ROUTER, // m->layers[l].router (moe)
-    K_EXPS,   // the stacked experts of m->layers[l].exps, which = 0 gate, 1 up, 2 down (moe)
+    K_ROUTER,     // m->layers[l].router (moe)
+    K_EXPS,       // the stacked experts of m->layers[l].exps, which = 0 gate, 1 up, 2 down (moe)
+    K_SHEXP_GATE, // m->layers[l].shexp_gate (qwen2_moe)
 };
 
 struct entry {
@@ -69,6 +70,7 @@ struct llmq_gguf_export {
     struct entry *ent;                 // (n) in file order
     int64_t n, next;                   // next: the first entry not written yet
     int64_t *lin;                      // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
+    int64_t *xlin;                     // (n_layer * 3) moe: entry index of each stacked expert tensor
     int *n_handed;                     // (n_layer) linears handed over per block
     struct llmq_tensor_view *given;    // (n_layer, N_GIVEN) copies of the handed-over block tensors (data NULL: none)
     float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
@@ -135,6 +137,7 @@ static enum kind classify(const struct llmq_hparams *hp, const char *name, int64
     case LLMQ_T_BIAS_K: return K_BK;
     case LLMQ_T_BIAS_V: return K_BV;
     case LLMQ_T_FFN_GATE_INP: return K_ROUTER;
+    case LLMQ_T_FFN_GATE_INP_SHEXP: return K_SHEXP_GATE;
     case LLMQ_T_FFN_GATE_EXPS:
     case LLMQ_T_FFN_UP_EXPS:
     case LLMQ_T_FFN_DOWN_EXPS: *which = role - LLMQ_T_FFN_GATE_EXPS; return K_EXPS;
@@ -148,8 +151,8 @@ static enum kind classify(const struct llmq_hparams *hp, const char *name, int64
     }
 }
 
-// The slot of kind k among a block's handed-over tensors (attn_norm, ffn_norm, bq, bk, bv, the moe router: AWQ
-// scales its columns), or -1.
+// The slot of kind k among a block's handed-over tensors (attn_norm, ffn_norm, bq, bk, bv, the moe router and
+// qwen2_moe's shared expert gate: AWQ scales their columns), or -1.
 static int given_slot(enum kind k) {
     switch (k) {
     case K_ATTN_NORM: return 0;
@@ -158,6 +161,7 @@ static int given_slot(enum kind k) {
     case K_BK: return 3;
     case K_BV: return 4;
     case K_ROUTER: return 5;
+    case K_SHEXP_GATE: return 6;
     default: return -1;
     }
 }
@@ -189,6 +193,7 @@ static const struct llmq_tensor_view *entry_view(const struct llmq_gguf_export *
     case K_BK: v = L->bk; break;
     case K_BV: v = L->bv; break;
     case K_ROUTER: v = L->router; break;
+    case K_SHEXP_GATE: v = L->shexp_gate; break;
     case K_EXPS: break; // one view per expert: write_exps
     }
     return v ? v : x->view;
@@ -251,6 +256,7 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
                 x->perm_heads = k == LLMQ_LIN_Q ? hp->n_head : hp->n_head_kv;
         }
         if (L->router) ADD(L->router, K_ROUTER, l, -1, "%s", TN(LLMQ_T_FFN_GATE_INP, l));
+        if (L->shexp_gate) ADD(L->shexp_gate, K_SHEXP_GATE, l, -1, "%s", TN(LLMQ_T_FFN_GATE_INP_SHEXP, l));
         for (int k = 0; L->exps && k < 3; k++) { // (E, R, C): the experts' (R, C) stacked as llmq convert does
             ADD(L->exps[k], K_EXPS, l, k, "%s", TN(LLMQ_T_FFN_GATE_EXPS + k, l));
             x->n_dims = 3;
@@ -280,8 +286,11 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
     return LLMQ_OK;
 }
 
-// The linears of a block handed over one by one: all seven, or a moe block's q, k, v, o (its experts are K_EXPS).
-static int block_linears(const struct llmq_hparams *hp) { return hp->moe ? LLMQ_LIN_GATE : LLMQ_LIN_COUNT; }
+// The linears of a block handed over one by one: all seven, or a moe block's q, k, v, o (its experts are K_EXPS;
+// qwen2_moe's shared expert is its gate, up, down).
+static int block_linears(const struct llmq_hparams *hp) {
+    return hp->moe && !hp->shexp ? LLMQ_LIN_GATE : LLMQ_LIN_COUNT;
+}
 
 static int entry_cmp(const void *a, const void *b) {
     return llmq_gguf_mix_name_cmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
@@ -415,6 +424,7 @@ static void export_free(struct llmq_gguf_export *e) {
     free(e->cimp);
     free(e->ent);
     free(e->lin);
+    free(e->xlin);
     free(e->n_handed);
     free(e->rope_gen);
     free(e->f);
@@ -591,14 +601,24 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
     e->t0 = llmq_now_s();
     if ((out_path && !(e->out_path = strdup(out_path))) ||
         !(e->lin = malloc((size_t)(L * LLMQ_LIN_COUNT) * sizeof(int64_t))) ||
+        !(e->xlin = malloc((size_t)(L > 0 ? L * 3 : 1) * sizeof(int64_t))) ||
         !(e->n_handed = calloc((size_t)(L > 0 ? L : 1), sizeof(int))) ||
         !(e->given = calloc((size_t)(L > 0 ? L * N_GIVEN : 1), sizeof(*e->given)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
         goto fail;
     }
     for (int64_t i = 0; i < L * LLMQ_LIN_COUNT; i++) e->lin[i] = -1;
+    for (int64_t i = 0; i < L * 3; i++) e->xlin[i] = -1;
     if ((st = m->from_gguf ? list_gguf(e, &cap) : list_hf(e, &cap))) goto fail;
     qsort(e->ent, (size_t)e->n, sizeof(*e->ent), entry_cmp);
+    for (int64_t i = 0; i < e->n; i++) { // gguf_write's ggml_n_dims: outer dims of 1 are not written ((1, D) -> (D))
+        struct entry *x = &e->ent[i];
+        while (x->n_dims > 1 && x->shape[0] == 1) {
+            memmove(x->shape, x->shape + 1, sizeof(int64_t) * (size_t)(LLMQ_MAX_DIMS - 1));
+            x->shape[LLMQ_MAX_DIMS - 1] = 1;
+            x->n_dims--;
+        }
+    }
     if ((st = load_importance(e, o->imatrix, &e->imp))) goto fail;
 
     // ---- plan
@@ -613,7 +633,9 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         memcpy(mt[i].shape, x->shape, sizeof(mt[i].shape));
         mt[i].src_type = x->src_type;
         if (x->kind == K_LINEAR) e->lin[x->layer * LLMQ_LIN_COUNT + x->which] = i;
-        if (x->kind == K_EXPS) e->lin[x->layer * LLMQ_LIN_COUNT + LLMQ_LIN_GATE + x->which] = i; // their type
+        if (x->kind == K_EXPS) e->xlin[x->layer * 3 + x->which] = i;
+        if (x->kind == K_EXPS && !m->hp.shexp) // their type (qwen2_moe: these are its shared expert's)
+            e->lin[x->layer * LLMQ_LIN_COUNT + LLMQ_LIN_GATE + x->which] = i;
     }
     struct llmq_gguf_mix_model mm;
     llmq_gguf_mix_model_from_hparams(&m->hp, &mm);
@@ -853,7 +875,20 @@ static enum llmq_status pump(struct llmq_gguf_export *e) {
 static struct entry *linear_entry(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
     if (!e || layer < 0 || layer >= e->m->hp.n_layer || (int)which < 0 || which >= LLMQ_LIN_COUNT) return NULL;
     int64_t i = e->lin[layer * LLMQ_LIN_COUNT + which];
-    return i >= 0 ? &e->ent[i] : NULL; // a moe block has no dense gate / up / down
+    return i >= 0 ? &e->ent[i] : NULL; // a moe block has no dense gate / up / down (qwen2_moe: its shared expert's)
+}
+
+// The stacked expert tensor of (layer, which GATE / UP / DOWN), or NULL.
+static struct entry *expert_entry(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
+    if (!e || !e->m->hp.moe || layer < 0 || layer >= e->m->hp.n_layer || which < LLMQ_LIN_GATE || which > LLMQ_LIN_DOWN)
+        return NULL;
+    int64_t i = e->xlin[layer * 3 + (which - LLMQ_LIN_GATE)];
+    return i >= 0 ? &e->ent[i] : NULL;
+}
+
+enum llmq_dtype llmq_gguf_export_expert_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
+    const struct entry *x = expert_entry(e, layer, which);
+    return x ? x->ch.type : LLMQ_DTYPE_INVALID;
 }
 
 enum llmq_dtype llmq_gguf_export_linear_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which) {
@@ -923,7 +958,7 @@ static enum llmq_status expert_part(struct llmq_gguf_export *e, int64_t layer, e
                                     const void *data, struct entry **xo, size_t *off) {
     if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: no export");
     if (e->err) return e->err;
-    struct entry *x = linear_entry(e, layer, which);
+    struct entry *x = expert_entry(e, layer, which);
     if (!x || x->kind != K_EXPS || !data || expert < 0 || expert >= e->m->hp.n_expert)
         return llmq_errorf(LLMQ_ERR_ARG, "gguf export: expert %lld of linear (%lld, %d) out of range or no data",
                            (long long)expert, (long long)layer, (int)which);
@@ -979,7 +1014,8 @@ enum llmq_status llmq_gguf_export_block(struct llmq_gguf_export *e, int64_t laye
             return llmq_errorf(LLMQ_ERR_ARG, "gguf export: block %lld handed over after %s was written",
                                (long long)layer, x->name);
     }
-    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq, ly->bk, ly->bv, ly->router};
+    const struct llmq_tensor_view *v[N_GIVEN] = {ly->attn_norm, ly->ffn_norm, ly->bq,        ly->bk,
+                                                 ly->bv,        ly->router,   ly->shexp_gate};
     for (int g = 0; g < N_GIVEN; g++) {
         struct llmq_tensor_view *c = &e->given[layer * N_GIVEN + g];
         llmq_tensor_copy_free(c); // handed over again: the last one counts

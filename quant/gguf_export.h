@@ -27,8 +27,11 @@
  *     n_threads). An HF llama / mistral model's q and k rows are permuted as llmq convert does
  *     (formats/llama/arch.h llmq_arch_qk_src_row): whole encoded rows move.
  *   Alignment 32 (or the input's general.alignment), version 3.
- *   Mixtures of experts (mixtral, qwen3_moe): blk.N.ffn_{gate,up,down}_exps (E, R, C) are written expert by expert
- *     from the model's per-expert views (m->layers[l].exps: slices of the stacked tensor for a GGUF input, the
+ *   qwen2_moe: its shared expert's ffn_{gate,up,down}_shexp are the block's gate / up / down linears (all seven
+ *     handed over one by one), its gate ffn_gate_inp_shexp keeps its type like the router and is written 1-D (D):
+ *     every tensor's outer dims of 1 are dropped, as llama.cpp's gguf writer (ggml_n_dims) does.
+ *   Mixtures of experts (mixtral, qwen3_moe, qwen2_moe): blk.N.ffn_{gate,up,down}_exps (E, R, C) are written expert by
+ * expert from the model's per-expert views (m->layers[l].exps: slices of the stacked tensor for a GGUF input, the
  *     per-expert HF tensors stacked in index order for an HF input, as llmq convert stacks them), one type for the
  *     whole stacked tensor as llama-quantize chooses it (quant/gguf_mix.h: n_expert, the block of ffn_down_exps from
  *     its name); every encoder works row by row, so this is llama_model_quantize's output when no importance is
@@ -191,10 +194,11 @@ enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t
                                              const float *W);
 
 // A moe block's experts (which LLMQ_LIN_GATE, UP, DOWN: blk.N.ffn_{gate,up,down}_exps): one type for all E experts of
-// the stacked tensor (llmq_gguf_export_linear_type of that `which` gives it). Expert `expert`'s (R, C) handed over as
-// R encoded rows (or f32 weights, encoded here without importance), copied into the stacked tensor at rows
-// expert R .. (expert + 1) R - 1; the tensor is written once all E are there. Without any hand-over (rtn: the
-// writer alone) it is encoded from the model's views at finish, as before.
+// the stacked tensor (llmq_gguf_export_expert_type of that `which` gives it; LLMQ_DTYPE_INVALID for a dense model).
+// Expert `expert`'s (R, C) handed over as R encoded rows (or f32 weights, encoded here without importance), copied into
+// the stacked tensor at rows expert R .. (expert + 1) R - 1; the tensor is written once all E are there. Without any
+// hand-over (rtn: the writer alone) it is encoded from the model's views at finish, as before.
+enum llmq_dtype llmq_gguf_export_expert_type(const struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which);
 enum llmq_status llmq_gguf_export_expert_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
                                                int64_t expert, const void *blocks);
 enum llmq_status llmq_gguf_export_expert_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,

@@ -78,7 +78,7 @@
  *   the run has one). Not estimated: tokenizing the calibration text, writing to disk (page cache speed is
  *   assumed), GPU speed (a CUDA run's stages are given at the CPU rates).
  *
- * Not modelled yet: mixture-of-experts models (mixtral, qwen3_moe): llmq_plan_build refuses them
+ * Not modelled yet: mixture-of-experts models (mixtral, qwen3_moe, qwen2_moe): llmq_plan_build refuses them
  * (LLMQ_ERR_UNSUPPORTED) and llmq_plan_preflight skips its check with an info line.
  */
 #ifndef LLMQ_QUANT_PLAN_H

@@ -358,8 +358,8 @@ static void credit_data(struct run *r, int l, int k) {
 // The stderr line and the JSON row of one finished linear; bits: what its storage costs.
 // gtype: the GGUF type it was written in (LLMQ_DTYPE_INVALID for the HF formats).
 // The name of block l's linear k in the log and the JSON: "blk.L.attn_q", an expert's "blk.L.ffn_gate_exps.X".
-static char *lin_label(int l, int k, int64_t x, char *buf, size_t size) {
-    if (x < 0) return llmq_linear_full_name(k, l, false, buf, size);
+static char *lin_label(enum llmq_arch a, int l, int k, int64_t x, char *buf, size_t size) {
+    if (x < 0) return llmq_arch_linear_full_name(a, k, l, false, buf, size); // qwen2_moe: blk.L.ffn_gate_shexp
     snprintf(buf, size, "blk.%d.ffn_%s_exps.%lld", l, llmq_linear_name((enum llmq_linear)k), (long long)x);
     return buf;
 }
@@ -377,7 +377,7 @@ static void report_linear(struct run *r, int l, int k, int64_t x, int64_t R, int
     r->eta_other = 0;
     char eta[32], name[64], extra[96] = "", type[24] = "";
     llmq_eta_format(llmq_eta_remaining(&r->eta, llmq_now_s()), eta, sizeof(eta));
-    lin_label(l, k, x, name, sizeof(name));
+    lin_label(r->m->hp.arch, l, k, x, name, sizeof(name));
     if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
     if (gtype != LLMQ_DTYPE_INVALID) snprintf(type, sizeof(type), "%-6s ", llmq_dtype_name(gtype));
     llmq_info("quantize: %-18s %5lld x %-5lld %-9s %s%s %.4e%s  %.2f s  ETA %s", name, (long long)R, (long long)C, how,
@@ -554,7 +554,7 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, 
                                          : llmq_qwriter_target(r->w, l, (enum llmq_linear)k);
     const enum llmq_qmethod method = floor ? LLMQ_QMETHOD_RTN : r->o->method;
     char name[64], fallback_how[24];
-    lin_label(l, k, x, name, sizeof(name));
+    lin_label(r->m->hp.arch, l, k, x, name, sizeof(name));
     size_t rb = 0;
     if (t.kind != LLMQ_QPAYLOAD_CODES && !llmq_dtype_nbytes(t.type, C, &rb))
         return llmq_errorf(LLMQ_ERR_ARG, "quantize: %s: %lld columns do not tile %s blocks", name, (long long)C,
@@ -734,14 +734,16 @@ static void moe_bind(struct run *r, int l) {
 }
 
 // Every expert's linears of eslot (GATE: gate and up; DOWN: down) of block l; with gather, first the pass over the
-// block (this block's quantized linears in place) that collects their inputs; GATE reports the coverage.
+// block (this block's quantized linears in place) that collects their inputs (qwen2_moe: and the shared expert's,
+// the dense slot of the same linears); GATE reports the coverage.
 static enum llmq_status moe_group(struct run *r, int l, int eslot, bool gather) {
     enum llmq_status st = LLMQ_OK;
     const int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
+    const int dslot = !r->m->hp.shexp ? -2 : eslot == LLMQ_CALIB_EXP_GATE ? LLMQ_CALIB_SLOT_GATE : LLMQ_CALIB_SLOT_DOWN;
     if (gather && r->have_calib) {
         release_work(r);
         memcpy(r->xt, r->x, (size_t)(N * D) * sizeof(float));
-        if ((st = block_pass(r, l, r->xt, -2, eslot))) return st;
+        if ((st = block_pass(r, l, r->xt, dslot, eslot))) return st;
     }
     if (eslot == LLMQ_CALIB_EXP_GATE && r->have_calib) moe_coverage(r, l);
     for (int64_t x = 0; x < r->m->hp.n_expert && !st; x++)
@@ -811,6 +813,34 @@ static void gptaq_cross(struct run *r, int slot) {
     for (int64_t i = 0; i < C * C; i++) r->Dcur[i] = (float)(f * r->dxx[slot][i]);
 }
 
+// GPTQ of the dense linears of group g (seq_groups) of block l on the statistics of their input slot, which the
+// last of them drops; each result replaces the model's weight in the block's weight set for its following passes
+// (decoded into wq[k] from held[k] for each pass).
+static enum llmq_status gptq_group(struct run *r, int l, int g, int slot) {
+    enum llmq_status st = LLMQ_OK;
+    for (int j = 0; j < 3 && !st && seq_groups[g][j] >= 0; j++) {
+        int k = seq_groups[g][j];
+        const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+        int64_t R = v->shape[0], C = v->shape[1];
+        if ((st = load_weight(r, l, k))) break;
+        llmq_mmap_release(v->data, v->nbytes); // W holds it; the passes left in this block read the quantized copy
+        const bool last = j == 2 || seq_groups[g][j + 1] < 0; // the input's last linear: its sums are dropped
+        st = last ? llmq_calib_hessian_take(&r->s, l, slot, r->H) : llmq_calib_hessian(&r->s, l, slot, r->H);
+        if (st) break;
+        if (r->fpin) gptaq_cross(r, slot);
+        r->hold = true;
+        st = quantize_linear(r, l, k, -1, r->W, r->H, NULL, false);
+        r->hold = false;
+        if (st) break;
+        r->ov[k] = *v;
+        r->ov[k].dtype = LLMQ_DTYPE_F32;
+        r->ov[k].data = r->wq[k];
+        r->ov[k].nbytes = (size_t)(R * C) * sizeof(float);
+        r->ly.w[k] = &r->ov[k];
+    }
+    return st;
+}
+
 static enum llmq_status block_gptq(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly); // GPTQ changes no norm or bias
     int64_t N = r->d.n_seq * r->d.seqlen, D = r->m->hp.n_embd;
@@ -828,6 +858,11 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             if ((st = held_unpack(r))) break;
             st = moe_group(r, l, g == 2 ? LLMQ_CALIB_EXP_GATE : LLMQ_CALIB_EXP_DOWN, r->o->true_sequential);
             held_release(r);
+            if (!st && r->m->layers[l].w[seq_groups[g][0]]) { // qwen2_moe: the shared expert, on moe_group's pass
+                if (r->o->true_sequential)
+                    for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
+                st = gptq_group(r, l, g, slot);
+            }
             continue;
         }
         if (r->o->true_sequential) {
@@ -843,28 +878,7 @@ static enum llmq_status block_gptq(struct run *r, int l) {
             if (st) break;
             for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
         }
-        for (int j = 0; j < 3 && !st && seq_groups[g][j] >= 0; j++) {
-            int k = seq_groups[g][j];
-            const struct llmq_tensor_view *v = r->m->layers[l].w[k];
-            int64_t R = v->shape[0], C = v->shape[1];
-            if ((st = load_weight(r, l, k))) break;
-            llmq_mmap_release(v->data, v->nbytes); // W holds it; the passes left in this block read the quantized copy
-            const bool last = j == 2 || seq_groups[g][j + 1] < 0; // the input's last linear: its sums are dropped
-            st = last ? llmq_calib_hessian_take(&r->s, l, slot, r->H) : llmq_calib_hessian(&r->s, l, slot, r->H);
-            if (st) break;
-            if (r->fpin) gptaq_cross(r, slot);
-            r->hold = true;
-            st = quantize_linear(r, l, k, -1, r->W, r->H, NULL, false);
-            r->hold = false;
-            if (st) break;
-            // the quantized weights replace the model's in the block's weight set for its following passes
-            // (decoded into wq[k] from held[k] for each pass)
-            r->ov[k] = *v;
-            r->ov[k].dtype = LLMQ_DTYPE_F32;
-            r->ov[k].data = r->wq[k];
-            r->ov[k].nbytes = (size_t)(R * C) * sizeof(float);
-            r->ly.w[k] = &r->ov[k];
-        }
+        st = gptq_group(r, l, g, slot);
     }
     release_work(r); // the last solve's buffers: not held next to the seven decoded linears of the output pass
     if (!st) st = held_unpack(r);
@@ -881,10 +895,10 @@ static enum llmq_status block_gptq(struct run *r, int l) {
 // (the imatrix) when it has one, else the mean x² of the block's fp inputs (what llama.cpp's imatrix would
 // hold for this calibration), divided by s² for the scaled input.
 struct gguf_fq {
-    enum llmq_dtype type[LLMQ_LIN_COUNT];
-    const float *imp[LLMQ_LIN_COUNT]; // (C) importance of the unscaled input, or NULL
-    float *qw;                        // (Cmax) importance of the scaled input
-    uint8_t *blk;                     // (Rmax, Cmax * 4 bytes) the encoded rows
+    enum llmq_dtype type[LLMQ_AWQ_N_LIN]; // the experts' at LLMQ_AWQ_EXPERT_LIN (quant/awq.h)
+    const float *imp[LLMQ_AWQ_N_LIN];     // (C) importance of the unscaled input, or NULL
+    float *qw;                            // (Cmax) importance of the scaled input
+    uint8_t *blk;                         // (Rmax, Cmax * 4 bytes) the encoded rows
     int n_threads;
     enum llmq_status st; // first failure (the callback returns nothing)
 };
@@ -923,16 +937,20 @@ static const float *stats_importance(const struct run *r, int l, int slot, float
 // The search's quantizer from the writer's targets of block l: AutoAWQ's grid with the grid's bits and group
 // size for integer codes (a directory: one grid for every linear), gguf_fake_quant for ggml types.
 static void awq_quantizer(struct run *r, int l, struct llmq_awq_opts *ao, struct gguf_fq *fq) {
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-        const struct llmq_qtarget t = llmq_qwriter_target(r->w, l, (enum llmq_linear)k);
+    for (int k = 0; k < (r->m->hp.moe ? LLMQ_AWQ_N_LIN : LLMQ_LIN_COUNT); k++) {
+        const bool xp = k >= LLMQ_LIN_COUNT; // an expert's (moe): its stacked tensor's type, no DOWN importance
+        const enum llmq_linear lin = xp ? (enum llmq_linear)(LLMQ_LIN_GATE + k - LLMQ_LIN_COUNT) : (enum llmq_linear)k;
+        const struct llmq_qtarget t = xp ? llmq_qwriter_expert_target(r->w, l, lin) : llmq_qwriter_target(r->w, l, lin);
         if (t.kind == LLMQ_QPAYLOAD_CODES) {
             ao->bits = t.q.bits;
             ao->group_size = t.q.group_size;
             continue;
         }
-        int slot = llmq_calib_slot_of((enum llmq_linear)k);
+        int slot = llmq_calib_slot_of(lin);
         fq->type[k] = t.type;
-        fq->imp[k] = t.importance ? t.importance : stats_importance(r, l, slot, r->simp[slot]);
+        fq->imp[k] = t.importance                 ? t.importance
+                     : xp && lin == LLMQ_LIN_DOWN ? NULL // the DOWN slot is qwen2_moe's shared expert's (or empty)
+                                                  : stats_importance(r, l, slot, r->simp[slot]);
         int64_t blck = llmq_dtype_traits(t.type)->blck;
         ao->lin_group_size[k] = blck > 1 ? (int)blck : 32; // F16 / BF16 / F32: any group, nearly lossless
         ao->fake_quant = gguf_fake_quant;

@@ -86,7 +86,10 @@
  *   Report: each layer row also has "type"; "totals" the writer's figures (tensors, bytes, whole-file
  *   bits_per_weight, fallbacks) plus linear_bits_per_weight; "gguf" the writer's own report.
  *
- * ---- Mixture of experts (mixtral, qwen3_moe) -----------------------------------------------------------
+ * ---- Mixture of experts (mixtral, qwen3_moe, qwen2_moe) ------------------------------------------------
+ *   qwen2_moe's shared expert is quantized as the block's dense gate / up / down ("blk.L.ffn_gate_shexp" in the log
+ *   and JSON, no "expert"), on every token's statistics; gptq solves its gate / up right after the experts' on the
+ *   same pass, its down after the experts' downs. Its sigmoid gate stays full precision like the router.
  *   Expert x's gate / up / down are linears of their own ("blk.L.ffn_gate_exps.X" in the log and JSON, with "expert",
  *   "routed_tokens", "calib_tokens"), solved on that expert's statistics (calib/calib.h "Per-expert statistics"),
  *   onto the writer's expert target (quant/writer.h: one grid, or the stacked tensor's one GGUF type; the importance

@@ -80,8 +80,13 @@ enum llmq_status llmq_qwriter_put_linear(struct llmq_qwriter *w, int64_t layer, 
 }
 
 struct llmq_qtarget llmq_qwriter_expert_target(const struct llmq_qwriter *w, int64_t layer, enum llmq_linear which) {
-    struct llmq_qtarget t = llmq_qwriter_target(w, layer, which); // the stacked tensor's type (gguf_export.c)
+    struct llmq_qtarget t = llmq_qwriter_target(w, layer, which);
     t.importance = NULL;
+    if (w->dir) return t;
+    t.type = llmq_gguf_export_expert_type(w->gguf, layer, which);   // the stacked tensor's (qwen2_moe: not its shared
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(t.type); // expert's, the block's dense gate / up / down)
+    LLMQ_ASSERT(tr);
+    t.kind = tr->is_quant ? LLMQ_QPAYLOAD_ROWS : LLMQ_QPAYLOAD_F32;
     return t;
 }
 

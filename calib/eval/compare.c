@@ -31,7 +31,8 @@ void llmq_compare_model_size(const struct llmq_model *m, struct llmq_compare_siz
         p += nel(L->attn_norm) + nel(L->ffn_norm) + nel(L->bq) + nel(L->bk) + nel(L->bv) + nel(L->q_norm) +
              nel(L->k_norm);
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) p += nel(L->w[k]);
-        p += nel(L->router); // moe: the router and every expert's gate, up, down
+        p += nel(L->router) + nel(L->shexp_gate); // moe: the router (qwen2_moe: the shared expert's gate) and every
+                                                  // expert's gate, up, down
         for (int64_t x = 0; L->exps && x < 3 * m->hp.n_expert; x++) p += nel(L->exps[x]);
     }
     out->n_params = p;

@@ -74,6 +74,8 @@ struct llmq_forward {
     float *out;    // (max_tokens, D) output of the attention / MLP of a block, added to x
     float *scores; // (n_threads, RB, n_pos) attention scores per worker
 
+    float *shx;             // (max_tokens, D) qwen2_moe: the shared expert's output, before its gate
+    float *shg;             // (max_tokens) qwen2_moe: the shared expert's gate logits
     struct llmq_moe *moe;   // moe families: the mixture's scratch (calib/model/moe.h); else NULL
     llmq_expert_hook ehook; // llmq_forward_set_expert_hook
     void *euser;
@@ -506,8 +508,8 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     if (!m || max_tokens < 1 || max_tokens > (1LL << 30))
         return llmq_errorf(LLMQ_ERR_ARG, "forward: max_tokens %lld out of range", (long long)max_tokens);
     const struct llmq_hparams *hp = &m->hp;
-    const int64_t D = hp->n_embd, F = hp->n_ff, V = hp->n_vocab, L = hp->n_layer, Dh = hp->head_dim;
-    const int64_t Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, T = max_tokens;
+    const int64_t D = hp->n_embd, F = hp->shexp ? hp->n_ff_shexp : hp->n_ff, V = hp->n_vocab;
+    const int64_t L = hp->n_layer, Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, T = max_tokens;
     if (n_threads < 1) n_threads = 1;
     if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
     struct llmq_forward *f = calloc(1, sizeof *f);
@@ -521,11 +523,12 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     int64_t wn = 0;
     for (int64_t il = 0; il < L; il++) {
         const struct llmq_layer *ly = &m->layers[il];
-        const int64_t n_exp = ly->exps ? 3 * hp->n_expert : 0; // moe: every expert's weights, and the router
-        for (int64_t k = 0; k < LLMQ_LIN_COUNT + n_exp + 1; k++) {
-            const struct llmq_tensor_view *w = k < LLMQ_LIN_COUNT           ? ly->w[k]
-                                               : k < LLMQ_LIN_COUNT + n_exp ? ly->exps[k - LLMQ_LIN_COUNT]
-                                                                            : ly->router;
+        const int64_t n_exp = ly->exps ? 3 * hp->n_expert : 0;     // moe: every expert's weights, the router and
+        for (int64_t k = 0; k < LLMQ_LIN_COUNT + n_exp + 2; k++) { // qwen2_moe's shared expert gate
+            const struct llmq_tensor_view *w = k < LLMQ_LIN_COUNT            ? ly->w[k]
+                                               : k < LLMQ_LIN_COUNT + n_exp  ? ly->exps[k - LLMQ_LIN_COUNT]
+                                               : k == LLMQ_LIN_COUNT + n_exp ? ly->router
+                                                                             : ly->shexp_gate;
             if (w && !direct_f32(w) && w->shape[0] * w->shape[1] > wn) wn = w->shape[0] * w->shape[1];
         }
     }
@@ -552,6 +555,10 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     f->gate = alloc_act(T * F, &ok);
     f->up = alloc_act(T * F, &ok);
     f->out = alloc_act(T * D, &ok);
+    if (hp->shexp) {
+        f->shx = alloc_act(T * D, &ok);
+        f->shg = alloc_act(T, &ok);
+    }
     enum llmq_status st = LLMQ_OK;
     if (!ok) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld tokens of %s", (long long)T, m->path);
@@ -599,6 +606,8 @@ void llmq_forward_free(struct llmq_forward *f) {
     llmq_big_free(f->gate);
     llmq_big_free(f->up);
     llmq_big_free(f->out);
+    llmq_big_free(f->shx);
+    llmq_big_free(f->shg);
     free(f->scores);
     llmq_moe_free(f->moe);
     free(f);
@@ -622,6 +631,7 @@ enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emul
     int64_t c = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
     if (hp->n_head * hp->head_dim > c) c = hp->n_head * hp->head_dim;
     if (hp->n_ff_exp > c) c = hp->n_ff_exp;
+    if (hp->n_ff_shexp > c) c = hp->n_ff_shexp;
     if (e && !f->xq && !(f->xq = llmq_big_alloc((size_t)(f->max_tokens * c) * sizeof(float), "emulated activations")))
         return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for %lld emulated activations of %s",
                            (long long)(f->max_tokens * c), f->m->path);
@@ -820,23 +830,42 @@ static void moe_hook(void *ctx, int layer, int expert, enum llmq_linear which, c
     blas_serial(f);
 }
 
-// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) for xn (n, D); moe: the mixture (calib/model/moe.h).
-static enum llmq_status mlp(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn, int64_t n,
-                            float *out, llmq_linear_hook hook, void *user) {
-    if (ly->router)
-        return llmq_moe_ffn(f->moe, &f->m->hp, ly, layer, xn, n, out, moe_linear, f, f->ehook ? moe_hook : NULL, f);
-    const int64_t F = f->m->hp.n_ff;
-    enum llmq_status st =
-        f->post_norms ? llmq_model_weight_f32(ly->ffn_post_norm, f->post_norms + f->m->hp.n_embd, 1) : LLMQ_OK;
-    if (st) return st;
+// out (n, D) = Wdown · (act(Wgate·xn) * (Wup·xn)) for xn (n, D), F = llmq_hparams_ffn_width: the dense MLP, or
+// qwen2_moe's shared expert; the hook sees down's input.
+static enum llmq_status dense_ffn(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
+                                  int64_t n, float *out, llmq_linear_hook hook, void *user) {
+    const int64_t F = llmq_hparams_ffn_width(&f->m->hp);
+    enum llmq_status st;
     if ((st = linear(f, ly->w[LLMQ_LIN_GATE], xn, n, f->gate, 0.0f))) return st;
     if ((st = linear(f, ly->w[LLMQ_LIN_UP], xn, n, f->up, 0.0f))) return st;
     struct swiglu_ctx sc = {f->gate, f->up, n * F, f->m->hp.gemma, f->emulate != LLMQ_EMULATE_NONE};
     parallel(threads_for(f, n * F * 8), swiglu_worker, &sc);
     call_hook(f, hook, user, layer, LLMQ_LIN_DOWN, f->gate, n, F);
-    if ((st = linear(f, ly->w[LLMQ_LIN_DOWN], f->gate, n, out, 0.0f))) return st;
-    if (f->post_norms) rms_norm(f, out, f->post_norms + f->m->hp.n_embd, out, n);
-    return LLMQ_OK;
+    return linear(f, ly->w[LLMQ_LIN_DOWN], f->gate, n, out, 0.0f);
+}
+
+// out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) for xn (n, D); moe: the mixture (calib/model/moe.h), and for
+// qwen2_moe + sigmoid(shexp_gate · xn) * the shared expert (Qwen2MoeSparseMoeBlock: the gated shared output added
+// to the routed sum, in f32).
+static enum llmq_status mlp(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn, int64_t n,
+                            float *out, llmq_linear_hook hook, void *user) {
+    const int64_t D = f->m->hp.n_embd;
+    enum llmq_status st;
+    if (ly->router) {
+        st = llmq_moe_ffn(f->moe, &f->m->hp, ly, layer, xn, n, out, moe_linear, f, f->ehook ? moe_hook : NULL, f);
+        if (st || !ly->shexp_gate) return st;
+        if ((st = dense_ffn(f, layer, ly, xn, n, f->shx, hook, user))) return st;
+        if ((st = linear(f, ly->shexp_gate, xn, n, f->shg, 0.0f))) return st;
+        for (int64_t t = 0; t < n; t++) {
+            const float g = 1.0f / (1.0f + expf(-f->shg[t]));
+            for (int64_t d = 0; d < D; d++) out[t * D + d] += g * f->shx[t * D + d];
+        }
+        return LLMQ_OK;
+    }
+    st = f->post_norms ? llmq_model_weight_f32(ly->ffn_post_norm, f->post_norms + D, 1) : LLMQ_OK;
+    if (!st) st = dense_ffn(f, layer, ly, xn, n, out, hook, user);
+    if (!st && f->post_norms) rms_norm(f, out, f->post_norms + D, out, n);
+    return st;
 }
 
 // x += y, both (n) floats.
@@ -882,7 +911,8 @@ static enum llmq_status check_block_args(const struct llmq_forward *f, int layer
     if (!ly) return llmq_errorf(LLMQ_ERR_ARG, "forward: block %d without weights", layer);
     const struct llmq_layer *ml = &f->m->layers[layer];
     bool ok = same_shape(ly->attn_norm, ml->attn_norm) && same_shape(ly->ffn_norm, ml->ffn_norm) &&
-              same_shape(ly->router, ml->router) && !ly->exps == !ml->exps;
+              same_shape(ly->router, ml->router) && !ly->exps == !ml->exps &&
+              same_shape(ly->shexp_gate, ml->shexp_gate);
     for (int k = 0; k < LLMQ_LIN_COUNT && ok; k++) ok = same_shape(ly->w[k], ml->w[k]);
     if (!ok)
         return llmq_errorf(LLMQ_ERR_ARG, "forward: the weights given for block %d have other shapes than the model's",

@@ -151,9 +151,11 @@ enum llmq_status llmq_forward_block_prefixed(struct llmq_forward *f, int layer, 
                                              int64_t n_seq, int64_t seqlen, const float *const *pre_k,
                                              const float *const *pre_v, const int64_t *pre_len);
 
-// ---- Mixture of experts (mixtral, qwen3_moe: calib/model/moe.h) --------------------------------------
+// ---- Mixture of experts (mixtral, qwen3_moe, qwen2_moe: calib/model/moe.h) ---------------------------
 // A moe block's MLP is the mixture: llmq_linear_hook sees LLMQ_LIN_GATE (the input of the router and every
-// expert) but no LLMQ_LIN_DOWN; the experts' inputs go to the expert hook set here (NULL: none), called from
+// expert) but no LLMQ_LIN_DOWN, except qwen2_moe's, whose LLMQ_LIN_DOWN is its shared expert's down input
+// (SiLU(gate_s) * up_s of every token; the shared expert is the block's dense gate / up / down, added after the
+// routed sum with its sigmoid gate); the experts' inputs go to the expert hook set here (NULL: none), called from
 // the calling thread with OpenBLAS's thread count restored, as the linear hook.
 void llmq_forward_set_expert_hook(struct llmq_forward *f, llmq_expert_hook hook, void *user);
 // Every expert over every token for the expert hook (llmq_moe_set_calib_all); no-op for a dense model.
@@ -175,7 +177,7 @@ enum llmq_status llmq_forward_attn(struct llmq_forward *f, int layer, const stru
 
 // out (n, D) = Wdown · (SiLU(Wgate·xn) * (Wup·xn)) of block `layer` with the weights ly for xn (n, D) (not
 // modified), 1 <= n <= max_tokens; gemma: RMSNorm(Wdown · (GELU(Wgate·xn) * (Wup·xn))) * ffn_post_norm; moe:
-// the mixture. out must not alias xn.
+// the mixture (qwen2_moe: plus its gated shared expert). out must not alias xn.
 enum llmq_status llmq_forward_mlp(struct llmq_forward *f, int layer, const struct llmq_layer *ly, const float *xn,
                                   int64_t n, float *out);
 

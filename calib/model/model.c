@@ -263,7 +263,7 @@ static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int6
     enum llmq_status st;
 
     if (x < 0) {
-        llmq_linear_full_name(k, il, true, prefix, sizeof prefix);
+        llmq_arch_linear_full_name(m->hp.arch, k, il, true, prefix, sizeof prefix);
     } else {
         llmq_tensor_expert_hf_name(m->hp.arch, LLMQ_T_FFN_GATE_EXPS + k, il, x, prefix, sizeof prefix);
         size_t len = strlen(prefix);
@@ -579,10 +579,28 @@ static enum llmq_status bind_experts(struct llmq_model *m, bool hf, int il) {
     return LLMQ_OK;
 }
 
+// qwen2_moe: the shared expert's gate of layer il, (1, D) or (D) in the file, as a (1, D) view (m->shexp_views).
+static enum llmq_status bind_shexp_gate(struct llmq_model *m, bool hf, int il) {
+    const int64_t D = m->hp.n_embd;
+    char name[128];
+    llmq_tensor_full_name(m->hp.arch, LLMQ_T_FFN_GATE_INP_SHEXP, il, hf, name, sizeof name);
+    const struct llmq_tensor_view *t = find_tensor(m, name);
+    enum llmq_status st = t && t->n_dims == 1 ? get_tensor(m, name, true, 1, D, 0, "n_embd", &t)
+                                              : get_tensor(m, name, true, 2, 1, D, "1, n_embd", &t);
+    if (st) return st;
+    struct llmq_tensor_view *v = &m->shexp_views[il];
+    *v = *t;
+    v->n_dims = 2;
+    v->shape[0] = 1;
+    v->shape[1] = D;
+    m->layers[il].shexp_gate = v;
+    return LLMQ_OK;
+}
+
 // Finds and checks every weight under its name in the source format (hf: HF spelling, else GGUF).
 static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
     const struct llmq_hparams *hp = &m->hp;
-    int64_t D = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
+    int64_t D = hp->n_embd, F = hp->shexp ? hp->n_ff_shexp : hp->n_ff, V = hp->n_vocab;
     int64_t Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim;
     enum llmq_status st;
     char name[128];
@@ -601,6 +619,8 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
     const size_t n_exp = hp->moe ? (size_t)hp->n_layer * (size_t)hp->n_expert * 3 : 0;
     if (hp->moe && (!(m->exp_ptrs = calloc(n_exp, sizeof *m->exp_ptrs)) ||
                     (!hf && !(m->exp_slices = calloc(n_exp, sizeof *m->exp_slices)))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
+    if (hp->shexp && !(m->shexp_views = calloc((size_t)hp->n_layer, sizeof *m->shexp_views)))
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
     if ((st = get_tensor(m, NAME(LLMQ_T_TOK_EMBD, 0), true, 2, V, D, "n_vocab, n_embd", &m->tok_embd))) return st;
     if ((st = get_norm(m, hf, LLMQ_T_OUTPUT_NORM, 0, D, "n_embd", &m->output_norm))) return st;
@@ -630,9 +650,10 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
             return st;
         if (fused && (st = bind_fused(m, hf, il))) return st;
         if (hp->moe && (st = bind_experts(m, hf, il))) return st;
+        if (hp->shexp && (st = bind_shexp_gate(m, hf, il))) return st;
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
             if (fused && k != LLMQ_LIN_O && k != LLMQ_LIN_DOWN) continue; // bound by bind_fused
-            if (hp->moe && k >= LLMQ_LIN_GATE) continue;                  // experts: bound by bind_experts
+            if (hp->moe && !hp->shexp && k >= LLMQ_LIN_GATE) continue;    // experts: bound by bind_experts
             NAME(LLMQ_T_LINEAR_0 + k, il);
             if (m->quant && !find_tensor(m, name)) { // an AWQ / GPTQ linear: dequantize it now
                 if ((st = dequant_linear(m, il, k, -1, wshape[k][0], wshape[k][1], &L->w[k]))) return st;
@@ -776,6 +797,7 @@ void llmq_model_free(struct llmq_model *m) {
     free(m->slices);
     free(m->exp_slices);
     free(m->exp_ptrs);
+    free(m->shexp_views);
     free(m->layers);
     llmq_gguf_free((struct llmq_gguf *)m->gguf);
     llmq_st_free((struct llmq_st_model *)m->st);

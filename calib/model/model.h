@@ -1,6 +1,6 @@
 /*
  * calib/model/model.h — a LLaMA-family decoder (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral,
- * qwen3_moe) opened from a
+ * qwen3_moe, qwen2_moe) opened from a
  * GGUF file or a Hugging Face directory, as hyper-parameters plus non-owning views of its weights.
  *
  * What it is: the loader that reads the architecture description (GGUF `<arch>.*` metadata, or
@@ -44,6 +44,10 @@
  *   the forward pass converts one expert's weight at a time, only for experts some token is routed to.
  *   AWQ / GPTQ directories of these families (as llmq writes them: quant/export.h llmq_export_expert) are read with
  *   every expert's packed linear dequantized on load into an owned F32 view, as the dense linears are.
+ *   qwen2_moe (formats/llama/arch.h "Qwen2-MoE's shared expert"): w[GATE], w[UP], w[DOWN] are the shared expert
+ *   ((Fs, D), (Fs, D), (D, Fs); a quantized directory's packed mlp.shared_expert.*_proj dequantized like the dense
+ *   linears) and layers[l].shexp_gate its gate, a (1, D) view of ffn_gate_inp_shexp whether the file stores it as
+ *   (1, D) or (D) (m->shexp_views).
  *
  * ---- Quantized HF directories (the outputs of `llmq quantize`, AutoAWQ, AutoGPTQ, GPTQModel) ---
  *   config.json "quantization_config" decides (absent or null: a plain model, which includes
@@ -103,10 +107,12 @@ struct llmq_layer {
     // moe families (w[GATE], w[UP], w[DOWN] are NULL there): see "Mixture of experts"
     const struct llmq_tensor_view *router;      // (E, D) ffn_gate_inp; NULL unless moe
     const struct llmq_tensor_view *const *exps; // (E, 3) expert x's gate (Fe, D), up (Fe, D), down (D, Fe); or NULL
+    // qwen2_moe: w[GATE], w[UP], w[DOWN] are the shared expert's (Fs, D), (Fs, D), (D, Fs), and its gate:
+    const struct llmq_tensor_view *shexp_gate; // (1, D) ffn_gate_inp_shexp; NULL unless qwen2_moe
 };
 
 // Block L's linear `which`, or (expert >= 0; which GATE, UP or DOWN of a moe block) expert `expert`'s; NULL when the
-// block has no such weight (a moe block's dense gate / up / down).
+// block has no such weight (a moe block's dense gate / up / down, except qwen2_moe's shared expert).
 static inline const struct llmq_tensor_view *llmq_layer_linear(const struct llmq_layer *L, int which, int64_t expert) {
     if (expert < 0) return L->w[which];
     return L->exps && which >= LLMQ_LIN_GATE ? L->exps[3 * expert + (which - LLMQ_LIN_GATE)] : NULL;
@@ -131,6 +137,7 @@ struct llmq_model {
     struct llmq_tensor_view *slices; // (n_layer, LLMQ_LIN_COUNT) phi3: row ranges of the fused tensors (data not owned)
     struct llmq_tensor_view *exp_slices;      // (n_layer, E, 3) GGUF moe: each expert's part of a stacked tensor
     const struct llmq_tensor_view **exp_ptrs; // (n_layer, E, 3) what layers[l].exps point into
+    struct llmq_tensor_view *shexp_views;     // (n_layer) qwen2_moe: ffn_gate_inp_shexp as (1, D) (data not owned)
 };
 
 // What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.

@@ -311,7 +311,8 @@ done:
 // Expected shape (outermost first) of table entry i, for the checks of both directions. Returns
 // n_dims, 0 for an entry that does not belong to hp (a bias the architecture lacks).
 static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) {
-    int64_t D = hp->n_embd, F = hp->n_ff, q = hp->n_head * hp->head_dim, kv = hp->n_head_kv * hp->head_dim;
+    int64_t D = hp->n_embd, F = hp->shexp ? hp->n_ff_shexp : hp->n_ff, q = hp->n_head * hp->head_dim;
+    int64_t kv = hp->n_head_kv * hp->head_dim;
     // (out, in) of each linear; a bias is (out)
     const int64_t lin[LLMQ_LIN_COUNT][2] = {{q, D}, {kv, D}, {kv, D}, {D, q}, {F, D}, {F, D}, {D, F}};
     switch (i) {
@@ -332,6 +333,7 @@ static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) 
     case LLMQ_T_ATTN_Q_NORM:
     case LLMQ_T_ATTN_K_NORM: return hp->qk_norm ? (shape[0] = hp->head_dim, 1) : 0;
     case LLMQ_T_FFN_GATE_INP: return hp->moe ? (shape[0] = hp->n_expert, shape[1] = D, 2) : 0;
+    case LLMQ_T_FFN_GATE_INP_SHEXP: return hp->shexp ? (shape[0] = 1, shape[1] = D, 2) : 0;
     case LLMQ_T_FFN_GATE_EXPS:
     case LLMQ_T_FFN_UP_EXPS:
     case LLMQ_T_FFN_DOWN_EXPS: {
@@ -342,7 +344,7 @@ static int expected_shape(const struct llmq_hparams *hp, int i, int64_t *shape) 
     }
     default:
         if (i < LLMQ_T_LINEAR_0 || i >= LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT) return 0;
-        if (hp->moe && i >= LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE) return 0; // the experts replace the dense MLP
+        if (hp->moe && !hp->shexp && i >= LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE) return 0; // the experts replace it
         if (llmq_arch_info_of(hp->arch)->fused) { // phi3: q is q, k, v; up is gate, up; no k, v, gate of their own
             if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_Q) return shape[0] = q + 2 * kv, shape[1] = D, 2;
             if (i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP) return shape[0] = 2 * F, shape[1] = D, 2;
@@ -362,6 +364,7 @@ static enum llmq_status check_shape(const char *path, const struct llmq_tensor_v
                            llmq_arch_name(hp->arch));
     bool ok = v->n_dims == nd;
     for (int d = 0; ok && d < nd; d++) ok = v->shape[d] == shape[d];
+    if (i == LLMQ_T_FFN_GATE_INP_SHEXP && v->n_dims == 1 && v->shape[0] == hp->n_embd) ok = true; // llama-quantize's
     if (!ok) {
         struct llmq_tensor_view e = {.n_dims = nd};
         char want[64];
@@ -388,12 +391,16 @@ static enum llmq_status check_complete(const char *path, const struct llmq_hpara
     return LLMQ_OK;
 }
 
-// What convert_hf_to_gguf.py always writes in f32: 1-D tensors (norms, biases) and the moe router (ffn_gate_inp,
-// which llama-quantize never quantizes either).
+// What convert_hf_to_gguf.py always writes in f32: 1-D tensors (norms, biases), the moe router (ffn_gate_inp,
+// which llama-quantize never quantizes either) and qwen2_moe's shared expert gate (ffn_gate_inp_shexp).
 static bool keeps_f32(const char *gguf_name, int n_dims) {
-    static const char router[] = "ffn_gate_inp.weight";
-    size_t n = strlen(gguf_name), r = sizeof router - 1;
-    return n_dims <= 1 || (n >= r && strcmp(gguf_name + n - r, router) == 0);
+    static const char *const f32[] = {"ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"};
+    size_t n = strlen(gguf_name);
+    for (size_t k = 0; k < sizeof f32 / sizeof f32[0]; k++) {
+        size_t r = strlen(f32[k]);
+        if (n >= r && strcmp(gguf_name + n - r, f32[k]) == 0) return true;
+    }
+    return n_dims <= 1;
 }
 
 // ============================================================================ experts ====
@@ -579,6 +586,11 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
         j->dtype = o->dtype;
         j->n_dims = tv->n_dims;
         memcpy(j->shape, tv->shape, sizeof(j->shape));
+        if (e == LLMQ_T_FFN_GATE_INP_SHEXP) { // nn.Linear(hidden, 1): (1, D) in HF whatever the GGUF holds
+            j->n_dims = 2;
+            j->shape[0] = 1;
+            j->shape[1] = hp.n_embd;
+        }
         j->perm_heads = qk_heads(&hp, e);
         j->shift = llmq_tensor_norm_shifted(hp.arch, e) ? -1.0f : 0.0f;
         if ((st = job_check(in, j))) goto done;

@@ -40,7 +40,11 @@
  * i.e. GGUF row h*Dh + 2*i + j holds HF row h*Dh + j*Dh/2 + i (i < Dh/2, j in {0, 1}); k uses
  * n_head_kv. llmq_arch_qk_src_row() (formats/llama/arch.h) gives the source row of an output row in either direction.
  *
- * ---- Experts (mixtral, qwen3_moe: formats/llama/arch.h "Mixture of experts") ----------------------
+ * ---- Experts (mixtral, qwen3_moe, qwen2_moe: formats/llama/arch.h "Mixture of experts") ----------
+ * qwen2_moe's shared expert (mlp.shared_expert.*_proj <-> ffn_{gate,up,down}_shexp) converts as dense linears, its
+ * gate mlp.shared_expert_gate (1, D) <-> ffn_gate_inp_shexp in f32 (GGUF ne [D, 1] as convert_hf_to_gguf.py writes
+ * it; a 1-D (D) input, llama-quantize's form, is read too and written back to HF as (1, D)); the KVs add
+ * .expert_feed_forward_length and .expert_shared_feed_forward_length.
  * HF -> GGUF stacks the E per-expert tensors of a block (model.layers.N.block_sparse_moe.experts.X.w1 / w3 / w2,
  * or mlp.experts.X.gate_proj / up_proj / down_proj) into one 3-D tensor each, expert X's rows at [X] as
  * convert_hf_to_gguf.py's torch.stack: blk.N.ffn_gate_exps / ffn_up_exps (E, Fe, D), ffn_down_exps (E, D, Fe),

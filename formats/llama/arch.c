@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-// {gguf, hf, hf_gemma, per_block, linear, qk_rows, gemma_only, norm, moe_only}
+// {gguf, hf, hf_gemma, per_block, linear, qk_rows, gemma_only, norm, moe_only, shexp_only}
 static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
     [LLMQ_T_TOK_EMBD] = {"token_embd.weight", "model.embed_tokens.weight", NULL, false, -1, false, false, false},
     [LLMQ_T_OUTPUT_NORM] = {"output_norm.weight", "model.norm.weight", NULL, false, -1, false, false, true},
@@ -37,7 +37,14 @@ static const struct llmq_tensor_name table[LLMQ_T_COUNT] = {
     [LLMQ_T_FFN_GATE_EXPS] = {"ffn_gate_exps.weight", NULL, NULL, true, LLMQ_LIN_GATE, false, false, false, true},
     [LLMQ_T_FFN_UP_EXPS] = {"ffn_up_exps.weight", NULL, NULL, true, LLMQ_LIN_UP, false, false, false, true},
     [LLMQ_T_FFN_DOWN_EXPS] = {"ffn_down_exps.weight", NULL, NULL, true, LLMQ_LIN_DOWN, false, false, false, true},
+    [LLMQ_T_FFN_GATE_INP_SHEXP] = {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", NULL, true, -1, false,
+                                   false, false, true, true},
 };
+
+// The shared-expert families' dense MLP rows: the shared expert's gate, up, down (GGUF, HF).
+static const char *const shexp_names[3][2] = {{"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+                                              {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+                                              {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"}};
 
 // The moe families' HF names in a block: the router, and each expert's gate, up, down around its index.
 static const struct {
@@ -49,6 +56,9 @@ static const struct {
                            "block_sparse_moe.experts.",
                            {".w1.weight", ".w3.weight", ".w2.weight"}},
     [LLMQ_ARCH_QWEN3_MOE] = {"mlp.gate.weight",
+                             "mlp.experts.",
+                             {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}},
+    [LLMQ_ARCH_QWEN2_MOE] = {"mlp.gate.weight",
                              "mlp.experts.",
                              {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}},
 };
@@ -75,10 +85,16 @@ static bool arch_fused(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT 
 
 static bool arch_moe(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT && llmq_arch_info_of(a)->moe; }
 
+static bool arch_shexp(enum llmq_arch a) { return (unsigned)a < LLMQ_ARCH_COUNT && llmq_arch_info_of(a)->shexp; }
+
 // The name of table row i in family a (NULL: not a tensor of a).
 static const char *row_name(enum llmq_arch a, int i, bool hf) {
     const struct llmq_tensor_name *t = &table[i];
     if (t->gemma_only && !arch_gemma(a)) return NULL;
+    if (t->shexp_only && !arch_shexp(a)) return NULL;
+    if (arch_shexp(a) && i >= LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE && i <= LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN)
+        return shexp_names[i - (LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE)][hf]; // the shared expert is the dense MLP
+    if (t->moe_only && hf && i == LLMQ_T_FFN_GATE_INP_SHEXP) return t->hf;
     if (t->moe_only != arch_moe(a) && (t->moe_only || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_GATE ||
                                        i == LLMQ_T_LINEAR_0 + LLMQ_LIN_UP || i == LLMQ_T_LINEAR_0 + LLMQ_LIN_DOWN))
         return NULL; // the router and experts are the moe families' only, the dense MLP theirs not
@@ -192,8 +208,16 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 }
 const char *llmq_linear_name(enum llmq_linear l) { return (unsigned)l < LLMQ_LIN_COUNT ? lin_short[l] : "?"; }
 
+char *llmq_arch_linear_full_name(enum llmq_arch a, enum llmq_linear l, int64_t layer, bool hf, char *buf, size_t size) {
+    if (!arch_shexp(a) || l < LLMQ_LIN_GATE || l > LLMQ_LIN_DOWN) return llmq_linear_full_name(l, layer, hf, buf, size);
+    const char *n = shexp_names[l - LLMQ_LIN_GATE][hf];
+    snprintf(buf, size, "%s%lld.%.*s", hf ? HF_BLOCK : GGUF_BLOCK, (long long)layer,
+             (int)(strlen(n) - strlen(".weight")), n);
+    return buf;
+}
+
 // {name, hf_model_type, hf_class, gguf_name, qk_permuted, qkv_bias, qk_norm, gemma, always_tied, swa_pattern, fused,
-//  moe}
+//  moe, shexp}
 static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
     [LLMQ_ARCH_LLAMA] = {"llama", "llama", "LlamaForCausalLM", "llama", true, false, false, false, false, 0},
     [LLMQ_ARCH_MISTRAL] = {"mistral", "mistral", "MistralForCausalLM", "llama", true, false, false, false, false, 0},
@@ -206,6 +230,8 @@ static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {
                            false, true},
     [LLMQ_ARCH_QWEN3_MOE] = {"qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", false, false, true, false,
                              false, 0, false, true},
+    [LLMQ_ARCH_QWEN2_MOE] = {"qwen2_moe", "qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe", false, true, false, false,
+                             false, 0, false, true, true},
 };
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a) {

@@ -1,6 +1,6 @@
 /*
  * formats/llama/arch.h — the one description of the LLaMA-family architectures llmq reads and writes
- * (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe): the architecture enum, the
+ * (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe, qwen2_moe): the architecture enum, the
  * hyper-parameters, the tensor-name table (llmq role <-> GGUF name <-> Hugging Face name), whether GGUF stores the q/k
  * rows permuted and the row map of that permutation, the llama3 RoPE frequency factors, and the Gemma block's rules.
  *
@@ -67,7 +67,28 @@
  * so by transformers 5) | num_experts; K expert_used_count / num_experts_per_tok; Fe expert_feed_forward_length
  * (qwen3moe; mixtral: feed_forward_length) / intermediate_size (mixtral) | moe_intermediate_size; norm_topk_prob
  * (qwen3_moe, default false as Qwen3MoeConfig; true when read from a GGUF). qwen3_moe's decoder_sparse_step other than
- * 1 and a non-empty mlp_only_layers (dense blocks) are refused, as is Qwen2-MoE's shared expert (not modelled).
+ * 1 and a non-empty mlp_only_layers (dense blocks) are refused.
+ *
+ * ---- Qwen2-MoE's shared expert (qwen2_moe: modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock; llama.cpp
+ *      src/models/qwen2moe.cpp, conversion/qwen.py Qwen2MoeModel) ----------------------------------------------
+ *   qwen2's attention (q/k/v biases, NEOX, unpermuted) and per block the routed experts of qwen3_moe's names, plus
+ *   a shared expert that every token goes through, gated per token by a sigmoid:
+ *   GGUF name                       HF name                                         shape
+ *   blk.N.ffn_gate_inp_shexp.weight model.layers.N.mlp.shared_expert_gate.weight    (1, D) (GGUF: (D) once
+ *                                                                                   llama-quantize wrote it)
+ *   blk.N.ffn_gate_shexp.weight     model.layers.N.mlp.shared_expert.gate_proj.weight (Fs, D)
+ *   blk.N.ffn_up_shexp.weight       model.layers.N.mlp.shared_expert.up_proj.weight   (Fs, D)
+ *   blk.N.ffn_down_shexp.weight     model.layers.N.mlp.shared_expert.down_proj.weight (D, Fs)
+ *   out = mixture(n2) + sigmoid(shexp_gate · n2) * Wdown_s · (SiLU(Wgate_s · n2) * (Wup_s · n2)), the shared expert's
+ *   term added after the routed sum. The shared expert's gate / up / down are the roles LLMQ_T_LINEAR_0 + GATE / UP /
+ *   DOWN of the family (a dense MLP of width Fs, llmq_hparams_ffn_width); the gate ffn_gate_inp_shexp stays f32 like
+ *   the router (convert_hf_to_gguf.py keeps FFN_GATE_INP_SHEXP in f32; it is 1-D for llama-quantize). Keys: E
+ *   expert_count / num_experts (60); K expert_used_count / num_experts_per_tok (4); Fe expert_feed_forward_length /
+ *   moe_intermediate_size (1408); Fs expert_shared_feed_forward_length / shared_expert_intermediate_size (5632;
+ *   llama.cpp: n_ff when absent); n_ff feed_forward_length / intermediate_size (the width of dense blocks, which
+ *   llmq refuses: kept for the round trip only). norm_topk_prob (default false as Qwen2MoeConfig): llama.cpp's
+ *   qwen2moe graph never renormalises, so a GGUF is false and true has no GGUF form. decoder_sparse_step other than
+ *   1, a non-empty mlp_only_layers and qkv_bias false are refused.
  *
  * ---- Gemma (gemma2, gemma3: modeling_gemma2.py / modeling_gemma3.py, llama.cpp src/models/gemma2.cpp,
  *      gemma3.cpp, conversion/gemma.py) ---------------------------------------------------------
@@ -159,10 +180,11 @@ enum llmq_arch {
     LLMQ_ARCH_PHI3,
     LLMQ_ARCH_MIXTRAL,
     LLMQ_ARCH_QWEN3_MOE,
+    LLMQ_ARCH_QWEN2_MOE,
     LLMQ_ARCH_COUNT
 };
 #define LLMQ_ARCH_NAMES                                                                                                \
-    "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe" // the families, for messages
+    "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe, qwen2_moe" // the families, for messages
 
 // One row per family.
 struct llmq_arch_info {
@@ -179,6 +201,7 @@ struct llmq_arch_info {
     int swa_pattern;           // default period of the sliding-window layers (see "Gemma"); 0: no sliding window
     bool fused;                // q/k/v and gate/up stored as one tensor each (see "Phi-3")
     bool moe;                  // every block's MLP is a mixture of experts (see "Mixture of experts")
+    bool shexp;                // and a gated shared expert (see "Qwen2-MoE's shared expert")
 };
 
 // How RoPE pairs the dimensions of one head of Dh values.
@@ -223,7 +246,16 @@ struct llmq_hparams {
     int64_t n_expert_used; // experts per token (K), 1 <= K <= E
     int64_t n_ff_exp;      // one expert's intermediate width (Fe); mixtral: n_ff
     bool norm_topk_prob;   // the K routing weights renormalised to sum 1 (mixtral: always)
+    // qwen2_moe only (see "Qwen2-MoE's shared expert"):
+    bool shexp;         // the family's: a shared expert, gated by sigmoid(ffn_gate_inp_shexp · n2)
+    int64_t n_ff_shexp; // its intermediate width (Fs)
 };
+
+// The width of a block's dense MLP (w[GATE], w[UP], w[DOWN]): n_ff, the shared expert's Fs for qwen2_moe, 0 for the
+// other moe families (they have none).
+static inline int64_t llmq_hparams_ffn_width(const struct llmq_hparams *hp) {
+    return hp->shexp ? hp->n_ff_shexp : hp->moe ? 0 : hp->n_ff;
+}
 #define LLMQ_HPARAMS_MAX_EXPERTS 4096
 
 #define LLMQ_HPARAMS_MAX_DIM (1LL << 24) // any single dimension
@@ -255,12 +287,13 @@ enum llmq_tensor_role {
     LLMQ_T_BIAS_O,
     LLMQ_T_ATTN_Q_NORM, // (Dh) qk_norm families
     LLMQ_T_ATTN_K_NORM,
-    LLMQ_T_ATTN_POST_NORM, // (D) gemma families: after attention
-    LLMQ_T_FFN_POST_NORM,  // (D) after the MLP
-    LLMQ_T_FFN_GATE_INP,   // (E, D) moe families: the router (kept in f32)
-    LLMQ_T_FFN_GATE_EXPS,  // (E, Fe, D) moe: every expert's gate, stacked in GGUF (HF: one tensor per expert)
-    LLMQ_T_FFN_UP_EXPS,    // (E, Fe, D)
-    LLMQ_T_FFN_DOWN_EXPS,  // (E, D, Fe)
+    LLMQ_T_ATTN_POST_NORM,     // (D) gemma families: after attention
+    LLMQ_T_FFN_POST_NORM,      // (D) after the MLP
+    LLMQ_T_FFN_GATE_INP,       // (E, D) moe families: the router (kept in f32)
+    LLMQ_T_FFN_GATE_EXPS,      // (E, Fe, D) moe: every expert's gate, stacked in GGUF (HF: one tensor per expert)
+    LLMQ_T_FFN_UP_EXPS,        // (E, Fe, D)
+    LLMQ_T_FFN_DOWN_EXPS,      // (E, D, Fe)
+    LLMQ_T_FFN_GATE_INP_SHEXP, // (1, D) qwen2_moe: the shared expert's gate (kept in f32)
     LLMQ_T_COUNT
 };
 
@@ -278,6 +311,7 @@ struct llmq_tensor_name {
     bool gemma_only;      // a tensor of the gemma families only (their post norms)
     bool norm;            // a norm weight: 1 + w in GGUF and w in HF for the gemma families
     bool moe_only;        // a tensor of the moe families only (router, experts); their dense MLP rows are absent
+    bool shexp_only;      // a tensor of the shared-expert families only (ffn_gate_inp_shexp)
 };
 
 // The table row of a role (never NULL for role < LLMQ_T_COUNT).
@@ -317,6 +351,9 @@ const char *llmq_linear_hf_name(enum llmq_linear l);
 // A linear's full stem in block `layer`: "blk.N.attn_q" (GGUF) or "model.layers.N.self_attn.q_proj" (HF),
 // the prefix of its tensors (".weight"; the quantized formats' ".qweight", ".scales", ...). Returns buf.
 char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *buf, size_t size);
+// The same in family a's names: qwen2_moe's gate / up / down are its shared expert's ("blk.N.ffn_gate_shexp",
+// "model.layers.N.mlp.shared_expert.gate_proj"); the other families' as llmq_linear_full_name. Returns buf.
+char *llmq_arch_linear_full_name(enum llmq_arch a, enum llmq_linear l, int64_t layer, bool hf, char *buf, size_t size);
 const char *llmq_linear_name(enum llmq_linear l); // short: "q", "k", "v", "o", "gate", "up", "down"
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a); // never NULL for a < LLMQ_ARCH_COUNT

@@ -23,6 +23,7 @@ static void set_arch(struct llmq_hparams *hp, enum llmq_arch a, bool gguf) {
     hp->qk_norm = ai->qk_norm;
     hp->gemma = ai->gemma;
     hp->moe = ai->moe;
+    hp->shexp = ai->shexp;
     hp->swa_pattern = ai->swa_pattern;
     hp->rope_type = gguf && ai->qk_permuted ? LLMQ_ROPE_NORM : LLMQ_ROPE_NEOX;
 }
@@ -78,6 +79,9 @@ static enum llmq_status check(const struct llmq_hparams *hp, const char *file, b
                            "and a width in [1, %lld]",
                            file, (long long)hp->n_expert, (long long)hp->n_expert_used, (long long)hp->n_ff_exp,
                            LLMQ_HPARAMS_MAX_EXPERTS, (long long)LLMQ_HPARAMS_MAX_DIM);
+    if (hp->shexp && (hp->n_ff_shexp < 1 || hp->n_ff_shexp > LLMQ_HPARAMS_MAX_DIM))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: shared expert width %lld out of range [1, %lld]", file,
+                           (long long)hp->n_ff_shexp, (long long)LLMQ_HPARAMS_MAX_DIM);
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) {
         float factor = hp->rope_scaling.factor, lo = hp->rope_scaling.low_freq_factor;
         float hi = hp->rope_scaling.high_freq_factor;
@@ -220,22 +224,25 @@ enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx
     llmq_tensor_full_name(hp->arch, LLMQ_T_BIAS_Q, 0, false, name, sizeof name);
     hp->attn_bias = !hp->qkv_bias && llmq_gguf_find_tensor(g, name) != NULL;
     if (hp->gemma && (st = gemma_from_gguf(g, arch, hp))) return st;
-    if (hp->moe) { // llama.cpp's graphs renormalise the top-k weights (build_moe_ffn norm_w) in both families
-        hp->n_expert = n_exp;
-        hp->norm_topk_prob = true;
+    if (hp->moe) { // llama.cpp's llama / qwen3moe graphs renormalise the top-k weights (build_moe_ffn norm_w),
+        hp->n_expert = n_exp; // its qwen2moe graph does not
+        hp->norm_topk_prob = !hp->shexp;
         if ((st = gguf_int(g, arch, "expert_used_count", true, 0, &hp->n_expert_used)) ||
-            (st = gguf_int(g, arch, "expert_feed_forward_length", false, hp->n_ff, &hp->n_ff_exp)))
+            (st = gguf_int(g, arch, "expert_feed_forward_length", false, hp->n_ff, &hp->n_ff_exp)) ||
+            (hp->shexp &&
+             (st = gguf_int(g, arch, "expert_shared_feed_forward_length", false, hp->n_ff, &hp->n_ff_shexp))))
             return st;
     }
     return check(hp, path, true);
 }
 
 enum llmq_status llmq_hparams_check_gguf(const struct llmq_hparams *hp, const char *file) {
-    if (hp->moe && !hp->norm_topk_prob)
+    if (hp->moe && hp->norm_topk_prob == hp->shexp)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: %s with norm_topk_prob false: llama.cpp's graph always renormalises the top-k routing "
-                           "weights, so a GGUF cannot express it",
-                           file, llmq_arch_name(hp->arch));
+                           "%s: %s with norm_topk_prob %s: llama.cpp's graph %s the top-k routing weights, so a GGUF "
+                           "cannot express it",
+                           file, llmq_arch_name(hp->arch), hp->shexp ? "true" : "false",
+                           hp->shexp ? "never renormalises" : "always renormalises");
     if (hp->arch == LLMQ_ARCH_MIXTRAL && hp->n_ff_exp != hp->n_ff)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: mixtral with an expert width other than n_ff", file);
     if (!hp->gemma) return LLMQ_OK;
@@ -306,8 +313,11 @@ enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct l
                     (st = llmq_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)hp->n_expert)) ||
                     (st = llmq_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)hp->n_expert_used))))
         return st;
-    if (hp->arch == LLMQ_ARCH_QWEN3_MOE &&
+    if ((hp->arch == LLMQ_ARCH_QWEN3_MOE || hp->shexp) &&
         (st = llmq_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)hp->n_ff_exp)))
+        return st;
+    if (hp->shexp &&
+        (st = llmq_gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)hp->n_ff_shexp)))
         return st;
     if (hp->head_dim != hp->n_embd / hp->n_head &&
         ((st = llmq_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hp->head_dim)) ||
@@ -484,18 +494,28 @@ static enum llmq_status cfg_phi3(const struct cfg *c, struct llmq_hparams *hp) {
     return cfg_int(c, "sliding_window", false, 0, &hp->sliding_window);
 }
 
-// The moe keys of config.json (defaults as transformers' MixtralConfig / Qwen3MoeConfig); see "Mixture of experts".
+// The moe keys of config.json (defaults as transformers' MixtralConfig / Qwen3MoeConfig / Qwen2MoeConfig); see
+// "Mixture of experts" and "Qwen2-MoE's shared expert".
 static enum llmq_status cfg_moe(const struct cfg *c, struct llmq_hparams *hp) {
-    const bool mix = hp->arch == LLMQ_ARCH_MIXTRAL;
+    const bool mix = hp->arch == LLMQ_ARCH_MIXTRAL, q2 = hp->shexp;
     int64_t step = 1;
     enum llmq_status st;
     hp->n_ff_exp = hp->n_ff;
     hp->norm_topk_prob = mix;
     // Qwen3MoeConfig reads num_experts; transformers 5 writes it as num_local_experts
     const char *n_key = mix || !cfg_get(c, "num_experts") ? "num_local_experts" : "num_experts";
-    if ((st = cfg_int(c, n_key, false, mix ? 8 : 128, &hp->n_expert)) ||
-        (st = cfg_int(c, "num_experts_per_tok", false, mix ? 2 : 8, &hp->n_expert_used)) ||
-        (!mix && (st = cfg_int(c, "moe_intermediate_size", false, 768, &hp->n_ff_exp))) ||
+    if ((st = cfg_int(c, n_key, false,
+                      mix  ? 8
+                      : q2 ? 60
+                           : 128,
+                      &hp->n_expert)) ||
+        (st = cfg_int(c, "num_experts_per_tok", false,
+                      mix  ? 2
+                      : q2 ? 4
+                           : 8,
+                      &hp->n_expert_used)) ||
+        (!mix && (st = cfg_int(c, "moe_intermediate_size", false, q2 ? 1408 : 768, &hp->n_ff_exp))) ||
+        (q2 && (st = cfg_int(c, "shared_expert_intermediate_size", false, 5632, &hp->n_ff_shexp))) ||
         (!mix && (st = cfg_bool(c, "norm_topk_prob", &hp->norm_topk_prob))) ||
         (!mix && (st = cfg_int(c, "decoder_sparse_step", false, 1, &step))))
         return st;
@@ -505,8 +525,13 @@ static enum llmq_status cfg_moe(const struct cfg *c, struct llmq_hparams *hp) {
                            "%s: decoder_sparse_step other than 1 or mlp_only_layers (dense blocks in a mixture of "
                            "experts) are not supported",
                            c->file);
-    if (cfg_get(c, "shared_expert_intermediate_size"))
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: a shared expert (Qwen2-MoE) is not supported", c->file);
+    if (!q2 && cfg_get(c, "shared_expert_intermediate_size"))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: a shared expert in %s is not supported (qwen2_moe's is)", c->file,
+                           llmq_arch_name(hp->arch));
+    const json_t *qb = cfg_get(c, "qkv_bias"); // Qwen2MoeConfig: true
+    if (q2 && qb && !json_is_true(qb))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: qwen2_moe with qkv_bias other than true is not supported",
+                           c->file);
     return LLMQ_OK;
 }
 
@@ -626,7 +651,7 @@ static void gemma_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
     if (hp->arch == LLMQ_ARCH_GEMMA3) json_object_set_new(c, "rope_local_base_freq", json_f32(hp->rope_theta_swa));
 }
 
-// The moe keys of config.json (MixtralConfig / Qwen3MoeConfig).
+// The moe keys of config.json (MixtralConfig / Qwen3MoeConfig / Qwen2MoeConfig).
 static void moe_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
     const bool mix = hp->arch == LLMQ_ARCH_MIXTRAL;
     json_object_set_new(c, mix ? "num_local_experts" : "num_experts", json_integer(hp->n_expert));
@@ -639,6 +664,10 @@ static void moe_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
         return;
     }
     json_object_set_new(c, "moe_intermediate_size", json_integer(hp->n_ff_exp));
+    if (hp->shexp) {
+        json_object_set_new(c, "shared_expert_intermediate_size", json_integer(hp->n_ff_shexp));
+        json_object_set_new(c, "qkv_bias", json_true());
+    }
     json_object_set_new(c, "norm_topk_prob", json_boolean(hp->norm_topk_prob));
     json_object_set_new(c, "decoder_sparse_step", json_integer(1));
     json_object_set_new(c, "mlp_only_layers", json_array());
@@ -646,14 +675,15 @@ static void moe_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
 
 json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,
                                   const char *torch_dtype) {
-    bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3 || hp->arch == LLMQ_ARCH_QWEN3_MOE;
+    bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3 || hp->arch == LLMQ_ARCH_QWEN3_MOE ||
+                hp->arch == LLMQ_ARCH_QWEN2_MOE;
     bool llama = !qwen && !hp->gemma && hp->arch != LLMQ_ARCH_PHI3 && !hp->moe;
     json_t *c = json_object();
     if (!c) return NULL;
     if (hp->gemma) gemma_to_hf_config(hp, c);
     json_object_set_new(c, "architectures", json_pack("[s]", llmq_arch_info_of(hp->arch)->hf_class));
     json_object_set_new(c, "model_type", json_string(llmq_arch_info_of(hp->arch)->hf_model_type));
-    if (hp->arch != LLMQ_ARCH_QWEN2) json_object_set_new(c, "attention_bias", json_boolean(hp->attn_bias));
+    if (!hp->qkv_bias) json_object_set_new(c, "attention_bias", json_boolean(hp->attn_bias)); // qwen2(_moe): none
     json_object_set_new(c, "attention_dropout", json_real(0.0));
     if (bos >= 0) json_object_set_new(c, "bos_token_id", json_integer(bos));
     if (eos >= 0) json_object_set_new(c, "eos_token_id", json_integer(eos));

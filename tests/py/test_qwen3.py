@@ -161,4 +161,4 @@ def test_unsupported_architecture_lists_qwen3(llmq_bin, tool, tmp_path):
         (tmp_path / "ids").write_text("1 2")
         r = run(cmd, check=False)
         assert r.returncode != 0
-        assert 'model_type "gemma" is not supported (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe)' in r.stderr, r.stderr
+        assert 'model_type "gemma" is not supported (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe, qwen2_moe)' in r.stderr, r.stderr

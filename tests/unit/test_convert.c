@@ -489,7 +489,8 @@ static void test_refusals(void) {
     before++;
     CHECK(llmq_convert(tpath("bad-arch.gguf"), tpath("bad-hf"), &o, NULL) == LLMQ_ERR_UNSUPPORTED);
     CHECK_CONTAINS(llmq_last_error(), "gpt-j");
-    CHECK_CONTAINS(llmq_last_error(), "(llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe)");
+    CHECK_CONTAINS(llmq_last_error(),
+                   "(llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, mixtral, qwen3_moe, qwen2_moe)");
     // truncated: the GGUF reader refuses it before anything is created
     struct stat sb;
     CHECK(stat(tpath("r.gguf"), &sb) == 0);

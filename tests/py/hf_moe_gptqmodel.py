@@ -1,0 +1,55 @@
+"""The transformers-venv side of tests/py/test_moe_gptqmodel.py (LLMQ_HF_PYTHON only).
+
+    python hf_moe_gptqmodel.py build TOK_DIR OUT_DIR   random f32 qwen3_moe and mixtral directories OUT/{qmoe,mix}
+                                                       with TOK_DIR's tokenizer files (GPTQModel loads one)
+    python hf_moe_gptqmodel.py load DIR IDS_FILE OUT   GPTQModel.load(DIR) on the CPU; logits (n, V) f32 of IDS to OUT
+
+Models: vocab 512, hidden 64, 2 layers, 4 heads, 2 kv heads, 8 experts of width 64, top-2, untied, seeded
+(hf_family.randomize_and_save's draws). Loading: GPTQModel 7.7's own loader with its TORCH backend in
+bfloat16, the CPU kernel that reads every packing llmq writes (GPTQ v1 / v2, AWQ GEMM); its AVX-512 f32 GPTQ kernel,
+which GPTQModel picks in float32, is not used: on llmq's asymmetric (gptq_v2) directories it gives logits unrelated to
+the model's, dense ones included, while TORCH in bf16, transformers' own GPTQ path (test_hf_load) and numpy
+(test_moe_quant) agree with llmq.
+"""
+import pathlib
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+from hf_family import randomize_and_save
+
+COMMON = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=1e4, tie_word_embeddings=False,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def build(tok, out):
+    out = pathlib.Path(out)
+    cfgs = {"qmoe": transformers.Qwen3MoeConfig(**COMMON, intermediate_size=128, moe_intermediate_size=64, head_dim=16,
+                                                num_experts=8, num_experts_per_tok=2, norm_topk_prob=True),
+            "mix": transformers.MixtralConfig(**COMMON, intermediate_size=64, num_local_experts=8,
+                                              num_experts_per_tok=2, sliding_window=None)}
+    for i, (name, cfg) in enumerate(cfgs.items()):
+        torch.manual_seed(4321 + i)
+        randomize_and_save(transformers.AutoModelForCausalLM.from_config(cfg).float(), out / name, tok, 1.0)
+
+
+def load(d, ids_file, out):
+    from gptqmodel import BACKEND, GPTQModel
+    ids = [int(t) for t in pathlib.Path(ids_file).read_text().split()]
+    m = GPTQModel.load(d, device="cpu", dtype=torch.bfloat16, backend=BACKEND.TORCH)
+    kinds = sorted({type(x).__name__ for n, x in m.model.named_modules() if ".experts." in n and n.endswith("_proj")
+                    or n.endswith(".w1")})
+    with torch.no_grad():
+        lg = m.model(torch.tensor([ids])).logits[0].float().numpy()
+    lg.astype(np.float32).tofile(out)
+    print("expert modules:", ",".join(kinds))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "build":
+        build(sys.argv[2], sys.argv[3])
+    else:
+        load(*sys.argv[2:5])

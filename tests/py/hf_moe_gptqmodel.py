@@ -2,7 +2,8 @@
 
     python hf_moe_gptqmodel.py build TOK_DIR OUT_DIR   random f32 qwen3_moe and mixtral directories OUT/{qmoe,mix}
                                                        with TOK_DIR's tokenizer files (GPTQModel loads one)
-    python hf_moe_gptqmodel.py load DIR IDS_FILE OUT   GPTQModel.load(DIR) on the CPU; logits (n, V) f32 of IDS to OUT
+    python hf_moe_gptqmodel.py load IDS_FILE DIR OUT [DIR OUT ...]
+                                                       GPTQModel.load(DIR) on the CPU; logits (n, V) f32 of IDS to OUT
 
 Models: vocab 512, hidden 64, 2 layers, 4 heads, 2 kv heads, 8 experts of width 64, top-2, untied, seeded
 (hf_family.randomize_and_save's draws). Loading: GPTQModel 7.7's own loader with its TORCH backend in
@@ -36,20 +37,21 @@ def build(tok, out):
         randomize_and_save(transformers.AutoModelForCausalLM.from_config(cfg).float(), out / name, tok, 1.0)
 
 
-def load(d, ids_file, out):
+def load(ids_file, pairs):
+    """pairs: DIR OUT ...; one process for all (importing GPTQModel takes most of the time)."""
     from gptqmodel import BACKEND, GPTQModel
     ids = [int(t) for t in pathlib.Path(ids_file).read_text().split()]
-    m = GPTQModel.load(d, device="cpu", dtype=torch.bfloat16, backend=BACKEND.TORCH)
-    kinds = sorted({type(x).__name__ for n, x in m.model.named_modules() if ".experts." in n and n.endswith("_proj")
-                    or n.endswith(".w1")})
-    with torch.no_grad():
-        lg = m.model(torch.tensor([ids])).logits[0].float().numpy()
-    lg.astype(np.float32).tofile(out)
-    print("expert modules:", ",".join(kinds))
+    for d, out in zip(pairs[0::2], pairs[1::2]):
+        m = GPTQModel.load(d, device="cpu", dtype=torch.bfloat16, backend=BACKEND.TORCH)
+        kinds = sorted({type(x).__name__ for n, x in m.model.named_modules() if ".experts." in n and n.endswith("_proj")})
+        with torch.no_grad():
+            lg = m.model(torch.tensor([ids])).logits[0].float().numpy()
+        lg.astype(np.float32).tofile(out)
+        print(f"{d}: expert modules: {','.join(kinds)}")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "build":
         build(sys.argv[2], sys.argv[3])
     else:
-        load(*sys.argv[2:5])
+        load(sys.argv[2], sys.argv[3:])

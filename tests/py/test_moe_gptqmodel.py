@@ -33,15 +33,26 @@ pytestmark = [pytest.mark.heavy,
                                  "(tests/run.sh sets it up with LLMQ_WITH_HF=1)")]
 IDS = [1, 5, 9, 33, 70, 100, 200, 300, 400, 7, 8, 9, 44, 55, 66, 77, 12, 250, 31, 480, 3, 99, 150, 222, 301, 17,
        64, 128, 256, 511, 42, 2]
+FAMILIES = ["qmoe"]
 CASES = {"gptq-sym": ["--format", "gptq", "--sym"], "gptq-asym": ["--format", "gptq"], "awq": ["--format", "awq"]}
 
 
 @pytest.fixture(scope="module")
 def work(llmq_bin, stories_v3, tmp_path_factory):
+    """The models, their quantized directories and GPTQModel's logits of each (one transformers process)."""
     d = tmp_path_factory.mktemp("moe_gptqmodel")
     run([llmq_bin, "convert", "--model", stories_v3, "--out", d / "tok", "--to", "hf", "--quiet"])  # its tokenizer
     run([HF_PYTHON, HERE / "hf_moe_gptqmodel.py", "build", d / "tok", d])
     (d / "ids.txt").write_text(" ".join(map(str, IDS)))
+    pairs = []
+    for family in FAMILIES:
+        for case, flags in CASES.items():
+            q = d / f"{family}-{case}"
+            run([llmq_bin, "quantize", "--model", d / family, "--method", "rtn", "--bits", "4", "--group-size", "32",
+                 "--out", q, "--quiet"] + flags)
+            pairs += [q, d / f"{family}-{case}-gq.f32"]
+    r = run([HF_PYTHON, HERE / "hf_moe_gptqmodel.py", "load", d / "ids.txt"] + pairs)
+    (d / "gptqmodel.log").write_text(r.stdout)
     return d
 
 
@@ -52,16 +63,14 @@ def logits(tool, model, work, name):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("family", ["qmoe"])
-def test_gptqmodel_loads_and_agrees(llmq_bin, tool, work, family, case):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gptqmodel_loads_and_agrees(tool, work, family, case):
     src, q = work / family, work / f"{family}-{case}"
-    run([llmq_bin, "quantize", "--model", src, "--method", "rtn", "--bits", "4", "--group-size", "32", "--out", q,
-         "--quiet"] + CASES[case])
     base, ours = logits(tool, src, work, f"{family}-base"), logits(tool, q, work, f"{family}-{case}-llmq")
-    r = run([HF_PYTHON, HERE / "hf_moe_gptqmodel.py", "load", q, work / "ids.txt", work / f"{family}-{case}-gq.f32"])
     theirs = np.fromfile(work / f"{family}-{case}-gq.f32", dtype=np.float32).reshape(len(IDS), -1)
-    kinds = r.stdout.strip().split(": ")[-1].split(",")
-    assert kinds and all("Linear" in k and k not in ("Linear",) for k in kinds), r.stdout
+    line = next(x for x in (work / "gptqmodel.log").read_text().splitlines() if x.startswith(f"{q}:"))
+    kinds = line.split(": ")[-1].split(",")
+    assert kinds and all("Linear" in k and k != "Linear" for k in kinds), line
     rms, effect = np.sqrt(np.mean((theirs - ours) ** 2)), np.sqrt(np.mean((ours - base) ** 2))
     top2 = np.sort(ours, axis=1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 0.1

@@ -21,6 +21,9 @@
 
 #include <cblas.h>
 #include <dirent.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -726,10 +729,19 @@ static enum llmq_status expert_source(void *user, int layer, int expert, enum ll
     return h->on ? decode_payload(h->kind, h->type, &h->ql, h->rows, w->shape[0], w->shape[1], scratch) : LLMQ_OK;
 }
 
+// The heap's free pages back to the system (glibc: malloc_trim). A moe block frees its experts' XᵀX sums one
+// expert at a time (2 x 8C² each); without this the heap keeps them and the next block's peak sits on top of them.
+static void heap_trim(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
+
 // The experts of block l start as the model's: the previous block's held results are freed.
 static void moe_bind(struct run *r, int l) {
     (void)l;
     for (int64_t j = 0; j < 3 * r->m->hp.n_expert; j++) held_free(&r->exp_held[j]);
+    heap_trim(); // the previous block's sums and results
 }
 
 // Every expert's linears of eslot (GATE: gate and up; DOWN: down) of block l; with gather, first the pass over the
@@ -748,6 +760,7 @@ static enum llmq_status moe_group(struct run *r, int l, int eslot, bool gather) 
             if (eslot == LLMQ_CALIB_EXP_GATE && k == LLMQ_LIN_DOWN) break;
             st = quantize_expert(r, l, k, x, NULL, NULL);
         }
+    heap_trim(); // the group's sums are freed
     return st;
 }
 

@@ -249,7 +249,7 @@ def test_moe_peak_ram_against_the_measured_rss(llmq_bin, models, work, method, f
     """The plan's peak RAM of a moe run against the measured peak RSS (tests/py/test_plan.py's bound, 40 %: these
     models are small, so the process's libraries weigh in). Measured as the process's own VmHWM (polled), not
     ru_maxrss, which would count this pytest process's pages at the fork. On a random qwen3_moe of 64 experts (hidden 256, width
-    512, top-8, 2 layers, bf16; 16 x 128 tokens) the plan was 5-6 % below the measured peak for gptq / awq / awq+gptq
+    512, top-8, 2 layers, bf16; 16 x 128 tokens) the plan was 5-7 % below the measured peak for gptq / awq / awq+gptq
     into a directory and gptq into GGUF (quant/plan.h "Mixture of experts")."""
     out, js = work / f"rss-{method}", work / f"rss-{method}.json"
     base = [llmq_bin, "quantize", "--model", models["wide-qmoe"]["hf"], "--out", out, "--method", method, "--format",

@@ -55,8 +55,9 @@ struct shape {
     bool calib, gguf, awq, gptq;      // calibration; GGUF output; AWQ search; GPTQ solve
     json_t *rep;                      // to_gguf: the writer's report (tensors, totals), owned here
     double lin_bytes[LLMQ_LIN_COUNT]; // to_gguf: bytes of each linear of block 0 in the output
-    // moe (mixtral, qwen3_moe): a block's gate / up / down are its E experts' (w[GATE..DOWN] NULL)
-    bool moe, moe_all; // moe_all: --moe-calib all (every expert over every token in the statistics passes)
+    // moe (mixtral, qwen3_moe, qwen2_moe): a block's gate / up / down are its E experts' (w[GATE..DOWN] NULL but
+    // where shexp: qwen2_moe's shared expert, a dense MLP of width F, and its (1, D) sigmoid gate)
+    bool moe, moe_all, shexp; // moe_all: --moe-calib all (every expert over every token in the statistics passes)
     int64_t E, K, Fe;
     double exp_bytes[3]; // to_gguf: bytes of one expert's gate, up, down in the output (block 0)
 };
@@ -66,6 +67,13 @@ struct shape {
 static int n_lin(const struct shape *s) { return LLMQ_LIN_COUNT + (s->moe ? 3 * (int)s->E : 0); }
 static const struct llmq_tensor_view *lin_view(const struct shape *s, int64_t l, int j) {
     return j < LLMQ_LIN_COUNT ? s->m->layers[l].w[j] : s->m->layers[l].exps[j - LLMQ_LIN_COUNT];
+}
+// "blk.L.<stem>.weight" of dense linear k in the GGUF (qwen2_moe's gate / up / down: "ffn_gate_shexp", ...).
+static const char *gguf_weight_name(const struct shape *s, long long l, int k, char *buf, size_t size) {
+    char stem[80];
+    llmq_arch_linear_full_name(s->m->hp.arch, (enum llmq_linear)k, l, false, stem, sizeof(stem));
+    snprintf(buf, size, "%s.weight", stem);
+    return buf;
 }
 static double vRC(const struct llmq_tensor_view *v) { return v ? (double)v->shape[0] * (double)v->shape[1] : 0; }
 static double RC(const struct shape *s, int64_t l, int k) { return vRC(lin_view(s, l, k)); }
@@ -110,23 +118,26 @@ static double max_rc(const struct shape *s) {
         for (int k = 0; k < n_lin(s); k++) mx = fmax(mx, RC(s, l, k));
     return mx;
 }
-// The XᵀX width of slot k's input: D (q/k/v, gate/up), Dq (o), F (down).
+// The XᵀX width of slot k's input: D (q/k/v, gate/up), Dq (o), F (down; a moe block without a shared expert: Fe).
 static int64_t slot_c(const struct shape *s, int slot) {
-    return slot == LLMQ_CALIB_SLOT_O ? s->Dq : slot == LLMQ_CALIB_SLOT_DOWN ? (s->moe ? s->Fe : s->F) : s->D;
+    return slot == LLMQ_CALIB_SLOT_O      ? s->Dq
+           : slot == LLMQ_CALIB_SLOT_DOWN ? (s->moe && !s->shexp ? s->Fe : s->F)
+                                          : s->D;
 }
 static double xtx_exp(const struct shape *s) { // moe: every expert's two inputs' XᵀX in f64
     return s->moe ? 8.0 * (double)s->E * ((double)s->D * (double)s->D + (double)s->Fe * (double)s->Fe) : 0;
 }
-static double xtx_all(const struct shape *s) { // the four block inputs' XᵀX in f64 (moe: no dense down; the experts')
+// The four block inputs' XᵀX in f64 (moe: the experts' too; no dense down unless qwen2_moe's shared expert).
+static double xtx_all(const struct shape *s) {
     double t = 0;
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++)
-        if (!s->moe || k != LLMQ_CALIB_SLOT_DOWN) t += 8.0 * (double)slot_c(s, k) * (double)slot_c(s, k);
+        if (!s->moe || s->shexp || k != LLMQ_CALIB_SLOT_DOWN) t += 8.0 * (double)slot_c(s, k) * (double)slot_c(s, k);
     return t + xtx_exp(s);
 }
 static double cmax_slot(const struct shape *s) {
     double mx = 0;
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) mx = fmax(mx, (double)slot_c(s, k));
-    return mx;
+    return s->moe ? fmax(mx, (double)s->Fe) : mx;
 }
 
 // Views other than the block linears: embeddings, head, norms, biases (elements, and bytes in the source).
@@ -139,8 +150,8 @@ static void other_tensors(const struct shape *s, double *elems, double *src_byte
     for (int64_t l = 0; l < s->L; l++) {
         const struct llmq_layer *ly = &m->layers[l];
         const struct llmq_tensor_view *v[] = {
-            ly->attn_norm,     ly->ffn_norm, ly->q_norm, ly->k_norm, ly->attn_post_norm,
-            ly->ffn_post_norm, ly->bq,       ly->bk,     ly->bv,     ly->router};
+            ly->attn_norm, ly->ffn_norm, ly->q_norm, ly->k_norm, ly->attn_post_norm, ly->ffn_post_norm,
+            ly->bq,        ly->bk,       ly->bv,     ly->router, ly->shexp_gate};
         for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
             if (v[i]) *elems += (double)llmq_tensor_nelements(v[i]), *src_bytes += (double)v[i]->nbytes;
     }
@@ -151,7 +162,8 @@ static int64_t count_tensors(const struct shape *s) {
     for (int64_t l = 0; l < s->L; l++) {         // and norms, plus the optional ones
         const struct llmq_layer *ly = &s->m->layers[l];
         n += !!ly->q_norm + !!ly->k_norm + !!ly->attn_post_norm + !!ly->ffn_post_norm + !!ly->bq + !!ly->bk + !!ly->bv +
-             !!ly->router + (s->moe ? 3 * s->E - 3 : 0); // moe: the experts' linears instead of the dense three
+             !!ly->router + !!ly->shexp_gate + (s->moe ? 3 * s->E - (s->shexp ? 0 : 3) : 0); // moe: + the experts'
+        // linears (instead of the dense three, but for qwen2_moe's shared expert)
     }
     return n;
 }
@@ -271,8 +283,7 @@ static void gguf_output(struct shape *s, struct llmq_plan *p, bool own_report) {
             char want[96];
             long long l = -1;
             if (sscanf(name, "blk.%lld.", &l) != 1) break;
-            snprintf(want, sizeof(want), "blk.%lld.%s.weight", l, llmq_linear_gguf_name(k));
-            if (strcmp(name, want)) continue;
+            if (strcmp(name, gguf_weight_name(s, l, k, want, sizeof(want)))) continue;
             lin += b;
             if (l == 0) s->lin_bytes[k] = b;
         }
@@ -342,10 +353,11 @@ static double weight_scratch_bytes(const struct shape *s) {
 // source's (Fe, D) weight (quant/quantize.c's gptq results, quant/awq.c's candidates: decoded per product).
 static double moe_forward_bytes(const struct shape *s, int64_t T) {
     if (!s->moe) return 0;
-    return 4.0 * (double)T * (double)(s->E + 2 * s->K + 2 + 2 * s->D + 2 * s->Fe) + 4.0 * (double)(s->Fe * s->D);
+    return 4.0 * (double)T * (double)(s->E + 2 * s->K + 2 + 2 * s->D + 2 * s->Fe + s->shexp) +
+           4.0 * (double)(s->Fe * s->D);
 }
 static double forward_bytes(const struct shape *s, int64_t T, bool scratch, double *acts) {
-    const int64_t F = s->moe ? 0 : s->F; // a moe forward never touches the dense MLP's buffers
+    const int64_t F = s->moe && !s->shexp ? 0 : s->F; // a moe forward touches no dense MLP buffer but the shared's
     double a = 4.0 * (double)T * (double)(2 * s->D + 2 * s->Dq + 2 * s->Dkv + 2 * F);
     *acts += a;
     int nt = s->o->n_threads > 0 ? s->o->n_threads : 1;
@@ -395,26 +407,37 @@ static double held_bytes(const struct shape *s, int64_t l, int k) {
 // gate and up, then every down): the pass gathering the group's XᵀX of all E experts (8C² f64 each: every expert
 // that a token reaches, all of them under --moe-calib all), then the experts' solves (the first one with all the
 // sums still held; each expert's sums are dropped and its mapped pages released once it is done, its result held:
-// a quarter of its f32 or less, decoded per product into the forward's expert scratch). P: what the block holds
-// besides (the decoded attention linears included), xtx: the sums gathered before (no true-sequential: all of
-// them, the experts' included), *wq: the held results, grown here.
-static void phases_gptq_experts(struct mem *mm, int64_t l, double P, double xtx, double *wq) {
+// a quarter of its f32 or less, decoded per product into the forward's expert scratch); qwen2_moe: the pass gathers
+// the shared expert's dense slot too, whose linears are solved after the experts (quant/quantize.c gptq_group) and
+// held as a dense block's. P0: what the block holds besides (*wq32: the decoded dense results, grown here), xtx: the
+// sums gathered before (no true-sequential: all of them, the experts' included), *wq: the held results, grown here.
+static void phases_gptq_experts(struct mem *mm, int64_t l, double P0, double *wq32, double xtx, double *wq) {
     const struct shape *s = mm->s;
-    const bool ts = s->o->true_sequential;
+    const bool ts = s->o->true_sequential, gptq = s->o->method == LLMQ_QMETHOD_GPTQ;
     for (int g = 0; g < 2; g++) {
         const double C = (double)(g ? s->Fe : s->D), sums = 8.0 * (double)s->E * C * C;
-        const double file = g ? exp_src_bytes(s, l, 2) : exp_src_bytes(s, l, -1);
-        const double left = ts ? sums : xtx - (g ? 8.0 * (double)s->E * (double)s->D * (double)s->D : 0);
+        const double Cd = (double)(g ? s->F : s->D), dsums = s->shexp ? 8.0 * Cd * Cd : 0; // the shared expert's
+        double file = g ? exp_src_bytes(s, l, 2) : exp_src_bytes(s, l, -1);
+        for (int k = g ? LLMQ_LIN_DOWN : LLMQ_LIN_GATE; s->shexp && k <= LLMQ_LIN_DOWN; k++) file += src_bytes(s, l, k);
+        double left = ts ? sums + dsums : xtx - (g ? 8.0 * (double)s->D * (double)s->D * (double)(s->E + s->shexp) : 0);
         const int j0 = LLMQ_LIN_COUNT + (g ? 2 : 0); // expert 0's gate, or its down
+        const double P = P0 + *wq32;
         if (ts)
-            phase(mm, P + *wq + mm->fwd_scratch + sums + gram_bytes((int64_t)C), file, "blk.%lld experts' %s: XtX pass",
-                  (long long)l, g ? "ffn_down" : "ffn_gate/up");
+            phase(mm, P + *wq + mm->fwd_scratch + sums + dsums + gram_bytes((int64_t)fmax(C, s->shexp ? Cd : 0)), file,
+                  "blk.%lld experts' %s: XtX pass", (long long)l, g ? "ffn_down" : "ffn_gate/up");
         const double rc = RC(s, l, j0);
         phase(mm, P + *wq + left + 8.0 * C * C + 8.0 * rc + t_bytes(s, l, j0) + solve_bytes(s, l, j0), file,
               "blk.%lld experts' %s: GPTQ solve", (long long)l, g ? "ffn_down" : "ffn_gate/up");
         for (int j = LLMQ_LIN_COUNT; j < n_lin(s); j++)
-            if ((((j - LLMQ_LIN_COUNT) % 3 == 2) == (g == 1)) && s->o->method == LLMQ_QMETHOD_GPTQ)
-                *wq += held_bytes(s, l, j);
+            if ((((j - LLMQ_LIN_COUNT) % 3 == 2) == (g == 1)) && gptq) *wq += held_bytes(s, l, j);
+        left -= sums; // every expert's dropped
+        for (int j = 0; s->shexp && j < 3 && seq_groups[g + 2][j] >= 0; j++) {
+            const int k = seq_groups[g + 2][j];
+            phase(mm,
+                  P0 + *wq32 + *wq + left + 8.0 * Cd * Cd + 8.0 * RC(s, l, k) + t_bytes(s, l, k) + solve_bytes(s, l, k),
+                  0.0, "blk.%lld %s: GPTQ solve", (long long)l, llmq_linear_gguf_name(k));
+            if (gptq) *wq += held_bytes(s, l, k), *wq32 += 4.0 * RC(s, l, k);
+        }
     }
 }
 
@@ -458,7 +481,7 @@ static void phases_gptq(struct mem *mm, int64_t l) {
         }
     }
     (void)ly;
-    if (s->moe) phases_gptq_experts(mm, l, P0 + wq32, xtx_left, &wq);
+    if (s->moe) phases_gptq_experts(mm, l, P0, &wq32, xtx_left, &wq);
     phase(mm, P0 + wq + wq32 + mm->fwd_scratch, 0.0, "blk.%lld: output pass", (long long)l);
 }
 
@@ -476,17 +499,21 @@ static double awq_search_bytes(const struct shape *s, int64_t l) {
             gram = fmax(gram, 16.0 * C * C + 8.0 * R * C);
     }
     int64_t step = N / ao.n_sample_token > 1 ? N / ao.n_sample_token : 1, T = (N + step - 1) / step;
-    double K1 = ao.max_shrink * ao.clip_n_grid + 1, G = 128; // a group's candidates (G: a typical group)
-    const int64_t Fw = s->moe ? s->Fe : F; // moe: no dense down input (its N x F buffer stays untouched)
+    double K1 = ao.max_shrink * ao.clip_n_grid + 1, G = 128;             // a group's candidates (G: a typical group)
+    const int64_t Fw = s->moe ? (s->shexp && F > s->Fe ? F : s->Fe) : F; // moe: the experts' down input (and the
+                                                                         // shared expert's)
     double clip =
         8.0 * T * G + 8.0 * CLIP_ROWS * K1 * G + 8.0 * T * CLIP_ROWS * K1 + 4.0 * T * (double)(Fw > D ? Fw : D);
     if (!s->moe) return 4.0 * (double)N * (double)(6 * D + Dq + F) + 16.0 * mrc + gram + clip;
     // quant/awq.c moe_search: three (Fe, D) expert weights (the model's in f32, the quantizer's scratch, the clip
     // search's scaled copy), the down search's candidate and scratch and its routed rows' two outputs (n_x, D) (n_x
     // taken as 4 N K / E), the sampled inputs (T, D + Fe), the clip tables
+    // (qwen2_moe: the shared expert's down input (N, F) is touched, and its gate / up candidates (2, F, D) with the
+    // quantizer's scratch widened to (max(Fe, F), D) join the gate / up search)
     double ex = (double)s->Fe * (double)D, nx = fmin((double)N, 4.0 * (double)N * (double)s->K / (double)s->E);
+    double shx = s->shexp ? 4.0 * (double)N * (double)F + 4.0 * (2.0 * F + fmax(0.0, (double)(F - s->Fe))) * D : 0;
     return 4.0 * (double)N * (double)(6 * D + Dq) + 16.0 * mrc + clip + 4.0 * 5.0 * ex + 8.0 * nx * (double)D +
-           4.0 * T * (double)(D + s->Fe) + 4.0 * 3.0 * (double)s->E * ex / G;
+           4.0 * T * (double)(D + s->Fe) + 4.0 * 3.0 * (double)s->E * ex / G + shx;
 }
 
 // AWQ / AWQ+GPTQ block l (quant/quantize.c block_awq): the fp pass, the search, the linears.
@@ -496,7 +523,9 @@ static void phases_awq(struct mem *mm, int64_t l) {
     const struct shape *s = mm->s;
     double P = mm->x + mm->fwd + mm->fbig + mm->writer, xtx = xtx_all(s), bw = 4.0 * block_rc(s, l);
     double file = block_src_bytes(s, l), cm = cmax_slot(s);
-    if (s->moe) bw = 4.0 * (block_rc(s, l) - (double)s->E * 3.0 * (double)s->Fe * (double)s->D + (double)(s->E * s->D));
+    if (s->moe) // (qwen2_moe: the shared expert's linears and its gate copied too)
+        bw = 4.0 *
+             (block_rc(s, l) - (double)s->E * 3.0 * (double)s->Fe * (double)s->D + (double)((s->E + s->shexp) * s->D));
     phase(mm, P + xtx + gram_bytes(cm), file, "blk.%lld: fp pass and XtX", (long long)l);
     phase(mm, P + xtx + bw + awq_search_bytes(s, l), file, "blk.%lld: AWQ search", (long long)l);
     double rc_max = 0, t_max = 0;
@@ -778,7 +807,8 @@ static double per(double work, double rate) { return rate > 0 ? work / rate : 0;
 static double fwd_flops(const struct shape *s, int64_t l, bool attn_only) {
     double attn = 2.0 * (RC(s, l, LLMQ_LIN_Q) + RC(s, l, LLMQ_LIN_K) + RC(s, l, LLMQ_LIN_V) + RC(s, l, LLMQ_LIN_O)) +
                   2.0 * (double)s->seqlen * (double)s->Dq;
-    if (s->moe && !attn_only) attn += 2.0 * (double)(s->E * s->D) + 6.0 * (double)(s->K * s->Fe * s->D);
+    if (s->moe && !attn_only) // (qwen2_moe: + its shared gate; the shared expert is the dense MLP below)
+        attn += 2.0 * (double)((s->E + s->shexp) * s->D) + 6.0 * (double)(s->K * s->Fe * s->D);
     return attn_only ? attn : attn + 2.0 * (RC(s, l, LLMQ_LIN_GATE) + RC(s, l, LLMQ_LIN_UP) + RC(s, l, LLMQ_LIN_DOWN));
 }
 static double moe_all_flops(const struct shape *s) {
@@ -825,7 +855,7 @@ static void time_linear(const struct shape *s, const struct llmq_plan_rates *r, 
         size_t i;
         char want[96];
         if (k < LLMQ_LIN_COUNT)
-            snprintf(want, sizeof(want), "blk.%lld.%s.weight", (long long)l, llmq_linear_gguf_name(k));
+            gguf_weight_name(s, (long long)l, k, want, sizeof(want));
         else
             snprintf(want, sizeof(want), "blk.%lld.ffn_%s_exps.weight", (long long)l,
                      llmq_linear_name((enum llmq_linear)(LLMQ_LIN_GATE + (k - LLMQ_LIN_COUNT) % 3)));
@@ -861,7 +891,8 @@ static void time_awq_search(const struct shape *s, const struct llmq_plan_rates 
     const double grc[4] = {RC(s, l, LLMQ_LIN_Q) + RC(s, l, LLMQ_LIN_K) + RC(s, l, LLMQ_LIN_V), RC(s, l, LLMQ_LIN_O),
                            RC(s, l, LLMQ_LIN_GATE) + RC(s, l, LLMQ_LIN_UP), RC(s, l, LLMQ_LIN_DOWN)};
     for (int g = 0; g < 4; g++) {
-        if ((g == 1 && !vo) || (s->moe && g >= 2)) continue; // moe: the experts' groups below
+        // moe: the experts' groups below (qwen2_moe's shared gate / up among them; its up -> down here)
+        if ((g == 1 && !vo) || (s->moe && (g == 2 || (g == 3 && !s->shexp)))) continue;
         double C = gC[g], R = gR[g];
         bool gram = C * C * N / 2.0 + grid * R * C * C < 0.5 * grid * N * R * C;
         st[ST_AWQ] +=
@@ -877,9 +908,12 @@ static void time_awq_search(const struct shape *s, const struct llmq_plan_rates 
     // expert's up -> down search (n_grid + 1 products over its n_x = N K / E rows on average) and its clip search
     // (three linears, T_x sampled rows) run
     const double E = (double)s->E, ex = (double)s->Fe * (double)s->D, nx = N * (double)s->K / E;
-    const double mix = N * (2.0 * E * (double)s->D + 6.0 * (double)s->K * ex), Tx = fmin(nx, 2.0 * ao.n_sample_token);
+    // (qwen2_moe: the shared expert in every mixture forward, its gate / up candidates made per ratio)
+    const double mix = N * (2.0 * E * (double)s->D + 6.0 * (double)s->K * ex + (s->shexp ? module[2] : 0));
+    const double Tx = fmin(nx, 2.0 * ao.n_sample_token);
     st[ST_AWQ] += per((grid + 1) * mix + E * (grid + 1) * 2.0 * nx * ex, r->sgemm_flops);
-    st[ST_AWQ] += per(grid * 2.0 * E * ex + grid * E * ex + 3.0 * E * (K1 - 1) * ex, r->rtn_eps);
+    st[ST_AWQ] +=
+        per(grid * 2.0 * E * ex + grid * E * ex + 3.0 * E * (K1 - 1) * ex + (s->shexp ? grid * grc[2] : 0), r->rtn_eps);
     st[ST_AWQ] += per((grid * 2.0 + 4.0) * E * ex, r->convert_eps) + per(3.0 * E * 2.0 * Tx * K1 * ex, r->dgemm_flops);
 }
 
@@ -900,8 +934,7 @@ static void time_other(const struct shape *s, const struct llmq_plan_rates *r, j
         long long l;
         for (int k = 0; name && k < LLMQ_LIN_COUNT && sscanf(name, "blk.%lld.", &l) == 1; k++) {
             char want[96];
-            snprintf(want, sizeof(want), "blk.%lld.%s.weight", l, llmq_linear_gguf_name(k));
-            lin = lin || !strcmp(want, name);
+            lin = lin || !strcmp(gguf_weight_name(s, l, k, want, sizeof(want)), name);
         }
         if (lin && !linears_too) continue;
         json_t *sh = json_object_get(x, "shape");
@@ -943,7 +976,12 @@ static void plan_time(const struct shape *s, struct llmq_plan *p) {
             if (o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential && s->moe) { // o, experts' gate/up, down, x_q
                 fl = 4.0 * fwd_flops(s, l, false) + 2.0 * moe_all_flops(s);
                 conv = conv_of(s, l, LLMQ_LIN_O) + 4.0 * conv_experts(s, l); // held results decoded alike
-                for (int slot = 0; slot < 2; slot++) time_xtx(s, r, (double)slot_c(s, slot), st);
+                // qwen2_moe: the shared expert unquantized in the experts' passes (gate / up in the first one)
+                if (s->shexp)
+                    conv +=
+                        conv_of(s, l, LLMQ_LIN_GATE) + conv_of(s, l, LLMQ_LIN_UP) + 2.0 * conv_of(s, l, LLMQ_LIN_DOWN);
+                for (int slot = 0; slot < (s->shexp ? LLMQ_CALIB_N_SLOTS : 2); slot++)
+                    time_xtx(s, r, (double)slot_c(s, slot), st);
                 time_xtx_experts(s, r, st);
             } else if (o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential) { // passes for o, the ffn norm, down, x_q
                 fl = 3.0 * fwd_flops(s, l, false) + fwd_flops(s, l, true);
@@ -958,7 +996,7 @@ static void plan_time(const struct shape *s, struct llmq_plan *p) {
             } else if (s->calib) { // one fp pass with every input's statistics (+ GPTQ's x_q pass)
                 fl = fwd_flops(s, l, false) * (o->method == LLMQ_QMETHOD_GPTQ ? 2.0 : 1.0) + moe_all_flops(s);
                 for (int k = 0; k < n_lin(s); k++) conv += conv_of(s, l, k);
-                for (int slot = 0; slot < (s->moe ? 3 : LLMQ_CALIB_N_SLOTS); slot++)
+                for (int slot = 0; slot < (s->moe && !s->shexp ? 3 : LLMQ_CALIB_N_SLOTS); slot++)
                     time_xtx(s, r, (double)slot_c(s, slot), st);
                 time_xtx_experts(s, r, st);
             }
@@ -993,7 +1031,7 @@ enum llmq_status llmq_plan_build(const struct llmq_model *m, const struct llmq_q
     struct shape s = {.m = m,
                       .o = o,
                       .D = hp->n_embd,
-                      .F = hp->n_ff,
+                      .F = hp->shexp ? hp->n_ff_shexp : hp->n_ff, // qwen2_moe: the shared expert's width
                       .V = hp->n_vocab,
                       .L = hp->n_layer,
                       .Dq = hp->n_head * hp->head_dim,
@@ -1004,6 +1042,7 @@ enum llmq_status llmq_plan_build(const struct llmq_model *m, const struct llmq_q
                       .gptq = llmq_qmethod_uses_gptq(o->method),
                       .moe = hp->moe,
                       .moe_all = hp->moe && o->moe_calib_all,
+                      .shexp = hp->moe && hp->shexp,
                       .E = hp->moe ? hp->n_expert : 0,
                       .K = hp->moe ? hp->n_expert_used : 0,
                       .Fe = hp->moe ? hp->n_ff_exp : 0};

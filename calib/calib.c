@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -351,18 +352,30 @@ static int64_t slot_n_in(const struct llmq_model *m, int slot) {
     }
 }
 
+// An input's XᵀX sums (C x C f64, zero) in pages of their own: untouched until the first product writes them and
+// returned to the system when freed, whatever the heap did with the previous block's (a calloc'd chunk reused
+// from the heap is zeroed by hand, so all its pages would count from the start: a moe block's per-expert sums).
+static double *xtx_alloc(int64_t C) {
+    void *p = mmap(NULL, (size_t)(C * C) * sizeof(double), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+static void xtx_free(struct llmq_calib_input *in) {
+    if (in->xtx) munmap(in->xtx, (size_t)(in->n_in * in->n_in) * sizeof(double));
+    in->xtx = NULL;
+}
+
 static enum llmq_status input_alloc(struct llmq_calib_input *in, bool with_xtx) {
     int64_t C = in->n_in;
     in->sum_abs = calloc((size_t)C, sizeof(double));
     in->sum_sq = calloc((size_t)C, sizeof(double));
-    if (with_xtx) in->xtx = calloc((size_t)(C * C), sizeof(double));
+    if (with_xtx) in->xtx = xtx_alloc(C);
     if (!in->sum_abs || !in->sum_sq || (with_xtx && !in->xtx))
         return llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for statistics of %lld inputs", (long long)C);
     return LLMQ_OK;
 }
 
 static void input_release(struct llmq_calib_input *in) {
-    free(in->xtx);
+    xtx_free(in);
     free(in->sum_abs);
     free(in->sum_sq);
     in->xtx = in->sum_abs = in->sum_sq = NULL;
@@ -540,9 +553,7 @@ enum llmq_status llmq_calib_expert_hessian(const struct llmq_calib_stats *s, int
 
 void llmq_calib_expert_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int64_t expert, int eslot) {
     struct llmq_calib_input *in = llmq_calib_expert_input(s, layer, expert, eslot);
-    if (!in) return;
-    free(in->xtx);
-    in->xtx = NULL;
+    if (in) xtx_free(in);
 }
 
 static int cmp_i64(const void *a, const void *b) {
@@ -587,9 +598,7 @@ void llmq_calib_stats_finish(struct llmq_calib_stats *s, int64_t layer) {
 
 void llmq_calib_stats_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int slot) {
     LLMQ_ASSERT(layer >= 0 && layer < s->n_layer && slot >= 0 && slot < LLMQ_CALIB_N_SLOTS);
-    struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
-    free(in->xtx);
-    in->xtx = NULL;
+    xtx_free(&s->in[layer * LLMQ_CALIB_N_SLOTS + slot]);
 }
 
 enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t layer, int slot, float *H) {

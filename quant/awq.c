@@ -79,33 +79,23 @@ void llmq_awq_opts_default(struct llmq_awq_opts *o) {
     o->n_threads = 1;
 }
 
-// A moe block's router and experts into f32 copies on views; ly.router / ly.exps set (b->ly already copied).
-static enum llmq_status copy_experts(struct llmq_awq_block *b, const struct llmq_layer *ly, int n_threads) {
+// A moe block's router (and qwen2_moe's shared expert gate) into f32 copies on views (ly.router, ly.shexp_gate;
+// b->ly already copied, its exps the model's).
+static enum llmq_status copy_router(struct llmq_awq_block *b, const struct llmq_layer *ly, int n_threads) {
     const int64_t E = b->m->hp.n_expert;
     b->E = E;
     b->Fe = b->m->hp.n_ff_exp;
-    b->ew = calloc((size_t)(3 * E), sizeof *b->ew);
-    b->vew = calloc((size_t)(3 * E), sizeof *b->vew);
-    b->eset = calloc((size_t)(3 * E), sizeof *b->eset);
+    b->n_threads = n_threads;
     b->s_down = calloc((size_t)E, sizeof *b->s_down);
-    if (!b->ew || !b->vew || !b->eset || !b->s_down || !(b->router = alloc_f32(E * b->D)))
-        return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory copying the experts of layer %d", b->layer);
+    b->eclip = calloc((size_t)(3 * E), sizeof *b->eclip);
+    if (!b->s_down || !b->eclip || !(b->router = alloc_f32(E * b->D)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the router of layer %d", b->layer);
     enum llmq_status st = llmq_model_weight_f32(ly->router, b->router, n_threads);
     f32_view(&b->vrouter, b->router, E, b->D, ly->router->name);
-    for (int64_t j = 0; j < 3 * E && !st; j++) {
-        const struct llmq_tensor_view *w = ly->exps[j];
-        const int64_t R = w->shape[0], C = w->shape[1];
-        if (!(b->ew[j] = alloc_f32(R * C)))
-            return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory copying the experts of layer %d", b->layer);
-        st = llmq_model_weight_f32(w, b->ew[j], n_threads);
-        f32_view(&b->vew[j], b->ew[j], R, C, w->name);
-        b->eset[j] = &b->vew[j];
-    }
     b->ly.router = &b->vrouter;
-    b->ly.exps = b->eset;
     if (!st && ly->shexp_gate) { // qwen2_moe: the shared expert's gate, scaled with the router
         if (!(b->shg = alloc_f32(b->D)))
-            return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory copying the experts of layer %d", b->layer);
+            return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the shared expert's gate of layer %d", b->layer);
         st = llmq_model_weight_f32(ly->shexp_gate, b->shg, n_threads);
         f32_view(&b->vshg, b->shg, 1, b->D, ly->shexp_gate->name);
         b->vshg.n_dims = 2; // (1, D) as the model's (a linear's weight, not a norm)
@@ -135,7 +125,7 @@ enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int 
     b->Dkv = hp->n_head_kv * hp->head_dim;
     for (int l = 0; l < LLMQ_LIN_COUNT; l++) {
         const struct llmq_tensor_view *w = ly->w[l];
-        if (!w) continue; // a moe block's gate / up / down: its experts (copy_experts); qwen2_moe's: its shared expert
+        if (!w) continue; // a moe block's gate / up / down: its experts (never copied); qwen2_moe's: its shared expert
         const int64_t R = w->shape[0], C = w->shape[1];
         if (!(b->w[l] = alloc_f32(R * C))) goto nomem;
         if ((st = llmq_model_weight_f32(w, b->w[l], n_threads))) goto fail;
@@ -156,7 +146,7 @@ enum llmq_status llmq_awq_block_init(const struct llmq_model *m, int layer, int 
     }
     b->ly = *ly; // the weight set: the model's block with its views on the copies
     for (int l = 0; l < LLMQ_LIN_COUNT; l++) b->ly.w[l] = b->w[l] ? &b->vw[l] : NULL;
-    if (hp->moe && (st = copy_experts(b, ly, n_threads))) goto fail;
+    if (hp->moe && (st = copy_router(b, ly, n_threads))) goto fail;
     b->ly.attn_norm = &b->vattn_norm;
     b->ly.ffn_norm = &b->vffn_norm;
     const struct llmq_tensor_view **lb[3] = {&b->ly.bq, &b->ly.bk, &b->ly.bv};
@@ -180,11 +170,9 @@ void llmq_awq_block_free(struct llmq_awq_block *b) {
     free(b->attn_norm);
     free(b->ffn_norm);
     for (int i = 0; i < 3; i++) free(b->bias[i]);
-    for (int64_t j = 0; b->ew && j < 3 * b->E; j++) free(b->ew[j]);
+    for (int64_t j = 0; b->eclip && j < 3 * b->E; j++) free(b->eclip[j]);
     for (int64_t x = 0; b->s_down && x < b->E; x++) free(b->s_down[x]);
-    free(b->ew);
-    free(b->vew);
-    free(b->eset);
+    free(b->eclip);
     free(b->s_down);
     free(b->s_ffn);
     free(b->router);
@@ -197,7 +185,7 @@ void llmq_awq_block_free(struct llmq_awq_block *b) {
 }
 
 const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin) {
-    if (b->ew && (lin == LLMQ_LIN_GATE || lin == LLMQ_LIN_UP)) return b->w[lin] ? b->s_ffn : NULL; // shared expert
+    if (b->s_down && (lin == LLMQ_LIN_GATE || lin == LLMQ_LIN_UP)) return b->w[lin] ? b->s_ffn : NULL; // shared expert
     for (int g = 0; g < b->n_groups; g++)
         for (int i = 0; i < b->groups[g].n_lin; i++)
             if (b->groups[g].lin[i] == lin) return b->groups[g].scales;
@@ -205,7 +193,7 @@ const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_lin
 }
 
 const float *llmq_awq_expert_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin, int64_t expert) {
-    if (!b->ew || lin < LLMQ_LIN_GATE || expert < 0 || expert >= b->E) return NULL;
+    if (!b->s_down || lin < LLMQ_LIN_GATE || expert < 0 || expert >= b->E) return NULL;
     return lin == LLMQ_LIN_DOWN ? b->s_down[expert] : b->s_ffn;
 }
 
@@ -512,6 +500,16 @@ static void apply_scale(struct llmq_awq_block *b, const struct llmq_awq_group *g
 // Clip search
 // ---------------------------------------------------------------------------------------------
 
+// apply_clip: W (R, C) clamped to ± best (R, C / G), one entry per (row, group of G columns).
+static void apply_clip(float *W, int64_t R, int64_t C, int64_t G, const float *best) {
+    const int64_t NG = C / G;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) {
+            const float mx = best[r * NG + c / G];
+            W[r * C + c] = fminf(fmaxf(W[r * C + c], -mx), mx);
+        }
+}
+
 // Clip table best (R, NG) of the weight W (R, C) of linear kind l of block `layer` (carrying the input scales s, or
 // NULL) from its sampled, scaled input X (T, C), then apply_clip on W; *err_out the chosen errors' sum.
 static enum llmq_status clip_weight(int layer, enum llmq_linear l, float *W, int64_t R, int64_t C, const float *s,
@@ -595,12 +593,7 @@ static enum llmq_status clip_weight(int layer, enum llmq_linear l, float *W, int
             }
         }
     }
-    // apply_clip
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t c = 0; c < C; c++) {
-            const float mx = best[r * NG + c / G];
-            W[r * C + c] = fminf(fmaxf(W[r * C + c], -mx), mx);
-        }
+    apply_clip(W, R, C, G, best);
     *err_out = err_sum;
 done:
     free(Xg);
@@ -665,77 +658,105 @@ static int64_t expert_group(const struct llmq_awq_opts *o, enum llmq_linear l, i
     return o->group_size > 0 && C % o->group_size == 0 ? o->group_size : C;
 }
 
-// Every expert's routed inputs of one fp pass of the mixture: in (n_x, D) of its gate / up, act (n_x, Fe) of its down.
-struct moe_cap {
-    int64_t E;
-    float **in, **act; // (E) each, NULL where no token was routed
-    int64_t *n;        // (E) rows
-    enum llmq_status st;
+// dst (R, C) := expert x's linear k (0 gate, 1 up, 2 down) from the model in f32, with apply_scale's factors once the
+// search chose them: gate / up columns * s_ffn, up's rows / s_down[x], down's columns * s_down[x].
+static enum llmq_status expert_scaled(const struct llmq_awq_block *b, int k, int64_t x, float *dst) {
+    const int64_t D = b->D, Fe = b->Fe;
+    enum llmq_status st = llmq_model_weight_f32(b->m->layers[b->layer].exps[3 * x + k], dst, b->n_threads);
+    if (st || !b->s_ffn) return st;
+    const float *s = b->s_ffn, *sd = b->s_down[x];
+    if (k < 2)
+        for (int64_t r = 0; r < Fe; r++)
+            for (int64_t c = 0; c < D; c++) dst[r * D + c] *= s[c];
+    if (k == 1 && sd)
+        for (int64_t r = 0; r < Fe; r++)
+            for (int64_t c = 0; c < D; c++) dst[r * D + c] /= sd[r];
+    if (k == 2 && sd)
+        for (int64_t r = 0; r < D; r++)
+            for (int64_t c = 0; c < Fe; c++) dst[r * Fe + c] *= sd[c];
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_awq_expert_weight(const struct llmq_awq_block *b, enum llmq_linear lin, int64_t expert,
+                                        float *dst) {
+    LLMQ_ASSERT(b->s_down && lin >= LLMQ_LIN_GATE && expert >= 0 && expert < b->E);
+    const int k = lin - LLMQ_LIN_GATE;
+    enum llmq_status st = expert_scaled(b, k, expert, dst);
+    const float *clip = b->eclip[3 * expert + k];
+    if (!st && clip) apply_clip(dst, k < 2 ? b->Fe : b->D, k < 2 ? b->D : b->Fe, b->eclip_g[k], clip);
+    return st;
+}
+
+// The gate / up scale search's expert source (llmq_expert_weight_fn): expert x's candidate Q(W * s) / s at the
+// ratio's scales s, made from the model's weights when the mixture reaches it; down stays the model's.
+struct ffn_cand {
+    const struct llmq_awq_block *b;
+    const struct llmq_awq_opts *o;
+    const float *s; // (D) the ratio's scales
+    float *W, *tmp; // (Fe, D) the model's weights in f32, the quantizer's scratch
+    int64_t G;
 };
 
-static void moe_capture(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
-                        int64_t n_in) {
-    struct moe_cap *c = user;
-    (void)layer;
-    float **dst = which == LLMQ_LIN_DOWN ? &c->act[expert] : &c->in[expert];
-    free(*dst);
-    if (!(*dst = alloc_f32(n * n_in))) {
-        c->st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for expert %d's inputs", expert);
-        return;
-    }
-    memcpy(*dst, in, (size_t)(n * n_in) * sizeof(float));
-    c->n[expert] = n;
+static enum llmq_status ffn_candidate(void *user, int layer, int expert, enum llmq_linear which,
+                                      const struct llmq_tensor_view *w, float *scratch, bool *filled) {
+    const struct ffn_cand *c = user;
+    *filled = false;
+    if (which == LLMQ_LIN_DOWN) return LLMQ_OK;
+    (void)expert;
+    enum llmq_status st = llmq_model_weight_f32(w, c->W, c->b->n_threads);
+    if (st) return st;
+    candidate_of(layer, LLMQ_AWQ_EXPERT_LIN(which), c->W, c->b->Fe, c->b->D, c->G, c->s, c->o, c->tmp, scratch);
+    *filled = true;
+    return LLMQ_OK;
 }
 
-static void moe_cap_free(struct moe_cap *c) {
-    for (int64_t x = 0; c->in && x < c->E; x++) {
-        free(c->in[x]);
-        free(c->act[x]);
+// The shared expert's gate / up candidates at the ratio's scales s into cand (2, Fs, D) on their views (qwen2_moe;
+// up's rows already carry its own group's scales), or (restore) the views back on the weights.
+static void shexp_candidates(struct llmq_awq_block *b, const float *s, const struct llmq_awq_opts *o, float *tmp,
+                             float *cand, bool restore) {
+    const int64_t D = b->D, Fs = b->F;
+    for (int k = 0; k < 2; k++) {
+        const enum llmq_linear l = LLMQ_LIN_GATE + k;
+        if (!restore) candidate_of(b->layer, l, b->w[l], Fs, D, expert_group(o, l, D), s, o, tmp, cand + k * Fs * D);
+        b->vw[l].data = restore ? b->w[l] : cand + k * Fs * D;
     }
-    free(c->in);
-    free(c->act);
-    free(c->n);
 }
 
-// ffn_norm -> every expert's gate and up (and the router's columns): the search over the mixture's output fp_out
-// (N, D) for the ffn input n2 (N, D); out (N, D) scratch. Result: b->s_ffn, b->ratio_ffn.
+// ffn_norm -> every expert's gate and up (and the router's columns; qwen2_moe: and the shared expert's gate / up and
+// its gate's columns): the search over the mixture's output fp_out (N, D) (qwen2_moe: the gated shared output
+// included) for the ffn input n2 (N, D); out (N, D) scratch. Result: b->s_ffn, b->ratio_ffn. w_mean reads the
+// experts one at a time; each expert's candidate is made as the mixture reaches it (ffn_candidate), the shared
+// expert's (a dense MLP whose f32 copies the block holds) before each pass.
 static enum llmq_status moe_search_ffn(struct llmq_awq_block *b, struct llmq_forward *f, const float *n2, int64_t N,
                                        const float *fp_out, float *out, const struct llmq_awq_opts *o) {
-    const int64_t D = b->D, E = b->E, Fe = b->Fe, G = expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE), D);
+    const int64_t D = b->D, E = b->E, Fe = b->Fe;
     const int64_t Fs = b->w[LLMQ_LIN_GATE] ? b->F : 0; // qwen2_moe: the shared expert's gate / up join the group
-    float *x_mean = alloc_f32(D), *w_mean = alloc_f32(D), *s = alloc_f32(D), *tmp = alloc_f32((Fe > Fs ? Fe : Fs) * D);
-    float *cand = alloc_f32(2 * (E * Fe + Fs) * D);
+    struct ffn_cand c = {.b = b, .o = o, .G = expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE), D)};
+    float *x_mean = alloc_f32(D), *w_mean = alloc_f32(D), *s = alloc_f32(D), *best_s = alloc_f32(D);
+    float *scand = Fs ? alloc_f32(2 * Fs * D) : NULL;
+    c.W = alloc_f32(Fe * D);
+    c.tmp = alloc_f32((Fe > Fs ? Fe : Fs) * D);
     double *acc = calloc((size_t)D, sizeof *acc), best = INFINITY, loss0 = 0;
     enum llmq_status st = LLMQ_OK;
-    if (!x_mean || !w_mean || !s || !tmp || !cand || !acc || !(b->s_ffn = alloc_f32(D))) {
+    if (!x_mean || !w_mean || !s || !best_s || !c.W || !c.tmp || !acc || (Fs && !scand)) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the experts' search (layer %d)", b->layer);
         goto done;
     }
     compute_x_mean(n2, N, D, x_mean);
-    for (int64_t j = 0; j < 3 * E; j++)
-        if (j % 3 != 2) w_mean_acc(b->ew[j], Fe, D, G, acc);
+    for (int64_t j = 0; j < 3 * E && !st; j++)
+        if (j % 3 != 2 && !(st = llmq_model_weight_f32(b->m->layers[b->layer].exps[j], c.W, b->n_threads)))
+            w_mean_acc(c.W, Fe, D, c.G, acc);
     for (int k = 0; k < 2 && Fs; k++)
         w_mean_acc(b->w[LLMQ_LIN_GATE + k], Fs, D, expert_group(o, LLMQ_LIN_GATE + k, D), acc);
-    for (int64_t c = 0; c < D; c++) w_mean[c] = (float)(acc[c] / (double)(2 * (E * Fe + Fs)));
+    for (int64_t i = 0; i < D; i++) w_mean[i] = (float)(acc[i] / (double)(2 * (E * Fe + Fs)));
+    c.s = s;
+    if (!st) st = llmq_forward_set_expert_source(f, ffn_candidate, &c);
     for (int i = 0; i < o->n_grid && !st; i++) {
         const float ratio = (float)((double)i / (double)o->n_grid);
         ratio_scales(x_mean, w_mean, D, ratio, o->duo_scaling, s);
-        for (int64_t x = 0; x < E; x++)
-            for (int k = 0; k < 2; k++) {
-                float *c = cand + (2 * x + k) * Fe * D;
-                candidate_of(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), b->ew[3 * x + k], Fe, D, G, s, o, tmp,
-                             c);
-                b->vew[3 * x + k].data = c;
-            }
-        for (int k = 0; k < 2 && Fs; k++) {
-            float *c = cand + 2 * E * Fe * D + k * Fs * D;
-            candidate_of(b->layer, LLMQ_LIN_GATE + k, b->w[LLMQ_LIN_GATE + k], Fs, D,
-                         expert_group(o, LLMQ_LIN_GATE + k, D), s, o, tmp, c);
-            b->vw[LLMQ_LIN_GATE + k].data = c;
-        }
+        if (Fs) shexp_candidates(b, s, o, c.tmp, scand, false);
         st = llmq_forward_mlp(f, b->layer, &b->ly, n2, N, out);
-        for (int64_t j = 0; j < 3 * E; j++) b->vew[j].data = b->ew[j];
-        for (int k = 0; k < 2 && Fs; k++) b->vw[LLMQ_LIN_GATE + k].data = b->w[LLMQ_LIN_GATE + k];
+        if (Fs) shexp_candidates(b, s, o, c.tmp, scand, true);
         const double loss = st ? NAN : mse(fp_out, out, N * D);
         if (!st && !isfinite(loss))
             st = llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d, experts' gate / up: loss %g at ratio %g", b->layer, loss,
@@ -744,38 +765,45 @@ static enum llmq_status moe_search_ffn(struct llmq_awq_block *b, struct llmq_for
         if (!st && loss < best) {
             best = loss;
             b->ratio_ffn = ratio;
-            memcpy(b->s_ffn, s, (size_t)D * sizeof(float));
+            memcpy(best_s, s, (size_t)D * sizeof(float));
         }
     }
-    if (!st)
+    (void)llmq_forward_set_expert_source(f, NULL, NULL); // back to the model's experts (no allocation)
+    if (!st) {
+        b->s_ffn = best_s; // from now on expert_scaled applies it
+        best_s = NULL;
         llmq_info("awq: layer %d ffn_norm->%lld experts' gate,up%s (+ router columns): ratio %.2f, loss %.6g (ratio 0: "
                   "%.6g)",
                   b->layer, (long long)E, Fs ? " and the shared expert's (+ its gate's columns)" : "",
                   (double)b->ratio_ffn, best, loss0);
+    }
 done:
     free(x_mean);
     free(w_mean);
     free(s);
-    free(tmp);
-    free(cand);
+    free(best_s);
+    free(scand);
+    free(c.W);
+    free(c.tmp);
     free(acc);
     return st;
 }
 
-// up_x -> down_x of expert x on its routed down inputs X (n, Fe): the loss is down_x's output. Result: s_down[x].
+// up_x -> down_x of expert x on its routed down inputs X (n, Fe): the loss is down_x's output. W (D, Fe): scratch for
+// the model's down_x. Result: s_down[x].
 static enum llmq_status moe_search_down(struct llmq_awq_block *b, int64_t x, const float *X, int64_t n,
-                                        const struct llmq_awq_opts *o, float *ratio_out) {
+                                        const struct llmq_awq_opts *o, float *W, float *ratio_out) {
     const int64_t D = b->D, Fe = b->Fe, G = expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), Fe);
-    const float *W = b->ew[3 * x + 2]; // (D, Fe)
     float *x_mean = alloc_f32(Fe), *w_mean = alloc_f32(Fe), *s = alloc_f32(Fe), *tmp = alloc_f32(D * Fe);
-    float *cand = alloc_f32(D * Fe), *fp = alloc_f32(n * D), *out = alloc_f32(n * D);
+    float *cand = alloc_f32(D * Fe), *fp = alloc_f32(n * D), *out = alloc_f32(n * D), *sx = alloc_f32(Fe);
     double *acc = calloc((size_t)Fe, sizeof *acc), best = INFINITY;
     enum llmq_status st = LLMQ_OK;
-    if (!x_mean || !w_mean || !s || !tmp || !cand || !fp || !out || !acc || !(b->s_down[x] = alloc_f32(Fe))) {
+    if (!x_mean || !w_mean || !s || !tmp || !cand || !fp || !out || !acc || !sx) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for expert %lld's search (layer %d)", (long long)x,
                          b->layer);
         goto done;
     }
+    if ((st = llmq_model_weight_f32(b->m->layers[b->layer].exps[3 * x + 2], W, b->n_threads))) goto done;
     compute_x_mean(X, n, Fe, x_mean);
     w_mean_acc(W, D, Fe, G, acc);
     for (int64_t c = 0; c < Fe; c++) w_mean[c] = (float)(acc[c] / (double)D);
@@ -792,8 +820,12 @@ static enum llmq_status moe_search_down(struct llmq_awq_block *b, int64_t x, con
         if (!st && loss < best) {
             best = loss;
             *ratio_out = ratio;
-            memcpy(b->s_down[x], s, (size_t)Fe * sizeof(float));
+            memcpy(sx, s, (size_t)Fe * sizeof(float));
         }
+    }
+    if (!st) {
+        b->s_down[x] = sx; // from now on expert_scaled applies it
+        sx = NULL;
     }
 done:
     free(x_mean);
@@ -803,95 +835,111 @@ done:
     free(cand);
     free(fp);
     free(out);
+    free(sx);
     free(acc);
     return st;
 }
 
-// apply_scale for the experts: ffn_norm /= s_ffn, the router's and every gate / up's columns *= s_ffn; per expert
-// up_x's rows /= s_down[x], down_x's columns *= s_down[x].
+// The per-expert pass (the mixture with the model's experts, after the gate / up search): its expert hook gets expert
+// x's routed gate / up input, then its down input; at the down input x's up -> down search and its clip search run.
+struct moe_step {
+    struct llmq_awq_block *b;
+    const struct llmq_awq_opts *o;
+    float *W;        // (Fe, D) one expert weight, scaled for the clip search
+    float *Sin;      // (Tmax, D) expert x's sampled gate / up input, divided by s_ffn
+    float *Sact;     // (Tmax, Fe) its sampled down input, divided by s_down[x]
+    int64_t Tin;     // rows of Sin
+    double rsum;     // Σ chosen down ratios
+    int64_t n_down;  // experts searched
+    double clip_err; // Σ chosen clip errors
+    enum llmq_status st;
+};
+
+// The clip table of expert x's linear k (0 gate, 1 up, 2 down) from the sampled, scaled input S (T, C).
+static enum llmq_status expert_clip(struct moe_step *p, int64_t x, int k, const float *S, int64_t T) {
+    struct llmq_awq_block *b = p->b;
+    const int64_t R = k < 2 ? b->Fe : b->D, C = k < 2 ? b->D : b->Fe;
+    const enum llmq_linear l = LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k); // the quantizer's index of an expert's
+    const int64_t G = expert_group(p->o, l, C);
+    const float *s = k < 2 ? b->s_ffn : b->s_down[x];
+    enum llmq_status st = expert_scaled(b, k, x, p->W);
+    if (st) return st;
+    b->eclip_g[k] = G;
+    if (!(b->eclip[3 * x + k] = alloc_f32(R * (C / G))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for expert %lld's clip table (layer %d)", (long long)x,
+                           b->layer);
+    double e = 0;
+    st = clip_weight(b->layer, l, p->W, R, C, s, S, T, p->o, G, b->eclip[3 * x + k], &e);
+    p->clip_err += e;
+    return st;
+}
+
+static void moe_step_hook(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
+                          int64_t n_in) {
+    struct moe_step *p = user;
+    struct llmq_awq_block *b = p->b;
+    const struct llmq_awq_opts *o = p->o;
+    (void)layer;
+    if (p->st) return;
+    if (which != LLMQ_LIN_DOWN) {
+        if (o->clip) p->Tin = sample_scaled(in, n, n_in, o->n_sample_token, b->s_ffn, p->Sin);
+        return;
+    }
+    float ratio = 0;
+    if ((p->st = moe_search_down(b, expert, in, n, o, p->W, &ratio))) return;
+    p->rsum += ratio;
+    p->n_down++;
+    if (!o->clip) return;
+    for (int k = 0; k < 2 && !p->st; k++) p->st = expert_clip(p, expert, k, p->Sin, p->Tin);
+    if (p->st) return;
+    const int64_t T = sample_scaled(in, n, n_in, o->n_sample_token, b->s_down[expert], p->Sact);
+    p->st = expert_clip(p, expert, 2, p->Sact, T);
+}
+
+// apply_scale's part outside the experts: ffn_norm /= s_ffn, the router's columns *= s_ffn; qwen2_moe: the shared
+// expert's gate's columns and its gate / up's *= s_ffn (the experts' factors are applied as their weights are made:
+// expert_scaled).
 static void moe_apply(struct llmq_awq_block *b) {
-    const int64_t D = b->D, Fe = b->Fe, E = b->E;
+    const int64_t D = b->D, E = b->E;
     const float *s = b->s_ffn;
     for (int64_t c = 0; c < D; c++) b->ffn_norm[c] /= s[c];
     for (int64_t r = 0; r < E; r++)
         for (int64_t c = 0; c < D; c++) b->router[r * D + c] *= s[c];
-    for (int64_t c = 0; b->shg && c < D; c++) b->shg[c] *= s[c]; // qwen2_moe: its shared expert's gate and
-    for (int k = 0; k < 2 && b->w[LLMQ_LIN_GATE]; k++)           // gate / up (whose rows up's own group scaled)
+    for (int64_t c = 0; b->shg && c < D; c++) b->shg[c] *= s[c];
+    for (int k = 0; k < 2 && b->w[LLMQ_LIN_GATE]; k++) // (up's rows scaled by its own group already)
         for (int64_t r = 0; r < b->F; r++)
             for (int64_t c = 0; c < D; c++) b->w[LLMQ_LIN_GATE + k][r * D + c] *= s[c];
-    for (int64_t x = 0; x < E; x++) {
-        for (int k = 0; k < 2; k++)
-            for (int64_t r = 0; r < Fe; r++)
-                for (int64_t c = 0; c < D; c++) b->ew[3 * x + k][r * D + c] *= s[c];
-        const float *sd = b->s_down[x];
-        for (int64_t r = 0; sd && r < Fe; r++)
-            for (int64_t c = 0; c < D; c++) b->ew[3 * x + 1][r * D + c] /= sd[r];
-        for (int64_t r = 0; sd && r < D; r++)
-            for (int64_t c = 0; c < Fe; c++) b->ew[3 * x + 2][r * Fe + c] *= sd[c];
-    }
-}
-
-// The clip search of every expert's gate / up / down on its routed, scaled inputs (after moe_apply).
-static enum llmq_status moe_clip(struct llmq_awq_block *b, const struct moe_cap *cap, const struct llmq_awq_opts *o) {
-    const int64_t D = b->D, Fe = b->Fe, C = D > Fe ? D : Fe;
-    int64_t nmax = 0, clipped = 0;
-    for (int64_t x = 0; x < b->E; x++) nmax = cap->n[x] > nmax ? cap->n[x] : nmax;
-    float *S = alloc_f32(nmax * C), *best = alloc_f32(D * Fe);
-    enum llmq_status st = S && best ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory (layer %d)", b->layer);
-    double err = 0, e;
-    for (int64_t x = 0; x < b->E && !st; x++) {
-        if (!cap->n[x]) continue;
-        int64_t T = sample_scaled(cap->in[x], cap->n[x], D, o->n_sample_token, b->s_ffn, S);
-        for (int k = 0; k < 2 && !st; k++, err += e)
-            st = clip_weight(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), b->ew[3 * x + k], Fe, D, b->s_ffn, S, T,
-                             o, expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_GATE + k), D), best, &e);
-        if (st) break;
-        T = sample_scaled(cap->act[x], cap->n[x], Fe, o->n_sample_token, b->s_down[x], S);
-        st = clip_weight(b->layer, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), b->ew[3 * x + 2], D, Fe, b->s_down[x], S, T, o,
-                         expert_group(o, LLMQ_AWQ_EXPERT_LIN(LLMQ_LIN_DOWN), Fe), best, &e);
-        err += e;
-        clipped++;
-    }
-    if (!st)
-        llmq_info("awq: layer %d experts: clip search of %lld experts' gate, up, down, error sum %.6g", b->layer,
-                  (long long)clipped, err);
-    free(S);
-    free(best);
-    return st;
 }
 
 // The experts' part of llmq_awq_search for the ffn input n2 (N, D) and the mixture's fp output mlp_fp; out (N, D)
-// scratch. f's expert hook is borrowed for one pass (and cleared).
+// scratch. f's expert hook and source are borrowed (and cleared).
 static enum llmq_status moe_search(struct llmq_awq_block *b, struct llmq_forward *f, const float *n2, int64_t N,
                                    const float *mlp_fp, float *out, const struct llmq_awq_opts *o) {
-    struct moe_cap cap = {.E = b->E};
-    cap.in = calloc((size_t)b->E, sizeof *cap.in);
-    cap.act = calloc((size_t)b->E, sizeof *cap.act);
-    cap.n = calloc((size_t)b->E, sizeof *cap.n);
-    enum llmq_status st = cap.in && cap.act && cap.n ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory");
+    enum llmq_status st = moe_search_ffn(b, f, n2, N, mlp_fp, out, o);
+    if (st) return st;
+    const int64_t Tmax = N < 2 * o->n_sample_token ? N : 2 * o->n_sample_token; // sample_scaled's rows, at most
+    struct moe_step p = {.b = b, .o = o};
+    p.W = alloc_f32(b->Fe * b->D);
+    p.Sin = alloc_f32(Tmax * b->D);
+    p.Sact = alloc_f32(Tmax * b->Fe);
+    if (!p.W || !p.Sin || !p.Sact) st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory (layer %d)", b->layer);
     if (!st) {
-        llmq_forward_set_expert_hook(f, moe_capture, &cap);
+        llmq_forward_set_expert_hook(f, moe_step_hook, &p);
         st = llmq_forward_mlp(f, b->layer, &b->ly, n2, N, out);
         llmq_forward_set_expert_hook(f, NULL, NULL);
-        if (!st) st = cap.st;
-    }
-    if (!st) st = moe_search_ffn(b, f, n2, N, mlp_fp, out, o);
-    double rsum = 0;
-    int64_t searched = 0;
-    for (int64_t x = 0; x < b->E && !st; x++) {
-        float ratio = 0;
-        if (!cap.n[x]) continue; // no token: s = 1
-        st = moe_search_down(b, x, cap.act[x], cap.n[x], o, &ratio);
-        rsum += ratio;
-        searched++;
+        if (!st) st = p.st;
     }
     if (!st)
         llmq_info("awq: layer %d up->down of %lld experts (the %lld others saw no token: unscaled), mean ratio %.2f",
-                  b->layer, (long long)searched, (long long)(b->E - searched),
-                  searched ? rsum / (double)searched : 0.0);
+                  b->layer, (long long)p.n_down, (long long)(b->E - p.n_down),
+                  p.n_down ? p.rsum / (double)p.n_down : 0.0);
+    if (!st && o->clip)
+        llmq_info("awq: layer %d experts: clip search of %lld experts' gate, up, down, error sum %.6g", b->layer,
+                  (long long)p.n_down, p.clip_err);
     if (!st) moe_apply(b);
-    if (!st && o->clip) st = moe_clip(b, &cap, o);
-    moe_cap_free(&cap);
+    free(p.W);
+    free(p.Sin);
+    free(p.Sact);
     return st;
 }
 
@@ -908,7 +956,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
                                (long long)(i / D), (long long)(i % D), (double)x[i]);
     const bool has_vo =
         lin_rows(b, LLMQ_LIN_V) == lin_rows(b, LLMQ_LIN_O) && lin_cols(b, LLMQ_LIN_V) == lin_cols(b, LLMQ_LIN_O);
-    const bool moe = b->ew != NULL; // the MLP's groups are the experts' (moe_search)
+    const bool moe = b->s_down != NULL; // the MLP's groups are the experts' (moe_search)
     struct captured cap = {.N = N};
     float *h = NULL, *attn_fp = NULL, *mlp_fp = NULL, *cand_out = NULL, *S = NULL;
     struct scale_job job = {.b = b, .f = f, .o = o, .n_seq = n_seq, .seqlen = seqlen, .N = N};
@@ -990,7 +1038,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
         }
         const enum llmq_linear clip_lins[5] = {LLMQ_LIN_V, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_UP, LLMQ_LIN_DOWN};
         const bool dense_mlp = !moe || b->w[LLMQ_LIN_DOWN];    // qwen2_moe: its shared expert
-        for (int k = 0; k < (dense_mlp ? 5 : 2) && !st; k++) { // moe: the experts' gate / up / down in moe_clip
+        for (int k = 0; k < (dense_mlp ? 5 : 2) && !st; k++) { // moe: the experts' gate / up / down in moe_search
             const enum llmq_linear l = clip_lins[k];
             const float *in = l == LLMQ_LIN_V      ? cap.n1
                               : l == LLMQ_LIN_O    ? cap.att

@@ -55,7 +55,7 @@
  * Model weights are const views into a mapped file, and the model is never changed: the search works on
  * a struct llmq_awq_block that OWNS f32 copies of the block's 7 linears, 2 norms and (qwen2) q/k/v biases,
  * and its weight set b->ly (the model's block with those views on the copies; q/k norms, post norms the
- * model's; a moe block's router and experts copied too, see "Mixture of experts"). The forward pass
+ * model's; a moe block's router copied too, its experts not: see "Mixture of experts"). The forward pass
  * (calib/model/forward.h) runs b->ly; after the search
  * it holds the scaled, folded and clipped weights, which the driver hands to the solvers and the writer
  * (quant/quantize.h, quant/writer.h llmq_qwriter_put_block).
@@ -70,6 +70,13 @@
  * down_x on the rows the router sends to x (their SiLU(gate) * up), loss = mse of down_x's output; an expert no
  * token reaches keeps s = 1 (no group). The clip search runs on every expert's gate / up / down with its own
  * routed (scaled) inputs. The attention's groups are unchanged.
+ * The experts are not copied: an expert's f32 weights exist only while it is used. The gate / up scale search
+ * makes each candidate inside the mixture's pass, expert by expert, from the model's weights
+ * (llmq_forward_set_expert_source); then ONE pass of the mixture with the original weights runs each expert's
+ * up -> down search and its clip search from the expert hook, on that expert's routed inputs (the sampled rows
+ * kept for the clip), so no expert's inputs outlive its turn. What stays per expert is its scales and its clip
+ * tables ((R, NG) per linear); llmq_awq_expert_weight makes the scaled and clipped weights from the model's again
+ * when the driver quantizes the expert (the same float operations, so the same bits as applying them in place).
  * qwen2_moe (its shared expert: formats/llama/arch.h): the post-attention norm feeds the router, the shared expert's
  * sigmoid gate (ffn_gate_inp_shexp), every expert's gate / up and the shared expert's gate / up, so its one scale s
  * must be carried by all of them: the search's group is every expert's gate / up plus the shared expert's (as
@@ -80,9 +87,11 @@
  * both unscaled, which moves them). The shared expert's up -> down is an ordinary group (the dense one, on all N
  * tokens); it is searched and applied before the experts' search, whose shared gate / up candidates thus carry up's
  * row scaling already (a per-row factor, which the group quantizers reproduce up to rounding). The clip search
- * covers the shared expert's gate / up / down on its (scaled) all-token inputs.
+ * covers the shared expert's gate / up / down on its (scaled) all-token inputs. The shared expert is a dense MLP:
+ * the block holds f32 copies of its weights (w[GATE / UP / DOWN]), as of a dense block's.
  *
- * Memory of llmq_awq_search (f32): the block copies (its weights once), plus for N tokens the
+ * Memory of llmq_awq_search (f32): the block copies (its dense weights once; a moe block: the router, and of the
+ * experts three (Fe, D) weights, the clip tables and (2 n_sample_token, D + Fe) sampled rows), plus for N tokens the
  * captured inputs n1 (N, D), o input (N, Dq), n2 (N, D), down input (N, F), and five (N, D) buffers
  * (block output scratch, fp attention / MLP / down outputs, one candidate output); three candidate
  * weight buffers of the largest linear; for the clip search the sampled inputs (T, max(D, F, Dq))
@@ -200,16 +209,18 @@ struct llmq_awq_block {
     struct llmq_layer ly;
     struct llmq_tensor_view vw[LLMQ_LIN_COUNT], vattn_norm, vffn_norm, vbias[3];
 
-    // A moe block (see "Mixture of experts"): w[GATE], w[UP], w[DOWN] are NULL; f32 copies of the router and of
-    // every expert, on views in ly (router, exps).
+    // A moe block (see "Mixture of experts"): w[GATE], w[UP], w[DOWN] are NULL (qwen2_moe: its shared expert's); an
+    // f32 copy of the router on a view in ly (router); ly.exps are the model's experts (never copied:
+    // llmq_awq_expert_weight).
     int64_t E, Fe;
-    float *router;                         // (E, D)
-    float **ew;                            // (3E) expert x's gate (Fe, D), up (Fe, D), down (D, Fe)
-    struct llmq_tensor_view vrouter, *vew; // views on them
-    const struct llmq_tensor_view **eset;  // (3E) &vew[j]: ly.exps
-    float *s_ffn;                          // (D) ffn_norm -> every expert's gate and up; NULL before the search
-    float **s_down;                        // (E) up_x -> down_x; NULL for an expert no token was routed to
-    float ratio_ffn;                       // the ffn_norm group's chosen ratio
+    int n_threads;                   // the conversions of the model's experts
+    float *router;                   // (E, D)
+    struct llmq_tensor_view vrouter; // view on it
+    float *s_ffn;                    // (D) ffn_norm -> every expert's gate and up; NULL before the search
+    float **s_down;                  // (E) up_x -> down_x; NULL for an expert no token was routed to
+    float ratio_ffn;                 // the ffn_norm group's chosen ratio
+    float **eclip;                   // (3E) expert x's clip tables (R, C / eclip_g) of gate, up, down; NULL: unclipped
+    int64_t eclip_g[3];              // their group sizes (gate, up, down)
     // qwen2_moe: w[GATE], w[UP], w[DOWN] are the shared expert's (F its width); its gate ffn_gate_inp_shexp:
     float *shg;                   // (D) f32 copy, its columns scaled by s_ffn as the router's
     struct llmq_tensor_view vshg; // (1, D) view on it: ly.shexp_gate
@@ -237,6 +248,10 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
 const float *llmq_awq_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin);
 // A moe block's expert `expert`'s linear lin (GATE, UP: s_ffn; DOWN: s_down[expert]): its input scales, or NULL.
 const float *llmq_awq_expert_input_scales(const struct llmq_awq_block *b, enum llmq_linear lin, int64_t expert);
+// dst (R, C) := expert `expert`'s linear lin (GATE, UP, DOWN) after the search: the model's weights in f32, scaled
+// (columns by its input scales; up's rows by 1 / s_down) and clipped by its clip table. Errors: the conversion's.
+enum llmq_status llmq_awq_expert_weight(const struct llmq_awq_block *b, enum llmq_linear lin, int64_t expert,
+                                        float *dst);
 void llmq_awq_scale_hessian(const struct llmq_awq_block *b, enum llmq_linear lin, float *H /* (C, C) */);
 
 // AutoAWQ's pseudo_quantize_tensor (zero point) on W (R, C) with G = group_size (-1, or a size

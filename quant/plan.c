@@ -55,14 +55,46 @@ struct shape {
     bool calib, gguf, awq, gptq;      // calibration; GGUF output; AWQ search; GPTQ solve
     json_t *rep;                      // to_gguf: the writer's report (tensors, totals), owned here
     double lin_bytes[LLMQ_LIN_COUNT]; // to_gguf: bytes of each linear of block 0 in the output
+    // moe (mixtral, qwen3_moe, qwen2_moe): a block's gate / up / down are its E experts' (w[GATE..DOWN] NULL but
+    // where shexp: qwen2_moe's shared expert, a dense MLP of width F, and its (1, D) sigmoid gate)
+    bool moe, moe_all, shexp; // moe_all: --moe-calib all (every expert over every token in the statistics passes)
+    int64_t E, K, Fe;
+    double exp_bytes[3]; // to_gguf: bytes of one expert's gate, up, down in the output (block 0)
 };
 
-static double RC(const struct shape *s, int64_t l, int k) {
-    const struct llmq_tensor_view *v = s->m->layers[l].w[k];
-    return (double)v->shape[0] * (double)v->shape[1];
+// A block's linears j: the dense ones (j < LLMQ_LIN_COUNT; NULL where a moe block has none), then expert
+// (j - LLMQ_LIN_COUNT) / 3's gate, up, down.
+static int n_lin(const struct shape *s) { return LLMQ_LIN_COUNT + (s->moe ? 3 * (int)s->E : 0); }
+static const struct llmq_tensor_view *lin_view(const struct shape *s, int64_t l, int j) {
+    return j < LLMQ_LIN_COUNT ? s->m->layers[l].w[j] : s->m->layers[l].exps[j - LLMQ_LIN_COUNT];
 }
-static int64_t rows(const struct shape *s, int64_t l, int k) { return s->m->layers[l].w[k]->shape[0]; }
-static int64_t cols(const struct shape *s, int64_t l, int k) { return s->m->layers[l].w[k]->shape[1]; }
+// "blk.L.<stem>.weight" of dense linear k in the GGUF (qwen2_moe's gate / up / down: "ffn_gate_shexp", ...).
+static const char *gguf_weight_name(const struct shape *s, long long l, int k, char *buf, size_t size) {
+    char stem[80];
+    llmq_arch_linear_full_name(s->m->hp.arch, (enum llmq_linear)k, l, false, stem, sizeof(stem));
+    snprintf(buf, size, "%s.weight", stem);
+    return buf;
+}
+static double vRC(const struct llmq_tensor_view *v) { return v ? (double)v->shape[0] * (double)v->shape[1] : 0; }
+static double RC(const struct shape *s, int64_t l, int k) { return vRC(lin_view(s, l, k)); }
+static int64_t rows(const struct shape *s, int64_t l, int k) {
+    const struct llmq_tensor_view *v = lin_view(s, l, k);
+    return v ? v->shape[0] : 0;
+}
+static int64_t cols(const struct shape *s, int64_t l, int k) {
+    const struct llmq_tensor_view *v = lin_view(s, l, k);
+    return v ? v->shape[1] : 0;
+}
+static double src_bytes(const struct shape *s, int64_t l, int k) {
+    const struct llmq_tensor_view *v = lin_view(s, l, k);
+    return v ? (double)v->nbytes : 0;
+}
+static double exp_src_bytes(const struct shape *s, int64_t l, int which) { // every expert's gate / up / down (-1: all)
+    double t = 0;
+    for (int j = LLMQ_LIN_COUNT; j < n_lin(s); j++)
+        if (which < 0 || (j - LLMQ_LIN_COUNT) % 3 == which) t += src_bytes(s, l, j);
+    return t;
+}
 static double es(const struct llmq_tensor_view *v) { // bytes per element of a view
     int64_t n = llmq_tensor_nelements(v);
     return n > 0 ? (double)v->nbytes / (double)n : 0;
@@ -72,33 +104,40 @@ static bool direct_f32(const struct llmq_tensor_view *v) { // calib/model/forwar
 }
 static double block_rc(const struct shape *s, int64_t l) {
     double t = 0;
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) t += RC(s, l, k);
+    for (int k = 0; k < n_lin(s); k++) t += RC(s, l, k);
     return t;
 }
 static double block_src_bytes(const struct shape *s, int64_t l) {
     double t = 0;
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) t += (double)s->m->layers[l].w[k]->nbytes;
+    for (int k = 0; k < n_lin(s); k++) t += src_bytes(s, l, k);
     return t;
 }
 static double max_rc(const struct shape *s) {
     double mx = 0;
     for (int64_t l = 0; l < s->L; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) mx = fmax(mx, RC(s, l, k));
+        for (int k = 0; k < n_lin(s); k++) mx = fmax(mx, RC(s, l, k));
     return mx;
 }
-// The XᵀX width of slot k's input: D (q/k/v, gate/up), Dq (o), F (down).
+// The XᵀX width of slot k's input: D (q/k/v, gate/up), Dq (o), F (down; a moe block without a shared expert: Fe).
 static int64_t slot_c(const struct shape *s, int slot) {
-    return slot == LLMQ_CALIB_SLOT_O ? s->Dq : slot == LLMQ_CALIB_SLOT_DOWN ? s->F : s->D;
+    return slot == LLMQ_CALIB_SLOT_O      ? s->Dq
+           : slot == LLMQ_CALIB_SLOT_DOWN ? (s->moe && !s->shexp ? s->Fe : s->F)
+                                          : s->D;
 }
-static double xtx_all(const struct shape *s) { // the four block inputs' XᵀX in f64
+static double xtx_exp(const struct shape *s) { // moe: every expert's two inputs' XᵀX in f64
+    return s->moe ? 8.0 * (double)s->E * ((double)s->D * (double)s->D + (double)s->Fe * (double)s->Fe) : 0;
+}
+// The four block inputs' XᵀX in f64 (moe: the experts' too; no dense down unless qwen2_moe's shared expert).
+static double xtx_all(const struct shape *s) {
     double t = 0;
-    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) t += 8.0 * (double)slot_c(s, k) * (double)slot_c(s, k);
-    return t;
+    for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++)
+        if (!s->moe || s->shexp || k != LLMQ_CALIB_SLOT_DOWN) t += 8.0 * (double)slot_c(s, k) * (double)slot_c(s, k);
+    return t + xtx_exp(s);
 }
 static double cmax_slot(const struct shape *s) {
     double mx = 0;
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) mx = fmax(mx, (double)slot_c(s, k));
-    return mx;
+    return s->moe ? fmax(mx, (double)s->Fe) : mx;
 }
 
 // Views other than the block linears: embeddings, head, norms, biases (elements, and bytes in the source).
@@ -111,8 +150,8 @@ static void other_tensors(const struct shape *s, double *elems, double *src_byte
     for (int64_t l = 0; l < s->L; l++) {
         const struct llmq_layer *ly = &m->layers[l];
         const struct llmq_tensor_view *v[] = {
-            ly->attn_norm,     ly->ffn_norm, ly->q_norm, ly->k_norm, ly->attn_post_norm,
-            ly->ffn_post_norm, ly->bq,       ly->bk,     ly->bv};
+            ly->attn_norm, ly->ffn_norm, ly->q_norm, ly->k_norm, ly->attn_post_norm, ly->ffn_post_norm,
+            ly->bq,        ly->bk,       ly->bv,     ly->router, ly->shexp_gate};
         for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
             if (v[i]) *elems += (double)llmq_tensor_nelements(v[i]), *src_bytes += (double)v[i]->nbytes;
     }
@@ -122,7 +161,9 @@ static int64_t count_tensors(const struct shape *s) {
     int64_t n = 3 + s->L * (LLMQ_LIN_COUNT + 2); // a close count: embeddings, norm, head, the blocks' linears
     for (int64_t l = 0; l < s->L; l++) {         // and norms, plus the optional ones
         const struct llmq_layer *ly = &s->m->layers[l];
-        n += !!ly->q_norm + !!ly->k_norm + !!ly->attn_post_norm + !!ly->ffn_post_norm + !!ly->bq + !!ly->bk + !!ly->bv;
+        n += !!ly->q_norm + !!ly->k_norm + !!ly->attn_post_norm + !!ly->ffn_post_norm + !!ly->bq + !!ly->bk + !!ly->bv +
+             !!ly->router + !!ly->shexp_gate + (s->moe ? 3 * s->E - (s->shexp ? 0 : 3) : 0); // moe: + the experts'
+        // linears (instead of the dense three, but for qwen2_moe's shared expert)
     }
     return n;
 }
@@ -149,12 +190,14 @@ static double side_bytes(const struct llmq_model *m) {
 static double dir_linear_bytes(const struct shape *s, int64_t l, int k, double out_es) {
     const struct llmq_quantize_opts *o = s->o;
     int64_t R = rows(s, l, k), C = cols(s, l, k), b = o->q.bits;
+    if (R == 0) return 0; // a moe block's dense gate / up / down
     int64_t ng = llmq_qconfig_n_groups(&o->q, C);
     const struct llmq_layer *ly = &s->m->layers[l];
-    const struct llmq_tensor_view *bias = k == LLMQ_LIN_Q   ? ly->bq
-                                          : k == LLMQ_LIN_K ? ly->bk
-                                          : k == LLMQ_LIN_V ? ly->bv
-                                                            : NULL;
+    const struct llmq_tensor_view *bias = k >= LLMQ_LIN_COUNT ? NULL
+                                          : k == LLMQ_LIN_Q   ? ly->bq
+                                          : k == LLMQ_LIN_K   ? ly->bk
+                                          : k == LLMQ_LIN_V   ? ly->bv
+                                                              : NULL;
     double bb = bias ? (double)R * (o->out.format == LLMQ_EXPORT_FAKE ? out_es : 2.0) : 0;
     switch (o->out.format) {
     case LLMQ_EXPORT_AWQ:
@@ -177,9 +220,9 @@ static double fake_es(const struct shape *s) {
 static void dir_output(const struct shape *s, struct llmq_plan *p) {
     double out_es = s->o->out.format == LLMQ_EXPORT_FAKE ? fake_es(s) : 2.0, lin = 0, oe, ob;
     for (int64_t l = 0; l < s->L; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) lin += dir_linear_bytes(s, l, k, out_es);
+        for (int k = 0; k < n_lin(s); k++) lin += dir_linear_bytes(s, l, k, out_es);
     other_tensors(s, &oe, &ob);
-    int64_t nt = count_tensors(s) + s->L * LLMQ_LIN_COUNT * 3; // awq / gptq: up to four parts per linear
+    int64_t nt = count_tensors(s) + s->L * n_lin(s) * 3; // awq / gptq: up to four parts per linear
     p->linear_out_bytes = (uint64_t)lin;
     p->output_bytes = (uint64_t)(lin + oe * out_es + (double)nt * 96.0 + 4096.0 + side_bytes(s->m));
 }
@@ -240,10 +283,19 @@ static void gguf_output(struct shape *s, struct llmq_plan *p, bool own_report) {
             char want[96];
             long long l = -1;
             if (sscanf(name, "blk.%lld.", &l) != 1) break;
-            snprintf(want, sizeof(want), "blk.%lld.%s.weight", l, llmq_linear_gguf_name(k));
-            if (strcmp(name, want)) continue;
+            if (strcmp(name, gguf_weight_name(s, l, k, want, sizeof(want)))) continue;
             lin += b;
             if (l == 0) s->lin_bytes[k] = b;
+        }
+        for (int k = 0; name && s->moe && k < 3; k++) { // the stacked experts
+            char want[96];
+            long long l = -1;
+            if (sscanf(name, "blk.%lld.", &l) != 1) break;
+            snprintf(want, sizeof(want), "blk.%lld.ffn_%s_exps.weight", l,
+                     llmq_linear_name((enum llmq_linear)(LLMQ_LIN_GATE + k)));
+            if (strcmp(name, want)) continue;
+            lin += b;
+            if (l == 0) s->exp_bytes[k] = b / (double)s->E;
         }
     }
     const struct llmq_gguf_export_opts *g = &s->o->gguf;
@@ -293,23 +345,37 @@ static void phase(struct mem *mm, double anon, double file, const char *fmt, ...
 static double weight_scratch_bytes(const struct shape *s) {
     double wn = 0;
     for (int64_t l = 0; l < s->L; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++)
-            if (!direct_f32(s->m->layers[l].w[k])) wn = fmax(wn, RC(s, l, k));
+        for (int k = 0; k < n_lin(s); k++)
+            if (lin_view(s, l, k) && !direct_f32(lin_view(s, l, k))) wn = fmax(wn, RC(s, l, k));
     return 4.0 * wn;
 }
+// moe: the mixture's scratch (calib/model/moe.h: logits, choices, one expert's activations) and the expert
+// source's (Fe, D) weight (quant/quantize.c's gptq results, quant/awq.c's candidates: decoded per product).
+static double moe_forward_bytes(const struct shape *s, int64_t T) {
+    if (!s->moe) return 0;
+    return 4.0 * (double)T * (double)(s->E + 2 * s->K + 2 + 2 * s->D + 2 * s->Fe + s->shexp) +
+           4.0 * (double)(s->Fe * s->D);
+}
 static double forward_bytes(const struct shape *s, int64_t T, bool scratch, double *acts) {
-    double a = 4.0 * (double)T * (double)(2 * s->D + 2 * s->Dq + 2 * s->Dkv + 2 * s->F);
+    const int64_t F = s->moe && !s->shexp ? 0 : s->F; // a moe forward touches no dense MLP buffer but the shared's
+    double a = 4.0 * (double)T * (double)(2 * s->D + 2 * s->Dq + 2 * s->Dkv + 2 * F);
     *acts += a;
     int nt = s->o->n_threads > 0 ? s->o->n_threads : 1;
     return (scratch ? weight_scratch_bytes(s) : 0) + a + 4.0 * (double)((2 * s->L + 1) * s->D) +
-           4.0 * nt * ATTN_RB * (double)s->seqlen;
+           4.0 * nt * ATTN_RB * (double)s->seqlen + moe_forward_bytes(s, T);
+}
+
+// Linear k's bytes in the GGUF output (block 0's; its f32 element count when the report has none).
+static double gguf_lin_bytes(const struct shape *s, int64_t l, int k) {
+    double b = k < LLMQ_LIN_COUNT ? s->lin_bytes[k] : s->exp_bytes[(k - LLMQ_LIN_COUNT) % 3];
+    return b > 0 ? b : RC(s, l, k);
 }
 
 // One linear's solver and hand-over buffers beyond W / Q / T / H / Hx.
 static double solve_bytes(const struct shape *s, int64_t l, int k) {
     int64_t R = rows(s, l, k), C = cols(s, l, k);
     if (s->gguf) { // quant/gptq_gguf.c: its C x C retry backup, Err1, the encoded rows (r->blk) and their copy
-        double blk = s->lin_bytes[k] > 0 ? s->lin_bytes[k] : RC(s, l, k);
+        double blk = gguf_lin_bytes(s, l, k);
         return (s->gptq ? 4.0 * (double)C * C + 4.0 * R * GPTQ_B + 8.0 * R : 0) + 2.0 * blk + 8.0 * C;
     }
     int64_t ng = llmq_qconfig_n_groups(&s->o->q, C);
@@ -332,9 +398,47 @@ static double t_bytes(const struct shape *s, int64_t l, int k) {
 // A quantized linear as block_gptq holds it between passes (quant/quantize.c hold_result): its encoded rows, or
 // its codes (a byte per weight), grid and g_idx.
 static double held_bytes(const struct shape *s, int64_t l, int k) {
-    if (s->gguf) return s->lin_bytes[k] > 0 ? s->lin_bytes[k] : RC(s, l, k);
+    if (s->gguf) return gguf_lin_bytes(s, l, k);
     int64_t R = rows(s, l, k), C = cols(s, l, k), ng = llmq_qconfig_n_groups(&s->o->q, C);
     return RC(s, l, k) + 8.0 * (double)R * (double)ng + 4.0 * (double)C;
+}
+
+// GPTQ's experts of moe block l after its attention (quant/quantize.c moe_group), group by group (every expert's
+// gate and up, then every down): the pass gathering the group's XᵀX of all E experts (8C² f64 each: every expert
+// that a token reaches, all of them under --moe-calib all), then the experts' solves (the first one with all the
+// sums still held; each expert's sums are dropped and its mapped pages released once it is done, its result held:
+// a quarter of its f32 or less, decoded per product into the forward's expert scratch); qwen2_moe: the pass gathers
+// the shared expert's dense slot too, whose linears are solved after the experts (quant/quantize.c gptq_group) and
+// held as a dense block's. P0: what the block holds besides (*wq32: the decoded dense results, grown here), xtx: the
+// sums gathered before (no true-sequential: all of them, the experts' included), *wq: the held results, grown here.
+static void phases_gptq_experts(struct mem *mm, int64_t l, double P0, double *wq32, double xtx, double *wq) {
+    const struct shape *s = mm->s;
+    const bool ts = s->o->true_sequential, gptq = s->o->method == LLMQ_QMETHOD_GPTQ;
+    for (int g = 0; g < 2; g++) {
+        const double C = (double)(g ? s->Fe : s->D), sums = 8.0 * (double)s->E * C * C;
+        const double Cd = (double)(g ? s->F : s->D), dsums = s->shexp ? 8.0 * Cd * Cd : 0; // the shared expert's
+        double file = g ? exp_src_bytes(s, l, 2) : exp_src_bytes(s, l, -1);
+        for (int k = g ? LLMQ_LIN_DOWN : LLMQ_LIN_GATE; s->shexp && k <= LLMQ_LIN_DOWN; k++) file += src_bytes(s, l, k);
+        double left = ts ? sums + dsums : xtx - (g ? 8.0 * (double)s->D * (double)s->D * (double)(s->E + s->shexp) : 0);
+        const int j0 = LLMQ_LIN_COUNT + (g ? 2 : 0); // expert 0's gate, or its down
+        const double P = P0 + *wq32;
+        if (ts)
+            phase(mm, P + *wq + mm->fwd_scratch + sums + dsums + gram_bytes((int64_t)fmax(C, s->shexp ? Cd : 0)), file,
+                  "blk.%lld experts' %s: XtX pass", (long long)l, g ? "ffn_down" : "ffn_gate/up");
+        const double rc = RC(s, l, j0);
+        phase(mm, P + *wq + left + 8.0 * C * C + 8.0 * rc + t_bytes(s, l, j0) + solve_bytes(s, l, j0), file,
+              "blk.%lld experts' %s: GPTQ solve", (long long)l, g ? "ffn_down" : "ffn_gate/up");
+        for (int j = LLMQ_LIN_COUNT; j < n_lin(s); j++)
+            if ((((j - LLMQ_LIN_COUNT) % 3 == 2) == (g == 1)) && gptq) *wq += held_bytes(s, l, j);
+        left -= sums; // every expert's dropped
+        for (int j = 0; s->shexp && j < 3 && seq_groups[g + 2][j] >= 0; j++) {
+            const int k = seq_groups[g + 2][j];
+            phase(mm,
+                  P0 + *wq32 + *wq + left + 8.0 * Cd * Cd + 8.0 * RC(s, l, k) + t_bytes(s, l, k) + solve_bytes(s, l, k),
+                  0.0, "blk.%lld %s: GPTQ solve", (long long)l, llmq_linear_gguf_name(k));
+            if (gptq) *wq += held_bytes(s, l, k), *wq32 += 4.0 * RC(s, l, k);
+        }
+    }
 }
 
 // GPTQ's true-sequential block l (quant/quantize.c block_gptq), phase by phase. The block's quantized linears
@@ -350,12 +454,13 @@ static void phases_gptq(struct mem *mm, int64_t l) {
     if (!ts)
         phase(mm, P0 + mm->fwd_scratch + xtx_left + gram_bytes(cmax_slot(s)), block_src_bytes(s, l),
               "blk.%lld: statistics pass", (long long)l);
-    for (int g = 0; g < 4; g++) {
+    for (int g = 0; g < (s->moe ? 2 : 4); g++) { // moe: the experts after attention (phases_gptq_experts)
         int64_t C = cols(s, l, seq_groups[g][0]);
         double C2 = (double)C * (double)C, file = 0;
         if (ts) {
             for (int k = 0; k < LLMQ_LIN_COUNT && (g == 1 || g == 3); k++) // the pass runs these unquantized
-                if (k >= seq_groups[g][0]) file += (double)ly->w[k]->nbytes;
+                if (k >= seq_groups[g][0]) file += src_bytes(s, l, k);
+            if (g == 1) file += exp_src_bytes(s, l, -1);
             phase(mm, P0 + wq + wq32 + mm->fwd_scratch + 8.0 * C2 + gram_bytes(C), file, "blk.%lld %s: XtX pass",
                   (long long)l, llmq_linear_gguf_name(seq_groups[g][0]));
             xtx_left = 8.0 * C2;
@@ -375,6 +480,8 @@ static void phases_gptq(struct mem *mm, int64_t l) {
             if (s->o->method == LLMQ_QMETHOD_GPTQ) wq += held_bytes(s, l, k), wq32 += 4.0 * RC(s, l, k);
         }
     }
+    (void)ly;
+    if (s->moe) phases_gptq_experts(mm, l, P0, &wq32, xtx_left, &wq);
     phase(mm, P0 + wq + wq32 + mm->fwd_scratch, 0.0, "blk.%lld: output pass", (long long)l);
 }
 
@@ -392,25 +499,45 @@ static double awq_search_bytes(const struct shape *s, int64_t l) {
             gram = fmax(gram, 16.0 * C * C + 8.0 * R * C);
     }
     int64_t step = N / ao.n_sample_token > 1 ? N / ao.n_sample_token : 1, T = (N + step - 1) / step;
-    double K1 = ao.max_shrink * ao.clip_n_grid + 1, G = 128; // a group's candidates (G: a typical group)
-    double clip = 8.0 * T * G + 8.0 * CLIP_ROWS * K1 * G + 8.0 * T * CLIP_ROWS * K1 + 4.0 * T * (double)(F > D ? F : D);
-    return 4.0 * (double)N * (double)(6 * D + Dq + F) + 16.0 * mrc + gram + clip;
+    double K1 = ao.max_shrink * ao.clip_n_grid + 1, G = 128;             // a group's candidates (G: a typical group)
+    const int64_t Fw = s->moe ? (s->shexp && F > s->Fe ? F : s->Fe) : F; // moe: the experts' down input (and the
+                                                                         // shared expert's)
+    double clip =
+        8.0 * T * G + 8.0 * CLIP_ROWS * K1 * G + 8.0 * T * CLIP_ROWS * K1 + 4.0 * T * (double)(Fw > D ? Fw : D);
+    if (!s->moe) return 4.0 * (double)N * (double)(6 * D + Dq + F) + 16.0 * mrc + gram + clip;
+    // quant/awq.c moe_search: three (Fe, D) expert weights (the model's in f32, the quantizer's scratch, the clip
+    // search's scaled copy), the down search's candidate and scratch and its routed rows' two outputs (n_x, D) (n_x
+    // taken as 4 N K / E), the sampled inputs (T, D + Fe), the clip tables
+    // (qwen2_moe: the shared expert's down input (N, F) is touched, and its gate / up candidates (2, F, D) with the
+    // quantizer's scratch widened to (max(Fe, F), D) join the gate / up search)
+    double ex = (double)s->Fe * (double)D, nx = fmin((double)N, 4.0 * (double)N * (double)s->K / (double)s->E);
+    double shx = s->shexp ? 4.0 * (double)N * (double)F + 4.0 * (2.0 * F + fmax(0.0, (double)(F - s->Fe))) * D : 0;
+    return 4.0 * (double)N * (double)(6 * D + Dq) + 16.0 * mrc + clip + 4.0 * 5.0 * ex + 8.0 * nx * (double)D +
+           4.0 * T * (double)(D + s->Fe) + 4.0 * 3.0 * (double)s->E * ex / G + shx;
 }
 
 // AWQ / AWQ+GPTQ block l (quant/quantize.c block_awq): the fp pass, the search, the linears.
+// moe: the block copy holds the attention linears and the router, not the experts (made per use); the experts'
+// linears come first (quant/quantize.c block_awq), each with the original weights' rounding for rtn_orig_err (W0).
 static void phases_awq(struct mem *mm, int64_t l) {
     const struct shape *s = mm->s;
     double P = mm->x + mm->fwd + mm->fbig + mm->writer, xtx = xtx_all(s), bw = 4.0 * block_rc(s, l);
     double file = block_src_bytes(s, l), cm = cmax_slot(s);
+    if (s->moe) // (qwen2_moe: the shared expert's linears and its gate copied too)
+        bw = 4.0 *
+             (block_rc(s, l) - (double)s->E * 3.0 * (double)s->Fe * (double)s->D + (double)((s->E + s->shexp) * s->D));
     phase(mm, P + xtx + gram_bytes(cm), file, "blk.%lld: fp pass and XtX", (long long)l);
     phase(mm, P + xtx + bw + awq_search_bytes(s, l), file, "blk.%lld: AWQ search", (long long)l);
     double rc_max = 0, t_max = 0;
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+    for (int k = s->moe ? LLMQ_LIN_COUNT : 0, n = 0; n < n_lin(s); n++, k = (k + 1) % n_lin(s)) {
+        if (!lin_view(s, l, k)) continue;
         double C = (double)cols(s, l, k);
         rc_max = fmax(rc_max, RC(s, l, k));
         t_max = fmax(t_max, t_bytes(s, l, k));
-        phase(mm, P + xtx + bw + 8.0 * C * C + 8.0 * rc_max + t_max + solve_bytes(s, l, k), file, "blk.%lld %s: %s",
-              (long long)l, llmq_linear_gguf_name(k), s->gptq ? "GPTQ solve" : "rounding");
+        if (k > LLMQ_LIN_COUNT + 2 && k < n_lin(s) - 1) continue; // the other experts: as the first one
+        phase(mm, P + xtx + bw + 8.0 * C * C + (s->moe ? 12.0 : 8.0) * rc_max + t_max + solve_bytes(s, l, k), file,
+              "blk.%lld %s: %s", (long long)l, k < LLMQ_LIN_COUNT ? llmq_linear_gguf_name(k) : "experts",
+              s->gptq ? "GPTQ solve" : "rounding");
     }
 }
 
@@ -421,13 +548,15 @@ static void phases_rtn_dir(struct mem *mm, int64_t l) {
     double P = mm->x + mm->fwd + mm->writer, xtx = s->calib ? xtx_all(s) : 0, cm = cmax_slot(s);
     if (s->calib) phase(mm, P + xtx + gram_bytes(cm), block_src_bytes(s, l), "blk.%lld: fp pass", (long long)l);
     double rc_max = 0, t_max = 0;
-    for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+    for (int k = 0; k < n_lin(s); k++) {
+        if (!lin_view(s, l, k)) continue;
         double C = (double)cols(s, l, k);
         rc_max = fmax(rc_max, RC(s, l, k));
         t_max = fmax(t_max, t_bytes(s, l, k));
         double err = s->calib ? 4.0 * C * C + 8.0 * rc_max + t_max : 8.0 * rc_max;
-        phase(mm, P + xtx + err + solve_bytes(s, l, k), (double)s->m->layers[l].w[k]->nbytes, "blk.%lld %s: rounding",
-              (long long)l, llmq_linear_gguf_name(k));
+        if (k > LLMQ_LIN_COUNT + 2 && k < n_lin(s) - 1) continue; // the other experts: as the first one
+        phase(mm, P + xtx + err + solve_bytes(s, l, k), src_bytes(s, l, k), "blk.%lld %s: rounding", (long long)l,
+              k < LLMQ_LIN_COUNT ? llmq_linear_gguf_name(k) : "experts");
     }
 }
 
@@ -436,7 +565,8 @@ static void phases_writer(struct mem *mm) {
     const struct shape *s = mm->s;
     double worst_src = 0;
     for (int64_t l = 0; l < s->L; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) worst_src = fmax(worst_src, es(s->m->layers[l].w[k]));
+        for (int k = 0; k < n_lin(s); k++)
+            if (lin_view(s, l, k)) worst_src = fmax(worst_src, es(lin_view(s, l, k)));
     worst_src = fmax(worst_src, es(s->m->tok_embd));
     if (mm->x > 0) // calib/calib.c llmq_calib_run: activations at the block boundary, the forward, the sums
         phase(mm, mm->x + mm->fwd + 32.0 * cmax_slot(s) * LLMQ_CALIB_N_SLOTS * s->L, block_src_bytes(s, 0),
@@ -483,7 +613,7 @@ static void plan_memory(struct shape *s, struct llmq_plan *p) {
     p->base_file_bytes = (uint64_t)mm.base_file;
     double mrc = max_rc(s), msrc = 0; // the finiteness check: one linear in f32 and its mapped pages
     for (int64_t l = 0; l < s->L; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) msrc = fmax(msrc, (double)s->m->layers[l].w[k]->nbytes);
+        for (int k = 0; k < n_lin(s); k++) msrc = fmax(msrc, src_bytes(s, l, k));
     phase(&mm, 4.0 * mrc, msrc, "the finiteness check");
     if (writer_only)
         phases_writer(&mm);
@@ -524,7 +654,8 @@ static void plan_vram(const struct shape *s, struct llmq_plan *p) {
     struct llmq_awq_opts ao;
     llmq_awq_opts_default(&ao);
     for (int64_t l = 0; l < s->L && s->calib; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
+        for (int k = 0; k < n_lin(s); k++) {
+            if (!lin_view(s, l, k)) continue;
             double R = (double)rows(s, l, k), C = (double)cols(s, l, k), T = (double)s->T, N = (double)s->N;
             dev_gemm(&d, T, R, C, T * C, R * C, T * R, 4);                    // the forward's products
             double K = N < LLMQ_GRAM_MICRO_BATCH ? N : LLMQ_GRAM_MICRO_BATCH; // the XᵀX syrk
@@ -671,20 +802,42 @@ static double enc_rate(const struct shape *s, json_t *cache, enum llmq_dtype t, 
 static double per(double work, double rate) { return rate > 0 ? work / rate : 0; }
 
 // Forward FLOPs per token of a whole block, and of its attention part alone (q, k, v, o and the scores).
+// moe: the router and the K routed experts per token (the statistics passes under --moe-calib all: every expert,
+// moe_all_flops more).
 static double fwd_flops(const struct shape *s, int64_t l, bool attn_only) {
     double attn = 2.0 * (RC(s, l, LLMQ_LIN_Q) + RC(s, l, LLMQ_LIN_K) + RC(s, l, LLMQ_LIN_V) + RC(s, l, LLMQ_LIN_O)) +
                   2.0 * (double)s->seqlen * (double)s->Dq;
+    if (s->moe && !attn_only) // (qwen2_moe: + its shared gate; the shared expert is the dense MLP below)
+        attn += 2.0 * (double)((s->E + s->shexp) * s->D) + 6.0 * (double)(s->K * s->Fe * s->D);
     return attn_only ? attn : attn + 2.0 * (RC(s, l, LLMQ_LIN_GATE) + RC(s, l, LLMQ_LIN_UP) + RC(s, l, LLMQ_LIN_DOWN));
 }
+static double moe_all_flops(const struct shape *s) {
+    return s->moe && s->moe_all ? 6.0 * (double)((s->E - s->K) * s->Fe * s->D) : 0;
+}
 static double conv_of(const struct shape *s, int64_t l, int k) { // elements a pass converts for linear k
-    return direct_f32(s->m->layers[l].w[k]) ? 0 : RC(s, l, k);
+    const struct llmq_tensor_view *v = lin_view(s, l, k);
+    return !v || direct_f32(v) ? 0 : RC(s, l, k);
+}
+static double conv_experts(const struct shape *s, int64_t l) { // a moe pass: every expert's (each one a token reaches)
+    double t = 0;
+    for (int j = LLMQ_LIN_COUNT; j < n_lin(s); j++) t += conv_of(s, l, j);
+    return t;
 }
 
 // The XᵀX of one block input of width C over N tokens: the syrk and the f64 accumulation per 256 tokens, the
 // mirror and the Hessian's conversion.
+static void time_xtx_n(const struct llmq_plan_rates *r, double N, double C, double *st) {
+    double n_mb = ceil(N / LLMQ_GRAM_MICRO_BATCH);
+    st[ST_XTX] += per(N * C * C, r->sgemm_flops) + per(n_mb * C * C / 2.0 * 20.0 + C * C * 28.0, r->mem_bps);
+}
 static void time_xtx(const struct shape *s, const struct llmq_plan_rates *r, double C, double *st) {
-    double n_mb = ceil((double)s->N / LLMQ_GRAM_MICRO_BATCH);
-    st[ST_XTX] += per((double)s->N * C * C, r->sgemm_flops) + per(n_mb * C * C / 2.0 * 20.0 + C * C * 28.0, r->mem_bps);
+    time_xtx_n(r, (double)s->N, C, st);
+}
+// The experts' XᵀX (moe): E of each of their two inputs, over N tokens (--moe-calib all) or N K / E on average.
+static void time_xtx_experts(const struct shape *s, const struct llmq_plan_rates *r, double *st) {
+    const double n = s->moe_all ? (double)s->N : (double)s->N * (double)s->K / (double)s->E;
+    for (int64_t x = 0; s->moe && x < s->E; x++)
+        time_xtx_n(r, n, (double)s->D, st), time_xtx_n(r, n, (double)s->Fe, st);
 }
 
 // GPTQ of one linear: the Cholesky chain, the lazy-batch updates and the in-block column steps.
@@ -701,7 +854,11 @@ static void time_linear(const struct shape *s, const struct llmq_plan_rates *r, 
         json_t *ts = json_object_get(s->rep, "tensors"), *x;
         size_t i;
         char want[96];
-        snprintf(want, sizeof(want), "blk.%lld.%s.weight", (long long)l, llmq_linear_gguf_name(k));
+        if (k < LLMQ_LIN_COUNT)
+            gguf_weight_name(s, (long long)l, k, want, sizeof(want));
+        else
+            snprintf(want, sizeof(want), "blk.%lld.ffn_%s_exps.weight", (long long)l,
+                     llmq_linear_name((enum llmq_linear)(LLMQ_LIN_GATE + (k - LLMQ_LIN_COUNT) % 3)));
         json_array_foreach(ts, i, x) {
             const char *name = json_string_value(json_object_get(x, "name"));
             if (name && !strcmp(name, want)) t = llmq_dtype_from_name(json_string_value(json_object_get(x, "type")));
@@ -734,7 +891,8 @@ static void time_awq_search(const struct shape *s, const struct llmq_plan_rates 
     const double grc[4] = {RC(s, l, LLMQ_LIN_Q) + RC(s, l, LLMQ_LIN_K) + RC(s, l, LLMQ_LIN_V), RC(s, l, LLMQ_LIN_O),
                            RC(s, l, LLMQ_LIN_GATE) + RC(s, l, LLMQ_LIN_UP), RC(s, l, LLMQ_LIN_DOWN)};
     for (int g = 0; g < 4; g++) {
-        if (g == 1 && !vo) continue;
+        // moe: the experts' groups below (qwen2_moe's shared gate / up among them; its up -> down here)
+        if ((g == 1 && !vo) || (s->moe && (g == 2 || (g == 3 && !s->shexp)))) continue;
         double C = gC[g], R = gR[g];
         bool gram = C * C * N / 2.0 + grid * R * C * C < 0.5 * grid * N * R * C;
         st[ST_AWQ] +=
@@ -744,6 +902,19 @@ static void time_awq_search(const struct shape *s, const struct llmq_plan_rates 
     double T = fmin(N, 2.0 * ao.n_sample_token), K1 = ao.max_shrink * ao.clip_n_grid + 1;
     for (int k = LLMQ_LIN_V; k < LLMQ_LIN_COUNT; k++)
         st[ST_AWQ] += per(2.0 * T * K1 * RC(s, l, k), r->dgemm_flops) + per((K1 - 1) * RC(s, l, k), r->rtn_eps);
+    if (!s->moe) return;
+    // quant/awq.c moe_search: n_grid mixture forwards over the N tokens (router + K experts per token), each with
+    // the routed experts' gate / up candidates made from their f32 conversion; one more forward in which each
+    // expert's up -> down search (n_grid + 1 products over its n_x = N K / E rows on average) and its clip search
+    // (three linears, T_x sampled rows) run
+    const double E = (double)s->E, ex = (double)s->Fe * (double)s->D, nx = N * (double)s->K / E;
+    // (qwen2_moe: the shared expert in every mixture forward, its gate / up candidates made per ratio)
+    const double mix = N * (2.0 * E * (double)s->D + 6.0 * (double)s->K * ex + (s->shexp ? module[2] : 0));
+    const double Tx = fmin(nx, 2.0 * ao.n_sample_token);
+    st[ST_AWQ] += per((grid + 1) * mix + E * (grid + 1) * 2.0 * nx * ex, r->sgemm_flops);
+    st[ST_AWQ] +=
+        per(grid * 2.0 * E * ex + grid * E * ex + 3.0 * E * (K1 - 1) * ex + (s->shexp ? grid * grc[2] : 0), r->rtn_eps);
+    st[ST_AWQ] += per((grid * 2.0 + 4.0) * E * ex, r->convert_eps) + per(3.0 * E * 2.0 * Tx * K1 * ex, r->dgemm_flops);
 }
 
 // The non-linear tensors: converted (directories), or encoded in their planned types (GGUF).
@@ -763,8 +934,7 @@ static void time_other(const struct shape *s, const struct llmq_plan_rates *r, j
         long long l;
         for (int k = 0; name && k < LLMQ_LIN_COUNT && sscanf(name, "blk.%lld.", &l) == 1; k++) {
             char want[96];
-            snprintf(want, sizeof(want), "blk.%lld.%s.weight", l, llmq_linear_gguf_name(k));
-            lin = lin || !strcmp(want, name);
+            lin = lin || !strcmp(gguf_weight_name(s, l, k, want, sizeof(want)), name);
         }
         if (lin && !linears_too) continue;
         json_t *sh = json_object_get(x, "shape");
@@ -792,18 +962,28 @@ static void plan_time(const struct shape *s, struct llmq_plan *p) {
     double t_enc0 = llmq_now_s();
     double nmb = s->T > 0 ? ceil((double)s->N / (double)s->T) : 0;
     for (int64_t l = 0; l < s->L; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) st[ST_WEIGHTS] += per(RC(s, l, k), r->convert_eps); // the check
+        for (int k = 0; k < n_lin(s); k++) st[ST_WEIGHTS] += per(RC(s, l, k), r->convert_eps); // the check
     if (writer_only) {
         if (s->calib && !o->imatrix_path) // the importance pass over every block
             for (int64_t l = 0; l < s->L; l++) {
                 st[ST_CALIB] += per((double)s->N * fwd_flops(s, l, false), r->sgemm_flops);
-                for (int k = 0; k < LLMQ_LIN_COUNT; k++) st[ST_CALIB] += per(nmb * conv_of(s, l, k), r->convert_eps);
+                for (int k = 0; k < n_lin(s); k++) st[ST_CALIB] += per(nmb * conv_of(s, l, k), r->convert_eps);
             }
         time_other(s, r, cache, true, st);
     } else {
         for (int64_t l = 0; l < s->L; l++) {
             double conv = 0, fl = 0;
-            if (o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential) { // passes for o, the ffn norm, down, x_q
+            if (o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential && s->moe) { // o, experts' gate/up, down, x_q
+                fl = 4.0 * fwd_flops(s, l, false) + 2.0 * moe_all_flops(s);
+                conv = conv_of(s, l, LLMQ_LIN_O) + 4.0 * conv_experts(s, l); // held results decoded alike
+                // qwen2_moe: the shared expert unquantized in the experts' passes (gate / up in the first one)
+                if (s->shexp)
+                    conv +=
+                        conv_of(s, l, LLMQ_LIN_GATE) + conv_of(s, l, LLMQ_LIN_UP) + 2.0 * conv_of(s, l, LLMQ_LIN_DOWN);
+                for (int slot = 0; slot < (s->shexp ? LLMQ_CALIB_N_SLOTS : 2); slot++)
+                    time_xtx(s, r, (double)slot_c(s, slot), st);
+                time_xtx_experts(s, r, st);
+            } else if (o->method == LLMQ_QMETHOD_GPTQ && o->true_sequential) { // passes for o, the ffn norm, down, x_q
                 fl = 3.0 * fwd_flops(s, l, false) + fwd_flops(s, l, true);
                 for (int k = LLMQ_LIN_O; k < LLMQ_LIN_COUNT; k++) conv += conv_of(s, l, k);
                 conv += conv_of(s, l, LLMQ_LIN_DOWN);
@@ -814,16 +994,19 @@ static void plan_time(const struct shape *s, struct llmq_plan *p) {
                         for (int t = 0; t < 2; t++) time_xtx(s, r, (double)slot_c(s, slot), st);
                 }
             } else if (s->calib) { // one fp pass with every input's statistics (+ GPTQ's x_q pass)
-                fl = fwd_flops(s, l, false) * (o->method == LLMQ_QMETHOD_GPTQ ? 2.0 : 1.0);
-                for (int k = 0; k < LLMQ_LIN_COUNT; k++) conv += conv_of(s, l, k);
-                for (int slot = 0; slot < LLMQ_CALIB_N_SLOTS; slot++) time_xtx(s, r, (double)slot_c(s, slot), st);
+                fl = fwd_flops(s, l, false) * (o->method == LLMQ_QMETHOD_GPTQ ? 2.0 : 1.0) + moe_all_flops(s);
+                for (int k = 0; k < n_lin(s); k++) conv += conv_of(s, l, k);
+                for (int slot = 0; slot < (s->moe && !s->shexp ? 3 : LLMQ_CALIB_N_SLOTS); slot++)
+                    time_xtx(s, r, (double)slot_c(s, slot), st);
+                time_xtx_experts(s, r, st);
             }
             st[ST_PASS] += per((double)s->N * fl, r->sgemm_flops) + per(nmb * conv, r->convert_eps);
             if (s->awq) {
-                st[ST_WEIGHTS] += per(block_rc(s, l), r->convert_eps); // the block's f32 copy
+                st[ST_WEIGHTS] += per(block_rc(s, l), r->convert_eps); // the block's f32 copy (moe: experts made twice)
                 time_awq_search(s, r, l, st);
             }
-            for (int k = 0; k < LLMQ_LIN_COUNT; k++) time_linear(s, r, cache, l, k, st);
+            for (int k = 0; k < n_lin(s); k++)
+                if (lin_view(s, l, k)) time_linear(s, r, cache, l, k, st);
         }
         time_other(s, r, cache, false, st);
     }
@@ -845,13 +1028,10 @@ enum llmq_status llmq_plan_build(const struct llmq_model *m, const struct llmq_q
                                  const struct llmq_plan_opts *po, struct llmq_plan *p) {
     memset(p, 0, sizeof(*p));
     const struct llmq_hparams *hp = &m->hp;
-    if (hp->n_expert > 0) // its memory and time model reads every block's seven dense linears
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: the preflight plan (--dry-run) does not model mixture-of-experts models yet", m->path);
     struct shape s = {.m = m,
                       .o = o,
                       .D = hp->n_embd,
-                      .F = hp->n_ff,
+                      .F = hp->shexp ? hp->n_ff_shexp : hp->n_ff, // qwen2_moe: the shared expert's width
                       .V = hp->n_vocab,
                       .L = hp->n_layer,
                       .Dq = hp->n_head * hp->head_dim,
@@ -859,7 +1039,13 @@ enum llmq_status llmq_plan_build(const struct llmq_model *m, const struct llmq_q
                       .calib = o->calib.n_sources > 0,
                       .gguf = o->to_gguf,
                       .awq = o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ,
-                      .gptq = llmq_qmethod_uses_gptq(o->method)};
+                      .gptq = llmq_qmethod_uses_gptq(o->method),
+                      .moe = hp->moe,
+                      .moe_all = hp->moe && o->moe_calib_all,
+                      .shexp = hp->moe && hp->shexp,
+                      .E = hp->moe ? hp->n_expert : 0,
+                      .K = hp->moe ? hp->n_expert_used : 0,
+                      .Fe = hp->moe ? hp->n_ff_exp : 0};
     if (s.calib) {
         s.seqlen = o->calib.seqlen;
         s.N = o->calib.nsamples * o->calib.seqlen;
@@ -879,7 +1065,7 @@ enum llmq_status llmq_plan_build(const struct llmq_model *m, const struct llmq_q
     if (po && po->timed) measure_rates(&s, &p->rates); // first: its GEMMs map OpenBLAS's pages, as the run will
     plan_memory(&s, p);
     if (p->cuda) plan_vram(&s, p);
-    plan_disk(&s, p, po && po->checkpoint);
+    plan_disk(&s, p, po && po->checkpoint && !s.moe); // a moe run keeps no checkpoint
     if (po && po->timed) plan_time(&s, p);
     json_decref(s.rep);
     return LLMQ_OK;
@@ -970,11 +1156,6 @@ enum llmq_status llmq_plan_check_disk(const struct llmq_plan *p) {
 bool llmq_plan_writes_checkpoint(const struct llmq_quantize_opts *o) { return o->checkpoint; }
 
 enum llmq_status llmq_plan_preflight(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
-    if (m->hp.n_expert > 0) { // not modelled (llmq_plan_build): the run goes on without the up-front check
-        llmq_info("quantize: no free-space check up front: the preflight plan does not model mixture-of-experts "
-                  "models yet");
-        return LLMQ_OK;
-    }
     struct llmq_plan p;
     struct llmq_plan_opts po = {.timed = false, .checkpoint = llmq_plan_writes_checkpoint(o)};
     if (llmq_plan_build(m, o, &po, &p)) return LLMQ_OK; // the writer's own begin refuses the options, with its line

@@ -21,6 +21,9 @@
 
 #include <cblas.h>
 #include <dirent.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,14 +107,13 @@ struct run {
         struct llmq_qlinear ql; // CODES
         uint8_t *rows;          // ROWS / F32: the encoded rows
     } held[LLMQ_LIN_COUNT];
-    bool hold;                                  // quantize_linear keeps its result in held (block_gptq)
+    bool hold;                                  // quantize_linear keeps its result in held / exp_held (block_gptq)
     struct llmq_tensor_view ov[LLMQ_LIN_COUNT]; // F32 views on wq
     // moe (see "Mixture of experts" in quant/quantize.h)
-    const struct llmq_tensor_view **exp_set; // (3E) the block's experts as its weight set has them (ly.exps)
-    struct llmq_tensor_view *exp_ov;         // (3E) F32 views on exp_wq
-    float **exp_wq;                          // (3E) gptq: an expert's dequantized result, freed after its block
-    int64_t *under;                          // (E) the coverage's experts under the floor
-    json_t *moe;                             // the coverage report ("moe" in the JSON); NULL for a dense model
+    struct held *exp_held; // (3E) gptq: expert x's quantized linears of the current block (3x + gate/up/down),
+                           // decoded by expert_source for each product of the block's later passes
+    int64_t *under;        // (E) the coverage's experts under the floor
+    json_t *moe;           // the coverage report ("moe" in the JSON); NULL for a dense model
     // GPTAQ (o->gptaq): the full-precision stream and the cross terms of the current block
     float *xfp;                           // (N, D) the fp model's block input: r->x + N * D (one allocation, so that
                                           // the checkpoint's activations carry both streams)
@@ -495,11 +497,10 @@ static void held_free(struct held *h) {
     memset(h, 0, sizeof *h);
 }
 
-// Keeps linear k's result (its codes, moved out of ql, or a copy of its encoded rows of rb bytes): a quarter or
+// Keeps a linear's result in h (its codes, moved out of ql, or a copy of its encoded rows of rb bytes): a quarter or
 // less of the f32 weights that the block's later passes decode from it (held_unpack).
-static enum llmq_status hold_result(struct run *r, int k, const struct llmq_qtarget *t, struct llmq_qlinear *ql,
-                                    int64_t R, size_t rb) {
-    struct held *h = &r->held[k];
+static enum llmq_status hold_result(struct run *r, struct held *h, const struct llmq_qtarget *t,
+                                    struct llmq_qlinear *ql, int64_t R, size_t rb) {
     held_free(h);
     h->kind = t->kind;
     h->type = t->type;
@@ -610,7 +611,7 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, 
     if (orig_err >= 0)
         json_object_set_new(json_array_get(r->layers, json_array_size(r->layers) - 1), "rtn_orig_err",
                             json_real(orig_err));
-    if (r->hold) st = hold_result(r, k, &t, &ql, R, rb);
+    if (r->hold) st = hold_result(r, x >= 0 ? &r->exp_held[3 * x + (k - LLMQ_LIN_GATE)] : &r->held[k], &t, &ql, R, rb);
 done:
     llmq_qlinear_free(&ql);
     return st;
@@ -666,20 +667,22 @@ static void moe_coverage(struct run *r, int l) {
 
 // Expert x's linear k (GATE, UP, DOWN) of block l from its own statistics (of r->s: gathered by the last pass):
 // the method, or RTN when the router sent it fewer tokens than the floor under --moe-calib routed (gptq, awq+gptq;
-// a log line, a JSON "fallback"); gptq: its decoding then replaces the model's expert in the block's weight set.
-// Wsrc: the weights to quantize (AWQ: scaled and clipped; NULL: the model's), s: the input scales they carry (the
-// Hessian is taken as H / (s_i s_j)) or NULL.
-static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x, const float *Wsrc, const float *s) {
+// a log line, a JSON "fallback"); gptq: its result is held (exp_held) and replaces the model's expert in the block's
+// later passes (expert_source). awq: the weights to quantize are b's (scaled and clipped, made for this call:
+// llmq_awq_expert_weight; NULL: the model's), s the input scales they carry (the Hessian is taken as
+// H / (s_i s_j)) or NULL.
+static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x, const struct llmq_awq_block *b,
+                                        const float *s) {
     const struct llmq_tensor_view *v = llmq_layer_linear(&r->m->layers[l], k, x);
     const int eslot = k == LLMQ_LIN_DOWN ? LLMQ_CALIB_EXP_DOWN : LLMQ_CALIB_EXP_GATE;
-    const int64_t R = v->shape[0], C = v->shape[1], j = 3 * x + (k - LLMQ_LIN_GATE);
+    const int64_t C = v->shape[1], j = 3 * x + (k - LLMQ_LIN_GATE);
     const int64_t routed = r->have_calib ? r->s.routed[(int64_t)l * r->s.n_expert + x] : 0;
     const bool floor =
         r->have_calib && llmq_qmethod_uses_gptq(r->o->method) && !r->o->moe_calib_all && routed < r->o->moe_token_floor;
     const struct llmq_calib_input *in = r->have_calib ? llmq_calib_expert_input(&r->s, l, x, eslot) : NULL;
     enum llmq_status st = LLMQ_OK;
-    if (Wsrc)
-        memcpy(r->W, Wsrc, (size_t)(R * C) * sizeof(float));
+    if (b)
+        st = llmq_awq_expert_weight(b, (enum llmq_linear)k, x, r->W);
     else
         st = llmq_model_weight_f32(v, r->W, r->o->n_threads);
     const float *H = NULL;
@@ -696,7 +699,10 @@ static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x, 
                   l, llmq_linear_name((enum llmq_linear)k), (long long)x, (long long)routed,
                   (long long)r->o->moe_token_floor, llmq_qmethod_name(r->o->method));
     r->awq_s = s;
-    if ((st = quantize_linear(r, l, k, x, r->W, H, NULL, floor))) return st;
+    r->hold = !b && llmq_qmethod_uses_gptq(r->o->method); // gptq: the later passes of the block use the result
+    st = quantize_linear(r, l, k, x, r->W, H, NULL, floor);
+    r->hold = false;
+    if (st) return st;
     json_t *row = json_array_get(r->layers, json_array_size(r->layers) - 1);
     json_object_set_new(row, "routed_tokens", json_integer(routed));
     json_object_set_new(row, "calib_tokens", json_integer(in ? in->count : 0)); // its statistics' tokens
@@ -707,30 +713,35 @@ static enum llmq_status quantize_expert(struct run *r, int l, int k, int64_t x, 
     }
     if (eslot == LLMQ_CALIB_EXP_GATE && k == LLMQ_LIN_UP) llmq_calib_expert_drop_xtx(&r->s, l, x, eslot);
     if (eslot == LLMQ_CALIB_EXP_DOWN) llmq_calib_expert_drop_xtx(&r->s, l, x, eslot);
-    if (!llmq_qmethod_uses_gptq(r->o->method)) return LLMQ_OK;
-    // gptq: the quantized expert replaces the model's for the block's following passes (true-sequential)
-    if (!r->exp_wq[j] && !(r->exp_wq[j] = malloc((size_t)(R * C) * sizeof(float))))
-        return llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for an expert's quantized weights");
-    memcpy(r->exp_wq[j], r->W, (size_t)(R * C) * sizeof(float));
-    r->exp_ov[j] = *v;
-    r->exp_ov[j].dtype = LLMQ_DTYPE_F32;
-    r->exp_ov[j].data = r->exp_wq[j];
-    r->exp_ov[j].nbytes = (size_t)(R * C) * sizeof(float);
-    r->exp_set[j] = &r->exp_ov[j];
-    llmq_mmap_release(v->data, v->nbytes);
+    // the model's expert is read no more in this block (gptq: its held result replaces it; awq: made from it once)
+    if (r->exp_held[j].on || b) llmq_mmap_release(v->data, v->nbytes);
     return LLMQ_OK;
 }
 
-// The experts' weight set of block l: the model's experts, rebound one by one as gptq quantizes them; the f32 copies
-// of the previous block are freed.
+// The forward's expert source (calib/model/moe.h llmq_expert_weight_fn): gptq's held result of the expert, decoded
+// into the scratch (the same bits as hand_over's decoding); the model's view while there is none.
+static enum llmq_status expert_source(void *user, int layer, int expert, enum llmq_linear which,
+                                      const struct llmq_tensor_view *w, float *scratch, bool *filled) {
+    const struct run *r = user;
+    const struct held *h = &r->exp_held[3 * (int64_t)expert + (which - LLMQ_LIN_GATE)];
+    (void)layer; // exp_held is the current block's (moe_bind)
+    *filled = h->on;
+    return h->on ? decode_payload(h->kind, h->type, &h->ql, h->rows, w->shape[0], w->shape[1], scratch) : LLMQ_OK;
+}
+
+// The heap's free pages back to the system (glibc: malloc_trim). A moe block frees its experts' XᵀX sums one
+// expert at a time (2 x 8C² each); without this the heap keeps them and the next block's peak sits on top of them.
+static void heap_trim(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
+
+// The experts of block l start as the model's: the previous block's held results are freed.
 static void moe_bind(struct run *r, int l) {
-    const int64_t n = 3 * r->m->hp.n_expert;
-    for (int64_t j = 0; j < n; j++) {
-        free(r->exp_wq[j]);
-        r->exp_wq[j] = NULL;
-        r->exp_set[j] = r->m->layers[l].exps[j];
-    }
-    r->ly.exps = r->exp_set;
+    (void)l;
+    for (int64_t j = 0; j < 3 * r->m->hp.n_expert; j++) held_free(&r->exp_held[j]);
+    heap_trim(); // the previous block's sums and results
 }
 
 // Every expert's linears of eslot (GATE: gate and up; DOWN: down) of block l; with gather, first the pass over the
@@ -751,6 +762,7 @@ static enum llmq_status moe_group(struct run *r, int l, int eslot, bool gather) 
             if (eslot == LLMQ_CALIB_EXP_GATE && k == LLMQ_LIN_DOWN) break;
             st = quantize_expert(r, l, k, x, NULL, NULL);
         }
+    heap_trim(); // the group's sums are freed
     return st;
 }
 
@@ -981,8 +993,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
     if (!st && r->m->hp.moe) moe_coverage(r, l);                           // the fp pass's routing
     for (int64_t x = 0; x < r->m->hp.n_expert && r->m->hp.moe && !st; x++) // the scaled, clipped experts
         for (int k = LLMQ_LIN_GATE; k <= LLMQ_LIN_DOWN && !st; k++)
-            st = quantize_expert(r, l, k, x, b->ew[3 * x + (k - LLMQ_LIN_GATE)],
-                                 llmq_awq_expert_input_scales(b, (enum llmq_linear)k, x));
+            st = quantize_expert(r, l, k, x, b, llmq_awq_expert_input_scales(b, (enum llmq_linear)k, x));
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         const struct llmq_tensor_view *v = r->m->layers[l].w[k];
         if (!v) continue; // a moe block's: its experts above
@@ -1459,11 +1470,9 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r->wq[k], Rmax * Cmax);
     if (r->m->hp.moe) {
         const int64_t E = r->m->hp.n_expert;
-        r->exp_set = calloc((size_t)(3 * E), sizeof(*r->exp_set));
-        r->exp_ov = calloc((size_t)(3 * E), sizeof(*r->exp_ov));
-        r->exp_wq = calloc((size_t)(3 * E), sizeof(*r->exp_wq));
+        r->exp_held = calloc((size_t)(3 * E), sizeof(*r->exp_held));
         ALLOC(r->under, E);
-        ok = ok && r->exp_set && r->exp_ov && r->exp_wq;
+        ok = ok && r->exp_held;
         r->moe = json_pack("{s:s, s:I, s:I, s:[]}", "calib", o->moe_calib_all ? "all" : "routed", "token_floor",
                            (json_int_t)o->moe_token_floor, "fallback_rtn", (json_int_t)0, "layers");
     }
@@ -1506,6 +1515,7 @@ static enum llmq_status embed_inputs(struct run *r, int64_t N, int64_t D) {
     if (st) return st;
     llmq_forward_set_backend(r->f, o->backend);
     if (r->m->hp.moe) llmq_forward_set_expert_hook(r->f, expert_hook, r);
+    if (r->m->hp.moe && (st = llmq_forward_set_expert_source(r->f, expert_source, r))) return st;
     for (int64_t t0 = 0; t0 < N && !st; t0 += mb_tokens) {
         int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
         st = llmq_forward_embed(r->f, r->d.tokens + t0, n, r->x + t0 * D);
@@ -1611,10 +1621,8 @@ static void run_free(struct run *r) {
         free(r->wq[k]);
         held_free(&r->held[k]);
     }
-    for (int64_t j = 0; r->exp_wq && j < 3 * r->m->hp.n_expert; j++) free(r->exp_wq[j]);
-    free(r->exp_wq);
-    free(r->exp_ov);
-    free(r->exp_set);
+    for (int64_t j = 0; r->exp_held && j < 3 * r->m->hp.n_expert; j++) held_free(&r->exp_held[j]);
+    free(r->exp_held);
     free(r->under);
     json_decref(r->moe);
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) free(r->simp[k]);

@@ -112,8 +112,10 @@
  *              "layers": [{"layer", "tokens_min", "tokens_median", "tokens_max", "under_floor", "routed"}]}), from the
  *              routing of the pass that gathered the gate/up inputs.
  *   Not for moe yet: the checkpoint (none is kept; --resume refused), --imatrix, gguf.choose other than the mix.
- *   Memory: gptq holds the block's quantized experts as f32 until the block is done; the experts' XᵀX sums are
- *   calloc'ed per block (E (D² + Fe²) f64 at most, pages touched only by experts that see tokens).
+ *   Memory: an expert's f32 weights exist only while it is used: gptq holds each quantized expert as codes /
+ *   encoded rows (exp_held) and the forward decodes it per product into one scratch (llmq_forward_set_expert_source);
+ *   AWQ copies no expert (quant/awq.h "Mixture of experts"). The experts' XᵀX sums are mapped per block (E (D² + Fe²)
+ *   f64 at most, pages touched only by experts that see tokens) and unmapped expert by expert as they are solved.
  *
  * ---- Reported error (stderr line, --json) ----------------------------------------------------------
  *   err = ‖(W - Q) X‖² / ‖W X‖² with W the matrix handed to the solver (AWQ: scaled and clipped), Q its

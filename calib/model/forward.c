@@ -618,6 +618,10 @@ void llmq_forward_set_expert_hook(struct llmq_forward *f, llmq_expert_hook hook,
     f->euser = user;
 }
 
+enum llmq_status llmq_forward_set_expert_source(struct llmq_forward *f, llmq_expert_weight_fn fn, void *user) {
+    return f->moe ? llmq_moe_set_expert_source(f->moe, fn, user) : LLMQ_OK;
+}
+
 void llmq_forward_set_moe_calib_all(struct llmq_forward *f, bool all) {
     if (f->moe) llmq_moe_set_calib_all(f->moe, all);
 }

@@ -158,6 +158,9 @@ enum llmq_status llmq_forward_block_prefixed(struct llmq_forward *f, int layer, 
 // routed sum with its sigmoid gate); the experts' inputs go to the expert hook set here (NULL: none), called from
 // the calling thread with OpenBLAS's thread count restored, as the linear hook.
 void llmq_forward_set_expert_hook(struct llmq_forward *f, llmq_expert_hook hook, void *user);
+// The experts' weights from fn just before each product (llmq_moe_set_expert_source: a caller's decoded result or
+// candidate in one reusable scratch; NULL: the weight set's views). No-op for a dense model. LLMQ_ERR_NOMEM.
+enum llmq_status llmq_forward_set_expert_source(struct llmq_forward *f, llmq_expert_weight_fn fn, void *user);
 // Every expert over every token for the expert hook (llmq_moe_set_calib_all); no-op for a dense model.
 void llmq_forward_set_moe_calib_all(struct llmq_forward *f, bool all);
 // (E) tokens routed to each expert in the last moe block run; NULL for a dense model. Owned by f.

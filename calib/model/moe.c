@@ -18,17 +18,21 @@
 
 struct llmq_moe {
     int64_t T, D, E, K, Fe;
-    bool all;       // every expert over every token (llmq_moe_set_calib_all)
-    float *logits;  // (T, E) router logits, then probabilities
-    int32_t *sel;   // (T, K) chosen experts per token
-    float *wsel;    // (T, K) their weights
-    int64_t *count; // (E) tokens routed to each expert (last call)
-    int32_t *rows;  // (T) tokens of the current expert
-    float *wrow;    // (T) their weights (0: not routed, under `all`)
-    float *xe;      // (T, D) gathered input
-    float *ge;      // (T, Fe) gate, then SiLU(gate) * up
-    float *ue;      // (T, Fe) up
-    float *ye;      // (T, D) expert output
+    bool all;                  // every expert over every token (llmq_moe_set_calib_all)
+    float *logits;             // (T, E) router logits, then probabilities
+    int32_t *sel;              // (T, K) chosen experts per token
+    float *wsel;               // (T, K) their weights
+    int64_t *count;            // (E) tokens routed to each expert (last call)
+    int32_t *rows;             // (T) tokens of the current expert
+    float *wrow;               // (T) their weights (0: not routed, under `all`)
+    float *xe;                 // (T, D) gathered input
+    float *ge;                 // (T, Fe) gate, then SiLU(gate) * up
+    float *ue;                 // (T, Fe) up
+    float *ye;                 // (T, D) expert output
+    llmq_expert_weight_fn src; // llmq_moe_set_expert_source, or NULL
+    void *src_user;
+    float *wexp;                   // (Fe * D) the source's scratch; NULL without a source
+    struct llmq_tensor_view wview; // F32 view on wexp
 };
 
 enum llmq_status llmq_moe_init(const struct llmq_hparams *hp, int64_t max_tokens, struct llmq_moe **out) {
@@ -73,10 +77,36 @@ void llmq_moe_free(struct llmq_moe *s) {
     free(s->ge);
     free(s->ue);
     free(s->ye);
+    free(s->wexp);
     free(s);
 }
 
 void llmq_moe_set_calib_all(struct llmq_moe *s, bool all) { s->all = all; }
+
+enum llmq_status llmq_moe_set_expert_source(struct llmq_moe *s, llmq_expert_weight_fn fn, void *user) {
+    s->src = fn;
+    s->src_user = user;
+    if (fn && !s->wexp && !(s->wexp = malloc((size_t)(s->Fe * s->D) * sizeof(float))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "moe: out of memory for an expert's weights");
+    return LLMQ_OK;
+}
+
+// Expert x's weight k (0 gate, 1 up, 2 down) of the weight set's view w for the next product: w, or what the source
+// wrote into the scratch (an F32 view with w's shape).
+static enum llmq_status expert_weight(struct llmq_moe *s, int layer, int32_t x, int k, const struct llmq_tensor_view *w,
+                                      const struct llmq_tensor_view **out) {
+    *out = w;
+    bool filled = false;
+    enum llmq_status st =
+        s->src ? s->src(s->src_user, layer, x, (enum llmq_linear)(LLMQ_LIN_GATE + k), w, s->wexp, &filled) : LLMQ_OK;
+    if (st || !filled) return st;
+    s->wview = *w;
+    s->wview.dtype = LLMQ_DTYPE_F32;
+    s->wview.data = s->wexp;
+    s->wview.nbytes = (size_t)(w->shape[0] * w->shape[1]) * sizeof(float);
+    *out = &s->wview;
+    return LLMQ_OK;
+}
 
 const int64_t *llmq_moe_counts(const struct llmq_moe *s) { return s->count; }
 
@@ -147,14 +177,16 @@ enum llmq_status llmq_moe_ffn(struct llmq_moe *s, const struct llmq_hparams *hp,
         if (s->count[x] == 0 && !s->all) continue; // no token routed to it: not computed
         const int64_t ne = gather(s, xn, n, x);
         const struct llmq_tensor_view *const *w = ly->exps + 3 * (size_t)x; // gate, up, down
+        const struct llmq_tensor_view *wk;
         if (hook) hook(user, layer, x, LLMQ_LIN_GATE, s->xe, ne, D);
-        if ((st = lin(lin_ctx, w[0], s->xe, ne, s->ge)) || (st = lin(lin_ctx, w[1], s->xe, ne, s->ue))) return st;
+        if ((st = expert_weight(s, layer, x, 0, w[0], &wk)) || (st = lin(lin_ctx, wk, s->xe, ne, s->ge))) return st;
+        if ((st = expert_weight(s, layer, x, 1, w[1], &wk)) || (st = lin(lin_ctx, wk, s->xe, ne, s->ue))) return st;
         for (int64_t i = 0; i < ne * Fe; i++) {
             const float g = s->ge[i];
             s->ge[i] = (g / (1.0f + expf(-g))) * s->ue[i];
         }
         if (hook) hook(user, layer, x, LLMQ_LIN_DOWN, s->ge, ne, Fe);
-        if ((st = lin(lin_ctx, w[2], s->ge, ne, s->ye))) return st;
+        if ((st = expert_weight(s, layer, x, 2, w[2], &wk)) || (st = lin(lin_ctx, wk, s->ge, ne, s->ye))) return st;
         for (int64_t i = 0; i < ne; i++) {
             if (s->wrow[i] == 0.0f && s->all) continue; // computed for the statistics only
             float *o = out + (int64_t)s->rows[i] * D;

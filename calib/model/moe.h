@@ -11,12 +11,15 @@
  *   the sum taken in f32 in expert order as transformers' index_add_ loop does.
  * Only the experts some token is routed to are computed, each over just its tokens (gathered into one
  * matrix): an expert's weights are converted to f32 by the linear callback one weight at a time, never the
- * whole block. With llmq_moe_set_calib_all, every expert also runs over every token so that the expert hook
- * sees all of them (llm-compressor's calibrate_all_experts); out still sums the routed experts' outputs only.
+ * whole block. An expert source (llmq_moe_set_expert_source) may supply a weight instead, just before its product,
+ * written into one reusable (Fe, D) scratch: a caller's quantized result or search candidate, decoded per use. With
+ * llmq_moe_set_calib_all, every expert also runs over every token so that the expert hook sees all of them
+ * (llm-compressor's calibrate_all_experts); out still sums the routed experts' outputs only.
  *
  * What it is not: no threads of its own (the linear callback parallelises), no dense MLP.
  * Legend: n tokens, D n_embd, E n_expert, K n_expert_used, Fe n_ff_exp, T max_tokens.
- * Memory: (T, E) logits, (T, K) choices, (T, 2 D + 2 Fe) floats of per-expert activations, allocated at init.
+ * Memory: (T, E) logits, (T, K) choices, (T, 2 D + 2 Fe) floats of per-expert activations, allocated at init;
+ * with an expert source, Fe * D floats of weight scratch.
  */
 #ifndef LLMQ_CALIB_MOE_H
 #define LLMQ_CALIB_MOE_H
@@ -40,6 +43,12 @@ typedef enum llmq_status (*llmq_moe_linear_fn)(void *ctx, const struct llmq_tens
 typedef void (*llmq_expert_hook)(void *user, int layer, int expert, enum llmq_linear which, const float *in, int64_t n,
                                  int64_t n_in);
 
+// Supplies expert `expert`'s weight `which` (LLMQ_LIN_GATE, UP or DOWN) of block `layer` just before its product; w
+// is the weight set's view (R, C). Either leaves *filled false (the product reads w), or writes the (R, C) weights in
+// f32 into scratch (Fe * D floats, rewritten by the next call) and sets *filled. Errors: the source's (logged by it).
+typedef enum llmq_status (*llmq_expert_weight_fn)(void *user, int layer, int expert, enum llmq_linear which,
+                                                  const struct llmq_tensor_view *w, float *scratch, bool *filled);
+
 // Scratch for calls of at most max_tokens tokens of a moe model hp. *out: llmq_moe_free. LLMQ_ERR_NOMEM.
 enum llmq_status llmq_moe_init(const struct llmq_hparams *hp, int64_t max_tokens, struct llmq_moe **out);
 void llmq_moe_free(struct llmq_moe *s); // NULL is a no-op
@@ -48,6 +57,10 @@ void llmq_moe_free(struct llmq_moe *s); // NULL is a no-op
 // the default). The block output sums the routed experts' rows either way; those rows come from a product over
 // more rows under `all`, so they may differ from the routed-only ones by float rounding (BLAS blocking).
 void llmq_moe_set_calib_all(struct llmq_moe *s, bool all);
+
+// From the next call on, the experts' weights come through fn (NULL: the weight set's views, the default).
+// LLMQ_ERR_NOMEM (the scratch).
+enum llmq_status llmq_moe_set_expert_source(struct llmq_moe *s, llmq_expert_weight_fn fn, void *user);
 
 // out (n, D) = the mixture of block `layer` (ly: its router and experts) for xn (n, D), 1 <= n <= max_tokens
 // (out must not alias xn). hook may be NULL. Errors: those of lin (logged by it).

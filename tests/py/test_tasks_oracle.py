@@ -77,6 +77,7 @@ def llmq_tasks(llmq_bin, model, out, tasks, extra):
     (["--model", "m", "--ppl", "t", "--limit", "3"], "need --tasks"),
     (["--model", "m", "--tasks", "all", "--limit", "0"], "--limit"),
     (["--model", "m", "--tasks", "all", "--json-items"], "--json-items needs --json"),
+    (["--model", "m", "--tasks", "all", "--llamacpp-parallel", "0"], "--llamacpp-parallel must be between 1 and 256"),
 ])
 def test_usage_errors(llmq_bin, args, msg):
     r = run([llmq_bin, "eval", *args], check=False)

@@ -16,8 +16,9 @@
   and the accuracy within 0.5 points. (llama-perplexity prints, per item, the running accuracy for
   hellaswag and multiple choice, from which each item's correctness follows, and the choice itself for
   winogrande.)
-  Known to fail: q4_k_m winogrande, 365 / 400 = 91.25% equal choices (llama.cpp against itself at -np 16:
-  395 / 400), and q4_k_m arc-easy, 388 / 400 = 97.0% equal (llmq acc 46.00, llama.cpp 45.00; measured 2026-12-03,
+  Known to fail (every q4_k_m case but hellaswag, 99.00%): winogrande, 365 / 400 = 91.25% equal choices (llama.cpp
+  against itself at -np 16: 395 / 400), piqa 96.75%, arc-challenge 98.25% (acc +0.75 points), and arc-easy,
+  388 / 400 = 97.0% equal (llmq acc 46.00, llama.cpp 45.00; measured 2026-12-03,
   the fix for llama.cpp's flash-attention vector path included; 96.75% without it). The per-choice scores differ
   by a median of 0.14 there, as much as llmq's own with and without --emulate: llama.cpp's 8-bit activation
   rounding turns one ulp of another summation order into whole rounding steps that spread through the layers, so

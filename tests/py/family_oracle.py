@@ -1,6 +1,7 @@
 """Shared pieces of the model-family oracles (tests/py/test_qwen3.py, tests/py/test_gemma.py): the token ids,
 llmq's forward through tests/tools/forward_logits, and the random-weight HF directories built by a script of
 the transformers venv (tests/py/hf_family.py and the hf_*_model.py scripts)."""
+import json
 import os
 
 import numpy as np
@@ -48,6 +49,28 @@ def work(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ids(work):
     return make_ids(work)
+
+
+def moe_models(llmq_bin, tool, stories_v3, work, ids, script, variants):
+    """Builds the script's random MoE models; per variant its directory, transformers' logits (48 positions), the
+    router margins and llmq's logits on the directory (test_moe.py, test_qwen2moe.py)."""
+    build_hf_models(llmq_bin, stories_v3, work, ids, script, HF_PYTHON)
+    out = {}
+    for v in variants:
+        d = work / v
+        out[v] = dict(hf=d, ref=np.fromfile(f"{d}.hf.f32", np.float32).reshape(48, -1),
+                      margin=json.loads((work / f"{v}.margin.json").read_text()),
+                      llmq_hf=forward(tool, d, ids["path"], work / f"{v}.llmq-hf.f32"))
+    return out
+
+
+def moe_ggufs(llmq_bin, tool, models, work, ids, variants):
+    """`llmq convert` of each variant's directory to GGUF and llmq's logits on it, added to models[v]."""
+    for v in variants:
+        gguf = work / f"{v}.gguf"
+        run([llmq_bin, "convert", "--model", models[v]["hf"], "--out", gguf, "--quiet"])
+        models[v].update(gguf=gguf, llmq_gguf=forward(tool, gguf, ids["path"], work / f"{v}.llmq-gguf.f32"))
+    return models
 
 
 def gguf_back_to_hf(llmq_bin, gguf, hf_dir, back):

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from conftest import run
-from family_oracle import HF_PYTHON, HF_SKIP_REASON, build_hf_models, forward, gguf_back_to_hf
+from family_oracle import HF_PYTHON, HF_SKIP_REASON, build_hf_models, forward, gguf_back_to_hf, moe_ggufs, moe_models
 from family_oracle import ids, work  # noqa: F401 (fixtures)
 from test_forward_oracle import F32_TOL, HAVE_LLAMA_CPP, check_live
 import gen_golden_forward as gg
@@ -52,23 +52,12 @@ SHAPES = {"tiny-q2moe": (8, 64, 48, 96, 3), "wide-q2moe": (4, 256, 256, 512, 2)}
 
 @pytest.fixture(scope="module")
 def models(llmq_bin, tool, stories_v3, work, ids):
-    build_hf_models(llmq_bin, stories_v3, work, ids, "hf_qwen2moe_model.py", HF_PYTHON)
-    out = {}
-    for v in VARIANTS:
-        d = work / v
-        out[v] = dict(hf=d, ref=np.fromfile(f"{d}.hf.f32", np.float32).reshape(48, -1),
-                      margin=json.loads((work / f"{v}.margin.json").read_text()),
-                      llmq_hf=forward(tool, d, ids["path"], work / f"{v}.llmq-hf.f32"))
-    return out
+    return moe_models(llmq_bin, tool, stories_v3, work, ids, "hf_qwen2moe_model.py", VARIANTS)
 
 
 @pytest.fixture(scope="module")
 def ggufs(llmq_bin, tool, models, work, ids):
-    for v in GGUF_VARIANTS:
-        gguf = work / f"{v}.gguf"
-        run([llmq_bin, "convert", "--model", models[v]["hf"], "--out", gguf, "--quiet"])
-        models[v].update(gguf=gguf, llmq_gguf=forward(tool, gguf, ids["path"], work / f"{v}.llmq-gguf.f32"))
-    return models
+    return moe_ggufs(llmq_bin, tool, models, work, ids, GGUF_VARIANTS)
 
 
 def test_saved_layout(models):

@@ -418,6 +418,7 @@ enum llmq_status llmq_calib_stats_init(const struct llmq_model *m, bool with_xtx
     if (layer0 < 0 || layer1 > L || layer0 > layer1) return llmq_errorf(LLMQ_ERR_ARG, "calib: bad layer range");
     out->n_layer = L;
     out->with_xtx = with_xtx;
+    out->arch = m->hp.arch;
     out->in = calloc((size_t)(L * LLMQ_CALIB_N_SLOTS), sizeof(*out->in));
     enum llmq_status st = out->in ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
     int64_t cmax = 0;
@@ -784,127 +785,210 @@ fail:
 
 // ---- llama.cpp imatrix files ---------------------------------------------------------------------------------
 
-// Every slot of s has Σx² and a count (what both writers need); *cmax gets the widest input.
-static enum llmq_status imatrix_check_full(const struct llmq_calib_stats *s, const char *path, int64_t *cmax) {
-    *cmax = 0;
-    for (int64_t i = 0; i < s->n_layer * LLMQ_CALIB_N_SLOTS; i++) {
-        if (!s->in[i].sum_sq || s->in[i].count < 1)
-            return llmq_errorf(LLMQ_ERR_ARG, "%s: layer %lld has no Σx² statistics", path,
-                               (long long)(i / LLMQ_CALIB_N_SLOTS));
-        *cmax = s->in[i].n_in > *cmax ? s->in[i].n_in : *cmax;
+// One entry of an imatrix file: a weight and the statistics of its input; a stacked expert tensor has n_mat = E
+// inputs, expert x's at in + x * LLMQ_CALIB_EXP_N_SLOTS.
+struct imatrix_entry {
+    char name[96]; // "blk.N.<weight>.weight"
+    const struct llmq_calib_input *in;
+    int64_t n_mat;
+};
+
+static void imatrix_add(struct imatrix_entry *e, int64_t *n, enum llmq_arch a, int role, int64_t l,
+                        const struct llmq_calib_input *in, int64_t n_mat) {
+    llmq_tensor_full_name(a, (enum llmq_tensor_role)role, l, false, e[*n].name, sizeof(e[*n].name));
+    e[*n].in = in;
+    e[*n].n_mat = n_mat;
+    (*n)++;
+}
+
+// The entries both writers store, in block order: a dense model's seven linears; a mixture of experts' q, k, v, o,
+// router (ffn_gate_inp, the GATE slot), qwen2_moe's shared expert (gate / up / its gate ffn_gate_inp_shexp from the
+// GATE slot, down from DOWN) and the stacked ffn_{gate,up,down}_exps (the per-expert inputs), as llama-imatrix
+// collects them. Every dense input needs Σx² and a count >= 1 (an expert may have 0: no token reached it).
+// *e is malloc'd (n entries), *cmax the widest input.
+static enum llmq_status imatrix_entries(const struct llmq_calib_stats *s, const char *path, struct imatrix_entry **e,
+                                        int64_t *n, int64_t *cmax) {
+    const bool moe = s->n_expert > 0 && s->exp, shexp = moe && llmq_arch_info_of(s->arch)->shexp;
+    const enum llmq_arch a = moe ? s->arch : LINEAR_NAMES;
+    *n = *cmax = 0;
+    if (!(*e = malloc((size_t)(s->n_layer * 12 > 0 ? s->n_layer * 12 : 1) * sizeof(**e))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
+    for (int64_t l = 0; l < s->n_layer; l++) {
+        const struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS];
+        for (int k = 0; k < LLMQ_LIN_COUNT; k++)
+            if (!moe || k < LLMQ_LIN_GATE || shexp)
+                imatrix_add(*e, n, a, LLMQ_T_LINEAR_0 + k, l, &in[llmq_calib_slot_of((enum llmq_linear)k)], 1);
+        if (!moe) continue;
+        imatrix_add(*e, n, a, LLMQ_T_FFN_GATE_INP, l, &in[LLMQ_CALIB_SLOT_GATE], 1);
+        if (shexp) imatrix_add(*e, n, a, LLMQ_T_FFN_GATE_INP_SHEXP, l, &in[LLMQ_CALIB_SLOT_GATE], 1);
+        const struct llmq_calib_input *x = &s->exp[l * s->n_expert * LLMQ_CALIB_EXP_N_SLOTS];
+        imatrix_add(*e, n, a, LLMQ_T_FFN_GATE_EXPS, l, x + LLMQ_CALIB_EXP_GATE, s->n_expert);
+        imatrix_add(*e, n, a, LLMQ_T_FFN_UP_EXPS, l, x + LLMQ_CALIB_EXP_GATE, s->n_expert);
+        imatrix_add(*e, n, a, LLMQ_T_FFN_DOWN_EXPS, l, x + LLMQ_CALIB_EXP_DOWN, s->n_expert);
     }
+    for (int64_t i = 0; i < *n; i++)
+        for (int64_t x = 0; x < (*e)[i].n_mat; x++) {
+            const struct llmq_calib_input *in = (*e)[i].in + x * LLMQ_CALIB_EXP_N_SLOTS;
+            if (!in->sum_sq || in->count < ((*e)[i].n_mat > 1 ? 0 : 1)) {
+                enum llmq_status st = llmq_errorf(LLMQ_ERR_ARG, "%s: %s has no Σx² statistics", path, (*e)[i].name);
+                free(*e);
+                *e = NULL;
+                return st;
+            }
+            *cmax = in->n_in > *cmax ? in->n_in : *cmax;
+        }
     return LLMQ_OK;
 }
 
-// The statistics slot of weight `name` ("blk.N.<linear>.weight", n bytes) of m, or NULL when it
-// names no linear of m.
-static struct llmq_calib_input *imatrix_slot(struct llmq_calib_stats *s, const struct llmq_model *m, const char *name,
-                                             size_t n) {
+// The statistics of weight `name` (n bytes) of m in s: *in the block input, or expert 0's input of a stacked expert
+// tensor (*n_mat E); *key indexes what the entry fills (shared inputs: the first entry in the file fills them).
+// False when name is no weight of m whose input llmq keeps.
+static bool imatrix_target(struct llmq_calib_stats *s, const struct llmq_model *m, const char *name, size_t n,
+                           struct llmq_calib_input **in, int64_t *n_mat, int64_t *key) {
     char buf[128];
     int64_t l;
-    if (n >= sizeof(buf)) return NULL;
+    if (n >= sizeof(buf)) return false;
     memcpy(buf, name, n);
     buf[n] = '\0';
-    int role = llmq_tensor_role_of(m->hp.arch, buf, false, m->hp.n_layer, &l);
+    int role = llmq_tensor_role_of(m->hp.arch, buf, false, m->hp.n_layer, &l), slot = -1, eslot = -1;
+    *n_mat = 1;
     if (role >= LLMQ_T_LINEAR_0 && role < LLMQ_T_LINEAR_0 + LLMQ_LIN_COUNT)
-        return &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)(role - LLMQ_T_LINEAR_0))];
-    return NULL;
+        slot = llmq_calib_slot_of((enum llmq_linear)(role - LLMQ_T_LINEAR_0));
+    else if (m->hp.moe && (role == LLMQ_T_FFN_GATE_INP || role == LLMQ_T_FFN_GATE_INP_SHEXP))
+        slot = LLMQ_CALIB_SLOT_GATE; // the router's (and the shared expert's gate's) input: the ffn input
+    else if (m->hp.moe && (role == LLMQ_T_FFN_GATE_EXPS || role == LLMQ_T_FFN_UP_EXPS))
+        eslot = LLMQ_CALIB_EXP_GATE;
+    else if (m->hp.moe && role == LLMQ_T_FFN_DOWN_EXPS)
+        eslot = LLMQ_CALIB_EXP_DOWN;
+    else
+        return false;
+    if (slot >= 0) {
+        *key = l * LLMQ_CALIB_N_SLOTS + slot;
+        *in = &s->in[*key];
+        return true;
+    }
+    *key = s->n_layer * LLMQ_CALIB_N_SLOTS + l * LLMQ_CALIB_EXP_N_SLOTS + eslot;
+    *in = &s->exp[l * s->n_expert * LLMQ_CALIB_EXP_N_SLOTS + eslot];
+    *n_mat = s->n_expert;
+    return true;
 }
 
 enum llmq_status llmq_calib_imatrix_save(const struct llmq_calib_stats *s, const char *path, const char *dataset) {
     struct llmq_afile f;
-    int64_t Cmax;
-    enum llmq_status st = imatrix_check_full(s, path, &Cmax);
+    struct imatrix_entry *ent = NULL;
+    int64_t Cmax, n;
+    enum llmq_status st = imatrix_entries(s, path, &ent, &n, &Cmax);
     if (st) return st;
     float *tmp = malloc((size_t)Cmax * sizeof(float));
-    if (!tmp) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
-    if ((st = llmq_afile_open(&f, path))) {
+    if (!tmp || (st = llmq_afile_open(&f, path))) {
         free(tmp);
-        return st;
+        free(ent);
+        return st ? st : llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
     }
-    int32_t n_entries = (int32_t)(s->n_layer * LLMQ_LIN_COUNT), ncall = (int32_t)(s->n_seq > 0 ? s->n_seq : 1);
+    int32_t n_entries = (int32_t)n, ncall = (int32_t)(s->n_seq > 0 ? s->n_seq : 1);
     llmq_afile_write(&f, &n_entries, 4);
-    for (int64_t l = 0; l < s->n_layer; l++)
-        for (int w = 0; w < LLMQ_LIN_COUNT; w++) {
-            const struct llmq_calib_input *in =
-                &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)w)];
-            char name[96];
-            int32_t len =
-                (int32_t)strlen(llmq_tensor_full_name(LINEAR_NAMES, LLMQ_T_LINEAR_0 + w, l, false, name, sizeof(name)));
-            int32_t nval = (int32_t)in->n_in;
-            for (int64_t c = 0; c < in->n_in; c++) tmp[c] = (float)(in->sum_sq[c] / (double)in->count * (double)ncall);
-            llmq_afile_write(&f, &len, 4);
-            llmq_afile_write(&f, name, (size_t)len);
-            llmq_afile_write(&f, &ncall, 4);
-            llmq_afile_write(&f, &nval, 4);
-            llmq_afile_write(&f, tmp, (size_t)nval * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        int32_t len = (int32_t)strlen(ent[i].name), nval = (int32_t)(ent[i].in->n_in * ent[i].n_mat);
+        llmq_afile_write(&f, &len, 4);
+        llmq_afile_write(&f, ent[i].name, (size_t)len);
+        llmq_afile_write(&f, &ncall, 4);
+        llmq_afile_write(&f, &nval, 4);
+        for (int64_t x = 0; x < ent[i].n_mat; x++) { // an expert no token reached: 1 (llama-imatrix's "partial data")
+            const struct llmq_calib_input *in = ent[i].in + x * LLMQ_CALIB_EXP_N_SLOTS;
+            for (int64_t c = 0; c < in->n_in; c++)
+                tmp[c] = in->count > 0 ? (float)(in->sum_sq[c] / (double)in->count * (double)ncall) : (float)ncall;
+            llmq_afile_write(&f, tmp, (size_t)in->n_in * sizeof(float));
         }
+    }
     int32_t dlen = (int32_t)strlen(dataset ? dataset : "");
     llmq_afile_write(&f, &ncall, 4); // last_call
     llmq_afile_write(&f, &dlen, 4);
     llmq_afile_write(&f, dataset ? dataset : "", (size_t)dlen);
     free(tmp);
+    free(ent);
     return llmq_afile_commit(&f);
 }
 
-struct imatrix_name {
-    char name[96]; // "blk.N.<linear>.weight"
-    const struct llmq_calib_input *in;
-};
-
-static int imatrix_name_cmp(const void *a, const void *b) {
-    return strcmp(((const struct imatrix_name *)a)->name, ((const struct imatrix_name *)b)->name);
+static int imatrix_entry_cmp(const void *a, const void *b) {
+    return strcmp(((const struct imatrix_entry *)a)->name, ((const struct imatrix_entry *)b)->name);
 }
 
 enum llmq_status llmq_calib_imatrix_save_gguf(const struct llmq_calib_stats *s, const char *path, const char *dataset) {
-    int64_t Cmax, n = s->n_layer * LLMQ_LIN_COUNT;
-    enum llmq_status st = imatrix_check_full(s, path, &Cmax);
+    struct imatrix_entry *ent = NULL;
+    int64_t Cmax, n;
+    enum llmq_status st = imatrix_entries(s, path, &ent, &n, &Cmax);
     if (st) return st;
-    if (s->n_seq < 0 || s->n_seq > UINT32_MAX || s->seqlen < 0 || s->seqlen > UINT32_MAX)
-        return llmq_errorf(LLMQ_ERR_ARG, "%s: %lld chunks of %lld tokens do not fit the u32 keys", path,
-                           (long long)s->n_seq, (long long)s->seqlen);
-    struct imatrix_name *names = calloc((size_t)n, sizeof(*names));
-    float *tmp = malloc((size_t)Cmax * sizeof(float));
-    struct llmq_gguf_writer *w = llmq_gguf_writer_init();
-    if (!names || !tmp || !w) {
+    float *tmp = NULL;
+    struct llmq_gguf_writer *w = NULL;
+    if (s->n_seq < 0 || s->n_seq > UINT32_MAX || s->seqlen < 0 || s->seqlen > UINT32_MAX) {
+        st = llmq_errorf(LLMQ_ERR_ARG, "%s: %lld chunks of %lld tokens do not fit the u32 keys", path,
+                         (long long)s->n_seq, (long long)s->seqlen);
+        goto done;
+    }
+    if (!(tmp = malloc((size_t)(Cmax > s->n_expert ? Cmax : s->n_expert) * sizeof(float))) ||
+        !(w = llmq_gguf_writer_init())) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
-    for (int64_t l = 0; l < s->n_layer; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            struct imatrix_name *e = &names[l * LLMQ_LIN_COUNT + k];
-            llmq_tensor_full_name(LINEAR_NAMES, LLMQ_T_LINEAR_0 + k, l, false, e->name, sizeof(e->name));
-            e->in = &s->in[l * LLMQ_CALIB_N_SLOTS + llmq_calib_slot_of((enum llmq_linear)k)];
-        }
-    qsort(names, (size_t)n, sizeof(*names), imatrix_name_cmp); // llama-imatrix: std::sort of the names
+    qsort(ent, (size_t)n, sizeof(*ent), imatrix_entry_cmp); // llama-imatrix: std::sort of the names
     const char *ds[1] = {dataset};
     if ((st = llmq_gguf_writer_set_str(w, "general.type", "imatrix")) ||
         (st = llmq_gguf_writer_set_arr_str(w, "imatrix.datasets", ds, NULL, dataset && *dataset ? 1 : 0)) ||
         (st = llmq_gguf_writer_set_u32(w, "imatrix.chunk_count", (uint32_t)s->n_seq)) ||
         (st = llmq_gguf_writer_set_u32(w, "imatrix.chunk_size", (uint32_t)s->seqlen)))
         goto done;
-    for (int64_t i = 0; i < n && !st; i++) {
+    for (int64_t i = 0; i < n && !st; i++) { // (n_mat, C) and (n_mat, 1); ggml drops outer dims of 1
         char tn[128];
-        int64_t C = names[i].in->n_in, one = 1;
-        snprintf(tn, sizeof(tn), "%s.in_sum2", names[i].name);
-        st = llmq_gguf_writer_add_tensor(w, tn, LLMQ_DTYPE_F32, 1, &C);
-        snprintf(tn, sizeof(tn), "%s.counts", names[i].name);
-        if (!st) st = llmq_gguf_writer_add_tensor(w, tn, LLMQ_DTYPE_F32, 1, &one);
+        const bool stacked = ent[i].n_mat > 1;
+        int64_t sh[2] = {ent[i].n_mat, ent[i].in->n_in}, shc[2] = {ent[i].n_mat, 1};
+        snprintf(tn, sizeof(tn), "%s.in_sum2", ent[i].name);
+        st = llmq_gguf_writer_add_tensor(w, tn, LLMQ_DTYPE_F32, stacked ? 2 : 1, stacked ? sh : sh + 1);
+        snprintf(tn, sizeof(tn), "%s.counts", ent[i].name);
+        if (!st) st = llmq_gguf_writer_add_tensor(w, tn, LLMQ_DTYPE_F32, stacked ? 2 : 1, stacked ? shc : shc + 1);
     }
     if (!st) st = llmq_gguf_writer_begin(w, path);
     for (int64_t i = 0; i < n && !st; i++) {
-        const struct llmq_calib_input *in = names[i].in;
-        float cnt = (float)in->count;
-        for (int64_t c = 0; c < in->n_in; c++) tmp[c] = (float)in->sum_sq[c];
-        st = llmq_gguf_writer_write_tensor(w, tmp, (size_t)in->n_in * sizeof(float));
-        if (!st) st = llmq_gguf_writer_write_tensor(w, &cnt, sizeof(cnt));
+        for (int64_t x = 0; x < ent[i].n_mat && !st; x++) {
+            const struct llmq_calib_input *in = ent[i].in + x * LLMQ_CALIB_EXP_N_SLOTS;
+            for (int64_t c = 0; c < in->n_in; c++) tmp[c] = (float)in->sum_sq[c];
+            st = llmq_gguf_writer_write_tensor(w, tmp, (size_t)in->n_in * sizeof(float));
+        }
+        for (int64_t x = 0; x < ent[i].n_mat; x++) tmp[x] = (float)ent[i].in[x * LLMQ_CALIB_EXP_N_SLOTS].count;
+        if (!st) st = llmq_gguf_writer_write_tensor(w, tmp, (size_t)ent[i].n_mat * sizeof(float));
     }
     if (!st) st = llmq_gguf_writer_commit(w);
 done:
     llmq_gguf_writer_free(w);
     free(tmp);
-    free(names);
+    free(ent);
     return st;
+}
+
+// The values of one entry (n_mat inputs of C columns, vals f32 unaligned, n_mat · C of them) into in (expert x's at
+// in + x · LLMQ_CALIB_EXP_N_SLOTS), with count[x] (GGUF: the counts tensor's, rounded; .dat: ncall for each). A
+// dense input needs a count >= 1; an expert no token reached keeps count 0 (llama-quantize's importance 1).
+static enum llmq_status imatrix_fill(const char *path, const char *name, struct llmq_calib_input *in, int64_t n_mat,
+                                     const uint8_t *vals, const uint8_t *counts, int64_t ncall, int64_t chunk_size) {
+    const int64_t C = in->n_in;
+    for (int64_t x = 0; x < n_mat; x++) {
+        struct llmq_calib_input *xi = in + x * LLMQ_CALIB_EXP_N_SLOTS;
+        float cnt = (float)ncall;
+        if (counts) memcpy(&cnt, counts + 4 * x, sizeof(cnt));
+        if (counts && (!isfinite(cnt) || cnt < (n_mat > 1 ? 0.0f : 0.5f) || cnt > 9e15f))
+            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s count %lld is %g%s", path, name, (long long)x, (double)cnt,
+                               n_mat > 1 ? "" : ": no tokens were seen for it");
+        for (int64_t c = 0; c < C; c++) {
+            float v;
+            memcpy(&v, vals + 4 * (x * C + c), sizeof(v));
+            if (!isfinite(v) || v < 0)
+                return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s value %lld is %g", path, name, (long long)(x * C + c),
+                                   (double)v);
+            xi->sum_sq[c] = (double)v;
+        }
+        xi->count = counts ? (int64_t)llroundf(cnt) : ncall > 0 ? ncall : 1; // .dat ncall 0: the values as they are
+        xi->n_seq = !counts ? xi->count : chunk_size > 0 ? (xi->count + chunk_size - 1) / chunk_size : 1;
+    }
+    return LLMQ_OK;
 }
 
 // The legacy .dat (layout in calib/calib.h) into out (initialised for m by the caller).
@@ -916,7 +1000,7 @@ static enum llmq_status imatrix_load_dat(const char *path, const struct llmq_mod
     const uint8_t *p = mm.data;
     size_t size = mm.size, off = 0;
     int32_t n_entries;
-    bool *seen = calloc((size_t)(out->n_layer * LLMQ_CALIB_N_SLOTS), sizeof(bool));
+    bool *seen = calloc((size_t)(out->n_layer * (LLMQ_CALIB_N_SLOTS + LLMQ_CALIB_EXP_N_SLOTS)), sizeof(bool));
     if (!seen) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
@@ -957,28 +1041,20 @@ static enum llmq_status imatrix_load_dat(const char *path, const struct llmq_mod
         NEED((size_t)nval * 4, "values");
         const uint8_t *vals = p + off;
         off += (size_t)nval * 4;
-        struct llmq_calib_input *in = imatrix_slot(out, m, name, (size_t)len);
-        if (!in) {
+        struct llmq_calib_input *in;
+        int64_t n_mat, key;
+        if (!imatrix_target(out, m, name, (size_t)len, &in, &n_mat, &key)) {
             llmq_warn("%s: entry %s is not a linear weight of %s; ignored", path, name, m->path);
             continue;
         }
-        if (nval != in->n_in) {
-            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has %d values, the model's input has %lld", path, name, nval,
-                             (long long)in->n_in);
+        if (nval != in->n_in * n_mat) {
+            st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has %d values, the model's input has %lld%s", path, name, nval,
+                             (long long)(in->n_in * n_mat), n_mat > 1 ? " (its experts' inputs together)" : "");
             goto done;
         }
-        if (seen[in - out->in]) continue; // q/k/v (gate/up) share one input
-        seen[in - out->in] = true;
-        for (int32_t c = 0; c < nval; c++) {
-            float v;
-            memcpy(&v, vals + 4 * c, 4);
-            if (!isfinite(v) || v < 0) {
-                st = llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s value %d is %g", path, name, c, (double)v);
-                goto done;
-            }
-            in->sum_sq[c] = (double)v;
-        }
-        in->count = in->n_seq = ncall > 0 ? ncall : 1; // ncall 0: the values as they are (llama-quantize)
+        if (seen[key]) continue; // q/k/v (gate/up, the router, gate_exps / up_exps) share one input
+        seen[key] = true;
+        if ((st = imatrix_fill(path, name, in, n_mat, vals, NULL, ncall, 0))) goto done;
         (*n_used)++;
     }
     // last_call and the dataset name follow; optional (older files end here)
@@ -1062,7 +1138,7 @@ static enum llmq_status imatrix_load_gguf(const char *path, const struct llmq_mo
             goto done;
         }
     }
-    if (!(seen = calloc((size_t)(out->n_layer * LLMQ_CALIB_N_SLOTS), sizeof(bool)))) {
+    if (!(seen = calloc((size_t)(out->n_layer * (LLMQ_CALIB_N_SLOTS + LLMQ_CALIB_EXP_N_SLOTS)), sizeof(bool)))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -1103,44 +1179,30 @@ static enum llmq_status imatrix_load_gguf(const char *path, const struct llmq_mo
                 name, (long long)n_sums, (long long)n_mat, (long long)(in_sum ? tensor_nelements(in_sum) : n_sums));
             goto done;
         }
-        struct llmq_calib_input *in = imatrix_slot(out, m, name, bl);
-        if (!in) {
+        struct llmq_calib_input *in;
+        int64_t n_want, key;
+        if (!imatrix_target(out, m, name, bl, &in, &n_want, &key)) {
             if (n_ignored++ == 0)
                 llmq_warn("%s: entry %.*s is not a linear weight of %s; ignored (and any more such)", path, (int)bl,
                           name, m->path);
             continue;
         }
-        if (n_mat != 1) {
-            st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s holds %lld expert matrices; %.*s of %s is one dense matrix",
-                             path, name, (long long)n_mat, (int)bl, name, m->path);
+        if (n_mat != n_want) {
+            st = n_want == 1 ? llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                                           "%s: %s holds %lld expert matrices; %.*s of %s is one dense matrix", path,
+                                           name, (long long)n_mat, (int)bl, name, m->path)
+                             : llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s holds %lld expert matrices; %s has %lld experts",
+                                           path, name, (long long)n_mat, m->path, (long long)n_want);
             goto done;
         }
-        if (n_sums != in->n_in) {
+        if (n_sums != in->n_in * n_mat) {
             st = llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s has %lld values, the model's input has %lld", path, name,
-                             (long long)n_sums, (long long)in->n_in);
+                             (long long)n_sums, (long long)(in->n_in * n_mat));
             goto done;
         }
-        if (seen[in - out->in]) continue; // q/k/v (gate/up) share one input: the first entry fills it
-        seen[in - out->in] = true;
-        float cnt;
-        memcpy(&cnt, counts->view.data, sizeof(cnt));
-        if (!isfinite(cnt) || cnt < 0.5f) {
-            st = llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s is %g: no tokens were seen for %.*s", path, counts->view.name,
-                             (double)cnt, (int)bl, name);
-            goto done;
-        }
-        const uint8_t *v = sums->view.data;
-        for (int64_t c = 0; c < n_sums; c++) {
-            float x;
-            memcpy(&x, v + 4 * c, sizeof(x));
-            if (!isfinite(x) || x < 0) {
-                st = llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s value %lld is %g", path, name, (long long)c, (double)x);
-                goto done;
-            }
-            in->sum_sq[c] = (double)x;
-        }
-        in->count = lroundf(cnt);
-        in->n_seq = chunk_size > 0 ? (in->count + chunk_size - 1) / chunk_size : 1;
+        if (seen[key]) continue; // q/k/v (gate/up, the router, gate_exps / up_exps) share one input: the first fills it
+        seen[key] = true;
+        if ((st = imatrix_fill(path, name, in, n_mat, sums->view.data, counts->view.data, 0, chunk_size))) goto done;
         (*n_used)++;
     }
     out->n_seq = chunk_count;

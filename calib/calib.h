@@ -212,6 +212,7 @@ enum { LLMQ_CALIB_EXP_GATE, LLMQ_CALIB_EXP_DOWN, LLMQ_CALIB_EXP_N_SLOTS };
 struct llmq_calib_stats {
     int64_t n_layer;
     bool with_xtx;
+    enum llmq_arch arch;         // the family they were gathered for (llmq_calib_stats_init; LLAMA from .lcs)
     struct llmq_calib_input *in; // (n_layer, LLMQ_CALIB_N_SLOTS)
     // moe models only (0 / NULL for a dense one): see "Per-expert statistics"
     int64_t n_expert;             // E

@@ -85,6 +85,11 @@ static enum llmq_status work_reserve(struct work *w, size_t nel) {
     return llmq_errorf(LLMQ_ERR_NOMEM, "gguf choice: out of memory for %zu floats", nel);
 }
 
+// The importance of row r of t: its part's (stacked experts), else the tensor's.
+static const float *row_importance(const struct llmq_gguf_choose_tensor *t, int64_t r) {
+    return t->part_rows > 0 ? t->part_importance[r / t->part_rows * t->part_stride] : t->importance;
+}
+
 // err[k] of tensor i for every candidate that tiles its rows (see "The error of a tensor in a type").
 static enum llmq_status tensor_errors(const struct llmq_gguf_choose_opts *o, const struct llmq_gguf_choose_tensor *t,
                                       int64_t i, llmq_gguf_choose_rows_fn rows, void *user, struct work *w,
@@ -98,17 +103,21 @@ static enum llmq_status tensor_errors(const struct llmq_gguf_choose_opts *o, con
         if (!op->bytes[k] || (capped && op->bytes[k] > op->bytes[op->mix])) continue; // err stays INFINITY
         size_t rb = 0;
         (void)llmq_dtype_nbytes(cand[k], C, &rb);
-        if ((st = llmq_gguf_encode_rows(cand[k], w->W, w->blk, n, C, t->importance, o->n_threads))) break;
         double e = 0;
-        for (int64_t r = 0; r < n && !st; r++) {
-            if ((st = llmq_dequantize_row(cand[k], w->blk + (size_t)r * rb, w->Q, C))) break;
-            const float *x = w->W + r * C;
-            double er = 0;
-            for (int64_t c = 0; c < C; c++) {
-                double d = (double)x[c] - (double)w->Q[c];
-                er += (t->importance ? (double)t->importance[c] : 1.0) * d * d;
+        for (int64_t r0 = 0, r1; r0 < n && !st; r0 = r1) { // runs of sampled rows with one importance (one expert)
+            const float *imp = row_importance(t, r0 * stride);
+            for (r1 = r0 + 1; r1 < n && row_importance(t, r1 * stride) == imp;) r1++;
+            st = llmq_gguf_encode_rows(cand[k], w->W + r0 * C, w->blk + (size_t)r0 * rb, r1 - r0, C, imp, o->n_threads);
+            for (int64_t r = r0; r < r1 && !st; r++) {
+                if ((st = llmq_dequantize_row(cand[k], w->blk + (size_t)r * rb, w->Q, C))) break;
+                const float *x = w->W + r * C;
+                double er = 0;
+                for (int64_t c = 0; c < C; c++) {
+                    double d = (double)x[c] - (double)w->Q[c];
+                    er += (imp ? (double)imp[c] : 1.0) * d * d;
+                }
+                e += er;
             }
-            e += er;
         }
         op->err[k] = e * (double)R / (double)n;
     }

@@ -25,6 +25,15 @@
  *   exactly by that type, which then wins every comparison it may enter without saying anything about
  *   other weights.
  *
+ * ---- Experts (a mixture of experts' stacked ffn_{gate,up,down}_exps) ------------------------------------------
+ *   One tensor of the choice, so all its experts get one type (llama.cpp's fused MoE kernels take one type per
+ *   stacked tensor). Its rows are the experts' rows one after another; the sampled rows of expert x are encoded and
+ *   weighted with expert x's importance (part_importance, mean x² over the tokens routed to x), so
+ *   err(t, τ) = Σ_x err(expert x, τ): each expert's output error energy per token that reaches it, summed over the
+ *   experts. Not scaled by the share of tokens each expert receives (the router's weights are not in it either):
+ *   beside a dense linear, whose err is per token of the whole calibration, an expert tensor's err weighs each
+ *   expert as if every token reached it.
+ *
  * ---- QUALITY (--mix quality) -------------------------------------------------------------------------------
  *   Each free tensor gets, among the candidates whose row takes no more bytes than the mix's type, the one
  *   with the lowest err (ties keep the mix's type, then the smaller type, then the order above). So the file
@@ -121,10 +130,15 @@ struct llmq_gguf_choose_tensor {
     bool is_free;            // the type may change (a quantized tensor whose type the mix rules chose)
     bool allocate;           // TARGET: takes part in the budget (implies is_free)
     const float *importance; // (C) or NULL (imp = 1)
-    double err;              // out: err(t, type) of the chosen type (free tensors; 0 otherwise)
-    double err_mix;          // out: err(t, mix's type) (free tensors; 0 otherwise)
-    double kld_ref;          // MEASURED, allocated tensors: in: the KLD of t alone in the mix's type
-    double pred_kld;         // out (MEASURED, allocated tensors): pred(t, type) of the chosen type; else 0
+    // A stacked expert tensor (E, R / E, C) when part_rows > 0: row r has the importance
+    // part_importance[(r / part_rows) * part_stride] ((C) or NULL: imp = 1; importance is not read), each expert's
+    // rows encoded with its own (see "Experts").
+    float *const *part_importance;
+    int64_t part_rows, part_stride;
+    double err;      // out: err(t, type) of the chosen type (free tensors; 0 otherwise)
+    double err_mix;  // out: err(t, mix's type) (free tensors; 0 otherwise)
+    double kld_ref;  // MEASURED, allocated tensors: in: the KLD of t alone in the mix's type
+    double pred_kld; // out (MEASURED, allocated tensors): pred(t, type) of the chosen type; else 0
 };
 
 // Reads rows 0, stride, 2·stride, ... (n of them) of tensor i as f32 into out (n, C). Returns LLMQ_OK or a

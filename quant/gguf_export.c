@@ -76,6 +76,7 @@ struct llmq_gguf_export {
     float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
     float **eimp;                      // moe: (n_layer, E, 2) each expert's gate/up and down input importance
     float **cimp;                      // the same from o.choice_imatrix (the type choice only), or NULL
+    float **ceimp;                     // moe: eimp's from o.choice_imatrix, or NULL
     struct llmq_tensor_view rope_view; // HF llama3: generated rope_freqs.weight
     float *rope_gen;
     struct llmq_gguf_writer *w;
@@ -299,30 +300,40 @@ static int entry_cmp(const void *a, const void *b) {
 // ---- importance -----------------------------------------------------------------------------------
 
 // Each expert's importance (Σx² / count over the tokens that reached it, as llama-imatrix keeps one row per expert
-// matrix) into e->eimp; an expert no token reached has none (encoded unweighted, as llama-quantize does).
-static enum llmq_status load_expert_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s) {
-    const int64_t n = e->m->hp.n_layer * e->m->hp.n_expert * LLMQ_CALIB_EXP_N_SLOTS;
-    if (s->n_expert != e->m->hp.n_expert || !(e->eimp = calloc((size_t)n, sizeof(float *))))
+// matrix) into *eimp (n_layer, E, LLMQ_CALIB_EXP_N_SLOTS). llama-quantize's rule (tools/quantize load_imatrix): an
+// expert no token reached gets importance 1 in every column when another expert of its tensor has data; a tensor
+// none of whose experts has any gets none (NULL: encoded unweighted, as llama-quantize does for a missing entry).
+static enum llmq_status load_expert_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s,
+                                               float ***eimp) {
+    const int64_t E = e->m->hp.n_expert, n = e->m->hp.n_layer * E * LLMQ_CALIB_EXP_N_SLOTS;
+    if (s->n_expert != E || !(*eimp = calloc((size_t)n, sizeof(float *))))
         return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
     for (int64_t i = 0; i < n; i++) {
+        const int64_t first =
+            i / (E * LLMQ_CALIB_EXP_N_SLOTS) * (E * LLMQ_CALIB_EXP_N_SLOTS) + i % LLMQ_CALIB_EXP_N_SLOTS;
+        bool any = false; // another expert of the same tensor (layer, slot) has data
+        for (int64_t x = 0; x < E && !any; x++) any = s->exp[first + x * LLMQ_CALIB_EXP_N_SLOTS].count > 0;
         const struct llmq_calib_input *in = &s->exp[i];
-        if (!in->sum_sq || in->count <= 0) continue;
-        if (!(e->eimp[i] = malloc((size_t)in->n_in * sizeof(float))))
+        if (!in->sum_sq || !any) continue;
+        if (!((*eimp)[i] = malloc((size_t)in->n_in * sizeof(float))))
             return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
-        for (int64_t c = 0; c < in->n_in; c++) e->eimp[i][c] = (float)(in->sum_sq[c] / (double)in->count);
+        for (int64_t c = 0; c < in->n_in; c++)
+            (*eimp)[i][c] = in->count > 0 ? (float)(in->sum_sq[c] / (double)in->count) : 1.0f;
     }
     return LLMQ_OK;
 }
 
 // The importance of every block input of statistics s into *imp (NULL without s).
-static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s, float ***imp) {
+static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct llmq_calib_stats *s, float ***imp,
+                                        float ***eimp) {
     const struct llmq_model *m = e->m;
     int64_t L = m->hp.n_layer;
     if (!s) return LLMQ_OK;
     if (m->hp.moe && !s->exp)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "gguf export: %s: these statistics hold no per-expert importance for the experts of a "
-                           "mixture of experts (%s): an imatrix file is not read for them yet (use --calib)",
+                           "mixture of experts (%s): a .lcs file keeps none (use a llama.cpp imatrix, e.g. from "
+                           "llmq calib --imatrix-out, or --calib)",
                            m->path, llmq_arch_name(m->hp.arch));
     if (s->n_layer != L)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gguf export: the importance statistics have %lld blocks, %s has %lld",
@@ -352,7 +363,7 @@ static enum llmq_status load_importance(struct llmq_gguf_export *e, const struct
     if (n_missing)
         llmq_warn("gguf export: %d of %lld block inputs have no importance data (quantized without)", n_missing,
                   (long long)(L * LLMQ_CALIB_N_SLOTS));
-    return m->hp.moe ? load_expert_importance(e, s) : LLMQ_OK;
+    return m->hp.moe ? load_expert_importance(e, s, eimp) : LLMQ_OK;
 }
 
 static const float *slot_importance(float *const *imp, const struct entry *x) {
@@ -419,6 +430,9 @@ static void export_free(struct llmq_gguf_export *e) {
     for (int64_t i = 0; e->eimp && i < e->m->hp.n_layer * e->m->hp.n_expert * LLMQ_CALIB_EXP_N_SLOTS; i++)
         free(e->eimp[i]);
     free(e->eimp);
+    for (int64_t i = 0; e->ceimp && i < e->m->hp.n_layer * e->m->hp.n_expert * LLMQ_CALIB_EXP_N_SLOTS; i++)
+        free(e->ceimp[i]);
+    free(e->ceimp);
     for (int64_t i = 0; e->cimp && i < e->m->hp.n_layer * LLMQ_CALIB_N_SLOTS; i++) free(e->cimp[i]);
     free(e->imp);
     free(e->cimp);
@@ -446,10 +460,23 @@ static void entry_rc(const struct entry *x, int64_t *R, int64_t *C) {
 static enum llmq_status choice_rows(void *user, int64_t i, int64_t stride, int64_t n, float *out) {
     const struct llmq_gguf_export *e = user;
     const struct entry *x = &e->ent[i];
-    const struct llmq_tensor_view *v = entry_view(e, x);
     int64_t R, C;
     size_t rb = 0;
     entry_rc(x, &R, &C);
+    if (x->kind == K_EXPS) { // row r: row r % Re of expert r / Re's own view
+        const int64_t Re = R / e->m->hp.n_expert;
+        enum llmq_status st = LLMQ_OK;
+        for (int64_t k = 0; k < n && !st; k++) {
+            const int64_t r = k * stride;
+            const struct llmq_tensor_view *v = e->m->layers[x->layer].exps[3 * (r / Re) + x->which];
+            if (!v || !llmq_dtype_nbytes(v->dtype, C, &rb) || llmq_tensor_nelements(v) != Re * C)
+                return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s: expert %lld's view has another shape", x->name,
+                                   (long long)(r / Re));
+            st = llmq_dequantize_row(v->dtype, (const uint8_t *)v->data + (size_t)(r % Re) * rb, out + k * C, C);
+        }
+        return st;
+    }
+    const struct llmq_tensor_view *v = entry_view(e, x);
     if (!v || !llmq_dtype_nbytes(v->dtype, C, &rb) || llmq_tensor_nelements(v) != R * C)
         return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s: the model's view has another shape", x->name);
     enum llmq_status st = LLMQ_OK;
@@ -481,8 +508,14 @@ static void choice_tensors(const struct llmq_gguf_export *e, const struct llmq_g
         t->name = x->name;
         t->type = mc[i].type;
         t->is_free = choice_free(e, x, &mc[i], tied);
-        t->allocate = t->is_free && x->kind == K_LINEAR;
+        t->allocate = t->is_free && (x->kind == K_LINEAR || x->kind == K_EXPS);
         t->importance = e->imp ? slot_importance(e->imp, x) : slot_importance(e->cimp, x);
+        float **eimp = e->imp ? e->eimp : e->ceimp; // the stacked experts: expert x's rows with x's importance
+        if (x->kind == K_EXPS && eimp) {
+            t->part_rows = t->R / e->m->hp.n_expert;
+            t->part_stride = LLMQ_CALIB_EXP_N_SLOTS;
+            t->part_importance = eimp + x->layer * e->m->hp.n_expert * LLMQ_CALIB_EXP_N_SLOTS + (x->which == 2);
+        }
     }
 }
 
@@ -499,6 +532,10 @@ static uint64_t choice_budget(const struct llmq_gguf_export *e, const struct llm
 // MEASURED: the KLD of every allocated tensor alone in the mix's type (quant/gguf_sens.h) into ct[].kld_ref.
 static enum llmq_status measure_sens(struct llmq_gguf_export *e, struct llmq_gguf_choose_tensor *ct) {
     if (e->o.choose.sensitivity != LLMQ_GGUF_SENS_MEASURED) return LLMQ_OK;
+    if (e->m->hp.moe)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "gguf export: %s: --sensitivity measured is not implemented for a mixture of experts (%s)",
+                           e->m->path, llmq_arch_name(e->m->hp.arch));
     if (!e->o.sens_calib)
         return llmq_errorf(LLMQ_ERR_ARG, "gguf export: --sensitivity measured needs calibration windows (--calib)");
     struct llmq_gguf_sens_tensor *st = calloc((size_t)(e->n > 0 ? e->n : 1), sizeof(*st));
@@ -531,13 +568,7 @@ static enum llmq_status measure_sens(struct llmq_gguf_export *e, struct llmq_ggu
 // Refines the plan mc with o.choose (nothing for mode MIX): the chosen types, their notes, the entries' errors.
 static enum llmq_status choose_types(struct llmq_gguf_export *e, struct llmq_gguf_mix_choice *mc) {
     if (e->o.choose.mode == LLMQ_GGUF_CHOICE_MIX) return LLMQ_OK;
-    if (e->m->hp.moe)
-        return llmq_errorf(
-            LLMQ_ERR_UNSUPPORTED,
-            "gguf export: %s: --mix quality / --target-bpw / --target-size for a mixture of experts (%s) "
-            "are not implemented yet (llama.cpp's mix is)",
-            e->m->path, llmq_arch_name(e->m->hp.arch));
-    enum llmq_status st = load_importance(e, e->o.imatrix ? NULL : e->o.choice_imatrix, &e->cimp);
+    enum llmq_status st = load_importance(e, e->o.imatrix ? NULL : e->o.choice_imatrix, &e->cimp, &e->ceimp);
     struct llmq_gguf_choose_tensor *ct = st ? NULL : calloc((size_t)e->n, sizeof(*ct));
     if (st || !ct) return st ? st : llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
     struct llmq_gguf_choose_opts co = e->o.choose;
@@ -619,7 +650,7 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
             x->n_dims--;
         }
     }
-    if ((st = load_importance(e, o->imatrix, &e->imp))) goto fail;
+    if ((st = load_importance(e, o->imatrix, &e->imp, &e->eimp))) goto fail;
 
     // ---- plan
     if (!(mt = calloc((size_t)e->n, sizeof(*mt))) || !(mc = calloc((size_t)e->n, sizeof(*mc)))) {

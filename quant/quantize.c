@@ -1349,12 +1349,20 @@ static enum llmq_status check_target(const struct llmq_model *m, const struct ll
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
-    if (m->hp.moe && (o->imatrix_path || o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX || o->resume))
+    if (m->hp.moe && o->resume)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "quantize: %s: a mixture of experts (%s) is quantized by --method rtn, gptq, awq or "
-                           "awq+gptq, into GGUF (llama.cpp's mix; per-expert importance from --calib) or a directory; "
-                           "not implemented yet: --imatrix (per-expert importance from a file), --mix quality / "
-                           "--target-*, --resume",
+                           "quantize: %s: --resume is not implemented yet for a mixture of experts (%s)", m->path,
+                           llmq_arch_name(m->hp.arch));
+    if (m->hp.moe && o->imatrix_path && o->method != LLMQ_QMETHOD_RTN)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "quantize: %s: --imatrix for a mixture of experts (%s) needs --method rtn (per-expert "
+                           "importance from the file); --method %s takes each expert's statistics from --calib",
+                           m->path, llmq_arch_name(m->hp.arch), llmq_qmethod_name(o->method));
+    if (m->hp.moe && o->gguf.choose.mode != LLMQ_GGUF_CHOICE_MIX &&
+        o->gguf.choose.sensitivity == LLMQ_GGUF_SENS_MEASURED)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "quantize: %s: --sensitivity measured is not implemented for a mixture of experts (%s): "
+                           "pass --sensitivity uniform (auto means measured for --target-* with --calib)",
                            m->path, llmq_arch_name(m->hp.arch));
     if (o->moe_token_floor < 0) return llmq_errorf(LLMQ_ERR_ARG, "quantize: --moe-token-floor must be >= 0");
     if (llmq_arch_info_of(m->hp.arch)->fused)

@@ -33,9 +33,9 @@ of width 256, top-2, so that the K-quant blocks tile every row), 48 token ids. T
                  ffn_down_exps takes its block from the tensor name (Q4_K_M: Q6_K in block 1 only); their 64- / 48- /
                  96-wide rows fall back to Q5_0 / Q5_1 / Q8_0 / F16 as llama.cpp's do. The wide models (4 experts)
                  quantize the stacked experts in Q4_K and Q6_K themselves. The same file comes from the HF directory
-                 as input. What is not implemented for a mixture of experts (per-expert importance from an --imatrix
-                 file, --mix quality / --target-*) is refused naming what works; GPTQ / AWQ, --calib and the
-                 directories: tests/py/test_moe_quant.py.
+                 as input. Per-expert importance from an --imatrix file and the type choice (--mix quality /
+                 --target-*): tests/py/test_moe_imatrix.py; GPTQ / AWQ, --calib and the directories:
+                 tests/py/test_moe_quant.py.
 Figures measured: the module's print lines (pytest -s).
 """
 import json
@@ -189,18 +189,6 @@ def test_convert_f16_keeps_the_router_f32(llmq_bin, ggufs, work):
     F = gguf.GGMLQuantizationType
     assert t["blk.0.ffn_gate_inp.weight"] == F.F32 and t["blk.0.ffn_norm.weight"] == F.F32
     assert t["blk.0.ffn_up_exps.weight"] == F.F16 and t["blk.0.attn_q.weight"] == F.F16
-
-
-@pytest.mark.parametrize("flags", [["--method", "rtn", "--format", "gguf", "--gguf-type", "Q4_K_M", "--imatrix",
-                                    "any.dat"],
-                                   ["--method", "rtn", "--format", "gguf", "--gguf-type", "Q4_K_M", "--mix", "quality"]])
-def test_other_quantizations_refused(llmq_bin, ggufs, work, flags):
-    """Not implemented yet for a mixture of experts: per-expert importance from an --imatrix file, the type choice from
-    the weights (GPTQ / AWQ, --calib and the directories: tests/py/test_moe_quant.py). Refused before anything
-    is written, naming what works."""
-    out = work / "refused.gguf"
-    r = run([llmq_bin, "quantize", "--model", ggufs["tiny-qmoe"]["gguf"], "--out", out, *flags], check=False)
-    assert r.returncode != 0 and "not implemented yet" in r.stderr and not out.exists(), r.stderr
 
 
 def peak_rss(cmd):

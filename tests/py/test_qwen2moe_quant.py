@@ -201,3 +201,35 @@ def test_dry_run_plan_against_the_measured_rss(llmq_bin, models, work, method, f
     print(f"wide-q2moe {method}: plan peak {p['ram_peak_bytes'] / 2**20:.1f} MiB ({p['ram_peak_phase']}), measured "
           f"{rss / 2**20:.1f} MiB")
     assert 0.6 * rss <= p["ram_peak_bytes"] <= 1.4 * rss, (p["ram_peak_bytes"], rss, p["ram_peak_phase"])
+
+
+@pytest.mark.parametrize("v", ["tiny-q2moe", "wide-q2moe"])
+def test_imatrix_and_type_choice(llmq_bin, models, data_dir, v):
+    """Per-expert importance from llama-imatrix's GGUF (tests/py/test_moe_imatrix.py's protocol): with the shared
+    expert's ffn_*_shexp and ffn_gate_inp_shexp entries, llmq's tensors equal llama-quantize's for Q4_K_M and IQ4_XS;
+    `llmq calib --imatrix-in F --imatrix-out G` gives F back byte for byte; --target-bpw (Q4_K_M's + 0.25) meets the budget
+    and keeps the router and the shared expert's gate in F32."""
+    import gguf
+    from test_imatrix_gguf import llama_tools, tensor_bytes
+    from test_moe_imatrix import tensor_bits
+    tools, src = llama_tools(), models / f"{v}.gguf"
+    run([llmq_bin, "convert", "--model", models / v, "--out", src, "--quiet"])
+    txt = models / "wiki.txt"
+    txt.write_bytes((data_dir / "wikitext-2-raw" / "wiki.valid.raw").read_bytes()[:60000])
+    imat = models / f"{v}.imatrix.gguf"
+    run([tools / "llama-imatrix", "-m", src, "-f", txt, "-o", imat, "-c", "128", "--chunks", "8", "-t", "2", "--no-ppl"])
+    for gtype in ("Q4_K_M", "IQ4_XS"):
+        mine, theirs = models / f"imat-{v}-{gtype}.gguf", models / f"imat-lq-{v}-{gtype}.gguf"
+        quantize(llmq_bin, src, mine, "--method", "rtn", "--format", "gguf", "--gguf-type", gtype, "--imatrix", imat)
+        run([tools / "llama-quantize", "--imatrix", imat, src, theirs, gtype, "2"])
+        assert tensor_bytes(mine) == tensor_bytes(theirs), gtype
+    back = models / f"{v}.back.gguf"
+    run([llmq_bin, "calib", "--model", src, "--imatrix-in", imat, "--imatrix-out", back, "--force"])
+    assert back.read_bytes() == imat.read_bytes()
+    out, target = models / f"target-{v}.gguf", tensor_bits(models / f"imat-{v}-Q4_K_M.gguf") + 0.25
+    quantize(llmq_bin, src, out, "--method", "rtn", "--format", "gguf", "--gguf-type", "Q4_K_M", "--imatrix", imat,
+             "--target-bpw", f"{target:.6f}")
+    t = {x.name: x.tensor_type for x in gguf.GGUFReader(str(out)).tensors}
+    F = gguf.GGMLQuantizationType
+    assert t["blk.0.ffn_gate_inp.weight"] == F.F32 and t["blk.0.ffn_gate_inp_shexp.weight"] == F.F32
+    assert tensor_bits(out) <= target

@@ -966,17 +966,22 @@ done:
 
 // The values of one entry (n_mat inputs of C columns, vals f32 unaligned, n_mat · C of them) into in (expert x's at
 // in + x · LLMQ_CALIB_EXP_N_SLOTS), with count[x] (GGUF: the counts tensor's, rounded; .dat: ncall for each). A
-// dense input needs a count >= 1; an expert no token reached keeps count 0 (llama-quantize's importance 1).
-static enum llmq_status imatrix_fill(const char *path, const char *name, struct llmq_calib_input *in, int64_t n_mat,
-                                     const uint8_t *vals, const uint8_t *counts, int64_t ncall, int64_t chunk_size) {
+// dense input needs a count >= 1; an expert no token reached keeps count 0 (llama-quantize's importance 1). name: the
+// tensor (entry) the values are in, weight: the weight they are of (for the messages).
+static enum llmq_status imatrix_fill(const char *path, const char *name, const char *weight,
+                                     struct llmq_calib_input *in, int64_t n_mat, const uint8_t *vals,
+                                     const struct llmq_gguf_tensor *counts, int64_t ncall, int64_t chunk_size) {
     const int64_t C = in->n_in;
     for (int64_t x = 0; x < n_mat; x++) {
         struct llmq_calib_input *xi = in + x * LLMQ_CALIB_EXP_N_SLOTS;
         float cnt = (float)ncall;
-        if (counts) memcpy(&cnt, counts + 4 * x, sizeof(cnt));
-        if (counts && (!isfinite(cnt) || cnt < (n_mat > 1 ? 0.0f : 0.5f) || cnt > 9e15f))
-            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s count %lld is %g%s", path, name, (long long)x, (double)cnt,
-                               n_mat > 1 ? "" : ": no tokens were seen for it");
+        if (counts) memcpy(&cnt, (const uint8_t *)counts->view.data + 4 * x, sizeof(cnt));
+        if (counts && n_mat > 1 && (!isfinite(cnt) || cnt < 0 || cnt > 9e15f))
+            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s of expert %lld is %g", path, counts->view.name, (long long)x,
+                               (double)cnt);
+        if (counts && n_mat == 1 && (!isfinite(cnt) || cnt < 0.5f || cnt > 9e15f))
+            return llmq_errorf(LLMQ_ERR_NUMERIC, "%s: %s is %g: no tokens were seen for %s", path, counts->view.name,
+                               (double)cnt, weight);
         for (int64_t c = 0; c < C; c++) {
             float v;
             memcpy(&v, vals + 4 * (x * C + c), sizeof(v));
@@ -1054,7 +1059,7 @@ static enum llmq_status imatrix_load_dat(const char *path, const struct llmq_mod
         }
         if (seen[key]) continue; // q/k/v (gate/up, the router, gate_exps / up_exps) share one input
         seen[key] = true;
-        if ((st = imatrix_fill(path, name, in, n_mat, vals, NULL, ncall, 0))) goto done;
+        if ((st = imatrix_fill(path, name, name, in, n_mat, vals, NULL, ncall, 0))) goto done;
         (*n_used)++;
     }
     // last_call and the dataset name follow; optional (older files end here)
@@ -1202,7 +1207,9 @@ static enum llmq_status imatrix_load_gguf(const char *path, const struct llmq_mo
         }
         if (seen[key]) continue; // q/k/v (gate/up, the router, gate_exps / up_exps) share one input: the first fills it
         seen[key] = true;
-        if ((st = imatrix_fill(path, name, in, n_mat, sums->view.data, counts->view.data, 0, chunk_size))) goto done;
+        char weight[128];
+        snprintf(weight, sizeof(weight), "%.*s", (int)bl, name);
+        if ((st = imatrix_fill(path, name, weight, in, n_mat, sums->view.data, counts, 0, chunk_size))) goto done;
         (*n_used)++;
     }
     out->n_seq = chunk_count;

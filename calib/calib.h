@@ -52,7 +52,8 @@
  *   sends it (llmq_forward_set_moe_calib_all false), or every token (true, llm-compressor's
  *   calibrate_all_experts; the block output still sums the routed experts only). routed counts the
  *   routed tokens either way (the coverage report). An expert's xtx is calloc'ed (its pages are touched
- *   only once a token reaches it): E (D² + Fe²) f64 per block at most. Not kept in .lcs or imatrix files.
+ *   only once a token reaches it): E (D² + Fe²) f64 per block at most. Not kept in .lcs files; the imatrix
+ *   files keep each expert's Σx² and count (below, "Mixture of experts in imatrix files").
  *   qwen2_moe: its shared expert is the block's dense MLP, so the GATE slot (every token) is also its gate/up
  *   input and the DOWN slot (Fs wide) its down input.
  *
@@ -109,6 +110,21 @@
  *     counts = (float)count, chunk_count = n_seq, chunk_size = seqlen, datasets = [dataset] (or []
  *     for ""); no in_sum (llmq keeps Σ|x|, not Σx). For statistics read from a llama-imatrix GGUF
  *     file this reproduces the file byte for byte (when it has no other entries).
+ *
+ *   Mixture of experts in imatrix files (llama-imatrix collects MUL_MAT_ID per expert): the stacked
+ *     blk.N.ffn_{gate,up,down}_exps.weight hold n_mat = E rows, row x expert x's Σx² over the tokens routed to
+ *     it (GGUF in_sum2 ne [C, E], counts ne [1, E]; .dat nval = E · C, expert after expert, one ncall). Read
+ *     into stats exp (gate_exps / up_exps share EXP_GATE: the first in the file fills it, down_exps EXP_DOWN);
+ *     n_mat != E, or E · C values that do not match, is CORRUPT; an expert's count may be 0 (no token reached
+ *     it: count 0 kept; llama-quantize then uses importance 1, quant/gguf_export.h). blk.N.ffn_gate_inp.weight
+ *     (the router) and qwen2_moe's ffn_gate_inp_shexp read the ffn input, so they may fill the GATE slot like
+ *     ffn_gate_shexp. Written: q, k, v, o, ffn_gate_inp, (qwen2_moe) ffn_{gate,up,down}_shexp and
+ *     ffn_gate_inp_shexp, then the three stacked experts, the names llama-imatrix writes; GGUF: in_sum2 (E, C)
+ *     and counts (E, 1) as they are (0 for an expert no token reached); .dat: values = Σx² / count · ncall per
+ *     expert, 1 · ncall for an expert of count 0 (llama-imatrix's "partial data" rule). A llama-imatrix GGUF of
+ *     a mixture read and written back (llmq calib --imatrix-in F --imatrix-out G) is byte-identical
+ *     (tests/py/test_moe_imatrix.py). The statistics of llmq_calib_run are routed (every expert's rows are
+ *     the tokens the router sends it), as llama-imatrix's.
  *
  *   Legacy .dat (imatrix.cpp save_imatrix_legacy / imatrix-loader.cpp common_imatrix_load_legacy):
  *     i32 n_entries; n_entries × { i32 len; char name[len]; i32 ncall; i32 nval; f32 values[nval] };

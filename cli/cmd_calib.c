@@ -60,7 +60,7 @@ int cmd_calib(int argc, char **argv) {
         {"no-xtx", CLI_BOOL, &no_xtx, "off", "do not gather/save XᵀX (only mean |x|, Σx², counts)"},
         {"imatrix-out", CLI_STR, &imat_out, NULL,
          "also write a llama.cpp imatrix here: GGUF (llama-imatrix's default) if the name ends in .gguf, else the "
-         "legacy .dat"},
+         "legacy .dat (a mixture of experts: per-expert rows of routed tokens, as llama-imatrix writes them)"},
         {"imatrix-in", CLI_STR, &imat_in, NULL,
          "read a llama.cpp imatrix (GGUF or .dat, told apart by content) instead of running calibration"},
         {"stats-in", CLI_STR, &stats_in, NULL, "read a statistics file instead of running calibration"},

@@ -518,7 +518,8 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
         {"compare-chunks", CLI_INT, &q->compare_chunks, "20", "--chunks of that comparison"},
         {"imatrix", CLI_STR, &q->imatrix, NULL,
          "gguf: importance matrix: llmq statistics (.lcs from llmq calib) or a llama-imatrix file (GGUF, or the "
-         "legacy .dat; told apart by content)"},
+         "legacy .dat; told apart by content); a mixture of experts: a llama-imatrix file (per-expert rows), with "
+         "--method rtn"},
         {"tensor-type", CLI_STR, &q->tt_dummy, "none",
          "gguf, repeatable: REGEX=TYPE, tensors whose name matches REGEX (POSIX extended, lower-cased) get TYPE"},
         {"output-type", CLI_STR, &q->output_type, "from the mix", "gguf: type of output.weight (token_embd when tied)"},
@@ -533,15 +534,16 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
          "gguf: llama: llama-quantize's per-tensor types; quality: per tensor, the block type of no larger size "
          "with the lowest importance-weighted error on that tensor (quant/gguf_choose.h)"},
         {"target-bpw", CLI_FLOAT, &q->target_bpw, "none",
-         "gguf: one type per block linear minimising the summed importance-weighted error under this budget of "
-         "tensor data bits per weight (token_embd / output: --mix quality of the --gguf-type mix)"},
+         "gguf: one type per block linear (a mixture of experts: per stacked expert tensor) minimising the summed "
+         "importance-weighted error under this budget of tensor data bits per weight (token_embd / output: --mix "
+         "quality of the --gguf-type mix)"},
         {"target-size", CLI_STR, &q->target_size, "none",
          "gguf: the same budget as a tensor data size in bytes (K, M, G suffixes: powers of 1024)"},
         {"sensitivity", CLI_STR, &q->sensitivity, "auto",
          "gguf, --mix quality / --target-*: uniform: every block linear's error counts alike; measured: each "
          "linear's error scaled to KLD units by the KLD of the model's output with that linear alone quantized in "
-         "the mix's type, measured on the first calibration windows (needs --calib; quant/gguf_choose.h); auto: "
-         "measured for --target-* with --calib, else uniform"},
+         "the mix's type, measured on the first calibration windows (needs --calib; quant/gguf_choose.h; not for a "
+         "mixture of experts); auto: measured for --target-* with --calib, else uniform"},
         {"sensitivity-windows", CLI_INT, &q->sens_windows, "4",
          "gguf, --sensitivity measured: calibration windows it is measured on (at most --nsamples)"},
         {"sensitivity-seqlen", CLI_INT, &q->sens_seqlen, "256",

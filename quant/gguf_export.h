@@ -38,9 +38,12 @@
  *     given. The router ffn_gate_inp keeps its type (llama-quantize never quantizes it; AWQ hands over a copy with its
  *     columns scaled, llmq_gguf_export_block). Importance: statistics with per-expert rows (llmq_calib_stats exp, as
  *     llmq_calib_run gathers them) give each expert its own Σx² / count; the solvers hand the experts over encoded
- *     (llmq_gguf_export_expert_bytes) and the stacked tensor is written once all E are in. Not implemented for them
- *     (refused, LLMQ_ERR_UNSUPPORTED): statistics without per-expert rows (an imatrix file), choose.mode QUALITY /
- *     TARGET, and the hand-overs of the dense gate / up / down (a moe block has none).
+ *     (llmq_gguf_export_expert_bytes) and the stacked tensor is written once all E are in. An expert of count 0 gets
+ *     importance 1 in every column when another expert of its tensor has data, none when no expert has
+ *     (llama-quantize's load_imatrix / "did not find weights"). choose.mode QUALITY / TARGET: each stacked tensor is
+ *     one tensor of the choice, its rows weighted per expert (quant/gguf_choose.h "Experts"). Refused
+ *     (LLMQ_ERR_UNSUPPORTED): statistics without per-expert rows (a .lcs file), choose.sensitivity MEASURED, and the
+ *     hand-overs of the dense gate / up / down (a moe block has none).
  *
  * ---- Provenance keys (absent with no_provenance) ------------------------------------------------
  *   llmq.version                string  LLMQ_VERSION
@@ -52,7 +55,8 @@
  *
  * ---- Importance (llama.cpp's quant_weights) -------------------------------------------------------
  *   opts->imatrix: statistics with sum_sq and count per block input (calib/calib.h: a .lcs file, a
- *   llama.cpp imatrix .dat read by llmq_calib_imatrix_load, or llmq_calib_run). The importance of
+ *   llama.cpp imatrix (GGUF or .dat) read by llmq_calib_imatrix_load, or llmq_calib_run; a mixture of experts' per
+ *   expert rows: "Mixtures of experts" above). The importance of
  *   column c of a block linear is (float)(sum_sq[c] / count) of its input slot (q/k/v share the
  *   attention input, gate/up the ffn input): the mean of x² that llama.cpp's imatrix stores, and
  *   for a .dat input exactly llama-quantize's values / ncall (f64 division then rounding equals the
@@ -84,9 +88,9 @@
  * ---- The type choice from the weights (quant/gguf_choose.h) -------------------------------------------
  *   With choose.mode QUALITY or TARGET, begin refines the mix's plan before declaring the types: the free
  *   tensors are the quantized ones whose type the mix rules chose (not --tensor-type, --output-type,
- *   --embedding-type, not a type no block tiles); TARGET allocates the block linears (token_embd / output keep
- *   the QUALITY choice at the mix's size: their errors are in other units than the linears' output error
- *   energy). Each tensor's rows are read from the model's views at begin (the ORIGINAL weights: a GPTQ / AWQ
+ *   --embedding-type, not a type no block tiles); TARGET allocates the block linears and a mixture's stacked experts
+ * (token_embd / output keep the QUALITY choice at the mix's size: their errors are in other units than the linears'
+ * output error energy). Each tensor's rows are read from the model's views at begin (the ORIGINAL weights: a GPTQ / AWQ
  *   driver then solves onto the chosen types); the importance is the imatrix's, else choice_imatrix's (the
  *   statistics of the full-precision model a solver run gathers for this), else none. TARGET's budget:
  *   choose.target_bytes, or when 0 floor(target_bpw × params / 8) (params: every tensor's elements, as in the

@@ -102,7 +102,10 @@
  *              input scales (H / (s_i s_j)) for awq+gptq and the error; rows report rtn_orig_err (RTN of the
  *              original weights on the same statistics), the baseline AWQ is judged against.
  *   rtn        into a directory like the others; into GGUF the writer alone, with --calib each expert's Σx² / count as
- *              its importance (what llama-imatrix's per-expert rows give llama-quantize).
+ *              its importance (what llama-imatrix's per-expert rows give llama-quantize), or with --imatrix the
+ *              file's per-expert rows (calib/calib.h; --imatrix with gptq / awq / awq+gptq is refused for moe: their
+ *              experts take the statistics of --calib). gguf.choose QUALITY / TARGET: one type per stacked expert
+ *              tensor (quant/gguf_choose.h "Experts"); its sensitivity MEASURED is refused for moe.
  *   moe_calib_all (--moe-calib all, the default): every token through every expert for the statistics; the block's
  *              output keeps the real routing. Measured on the random test models (bench/README.md "moe_calib"): the
  *              KL divergence after GPTQ was lower than with routed in 7 of 8 runs. Under routed, an expert with
@@ -111,7 +114,8 @@
  *   Coverage: per block a log line and a row of the report's "moe" ({"calib", "token_floor", "fallback_rtn",
  *              "layers": [{"layer", "tokens_min", "tokens_median", "tokens_max", "under_floor", "routed"}]}), from the
  *              routing of the pass that gathered the gate/up inputs.
- *   Not for moe yet: the checkpoint (none is kept; --resume refused), --imatrix, gguf.choose other than the mix.
+ *   Not for moe yet: the checkpoint (none is kept; --resume refused), --imatrix with a solver, --sensitivity
+ *              measured.
  *   Memory: an expert's f32 weights exist only while it is used: gptq holds each quantized expert as codes /
  *   encoded rows (exp_held) and the forward decodes it per product into one scratch (llmq_forward_set_expert_source);
  *   AWQ copies no expert (quant/awq.h "Mixture of experts"). The experts' XᵀX sums are mapped per block (E (D² + Fe²)

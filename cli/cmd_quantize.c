@@ -5,7 +5,7 @@
  *   llmq quantize --model M --method rtn|gptq|awq|awq+gptq --bits N --group-size G [--sym|--asym]
  *                 [--act-order] [--static-groups] [--damp 0.01] --format awq|gptq|fake --out DIR
  *                 [--calib SRC]... [--nsamples N] [--seqlen L] [--seed S] [--threads N] [--json FILE]
- *                 [--force] [--fallback rtn-per-channel] [--dry-run]
+ *                 [--force] [--fallback rtn-per-channel] [--dry-run] [--expert-names hub|gptqmodel]
  *
  *   llmq quantize --model M --format gguf --gguf-type Q4_K_M --out OUT.gguf [--method rtn|gptq|awq|awq+gptq]
  *                 [--imatrix FILE.lcs|FILE.gguf|FILE.dat] [--calib SRC]... [--tensor-type REGEX=TYPE]...
@@ -79,7 +79,8 @@ static const char *default_format(const char *method, bool gguf_out, long bits, 
 // Every flag as parsed (LONG_MIN / NAN / NULL: not given).
 struct qargs {
     const char *model, *method, *format, *out, *json, *fallback, *gguf_type, *imatrix, *tt_dummy, *output_type,
-        *embedding_type, *device, *bits_arg, *mix, *target_size, *mix_exclude, *grid, *sensitivity, *moe_calib;
+        *embedding_type, *device, *bits_arg, *mix, *target_size, *mix_exclude, *grid, *sensitivity, *moe_calib,
+        *expert_names;
     long bits, group, sens_windows, sens_seqlen, moe_floor;
     double damp, target_bpw, gptaq_alpha;
     bool gptaq;
@@ -218,6 +219,10 @@ static const char *check_flags(struct qargs *q, bool gguf, struct llmq_quantize_
     if (q->sym && q->asym) return "--sym and --asym exclude each other";
     if (q->resume && q->no_ckpt) return "--resume and --no-checkpoint exclude each other";
     if (strcmp(q->moe_calib, "routed") && strcmp(q->moe_calib, "all")) return "--moe-calib must be routed or all";
+    if (gguf && q->expert_names)
+        return "--expert-names applies to --format gptq and awq (a GGUF names its experts blk.N.ffn_*_exps)";
+    if (!gguf && q->expert_names && !llmq_expert_names_parse(q->expert_names, &o->out.expert_names))
+        return "--expert-names must be hub or gptqmodel";
     if (q->moe_floor < 0) return "--moe-token-floor must be >= 0";
     if (q->resume && q->n_levels > 1) return "--resume continues one output: not a sweep (resume each level alone)";
     if (q->json && q->out && strcmp(q->json, q->out) == 0) return "--json and --out name the same path";
@@ -482,6 +487,12 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
         {"damp", CLI_FLOAT, &q->damp, "0.01", "GPTQ: damping, a fraction of the mean Hessian diagonal"},
         {"moe-calib", CLI_STR, &q->moe_calib, MOE_CALIB_DEFAULT, MOE_CALIB_HELP},
         {"moe-token-floor", CLI_INT, &q->moe_floor, MOE_FLOOR_DEFAULT, MOE_FLOOR_HELP},
+        {"expert-names", CLI_STR, &q->expert_names, "hub",
+         "mixture of experts into --format gptq / awq: the names of the router and experts. hub: the family's "
+         "checkpoint names (mixtral model.layers.N.block_sparse_moe.experts.E.w1 / w3 / w2, as the Hub's GPTQ / "
+         "AWQ Mixtrals and vLLM's loader have them); gptqmodel: GPTQModel 7.7's (mixtral mlp.gate and "
+         "mlp.experts.E.gate_proj / up_proj / down_proj: GPTQModel.load refuses or, for awq, silently drops the "
+         "hub names). qwen3_moe / qwen2_moe: the same names either way. Not for a dense model, fake or gguf"},
         {"format", CLI_STR, &q->format,
          "the method's packed format: awq for --method awq (4 bits with a group size), else gptq (2, 3, 4, 8 "
          "bits), else fake; fake with --fallback rtn-per-channel; gguf when --gguf-type is given or --out ends "

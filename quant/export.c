@@ -37,7 +37,8 @@ struct llmq_export_opts llmq_export_default_opts(void) {
                                      .fake_dtype = LLMQ_DTYPE_COUNT,
                                      .max_shard_bytes = 5000000000ull,
                                      .force = false,
-                                     .provenance = NULL};
+                                     .provenance = NULL,
+                                     .expert_names = LLMQ_EXPERT_NAMES_HUB};
 }
 
 const char *llmq_export_format_name(enum llmq_export_format f) {
@@ -140,15 +141,15 @@ struct llmq_export {
 };
 
 // The HF name of a linear without ".weight": "model.layers.N.self_attn.q_proj", an expert's
-// "model.layers.N.mlp.experts.E.gate_proj" (qwen3_moe) / "...block_sparse_moe.experts.E.w1" (mixtral), where
-// transformers' checkpoints and GPTQModel's module tree have them.
-static void lin_name_x(const struct llmq_model *m, char *buf, size_t n, int64_t layer, enum llmq_linear w,
-                       int64_t expert) {
+// "model.layers.N.mlp.experts.E.gate_proj" (qwen3_moe) / "...block_sparse_moe.experts.E.w1" (mixtral; with
+// LLMQ_EXPERT_NAMES_GPTQMODEL "...mlp.experts.E.gate_proj"), in spelling `names` (quant/export.h).
+static void lin_name_x(const struct llmq_model *m, enum llmq_expert_names names, char *buf, size_t n, int64_t layer,
+                       enum llmq_linear w, int64_t expert) {
     if (expert < 0) {
         llmq_arch_linear_full_name(m->hp.arch, w, layer, true, buf, n);
         return;
     }
-    llmq_tensor_expert_hf_name(m->hp.arch, LLMQ_T_FFN_GATE_EXPS + (w - LLMQ_LIN_GATE), layer, expert, buf, n);
+    llmq_tensor_expert_hf_name(m->hp.arch, names, LLMQ_T_FFN_GATE_EXPS + (w - LLMQ_LIN_GATE), layer, expert, buf, n);
     size_t len = strlen(buf), sl = strlen(".weight");
     if (len > sl && strcmp(buf + len - sl, ".weight") == 0) buf[len - sl] = 0;
 }
@@ -253,6 +254,8 @@ static json_t *llmq_object(const struct llmq_export *e) {
                   "bits", e->o.q.bits, "group_size", e->o.q.group_size, "sym", e->o.q.sym);
     if (e->o.format == LLMQ_EXPORT_GPTQ)
         json_object_set_new(j, "checkpoint_format", json_string(e->o.q.sym ? "gptq" : "gptq_v2"));
+    if (e->o.expert_names != LLMQ_EXPERT_NAMES_HUB) // absent by default: the outputs so far keep their bytes
+        json_object_set_new(j, "expert_names", json_string(llmq_expert_names_name(e->o.expert_names)));
     if (e->o.provenance && json_is_object(e->o.provenance)) json_object_update(j, (json_t *)e->o.provenance);
     return j;
 }
@@ -329,7 +332,7 @@ static enum llmq_status declare_part(struct llmq_export *e, struct slot *s, cons
     char prefix[128];
     int64_t shape[2] = {d0, d1};
     struct part *p = &s->parts[s->n_parts++];
-    lin_name_x(e->m, prefix, sizeof prefix, s->layer, s->which, s->expert);
+    lin_name_x(e->m, e->o.expert_names, prefix, sizeof prefix, s->layer, s->which, s->expert);
     snprintf(p->name, sizeof p->name, "%s.%s", prefix, suffix);
     return llmq_st_writer_add_tensor(e->sw, p->name, dt, n_dims, shape);
 }
@@ -637,15 +640,24 @@ void llmq_export_abort(struct llmq_export *e) {
 enum llmq_status llmq_export_check(const struct llmq_model *m, const struct llmq_export_opts *o) {
     char what[160];
     enum llmq_status st = check_opts(o);
+    if (!st && o->expert_names != LLMQ_EXPERT_NAMES_HUB && !m->hp.moe)
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "export: --expert-names %s names the experts of a mixture of experts; %s (%s) has none",
+                           llmq_expert_names_name(o->expert_names), m->path, llmq_arch_name(m->hp.arch));
+    if (!st && o->expert_names != LLMQ_EXPERT_NAMES_HUB && o->format == LLMQ_EXPORT_FAKE)
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "export: --expert-names %s needs --format gptq or awq (a fake directory is a plain "
+                           "checkpoint: transformers and GPTQModel read it under the Hub's names)",
+                           llmq_expert_names_name(o->expert_names));
     int fit = o->q.group_size > 0 ? llmq_export_fit_group(m, o->q.group_size) : 0;
     for (int64_t l = 0; !st && l < m->hp.n_layer; l++)
         for (int w = 0; !st && w < LLMQ_LIN_COUNT; w++) {
             int64_t x = m->hp.moe && w >= LLMQ_LIN_GATE ? 0 : -1; // moe: expert 0 stands for all (same shapes)
             const struct llmq_tensor_view *v = llmq_layer_linear(&m->layers[l], w, x);
-            lin_name_x(m, what, sizeof what, l, (enum llmq_linear)w, x);
+            lin_name_x(m, o->expert_names, what, sizeof what, l, (enum llmq_linear)w, x);
             st = check_shape(o, what, v->shape[0], v->shape[1], fit);
             if (!st && x >= 0 && (v = m->layers[l].w[w])) { // qwen2_moe: the shared expert too
-                lin_name_x(m, what, sizeof what, l, (enum llmq_linear)w, -1);
+                lin_name_x(m, o->expert_names, what, sizeof what, l, (enum llmq_linear)w, -1);
                 st = check_shape(o, what, v->shape[0], v->shape[1], fit);
             }
         }
@@ -657,7 +669,7 @@ enum llmq_status llmq_export_check(const struct llmq_model *m, const struct llmq
 static enum llmq_status declare_experts(struct llmq_export *e, int64_t l) {
     const struct llmq_model *m = e->m;
     char what[160];
-    llmq_tensor_full_name(m->hp.arch, LLMQ_T_FFN_GATE_INP, l, true, what, sizeof what);
+    llmq_tensor_router_hf_name(m->hp.arch, e->o.expert_names, l, what, sizeof what);
     struct slot *s = add_slot(e, SLOT_ROUTER, l, 0, what);
     s->ready = true; // nothing to wait for: the post_attention_layernorm before it waits for o only
     s->role = LLMQ_T_FFN_GATE_INP;
@@ -800,7 +812,7 @@ enum llmq_status llmq_export_expert(struct llmq_export *e, int64_t layer, enum l
     if (layer < 0 || layer >= e->m->hp.n_layer || (unsigned)which >= LLMQ_LIN_COUNT || !ql || !exists)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: linear %d (expert %lld) of layer %lld does not exist", e->out, (int)which,
                            (long long)expert, (long long)layer);
-    lin_name_x(e->m, what, sizeof what, layer, which, expert);
+    lin_name_x(e->m, e->o.expert_names, what, sizeof what, layer, which, expert);
     int64_t idx = linear_slot(e->m, layer, which, expert);
     struct slot *s = &e->slots[idx];
     LLMQ_ASSERT(s->kind == SLOT_LINEAR && s->layer == layer && s->which == which && s->expert == expert);
@@ -862,7 +874,7 @@ enum llmq_status llmq_export_finish(struct llmq_export *e) {
     if (e->pos < e->n_slots) {
         struct slot *s = &e->slots[e->pos];
         char what[160];
-        lin_name_x(e->m, what, sizeof what, s->layer, s->which, s->expert);
+        lin_name_x(e->m, e->o.expert_names, what, sizeof what, s->layer, s->which, s->expert);
         st = llmq_errorf(LLMQ_ERR_ARG, "%s: export finished without %s", e->out, what);
         goto fail;
     }

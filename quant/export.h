@@ -131,10 +131,17 @@ struct llmq_export_opts {
     uint64_t max_shard_bytes;   // tensor bytes per safetensors file; 0 = one file
     bool force;                 // replace an existing output directory
     const json_t *provenance;   // a JSON object (or NULL); its keys are copied into "llmq"
+    // a moe model's router and experts (formats/llama/arch.h "Mixture of experts"): LLMQ_EXPERT_NAMES_HUB, the
+    // family's checkpoint names (mixtral: block_sparse_moe.experts.E.w1 / w3 / w2; vLLM's loader), or
+    // LLMQ_EXPERT_NAMES_GPTQMODEL, GPTQModel 7.7's (mixtral: mlp.experts.E.gate_proj / up_proj / down_proj and
+    // mlp.gate; "expert_names": "gptqmodel" in the "llmq" object). awq / gptq only; LLMQ_ERR_ARG for a dense model
+    // or fake. qwen3_moe / qwen2_moe: the same names either way.
+    enum llmq_expert_names expert_names;
 };
 
 // Defaults: AWQ, 4 bits, group 128, asym, desc_act false, static_groups false, true_sequential
-// true, damp_percent 0.01, fake dtype from the input, 5e9-byte shards, no force, no provenance.
+// true, damp_percent 0.01, fake dtype from the input, 5e9-byte shards, no force, no provenance, the Hub's expert
+// names.
 struct llmq_export_opts llmq_export_default_opts(void);
 
 // "awq" / "gptq" / "fake", and the reverse (false when the name is unknown).
@@ -169,8 +176,9 @@ enum llmq_status llmq_export_layer(struct llmq_export *e, int64_t layer, enum ll
 // A moe block's expert `expert`'s gate / up / down (which LLMQ_LIN_GATE, UP, DOWN), as llmq_export_layer; the dense
 // gate / up / down of a moe block do not exist (LLMQ_ERR_ARG), nor an expert of a dense linear. Written as
 // "<HF name of the expert's linear>.qweight" etc. (model.layers.N.mlp.experts.E.gate_proj for qwen3_moe,
-// model.layers.N.block_sparse_moe.experts.E.w1 / w3 / w2 for mixtral: GPTQModel's module names); the router
-// (mlp.gate / block_sparse_moe.gate) is written unquantized, in the output's dtype, before the experts.
+// model.layers.N.block_sparse_moe.experts.E.w1 / w3 / w2 for mixtral, mlp.experts.E.gate_proj / up_proj / down_proj
+// with opts.expert_names LLMQ_EXPERT_NAMES_GPTQMODEL); the router (mlp.gate / block_sparse_moe.gate) is written
+// unquantized, in the output's dtype, before the experts.
 enum llmq_status llmq_export_expert(struct llmq_export *e, int64_t layer, enum llmq_linear which, int64_t expert,
                                     const struct llmq_qlinear *ql);
 

@@ -1068,6 +1068,8 @@ static json_t *settings_json(const struct llmq_quantize_opts *o) {
     }
     json_object_set_new(s, "fallback", json_string(o->fallback_rtn_per_channel ? "rtn-per-channel" : "none"));
     json_object_set_new(s, "format", json_string(llmq_export_format_name(o->out.format)));
+    if (o->out.expert_names != LLMQ_EXPERT_NAMES_HUB) // absent by default, as the grid
+        json_object_set_new(s, "expert_names", json_string(llmq_expert_names_name(o->out.expert_names)));
     return s;
 }
 

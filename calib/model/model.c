@@ -265,7 +265,7 @@ static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int6
     if (x < 0) {
         llmq_arch_linear_full_name(m->hp.arch, k, il, true, prefix, sizeof prefix);
     } else {
-        llmq_tensor_expert_hf_name(m->hp.arch, LLMQ_T_FFN_GATE_EXPS + k, il, x, prefix, sizeof prefix);
+        llmq_tensor_expert_hf_name(m->hp.arch, m->expert_names, LLMQ_T_FFN_GATE_EXPS + k, il, x, prefix, sizeof prefix);
         size_t len = strlen(prefix);
         if (len > 7 && strcmp(prefix + len - 7, ".weight") == 0) prefix[len - 7] = 0;
     }
@@ -530,15 +530,23 @@ static enum llmq_status bind_experts(struct llmq_model *m, bool hf, int il) {
     struct llmq_layer *L = &m->layers[il];
     char name[160];
     enum llmq_status st;
-    if ((st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_FFN_GATE_INP, il, hf, name, sizeof name), true, 2, E,
-                         D, "n_expert, n_embd", &L->router)))
-        return st;
+    if (hf && il == 0) { // the spelling: the Hub's router where it is, else GPTQModel's (see "Mixture of experts")
+        m->expert_names = LLMQ_EXPERT_NAMES_HUB;
+        if (!find_tensor(m, llmq_tensor_router_hf_name(hp->arch, LLMQ_EXPERT_NAMES_HUB, 0, name, sizeof name)) &&
+            find_tensor(m, llmq_tensor_router_hf_name(hp->arch, LLMQ_EXPERT_NAMES_GPTQMODEL, 0, name, sizeof name)))
+            m->expert_names = LLMQ_EXPERT_NAMES_GPTQMODEL;
+    }
+    if (hf)
+        llmq_tensor_router_hf_name(hp->arch, m->expert_names, il, name, sizeof name);
+    else
+        llmq_tensor_full_name(hp->arch, LLMQ_T_FFN_GATE_INP, il, false, name, sizeof name);
+    if ((st = get_tensor(m, name, true, 2, E, D, "n_expert, n_embd", &L->router))) return st;
     L->exps = p;
     for (int k = 0; k < 3; k++) {
         enum llmq_tensor_role role = LLMQ_T_FFN_GATE_EXPS + k;
         if (hf) {
             for (int64_t x = 0; x < E; x++) {
-                llmq_tensor_expert_hf_name(hp->arch, role, il, x, name, sizeof name);
+                llmq_tensor_expert_hf_name(hp->arch, m->expert_names, role, il, x, name, sizeof name);
                 if (m->quant && !find_tensor(m, name)) // an AWQ / GPTQ expert: dequantized now
                     st = dequant_linear(m, il, k, x, shape[k][0], shape[k][1], &p[3 * x + k]);
                 else

@@ -44,6 +44,11 @@
  *   the forward pass converts one expert's weight at a time, only for experts some token is routed to.
  *   AWQ / GPTQ directories of these families (as llmq writes them: quant/export.h llmq_export_expert) are read with
  *   every expert's packed linear dequantized on load into an owned F32 view, as the dense linears are.
+ *   An HF directory's router and experts are read in either spelling of formats/llama/arch.h (enum
+ *   llmq_expert_names; mixtral: block_sparse_moe.experts.X.w1 or, as `llmq quantize --expert-names gptqmodel`
+ *   writes it for GPTQModel, mlp.experts.X.gate_proj): block 0's router decides (the Hub's when it is there, else
+ *   GPTQModel's), m->expert_names records it, and every block must then have that spelling (missing tensor errors
+ *   name the decided one).
  *   qwen2_moe (formats/llama/arch.h "Qwen2-MoE's shared expert"): w[GATE], w[UP], w[DOWN] are the shared expert
  *   ((Fs, D), (Fs, D), (D, Fs); a quantized directory's packed mlp.shared_expert.*_proj dequantized like the dense
  *   linears) and layers[l].shexp_gate its gate, a (1, D) view of ffn_gate_inp_shexp whether the file stores it as
@@ -138,6 +143,7 @@ struct llmq_model {
     struct llmq_tensor_view *exp_slices;      // (n_layer, E, 3) GGUF moe: each expert's part of a stacked tensor
     const struct llmq_tensor_view **exp_ptrs; // (n_layer, E, 3) what layers[l].exps point into
     struct llmq_tensor_view *shexp_views;     // (n_layer) qwen2_moe: ffn_gate_inp_shexp as (1, D) (data not owned)
+    enum llmq_expert_names expert_names; // an HF moe directory's spelling of its experts (see "Mixture of experts")
 };
 
 // What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.

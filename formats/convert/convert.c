@@ -448,9 +448,9 @@ static enum llmq_status check_experts(const char *in, const struct llmq_hparams 
             int64_t slot = p->exp_job[l * 3 + k];
             for (int64_t x = 0; x < hp->n_expert; x++)
                 if (slot < 0 || !p->jobs[slot].parts[x])
-                    return llmq_errorf(
-                        LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", in,
-                        llmq_tensor_expert_hf_name(hp->arch, LLMQ_T_FFN_GATE_EXPS + k, l, x, nm, sizeof nm));
+                    return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s", in,
+                                       llmq_tensor_expert_hf_name(hp->arch, LLMQ_EXPERT_NAMES_HUB,
+                                                                  LLMQ_T_FFN_GATE_EXPS + k, l, x, nm, sizeof nm));
             if ((st = job_check(in, &p->jobs[slot]))) return st;
         }
     return LLMQ_OK;
@@ -480,7 +480,7 @@ static enum llmq_status plan_expert_split(const char *in, const struct llmq_hpar
         v->nbytes = (size_t)R * row_bytes;
         v->file_offset = tv->file_offset + off;
         j->src = v;
-        llmq_tensor_expert_hf_name(hp->arch, e, l, x, j->name, sizeof j->name);
+        llmq_tensor_expert_hf_name(hp->arch, LLMQ_EXPERT_NAMES_HUB, e, l, x, j->name, sizeof j->name);
         j->dtype = dtype;
         j->n_dims = 2;
         memcpy(j->shape, v->shape, sizeof j->shape);

@@ -47,11 +47,15 @@ static const char *const shexp_names[3][2] = {{"ffn_gate_shexp.weight", "mlp.sha
                                               {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"}};
 
 // The moe families' HF names in a block: the router, and each expert's gate, up, down around its index.
-static const struct {
+struct moe_names {
     const char *router;
     const char *exp_prefix; // before the expert index
     const char *exp_lin[3]; // after it: gate, up, down
-} moe_hf[LLMQ_ARCH_COUNT] = {
+};
+// GPTQModel 7.7's names of every moe family's block (its models/definitions/{mixtral,qwen2_moe,qwen3_moe}.py)
+static const struct moe_names moe_gptqmodel = {
+    "mlp.gate.weight", "mlp.experts.", {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}};
+static const struct moe_names moe_hf[LLMQ_ARCH_COUNT] = {
     [LLMQ_ARCH_MIXTRAL] = {"block_sparse_moe.gate.weight",
                            "block_sparse_moe.experts.",
                            {".w1.weight", ".w3.weight", ".w2.weight"}},
@@ -161,11 +165,37 @@ int llmq_tensor_role_of(enum llmq_arch a, const char *name, bool hf, int64_t n_l
     return -1;
 }
 
-char *llmq_tensor_expert_hf_name(enum llmq_arch a, enum llmq_tensor_role role, int64_t layer, int64_t expert, char *buf,
-                                 size_t size) {
-    LLMQ_ASSERT(arch_moe(a) && role >= LLMQ_T_FFN_GATE_EXPS && role <= LLMQ_T_FFN_DOWN_EXPS);
-    snprintf(buf, size, "%s%lld.%s%lld%s", HF_BLOCK, (long long)layer, moe_hf[a].exp_prefix, (long long)expert,
-             moe_hf[a].exp_lin[role - LLMQ_T_FFN_GATE_EXPS]);
+static const struct moe_names *moe_names_of(enum llmq_arch a, enum llmq_expert_names n) {
+    LLMQ_ASSERT(arch_moe(a) && (n == LLMQ_EXPERT_NAMES_HUB || n == LLMQ_EXPERT_NAMES_GPTQMODEL));
+    return n == LLMQ_EXPERT_NAMES_GPTQMODEL ? &moe_gptqmodel : &moe_hf[a];
+}
+
+const char *llmq_expert_names_name(enum llmq_expert_names n) {
+    return n == LLMQ_EXPERT_NAMES_GPTQMODEL ? "gptqmodel" : "hub";
+}
+
+bool llmq_expert_names_parse(const char *name, enum llmq_expert_names *out) {
+    if (!name) return false;
+    if (strcmp(name, "hub") == 0)
+        *out = LLMQ_EXPERT_NAMES_HUB;
+    else if (strcmp(name, "gptqmodel") == 0)
+        *out = LLMQ_EXPERT_NAMES_GPTQMODEL;
+    else
+        return false;
+    return true;
+}
+
+char *llmq_tensor_expert_hf_name(enum llmq_arch a, enum llmq_expert_names n, enum llmq_tensor_role role, int64_t layer,
+                                 int64_t expert, char *buf, size_t size) {
+    LLMQ_ASSERT(role >= LLMQ_T_FFN_GATE_EXPS && role <= LLMQ_T_FFN_DOWN_EXPS);
+    const struct moe_names *t = moe_names_of(a, n);
+    snprintf(buf, size, "%s%lld.%s%lld%s", HF_BLOCK, (long long)layer, t->exp_prefix, (long long)expert,
+             t->exp_lin[role - LLMQ_T_FFN_GATE_EXPS]);
+    return buf;
+}
+
+char *llmq_tensor_router_hf_name(enum llmq_arch a, enum llmq_expert_names n, int64_t layer, char *buf, size_t size) {
+    snprintf(buf, size, "%s%lld.%s", HF_BLOCK, (long long)layer, moe_names_of(a, n)->router);
     return buf;
 }
 

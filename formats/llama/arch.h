@@ -68,6 +68,13 @@
  * (qwen3moe; mixtral: feed_forward_length) / intermediate_size (mixtral) | moe_intermediate_size; norm_topk_prob
  * (qwen3_moe, default false as Qwen3MoeConfig; true when read from a GGUF). qwen3_moe's decoder_sparse_step other than
  * 1 and a non-empty mlp_only_layers (dense blocks) are refused.
+ *   Two spellings of an HF directory's experts (enum llmq_expert_names): LLMQ_EXPERT_NAMES_HUB, the table above (the
+ *   Hub's checkpoints and their GPTQ / AWQ quantizations, transformers' save_pretrained, vLLM's loaders: vllm
+ *   model_executor/models/mixtral.py maps block_sparse_moe.experts.X.w1 / w3 / w2); LLMQ_EXPERT_NAMES_GPTQMODEL,
+ *   GPTQModel 7.7's (gptqmodel/models/definitions/mixtral.py over Defuser's per-expert block): mixtral's router and
+ *   experts under qwen3_moe's names, model.layers.N.mlp.gate.weight and mlp.experts.X.{gate,up,down}_proj (its
+ *   quantized loader reads the checkpoint's keys as they are, so it cannot load the Hub spelling of a quantized
+ *   Mixtral). qwen3_moe and qwen2_moe have one spelling: both enums name the table's.
  *
  * ---- Qwen2-MoE's shared expert (qwen2_moe: modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock; llama.cpp
  *      src/models/qwen2moe.cpp, conversion/qwen.py Qwen2MoeModel) ----------------------------------------------
@@ -330,10 +337,22 @@ char *llmq_tensor_full_name(enum llmq_arch a, enum llmq_tensor_role role, int64_
 // >= n_layer.
 int llmq_tensor_role_of(enum llmq_arch a, const char *name, bool hf, int64_t n_layer, int64_t *layer);
 
+// The spellings of a moe family's router and experts in an HF directory (see "Mixture of experts").
+enum llmq_expert_names {
+    LLMQ_EXPERT_NAMES_HUB,       // mixtral: model.layers.N.block_sparse_moe.{gate, experts.X.w1 / w3 / w2}
+    LLMQ_EXPERT_NAMES_GPTQMODEL, // mixtral: model.layers.N.mlp.{gate, experts.X.gate_proj / up_proj / down_proj}
+};
+// "hub" / "gptqmodel", and the reverse (false when the name is unknown).
+const char *llmq_expert_names_name(enum llmq_expert_names n);
+bool llmq_expert_names_parse(const char *name, enum llmq_expert_names *out);
+
 // The moe families' expert tensors: the HF name of expert `expert`'s slice of role (LLMQ_T_FFN_{GATE,UP,DOWN}_EXPS)
-// in block `layer` ("model.layers.N.mlp.experts.E.gate_proj.weight"), into buf. Returns buf.
-char *llmq_tensor_expert_hf_name(enum llmq_arch a, enum llmq_tensor_role role, int64_t layer, int64_t expert, char *buf,
-                                 size_t size);
+// in block `layer` in spelling n ("model.layers.N.mlp.experts.E.gate_proj.weight"), into buf. Returns buf.
+char *llmq_tensor_expert_hf_name(enum llmq_arch a, enum llmq_expert_names n, enum llmq_tensor_role role, int64_t layer,
+                                 int64_t expert, char *buf, size_t size);
+// The HF name of block `layer`'s router in spelling n ("model.layers.N.block_sparse_moe.gate.weight"), into buf
+// (LLMQ_EXPERT_NAMES_HUB: llmq_tensor_full_name's). Returns buf.
+char *llmq_tensor_router_hf_name(enum llmq_arch a, enum llmq_expert_names n, int64_t layer, char *buf, size_t size);
 // The expert tensor role and block of an HF per-expert name of family a, with *expert its expert (< n_expert);
 // -1 when name is not one (or its indices are malformed or out of range).
 int llmq_tensor_expert_role_of(enum llmq_arch a, const char *name, int64_t n_layer, int64_t n_expert, int64_t *layer,

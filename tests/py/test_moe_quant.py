@@ -22,14 +22,15 @@
                     and without the emulation's activation rounding differ there by the same 0.23 - 0.27 (and by
                     <= 0.04 elsewhere), i.e. a near-tie of the quantized model's router flips with float rounding.
                     awq / awq+gptq: 0 / 4 positions above (wide-qmoe), 0 / 1 (wide-mix), top-1 >= 0.958.
-  directories       the experts' packed linears are where GPTQModel's module tree has them
+  directories       the experts' packed linears are under the checkpoints' names
                     (model.layers.N.mlp.experts.E.{gate,up,down}_proj for qwen3_moe, block_sparse_moe.experts.E.w1 /
-                    w3 / w2 for mixtral; gptqmodel/models/definitions/qwen3_moe.py, mixtral.py), the router unquantized.
+                    w3 / w2 for mixtral: the Hub's and vLLM's; GPTQModel 7.7 wants mixtral's under qwen3_moe's names,
+                    --expert-names gptqmodel, tests/py/test_moe_gptqmodel.py), the router unquantized.
                     transformers 5.24 does not load them: its Qwen3MoeExperts / MixtralExperts hold the experts as
                     3-D nn.Parameters (gate_up_proj, down_proj), not nn.Linear modules, so its GPTQ integration has no
                     module to put a per-expert QuantLinear in (from_pretrained reports the experts' qweight / scales
-                    UNEXPECTED and gate_up_proj / down_proj MISSING, randomly initialised; AWQ alike). GPTQModel
-                    (whose module tree has these names) was not tried. Instead: numpy unpacks every packed linear
+                    UNEXPECTED and gate_up_proj / down_proj MISSING, randomly initialised; AWQ alike). GPTQModel's
+                    own loader: tests/py/test_moe_gptqmodel.py. Here: numpy unpacks every packed linear
                     (quant/export.h's GPTQ v2 and AWQ GEMM layouts), the dequantized weights go into a
                     plain f32 HF directory that transformers loads, and its logits match llmq's forward on the packed
                     directory (llmq's own dequantization on load) within TOL_REL.

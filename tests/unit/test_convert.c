@@ -555,8 +555,38 @@ static void test_hf_bf16_mistral(void) {
     llmq_gguf_free(b);
 }
 
+// The two spellings of a moe directory's router and experts (formats/llama/arch.h "Mixture of experts"): mixtral's
+// differ, qwen3_moe's are the same; the names parse both ways and an unknown one is refused.
+static void test_expert_names(void) {
+    char a[160], b[160];
+    enum llmq_expert_names n = LLMQ_EXPERT_NAMES_HUB;
+    CHECK(llmq_expert_names_parse("gptqmodel", &n) && n == LLMQ_EXPERT_NAMES_GPTQMODEL);
+    CHECK(llmq_expert_names_parse("hub", &n) && n == LLMQ_EXPERT_NAMES_HUB);
+    CHECK(!llmq_expert_names_parse("vllm", &n) && !llmq_expert_names_parse(NULL, &n) && n == LLMQ_EXPERT_NAMES_HUB);
+    CHECK(!strcmp(llmq_expert_names_name(LLMQ_EXPERT_NAMES_GPTQMODEL), "gptqmodel"));
+    llmq_tensor_expert_hf_name(LLMQ_ARCH_MIXTRAL, LLMQ_EXPERT_NAMES_HUB, LLMQ_T_FFN_UP_EXPS, 3, 5, a, sizeof a);
+    CHECK(!strcmp(a, "model.layers.3.block_sparse_moe.experts.5.w3.weight"));
+    llmq_tensor_expert_hf_name(LLMQ_ARCH_MIXTRAL, LLMQ_EXPERT_NAMES_GPTQMODEL, LLMQ_T_FFN_UP_EXPS, 3, 5, a, sizeof a);
+    CHECK(!strcmp(a, "model.layers.3.mlp.experts.5.up_proj.weight"));
+    llmq_tensor_expert_hf_name(LLMQ_ARCH_MIXTRAL, LLMQ_EXPERT_NAMES_GPTQMODEL, LLMQ_T_FFN_DOWN_EXPS, 0, 7, a, sizeof a);
+    CHECK(!strcmp(a, "model.layers.0.mlp.experts.7.down_proj.weight"));
+    llmq_tensor_router_hf_name(LLMQ_ARCH_MIXTRAL, LLMQ_EXPERT_NAMES_GPTQMODEL, 2, a, sizeof a);
+    CHECK(!strcmp(a, "model.layers.2.mlp.gate.weight"));
+    llmq_tensor_router_hf_name(LLMQ_ARCH_MIXTRAL, LLMQ_EXPERT_NAMES_HUB, 2, a, sizeof a);
+    CHECK(!strcmp(a, llmq_tensor_full_name(LLMQ_ARCH_MIXTRAL, LLMQ_T_FFN_GATE_INP, 2, true, b, sizeof b)));
+    CHECK(!strcmp(a, "model.layers.2.block_sparse_moe.gate.weight"));
+    for (int k = 0; k < 3; k++) { // qwen3_moe: one spelling
+        llmq_tensor_expert_hf_name(LLMQ_ARCH_QWEN3_MOE, LLMQ_EXPERT_NAMES_HUB, LLMQ_T_FFN_GATE_EXPS + k, 1, 2, a,
+                                   sizeof a);
+        llmq_tensor_expert_hf_name(LLMQ_ARCH_QWEN3_MOE, LLMQ_EXPERT_NAMES_GPTQMODEL, LLMQ_T_FFN_GATE_EXPS + k, 1, 2, b,
+                                   sizeof b);
+        CHECK(!strcmp(a, b));
+    }
+}
+
 int main(void) {
     llmq_log_set_level(LLMQ_LOG_SILENT);
+    test_expert_names();
     CHECK(mkdtemp(tmpdir));
     test_permutation();
     // SPM vocabulary, untied, GQA (2 heads / 1 kv head)

@@ -14,9 +14,10 @@
  * input x (N, D) (GPTQ: of the quantized model so far, AWQ / RTN: of the full-precision model), the report
  * rows and the bit count (a mixture of experts: and the coverage report's rows and fallback count; its
  * statistics, routed counts and held expert results are the block's own, rebuilt by the block that needs
- * them); the calibration windows are drawn once from --seed before block 0 (there is no RNG state after that), so a resumed run draws them again and the fingerprint's tokens_sha256 proves they
- * are the same; everything else (the GGUF plan and its importance, the forward objects) is rebuilt from the
- * same model and options. What the writer receives per block is replayed bit for bit.
+ * them); the calibration windows are drawn once from --seed before block 0 (there is no RNG state after that), so a
+ * resumed run draws them again and the fingerprint's tokens_sha256 proves they are the same; everything else (the GGUF
+ * plan and its importance, the forward objects) is rebuilt from the same model and options. What the writer receives
+ * per block is replayed bit for bit.
  *
  * ---- Layout of <out>.partial/ ----------------------------------------------------------------------------
  *   .llmq-output       the marker of a directory llmq wrote (common/io.h): only such a directory is resumed

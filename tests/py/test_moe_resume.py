@@ -29,7 +29,6 @@ timer kill, qwen2_moe awq -> awq directory (1); rtn -> GGUF Q4_K_M (the writer a
 checkpoint, LLMQ_CKPT_SYNC_BYTES making the small file commit) at 2 points; a checkpoint refused by a resume with
 another --moe-calib or --moe-token-floor (the fingerprint's run.moe_calib / run.moe_token_floor).
 """
-import hashlib
 import json
 import os
 import pathlib
@@ -43,6 +42,7 @@ import pytest
 from conftest import run
 from family_oracle import HF_PYTHON, HF_SKIP_REASON, build_hf_models
 from family_oracle import ids, work  # noqa: F401 (fixtures)
+from test_resume import digest, leftovers, partial, state
 
 pytestmark = pytest.mark.skipif(not HF_PYTHON, reason=HF_SKIP_REASON)
 SEED = int(os.environ.get("LLMQ_TEST_SEED", "16"))
@@ -94,32 +94,11 @@ def llmq(cmd, kill_at=None, env_extra=None):
     return run(cmd, check=False, env=env)
 
 
-def digest(p):
-    p = pathlib.Path(p)
-    if p.is_file():
-        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()}
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(p.iterdir())}
-
-
-def leftovers(d):
-    return sorted(p.name for p in pathlib.Path(d).iterdir()
-                  if ".tmp." in p.name or ".old." in p.name or p.name.endswith(".partial"))
-
-
 def report(path):
     """What a resume must reproduce of the JSON report: rows without their seconds, the coverage, the bits."""
     j = json.loads(pathlib.Path(path).read_text())
     return dict(rows=[{k: v for k, v in r.items() if k != "seconds"} for r in j["layers"]], moe=j.get("moe"),
                 bpw=j["totals"]["bits_per_weight"])
-
-
-def partial(out):
-    return pathlib.Path(str(out) + ".partial")
-
-
-def state(out):
-    p = partial(out) / "state.json"
-    return json.loads(p.read_text()) if p.exists() else {}
 
 
 def n_linears(model_dir):

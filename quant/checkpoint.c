@@ -63,6 +63,12 @@ static void kill_point(void) {
     }
 }
 
+uint64_t llmq_ckpt_stream_sync_bytes(void) {
+    const char *e = getenv("LLMQ_CKPT_SYNC_BYTES");
+    long long n = e ? strtoll(e, NULL, 10) : 0;
+    return n > 0 ? (uint64_t)n : LLMQ_CKPT_STREAM_SYNC_BYTES;
+}
+
 // ---- paths and the non-linear tensors of a block ----------------------------------------------------------
 
 // dir/name formatted, malloc'd (NULL when out of memory).
@@ -75,12 +81,17 @@ static char *pathf(const char *dir, const char *fmt, long long i) {
 static const char *block_fmt = "block-%05lld.bin", *x_fmt = "x-%05lld.bin";
 
 // The views of struct llmq_layer that a writer reads next to the block's linears (roles of "TENS").
-static const size_t tensor_field[] = {
-    offsetof(struct llmq_layer, attn_norm),    offsetof(struct llmq_layer, ffn_norm),
-    offsetof(struct llmq_layer, bq),           offsetof(struct llmq_layer, bk),
-    offsetof(struct llmq_layer, bv),           offsetof(struct llmq_layer, q_norm),
-    offsetof(struct llmq_layer, k_norm),       offsetof(struct llmq_layer, attn_post_norm),
-    offsetof(struct llmq_layer, ffn_post_norm)};
+static const size_t tensor_field[] = {offsetof(struct llmq_layer, attn_norm),
+                                      offsetof(struct llmq_layer, ffn_norm),
+                                      offsetof(struct llmq_layer, bq),
+                                      offsetof(struct llmq_layer, bk),
+                                      offsetof(struct llmq_layer, bv),
+                                      offsetof(struct llmq_layer, q_norm),
+                                      offsetof(struct llmq_layer, k_norm),
+                                      offsetof(struct llmq_layer, attn_post_norm),
+                                      offsetof(struct llmq_layer, ffn_post_norm),
+                                      offsetof(struct llmq_layer, router),
+                                      offsetof(struct llmq_layer, shexp_gate)};
 #define N_TENSORS ((int)(sizeof tensor_field / sizeof tensor_field[0]))
 
 static const struct llmq_tensor_view **tensor_slot(const struct llmq_layer *L, int i) {
@@ -143,6 +154,10 @@ json_t *llmq_ckpt_fingerprint(const struct llmq_model *m, const struct llmq_quan
     json_object_set_new(run, "backend", json_string(llmq_backend_name(o->backend)));
     json_object_set_new(run, "micro_batch", json_integer(o->micro_batch));
     json_object_set_new(run, "threads", json_integer(o->n_threads));
+    if (m->hp.moe) { // a mixture of experts: the experts' statistics and fallbacks (not in the provenance)
+        json_object_set_new(run, "moe_calib", json_string(o->moe_calib_all ? "all" : "routed"));
+        json_object_set_new(run, "moe_token_floor", json_integer(o->moe_token_floor));
+    }
     if (o->to_gguf) {
         json_object_set_new(run, "no_provenance", json_boolean(o->gguf.no_provenance));
         json_object_set_new(run, "gguf_threads", json_integer(o->gguf.n_threads));
@@ -560,15 +575,10 @@ enum llmq_status llmq_ckpt_put_block(struct llmq_ckpt *ck, int64_t layer, const 
     return block_open(ck, ly, layer);
 }
 
-enum llmq_status llmq_ckpt_put_linear(struct llmq_ckpt *ck, const struct llmq_model *m, const struct llmq_qwriter *w,
-                                      int64_t layer, enum llmq_linear which, const struct llmq_qpayload *p) {
-    LLMQ_ASSERT(layer == ck->next_block && (!ck->bf_open || ck->bf_layer == layer));
-    enum llmq_status st = ck->bf_open ? LLMQ_OK : block_open(ck, &m->layers[layer], layer);
-    const struct llmq_tensor_view *v = m->layers[layer].w[which];
-    int64_t R = v->shape[0], C = v->shape[1];
-    if (!st) st = bwrite(ck, "LINR", 4);
-    if (!st) st = bwrite_i32(ck, (int32_t)which);
-    if (!st) st = bwrite_i32(ck, (int32_t)p->kind);
+// One linear's payload p (R, C; ROWS: in type) after its record's header: the layout of "LINR" / "EXPT".
+static enum llmq_status write_payload(struct llmq_ckpt *ck, int64_t R, int64_t C, enum llmq_dtype type,
+                                      const struct llmq_qpayload *p) {
+    enum llmq_status st = bwrite_i32(ck, (int32_t)p->kind);
     if (st) return st;
     if (p->kind == LLMQ_QPAYLOAD_CODES) {
         const struct llmq_qlinear *q = p->codes;
@@ -585,7 +595,7 @@ enum llmq_status llmq_ckpt_put_linear(struct llmq_ckpt *ck, const struct llmq_mo
         if (!st) st = bwrite(ck, q->g_idx, (size_t)q->C * sizeof(int32_t));
     } else if (p->kind == LLMQ_QPAYLOAD_ROWS) {
         size_t rb = 0;
-        (void)llmq_dtype_nbytes(llmq_qwriter_target(w, layer, which).type, C, &rb); // the writer took them
+        (void)llmq_dtype_nbytes(type, C, &rb); // the writer took them
         st = bwrite_i64(ck, (int64_t)(rb * (size_t)R));
         if (!st) st = bwrite(ck, p->rows, rb * (size_t)R);
     } else {
@@ -594,6 +604,31 @@ enum llmq_status llmq_ckpt_put_linear(struct llmq_ckpt *ck, const struct llmq_mo
     }
     if (!st) kill_point();
     return st;
+}
+
+enum llmq_status llmq_ckpt_put_linear(struct llmq_ckpt *ck, const struct llmq_model *m, const struct llmq_qwriter *w,
+                                      int64_t layer, enum llmq_linear which, const struct llmq_qpayload *p) {
+    LLMQ_ASSERT(layer == ck->next_block && (!ck->bf_open || ck->bf_layer == layer));
+    enum llmq_status st = ck->bf_open ? LLMQ_OK : block_open(ck, &m->layers[layer], layer);
+    const struct llmq_tensor_view *v = m->layers[layer].w[which];
+    if (!st) st = bwrite(ck, "LINR", 4);
+    if (!st) st = bwrite_i32(ck, (int32_t)which);
+    if (st) return st;
+    return write_payload(ck, v->shape[0], v->shape[1], llmq_qwriter_target(w, layer, which).type, p);
+}
+
+enum llmq_status llmq_ckpt_put_expert(struct llmq_ckpt *ck, const struct llmq_model *m, const struct llmq_qwriter *w,
+                                      int64_t layer, enum llmq_linear which, int64_t expert,
+                                      const struct llmq_qpayload *p) {
+    LLMQ_ASSERT(layer == ck->next_block && (!ck->bf_open || ck->bf_layer == layer));
+    enum llmq_status st = ck->bf_open ? LLMQ_OK : block_open(ck, &m->layers[layer], layer);
+    const struct llmq_tensor_view *v = llmq_layer_linear(&m->layers[layer], which, expert);
+    LLMQ_ASSERT(v);
+    if (!st) st = bwrite(ck, "EXPT", 4);
+    if (!st) st = bwrite_i32(ck, (int32_t)which);
+    if (!st) st = bwrite_i64(ck, expert);
+    if (st) return st;
+    return write_payload(ck, v->shape[0], v->shape[1], llmq_qwriter_expert_target(w, layer, which).type, p);
 }
 
 // x (n floats) into dir/x-<layer>.bin; its state entry into *entry.
@@ -625,12 +660,29 @@ static enum llmq_status write_x(struct llmq_ckpt *ck, int64_t layer, const float
     return LLMQ_OK;
 }
 
-enum llmq_status llmq_ckpt_commit_block(struct llmq_ckpt *ck, int64_t layer, const json_t *layers, size_t from,
-                                        double bits_total, const float *x, int64_t n_x) {
-    LLMQ_ASSERT(layer == ck->next_block && ck->bf_open && ck->bf_layer == layer);
-    json_t *rows = json_array(), *xe = json_null(), *old_x = json_incref(json_object_get(ck->state, "x"));
+// The block's report record: {"rows": layers[from..], "bits_total"[, "moe": {"layers": moe.layers[moe_from..],
+// "fallback_rtn"}]}; a new object.
+static json_t *report_record(const json_t *layers, size_t from, double bits_total, const json_t *moe, size_t moe_from) {
+    json_t *rows = json_array();
     for (size_t i = from; i < json_array_size(layers); i++) json_array_append(rows, json_array_get(layers, i));
     json_t *rec = json_pack("{s:o, s:f}", "rows", rows, "bits_total", bits_total);
+    if (rec && moe) {
+        const json_t *ml = json_object_get(moe, "layers");
+        json_t *mrows = json_array();
+        for (size_t i = moe_from; i < json_array_size(ml); i++) json_array_append(mrows, json_array_get(ml, i));
+        json_object_set_new(rec, "moe",
+                            json_pack("{s:o, s:I}", "layers", mrows, "fallback_rtn",
+                                      json_integer_value(json_object_get(moe, "fallback_rtn"))));
+    }
+    return rec;
+}
+
+enum llmq_status llmq_ckpt_commit_block(struct llmq_ckpt *ck, int64_t layer, const json_t *layers, size_t from,
+                                        double bits_total, const json_t *moe, size_t moe_from, const float *x,
+                                        int64_t n_x) {
+    LLMQ_ASSERT(layer == ck->next_block && ck->bf_open && ck->bf_layer == layer);
+    json_t *xe = json_null(), *old_x = json_incref(json_object_get(ck->state, "x"));
+    json_t *rec = report_record(layers, from, bits_total, moe, moe_from);
     char *text = rec ? json_dumps(rec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL, hex[65];
     enum llmq_status st = text ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", ck->dir);
     if (!st) st = bwrite(ck, "JSON", 4);
@@ -764,16 +816,22 @@ static enum llmq_status put_saved_block(const struct llmq_model *m, struct llmq_
     return llmq_qwriter_put_block(w, l, &ly);
 }
 
-// One "LINR" record into w.
-static enum llmq_status replay_linear(struct reader *r, const struct llmq_model *m, struct llmq_qwriter *w, int64_t l) {
+// One "LINR" (expert false) or "EXPT" record into w.
+static enum llmq_status replay_linear(struct reader *r, const struct llmq_model *m, struct llmq_qwriter *w, int64_t l,
+                                      bool expert) {
     int32_t which, kind, bits, gs, sym;
-    int64_t R, C, ng, n;
+    int64_t R, C, ng, n, x = -1;
     enum llmq_status st = rd(r, &which, 4);
+    if (!st && expert) st = rd(r, &x, 8);
     if (!st) st = rd(r, &kind, 4);
     if (st) return st;
-    if (which < 0 || which >= LLMQ_LIN_COUNT || kind < 0 || kind > LLMQ_QPAYLOAD_F32) return bad(r, "a bad linear");
-    const struct llmq_tensor_view *v = m->layers[l].w[which];
-    struct llmq_qtarget t = llmq_qwriter_target(w, l, (enum llmq_linear)which);
+    if (which < 0 || which >= LLMQ_LIN_COUNT || kind < 0 || kind > LLMQ_QPAYLOAD_F32 ||
+        (expert && (x < 0 || x >= m->hp.n_expert)))
+        return bad(r, "a bad linear");
+    const struct llmq_tensor_view *v = llmq_layer_linear(&m->layers[l], which, x);
+    if (!v) return bad(r, expert ? "an expert's linear this model has not" : "a linear this model's block has not");
+    struct llmq_qtarget t = expert ? llmq_qwriter_expert_target(w, l, (enum llmq_linear)which)
+                                   : llmq_qwriter_target(w, l, (enum llmq_linear)which);
     struct llmq_qlinear q = {0};
     struct llmq_qpayload p = {.kind = (enum llmq_qpayload_kind)kind, .codes = &q};
     void *buf = NULL;
@@ -805,14 +863,17 @@ static enum llmq_status replay_linear(struct reader *r, const struct llmq_model 
         p.rows = buf;
         p.w = buf;
     }
-    if (!st) st = llmq_qwriter_put_linear(w, l, (enum llmq_linear)which, &p);
+    if (!st)
+        st = expert ? llmq_qwriter_put_expert(w, l, (enum llmq_linear)which, x, &p)
+                    : llmq_qwriter_put_linear(w, l, (enum llmq_linear)which, &p);
     llmq_qlinear_free(&q);
     free(buf);
     return st;
 }
 
-// The "JSON" record: rows appended to layers, *bits_total.
-static enum llmq_status replay_rows(struct reader *r, json_t *layers, double *bits_total) {
+// The "JSON" record: rows appended to layers, *bits_total; moe (the run's coverage report, NULL for a dense model):
+// the block's coverage rows appended to its "layers", its "fallback_rtn" set.
+static enum llmq_status replay_rows(struct reader *r, json_t *layers, json_t *moe, double *bits_total) {
     int64_t n;
     char *text = NULL;
     enum llmq_status st = rd(r, &n, 8);
@@ -820,12 +881,19 @@ static enum llmq_status replay_rows(struct reader *r, json_t *layers, double *bi
     if (!st) st = rd_alloc(r, (size_t)n, (void **)&text);
     json_error_t je;
     json_t *j = st ? NULL : json_loadb(text, (size_t)n, JSON_REJECT_DUPLICATES, &je);
-    json_t *rows = json_object_get(j, "rows");
+    json_t *rows = json_object_get(j, "rows"), *jm = json_object_get(j, "moe");
     if (!st && (!json_is_array(rows) || !json_is_number(json_object_get(j, "bits_total"))))
         st = bad(r, "a report record that is not {rows, bits_total}");
+    if (!st && (!moe != !jm || (jm && (!json_is_array(json_object_get(jm, "layers")) ||
+                                       !json_is_integer(json_object_get(jm, "fallback_rtn"))))))
+        st = bad(r, moe ? "a block report without its experts' coverage" : "an experts' coverage in a dense run");
     if (!st) {
         json_array_extend(layers, rows);
         *bits_total = json_number_value(json_object_get(j, "bits_total"));
+    }
+    if (!st && moe) {
+        json_array_extend(json_object_get(moe, "layers"), json_object_get(jm, "layers"));
+        json_object_set(moe, "fallback_rtn", json_object_get(jm, "fallback_rtn"));
     }
     json_decref(j);
     free(text);
@@ -833,7 +901,7 @@ static enum llmq_status replay_rows(struct reader *r, json_t *layers, double *bi
 }
 
 static enum llmq_status replay_records(struct reader *r, const struct llmq_model *m, struct llmq_qwriter *w, int64_t l,
-                                       json_t *layers, double *bits_total, struct block_tensors *bt) {
+                                       json_t *layers, json_t *moe, double *bits_total, struct block_tensors *bt) {
     char magic[8], tag[4];
     int64_t layer;
     enum llmq_status st = rd(r, magic, 8);
@@ -843,11 +911,11 @@ static enum llmq_status replay_records(struct reader *r, const struct llmq_model
     while (!st && !(st = rd(r, tag, 4))) {
         if (!memcmp(tag, "TENS", 4)) {
             st = bt->bound ? bad(r, "a tensor after the block's first linear") : read_tensor(r, m, l, bt);
-        } else if (!memcmp(tag, "LINR", 4)) {
+        } else if (!memcmp(tag, "LINR", 4) || !memcmp(tag, "EXPT", 4)) {
             st = put_saved_block(m, w, l, bt);
-            if (!st) st = replay_linear(r, m, w, l);
+            if (!st) st = replay_linear(r, m, w, l, tag[0] == 'E');
         } else if (!memcmp(tag, "JSON", 4)) {
-            st = replay_rows(r, layers, bits_total);
+            st = replay_rows(r, layers, moe, bits_total);
             rows = true;
         } else if (!memcmp(tag, "END.", 4)) {
             break;
@@ -890,7 +958,7 @@ static enum llmq_status reader_close(struct reader *r, const json_t *entry, enum
 }
 
 enum llmq_status llmq_ckpt_replay(struct llmq_ckpt *ck, const struct llmq_model *m, struct llmq_qwriter *w,
-                                  json_t *layers, double *bits_total, float *x, int64_t n_x) {
+                                  json_t *layers, json_t *moe, double *bits_total, float *x, int64_t n_x) {
     enum llmq_status st = LLMQ_OK;
     struct reader r;
     char *path = NULL;
@@ -898,7 +966,7 @@ enum llmq_status llmq_ckpt_replay(struct llmq_ckpt *ck, const struct llmq_model 
         const json_t *e = json_array_get(json_object_get(ck->state, "blocks"), (size_t)l);
         struct block_tensors bt = {0};
         st = reader_open(&r, ck->dir, e, &path);
-        if (!st) st = replay_records(&r, m, w, l, layers, bits_total, &bt);
+        if (!st) st = replay_records(&r, m, w, l, layers, moe, bits_total, &bt);
         for (int i = 0; i < N_TENSORS; i++) free(bt.data[i]);
         st = reader_close(&r, e, st);
         free(path);

@@ -12,10 +12,12 @@
  *
  * Why this is enough for byte-identical output: between blocks the pipeline's only state is the block
  * input x (N, D) (GPTQ: of the quantized model so far, AWQ / RTN: of the full-precision model), the report
- * rows and the bit count; the calibration windows are drawn once from --seed before block 0 (there is no
- * RNG state after that), so a resumed run draws them again and the fingerprint's tokens_sha256 proves they
- * are the same; everything else (the GGUF plan and its importance, the forward objects) is rebuilt from the
- * same model and options. What the writer receives per block is replayed bit for bit.
+ * rows and the bit count (a mixture of experts: and the coverage report's rows and fallback count; its
+ * statistics, routed counts and held expert results are the block's own, rebuilt by the block that needs
+ * them); the calibration windows are drawn once from --seed before block 0 (there is no RNG state after that), so a
+ * resumed run draws them again and the fingerprint's tokens_sha256 proves they are the same; everything else (the GGUF
+ * plan and its importance, the forward objects) is rebuilt from the same model and options. What the writer receives
+ * per block is replayed bit for bit.
  *
  * ---- Layout of <out>.partial/ ----------------------------------------------------------------------------
  *   .llmq-output       the marker of a directory llmq wrote (common/io.h): only such a directory is resumed
@@ -34,16 +36,22 @@
  * ---- block-LLLLL.bin (host byte order and sizes: read back on the machine that wrote it) ------------------
  *   magic "LLMQCKB1", layer i64, then records, each a 4-byte tag:
  *     "TENS"  role i32 (0 attn_norm, 1 ffn_norm, 2 bq, 3 bk, 4 bv, 5 q_norm, 6 k_norm, 7 attn_post_norm,
- *             8 ffn_post_norm), dtype i32, nbytes i64, the bytes: the view the writer reads while the block's
- *             linears are handed over (quant/writer.h "Order of reads": AWQ's folded norms and v bias), taken
- *             at the block's first linear; one per tensor the model has
+ *             8 ffn_post_norm, 9 router, 10 shexp_gate), dtype i32, nbytes i64, the bytes: the view the writer
+ *             reads while the block's linears are handed over (quant/writer.h "Order of reads": AWQ's folded
+ *             norms and v bias, a moe block's router and qwen2_moe's shared expert gate with AWQ's scales in
+ *             their columns), taken at the block's first linear; one per tensor the model has
  *     "LINR"  which i32, kind i32 (enum llmq_qpayload_kind), then
  *             CODES: R, C i64, bits, group_size, sym i32, n_groups i64, q (R, C): one code per byte, or two
  *                    (low nibble first, the last byte's high nibble 0 when R * C is odd) when bits <= 4,
  *                    scales f32 (R, ng), zeros f32 (R, ng), g_idx i32 (C)
  *             ROWS:  nbytes i64 (R * the row bytes of the target type), the encoded rows
  *             F32:   n i64 (R * C), f32 (R, C)
- *     "JSON"  nbytes i64, text {"rows": [the block's report rows], "bits_total": the run's total so far}
+ *     "EXPT"  a moe block's expert linear (quant/writer.h llmq_qwriter_put_expert): which i32 (gate, up, down),
+ *             expert i64, then kind and the payload as "LINR"'s, against the writer's expert target; in the order
+ *             the pipeline handed them over (between and after the block's "LINR" records)
+ *     "JSON"  nbytes i64, text {"rows": [the block's report rows], "bits_total": the run's total so far}; a moe
+ *             run adds "moe": {"layers": [the block's rows of the report's coverage "moe.layers" (routed tokens
+ *             per expert, under the floor)], "fallback_rtn": the run's count so far}
  *     "END."
  *   Every count is checked against the model and the writer's target before anything is allocated, and the
  *   file's sha256 against state.json.
@@ -57,8 +65,9 @@
  *
  * ---- Size and cost -----------------------------------------------------------------------------------------
  *   The blocks hold the payloads as handed over (directory formats: the codes two per byte up to 4 bits, else
- *   one, with f32 scales and zeros; GGUF: the linears' bytes), plus one copy of the activations (N x D x 4
- *   bytes), written once per block.
+ *   one, with f32 scales and zeros; GGUF: the linears' bytes; a moe block: every expert's too), plus one copy of
+ *   the activations (N x D x 4 bytes), written once per block. Memory: none beyond a 32 KiB packing buffer (each
+ *   linear, an expert's included, is streamed into the block's file as it is handed over).
  *
  * ---- The writer-only run (rtn into GGUF: no block loop) ----------------------------------------------------
  *   The writer encodes every tensor from the model's views in file order, so its state is the output itself:
@@ -78,9 +87,11 @@
  *
  * ---- Fault injection (tests/py/test_resume.py) ------------------------------------------------------------
  *   LLMQ_CKPT_KILL_AT=K in the environment: the process sends itself SIGKILL at the K-th checkpoint event
- *   (1-based: each linear recorded, each block file, activation file and state.json committed, each old
- *   activation file removed), i.e. at a reproducible point of the block loop; the writer-only run: one event per
- *   tensor written (after its state.json when it committed one). Unset or 0: nothing.
+ *   (1-based: each linear recorded, an expert's included, each block file, activation file and state.json
+ *   committed, each old activation file removed), i.e. at a reproducible point of the block loop; the writer-only
+ *   run: one event per tensor written (after its state.json when it committed one). Unset or 0: nothing.
+ *   LLMQ_CKPT_SYNC_BYTES=N: the writer-only run commits every N bytes instead of 16 MiB
+ *   (llmq_ckpt_stream_sync_bytes; the small test models' outputs commit too).
  *
  * Errors: one log line naming the checkpoint path and a status; nothing here touches the output itself.
  * Driver thread only.
@@ -102,6 +113,11 @@ struct llmq_ckpt; // opaque
 // The writer-only run's commit interval: state.json after the first tensor that brings the bytes written since
 // the last commit to this many (see "The writer-only run").
 #define LLMQ_CKPT_STREAM_SYNC_BYTES ((uint64_t)16 << 20)
+
+// The commit interval a run uses: LLMQ_CKPT_STREAM_SYNC_BYTES, or LLMQ_CKPT_SYNC_BYTES=N (> 0) from the
+// environment (fault injection, like LLMQ_CKPT_KILL_AT: the tests' small models commit after fewer bytes; the
+// output's bytes are the same whatever the interval).
+uint64_t llmq_ckpt_stream_sync_bytes(void);
 
 // The checks that need no model (the CLI's, before loading it): an existing "<out>.partial" is refused
 // without resume or force (the message says both), and so is one that is not a directory.
@@ -129,18 +145,28 @@ enum llmq_status llmq_ckpt_put_block(struct llmq_ckpt *ck, int64_t layer, const 
 enum llmq_status llmq_ckpt_put_linear(struct llmq_ckpt *ck, const struct llmq_model *m, const struct llmq_qwriter *w,
                                       int64_t layer, enum llmq_linear which, const struct llmq_qpayload *p);
 
+// Records expert `expert`'s linear `which` (GATE, UP, DOWN) of moe block `layer` as just handed to w
+// (llmq_qwriter_put_expert; p only read), as llmq_ckpt_put_linear does a dense one. Streamed to the block's file:
+// nothing of it is kept in memory.
+enum llmq_status llmq_ckpt_put_expert(struct llmq_ckpt *ck, const struct llmq_model *m, const struct llmq_qwriter *w,
+                                      int64_t layer, enum llmq_linear which, int64_t expert,
+                                      const struct llmq_qpayload *p);
+
 // Commits block `layer` (the next one due): its recorded linears, the report rows layers[from..] and
-// bits_total, and x (n_x floats, the next block's input; NULL: none). After it returns, a kill resumes at
+// bits_total, moe's (the run's coverage report; NULL for a dense model) rows "layers"[moe_from..] and
+// "fallback_rtn", and x (n_x floats, the next block's input; NULL: none). After it returns, a kill resumes at
 // layer + 1.
 enum llmq_status llmq_ckpt_commit_block(struct llmq_ckpt *ck, int64_t layer, const json_t *layers, size_t from,
-                                        double bits_total, const float *x, int64_t n_x);
+                                        double bits_total, const json_t *moe, size_t moe_from, const float *x,
+                                        int64_t n_x);
 
 // Replays blocks 0..next_block-1 into w, in order (each block's saved non-linear tensors handed over with
 // llmq_qwriter_put_block before its linears, in a copy of m's block; m is not changed), appends their report rows to
-// layers, sets *bits_total, and reads the saved activations into x (n_x floats; NULL when the run has none). A file
-// that does not match state.json or the model is LLMQ_ERR_CORRUPT naming it (the caller aborts the writer).
+// layers (moe, NULL for a dense model: their coverage rows to its "layers", its "fallback_rtn" set), sets
+// *bits_total, and reads the saved activations into x (n_x floats; NULL when the run has none). A file that does not
+// match state.json or the model is LLMQ_ERR_CORRUPT naming it (the caller aborts the writer).
 enum llmq_status llmq_ckpt_replay(struct llmq_ckpt *ck, const struct llmq_model *m, struct llmq_qwriter *w,
-                                  json_t *layers, double *bits_total, float *x, int64_t n_x);
+                                  json_t *layers, json_t *moe, double *bits_total, float *x, int64_t n_x);
 
 // ---- the writer-only run (see "The writer-only run") ----
 // Opens the checkpoint of a writer-only GGUF run onto out: the guard, the lock, the refusals and the fingerprint

@@ -693,7 +693,8 @@ static void plan_disk(const struct shape *s, struct llmq_plan *p, bool checkpoin
     snprintf(p->spill_dir, sizeof(p->spill_dir), "%s", llmq_spill_dir());
     snprintf(p->checkpoint_dir, sizeof(p->checkpoint_dir), "%s.partial", p->out ? p->out : "OUT");
     p->checkpoint = checkpoint;
-    // every finished block's outputs, plus the next block's input (N x D f32; quant/checkpoint.h), plus its state;
+    // every finished block's outputs (a moe block's experts among them: linear_out_bytes counts the stacked or
+    // per-expert linears), plus the next block's input (N x D f32; quant/checkpoint.h), plus its state;
     // the writer-only run (rtn into GGUF): its state only, the partial output in it is the output's own file (counted
     // as the output: it is renamed onto it)
     if (s->o->to_gguf && s->o->method == LLMQ_QMETHOD_RTN)
@@ -1065,7 +1066,7 @@ enum llmq_status llmq_plan_build(const struct llmq_model *m, const struct llmq_q
     if (po && po->timed) measure_rates(&s, &p->rates); // first: its GEMMs map OpenBLAS's pages, as the run will
     plan_memory(&s, p);
     if (p->cuda) plan_vram(&s, p);
-    plan_disk(&s, p, po && po->checkpoint && !s.moe); // a moe run keeps no checkpoint
+    plan_disk(&s, p, po && po->checkpoint);
     if (po && po->timed) plan_time(&s, p);
     json_decref(s.rep);
     return LLMQ_OK;

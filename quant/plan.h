@@ -86,7 +86,8 @@
  *   source pages of the experts a pass runs unquantized. Time: the router and K experts per token in the passes (every
  *   expert under --moe-calib all in the statistics passes), the experts' XᵀX over their tokens, AWQ's n_grid mixture
  *   forwards and per-expert searches. Measured on a random 64-expert qwen3_moe (README "Mixture of experts"): the
- *   peak 5-7 % below the measured one for gptq / awq / awq+gptq. A moe run keeps no checkpoint (none is counted).
+ *   peak 5-7 % below the measured one for gptq / awq / awq+gptq. The checkpoint holds every expert's linear
+ *   as handed over (in the disk figure as a dense block's linears are; no RAM: each is streamed to its file).
  *   qwen2_moe's shared expert is a dense MLP of width n_ff_shexp: its gate / up / down are counted as a dense
  *   block's (all N tokens, their XᵀX sums gathered in the experts' passes and solved after the experts', f32 copies
  *   in AWQ's block and candidates in its gate / up search), its sigmoid gate (1, D) as the router. Measured on a

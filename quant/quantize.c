@@ -474,14 +474,16 @@ static enum llmq_status gptq_onto(struct run *r, const struct llmq_qtarget *t, c
     return llmq_gptq_gguf_quantize(name, W, r->H, R, C, t->type, imp, &go, r->blk, loss, NULL);
 }
 
-// Hands the result over (F32: the weights W themselves, converted by the writer) and decodes it into W; x >= 0:
-// expert x's linear k (no checkpoint: a moe run keeps none).
+// Hands the result over (F32: the weights W themselves, converted by the writer) and into the checkpoint, and
+// decodes it into W; x >= 0: expert x's linear k.
 static enum llmq_status hand_over(struct run *r, int l, int k, int64_t x, const struct llmq_qtarget *t,
                                   const struct llmq_qlinear *ql, int64_t R, int64_t C, float *W) {
     struct llmq_qpayload p = {.kind = t->kind, .codes = ql, .rows = r->blk, .w = W};
     enum llmq_status st = x >= 0 ? llmq_qwriter_put_expert(r->w, l, (enum llmq_linear)k, x, &p)
                                  : llmq_qwriter_put_linear(r->w, l, (enum llmq_linear)k, &p);
-    if (!st && r->ck && x < 0) st = llmq_ckpt_put_linear(r->ck, r->m, r->w, l, (enum llmq_linear)k, &p);
+    if (!st && r->ck)
+        st = x >= 0 ? llmq_ckpt_put_expert(r->ck, r->m, r->w, l, (enum llmq_linear)k, x, &p)
+                    : llmq_ckpt_put_linear(r->ck, r->m, r->w, l, (enum llmq_linear)k, &p);
     return st ? st : decode_result(r, t, ql, R, C, W);
 }
 
@@ -1271,7 +1273,7 @@ static enum llmq_status run_writer(const struct llmq_model *m, const struct llmq
     go.provenance = prov;
     go.report = &rep;
     if (go.n_threads < 1) go.n_threads = o->n_threads;
-    struct llmq_gguf_export_stream gs = {.sync_bytes = LLMQ_CKPT_STREAM_SYNC_BYTES, .step = stream_step};
+    struct llmq_gguf_export_stream gs = {.sync_bytes = llmq_ckpt_stream_sync_bytes(), .step = stream_step};
     if (o->checkpoint && !o->gguf.dry_run) { // the output streams into its checkpoint (quant/checkpoint.h)
         json_t *fp = llmq_ckpt_fingerprint(m, o, prov);
         st = llmq_ckpt_open_stream(o->out_dir, fp, o->resume, o->gguf.force, &ck, &gs.done, &gs.offset);
@@ -1351,10 +1353,6 @@ static enum llmq_status check_target(const struct llmq_model *m, const struct ll
 }
 
 enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct llmq_quantize_opts *o) {
-    if (m->hp.moe && o->resume)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "quantize: %s: --resume is not implemented yet for a mixture of experts (%s)", m->path,
-                           llmq_arch_name(m->hp.arch));
     if (m->hp.moe && o->imatrix_path && o->method != LLMQ_QMETHOD_RTN)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
                            "quantize: %s: --imatrix for a mixture of experts (%s) needs --method rtn (per-expert "
@@ -1662,13 +1660,16 @@ static enum llmq_status open_checkpoint(struct run *r, const json_t *prov, int64
                                          r->m->hp.n_layer, &r->ck, l0);
     json_decref(fp);
     if (st || *l0 == 0) return st;
-    st = llmq_ckpt_replay(r->ck, r->m, r->w, r->layers, &r->bits_total, r->have_calib ? r->x : NULL,
+    st = llmq_ckpt_replay(r->ck, r->m, r->w, r->layers, r->moe, &r->bits_total, r->have_calib ? r->x : NULL,
                           (r->xfp ? 2 : 1) * N * r->m->hp.n_embd); // GPTAQ: x_q, then x_fp
     double replayed = r->eta_other;
+    const int64_t nw = LLMQ_LIN_COUNT + (r->m->hp.moe ? 3 * r->m->hp.n_expert : 0);
     for (int64_t l = 0; l < *l0; l++)
-        for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
-            const struct llmq_tensor_view *v = r->m->layers[l].w[k];
-            replayed += cost_data(r, v->shape[0], v->shape[1]) + cost_solve(r, v->shape[0], v->shape[1]);
+        for (int64_t k = 0; k < nw; k++) { // as init_eta counts them
+            const struct llmq_tensor_view *v = block_weight(r->m, l, k);
+            if (!v) continue;
+            replayed += expert_share(r, k < LLMQ_LIN_COUNT ? -1 : 0) * cost_data(r, v->shape[0], v->shape[1]) +
+                        cost_solve(r, v->shape[0], v->shape[1]);
         }
     if (replayed < r->eta.total) llmq_eta_init(&r->eta, r->eta.total - replayed, llmq_now_s());
     r->eta_other = 0;
@@ -1708,12 +1709,9 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
     if ((st = begin_writer(&r, imat, cs.in ? &cs : NULL, prov, &gguf_rep))) goto done;
     init_eta(&r);
     int64_t l0 = 0;
-    if (o->checkpoint && m->hp.moe)
-        llmq_info("quantize: no checkpoint (OUT.partial): not implemented for a mixture of experts yet");
-    else if (o->checkpoint && (st = open_checkpoint(&r, prov, N, &l0)))
-        goto done;
+    if (o->checkpoint && (st = open_checkpoint(&r, prov, N, &l0))) goto done;
     for (int l = (int)l0; l < m->hp.n_layer && !st; l++) {
-        size_t row0 = json_array_size(r.layers);
+        size_t row0 = json_array_size(r.layers), moe0 = json_array_size(json_object_get(r.moe, "layers"));
         if (r.have_calib) {
             llmq_calib_stats_free(&r.s);
             if ((st = llmq_calib_stats_init(m, true, l, l + 1, &r.s))) break;
@@ -1728,7 +1726,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         }
         if (!st && r.gemm_st) st = r.gemm_st;
         if (!st && r.ck)
-            st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.have_calib ? r.x : NULL,
+            st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.moe, moe0, r.have_calib ? r.x : NULL,
                                         (r.xfp ? 2 : 1) * N * D);
         for (int64_t k = 0; !st && k < LLMQ_LIN_COUNT + (m->hp.moe ? 3 * m->hp.n_expert : 0); k++) {
             const struct llmq_tensor_view *v = block_weight(m, l, k); // done: release their file pages

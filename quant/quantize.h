@@ -114,8 +114,10 @@
  *   Coverage: per block a log line and a row of the report's "moe" ({"calib", "token_floor", "fallback_rtn",
  *              "layers": [{"layer", "tokens_min", "tokens_median", "tokens_max", "under_floor", "routed"}]}), from the
  *              routing of the pass that gathered the gate/up inputs.
- *   Not for moe yet: the checkpoint (none is kept; --resume refused), --imatrix with a solver, --sensitivity
- *              measured.
+ *   Checkpoint and resume as for a dense model (see below): the block's files hold its experts' hand-overs and its
+ *              coverage rows (quant/checkpoint.h "EXPT", "JSON"); moe_calib_all and moe_token_floor are in the
+ *              fingerprint.
+ *   Not for moe yet: --imatrix with a solver, --sensitivity measured, --gptaq.
  *   Memory: an expert's f32 weights exist only while it is used: gptq holds each quantized expert as codes /
  *   encoded rows (exp_held) and the forward decodes it per product into one scratch (llmq_forward_set_expert_source);
  *   AWQ copies no expert (quant/awq.h "Mixture of experts"). The experts' XᵀX sums are mapped per block (E (D² + Fe²)

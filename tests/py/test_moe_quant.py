@@ -315,7 +315,7 @@ def test_floor_falls_back_to_rtn_and_all_has_no_fallback(llmq_bin, models):
 
 @pytest.mark.parametrize("flags", [["--method", "gptq", "--format", "gguf", "--gguf-type", "Q4_K_M", "--target-bpw",
                                     "5"],
-                                   ["--method", "gptq", "--format", "gptq", "--resume"]])
+                                   ["--method", "gptq", "--format", "gptq", "--gptaq"]])
 def test_not_implemented_refused(llmq_bin, models, flags):
     out = models / "refused"
     r = run([llmq_bin, "quantize", "--model", models / "tiny-qmoe", "--out", out, *flags, *CALIB], check=False)

@@ -105,7 +105,16 @@ enum llmq_status llmq_ops_upload(struct llmq_ops *ops, const struct llmq_ops_buf
 enum llmq_status llmq_ops_download(struct llmq_ops *ops, float *dst, const struct llmq_ops_buf *src, int64_t off,
                                    int64_t n);
 
+// The context's stream as a void * (a cudaStream_t: for kernels/gemm.h llmq_gemm_dev_init, so that products and ops
+// queue in order); NULL on the CPU.
+void *llmq_ops_stream(const struct llmq_ops *ops);
+
 // ---- the ops (every buffer on the context's backend, at least as large as its shape)
+
+// y (n, C): every row = row (C), an exact copy (the bias rows that a linear with beta 1 then accumulates into, as
+// calib/model/forward.c qkv_project). y must not overlap row.
+enum llmq_status llmq_ops_repeat_rows(struct llmq_ops *ops, const struct llmq_ops_buf *row,
+                                      const struct llmq_ops_buf *y, int64_t n, int64_t C);
 
 // y (n, D) = RMSNorm(x) · w row by row, as calib/model/forward.c rms_worker: sum of (x_i · x_i rounded to f32)
 // in double, mean = (f32)(sum / D), scale = 1 / sqrtf(mean + eps), y_i = (x_i · scale) · w_i; with one_plus_w
@@ -175,5 +184,7 @@ enum llmq_status llmq_ops_cuda_attention(struct llmq_ops_cuda *c, const struct l
 enum llmq_status llmq_ops_cuda_swiglu(struct llmq_ops_cuda *c, const float *gate, const float *up, float *out,
                                       int64_t n);
 enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x, const float *y, int64_t n);
+enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n, int64_t C);
+void *llmq_ops_cuda_stream(struct llmq_ops_cuda *c);
 
 #endif // LLMQ_KERNELS_OPS_H

@@ -8,6 +8,8 @@
  * forward pass (tests/unit/test_ops.c runs a whole block both ways and compares them bit for bit).
  * LLMQ_BACKEND_CUDA runs own kernels (kernels/ops_cuda.cu) on device buffers (device 0, one stream per
  * context); tests/gpu/test_ops_cuda.c compares each with the CPU reference at the tolerances stated below.
+ * kernels/block.h runs a whole llama-family block on these ops (with the linears through kernels/gemm.h's
+ * device-pointer products).
  * What it is not (yet): NOT wired into calib/model/forward.c — the forward pass still runs these steps on the
  * CPU with its own copies of them; making forward.c call this module (CPU path first, bit for bit, then the
  * CUDA path with the linears through cuBLAS on device buffers) is the next step. No linears here, no pinned

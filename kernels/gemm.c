@@ -132,4 +132,75 @@ enum llmq_status llmq_syrk_cuda_f32(int64_t N, int64_t K, float alpha, const flo
     return no_cuda("syrk_f32");
 }
 void llmq_gemm_cuda_release(void) {}
+enum llmq_status llmq_gemm_dev_cuda_init(void *stream, void **handle) {
+    (void)stream;
+    *handle = NULL;
+    return no_cuda("gemm_dev");
+}
+void llmq_gemm_dev_cuda_free(void *handle) { (void)handle; }
+enum llmq_status llmq_gemm_dev_cuda_f32(void *handle, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                        float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                                        float beta, float *C, int64_t ldc) {
+    (void)handle, (void)transA, (void)transB, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B;
+    (void)ldb, (void)beta, (void)C, (void)ldc;
+    return no_cuda("gemm_dev_f32");
+}
+enum llmq_status llmq_syrk_dev_cuda_f32(void *handle, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                                        float beta, float *C, int64_t ldc) {
+    (void)handle, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)beta, (void)C, (void)ldc;
+    return no_cuda("syrk_dev_f32");
+}
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// Products on operands where the backend computes (llmq_gemm_dev)
+// ---------------------------------------------------------------------------------------------
+
+struct llmq_gemm_dev {
+    enum llmq_backend be;
+    void *handle; // CUDA: the cublasHandle_t bound to the stream; NULL on the CPU
+};
+
+enum llmq_status llmq_gemm_dev_init(enum llmq_backend be, void *stream, struct llmq_gemm_dev **out) {
+    *out = NULL;
+    if (be != LLMQ_BACKEND_CPU && be != LLMQ_BACKEND_CUDA)
+        return llmq_errorf(LLMQ_ERR_ARG, "gemm_dev: unknown backend %d", (int)be);
+    struct llmq_gemm_dev *g = calloc(1, sizeof *g);
+    if (!g) return llmq_errorf(LLMQ_ERR_NOMEM, "gemm_dev: out of memory");
+    g->be = be;
+    if (be == LLMQ_BACKEND_CUDA) {
+        enum llmq_status st = llmq_gemm_dev_cuda_init(stream, &g->handle);
+        if (st) {
+            free(g);
+            return st;
+        }
+    }
+    *out = g;
+    return LLMQ_OK;
+}
+
+void llmq_gemm_dev_free(struct llmq_gemm_dev *g) {
+    if (!g) return;
+    if (g->handle) llmq_gemm_dev_cuda_free(g->handle);
+    free(g);
+}
+
+enum llmq_status llmq_gemm_dev_f32(struct llmq_gemm_dev *g, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                                   float *C, int64_t ldc) {
+    enum llmq_status st = check_gemm("gemm_dev_f32", transA, transB, M, N, K, lda, ldb, ldc);
+    if (st || M == 0 || N == 0) return st;
+    if (g->be == LLMQ_BACKEND_CUDA)
+        return llmq_gemm_dev_cuda_f32(g->handle, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return llmq_gemm_f32(LLMQ_BACKEND_CPU, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+enum llmq_status llmq_syrk_dev_f32(struct llmq_gemm_dev *g, int64_t N, int64_t K, float alpha, const float *A,
+                                   int64_t lda, float beta, float *C, int64_t ldc) {
+    if (g->be != LLMQ_BACKEND_CUDA) return llmq_syrk_f32_acc(LLMQ_BACKEND_CPU, N, K, alpha, A, lda, beta, C, ldc);
+    if (!fits_int(N) || !fits_int(K) || !fits_int(lda) || !fits_int(ldc) || lda < (N > 1 ? N : 1) ||
+        ldc < (N > 1 ? N : 1))
+        return llmq_errorf(LLMQ_ERR_ARG, "syrk_dev_f32: bad shape N %lld K %lld lda %lld ldc %lld", (long long)N,
+                           (long long)K, (long long)lda, (long long)ldc);
+    return N == 0 ? LLMQ_OK : llmq_syrk_dev_cuda_f32(g->handle, N, K, alpha, A, lda, beta, C, ldc);
+}

@@ -5,11 +5,11 @@
  * taking and returning HOST pointers. LLMQ_BACKEND_CPU is cblas (OpenBLAS, with whatever thread
  * count OpenBLAS is set to) and is the reference. LLMQ_BACKEND_CUDA copies the operands into
  * device buffers, runs cuBLAS and copies the result back, so a caller changes nothing but the
- * backend value. What it is not: no device-resident tensors, no fused ops, no TF32/bf16 — cuBLAS
- * runs in plain FP32/FP64 (CUBLAS_PEDANTIC_MATH: no tensor-core down-conversion), so the two
- * backends agree to float rounding (different summation order), not bit for bit. Reruns on the
- * same device, toolkit and inputs give the same bits (cuBLAS GEMM/SYRK use no atomics by default,
- * and llmq runs them on one stream).
+ * backend value (llmq_gemm_dev below takes operands already on the device instead). What it is
+ * not: no fused ops, no TF32/bf16 — cuBLAS runs in plain FP32/FP64 (CUBLAS_PEDANTIC_MATH: no tensor-core
+ * down-conversion), so the two backends agree to float rounding (different summation order), not bit for bit. Reruns on
+ * the same device, toolkit and inputs give the same bits (cuBLAS GEMM/SYRK use no atomics by default, and llmq runs
+ * them on one stream).
  *
  * Small products stay on the CPU: with the CUDA backend a call with M·N·K below the device
  * threshold (LLMQ_GEMM_CUDA_MIN_WORK = 2^24 multiply-adds, about 2 ms of single-thread BLAS; the
@@ -82,6 +82,27 @@ enum llmq_status llmq_gram_acc_f64(enum llmq_backend be, const float *X, int64_t
 // work is at or above the threshold); false means the CPU path (exactly LLMQ_BACKEND_CPU's bits).
 bool llmq_gemm_on_device(enum llmq_backend be, int64_t M, int64_t N, int64_t K);
 
+// ---- Products on operands that already live where the backend computes (kernels/block.h's linears) -------------
+// A context for products whose A, B and C are pointers on backend be: host memory for LLMQ_BACKEND_CPU (cblas, the
+// same call as llmq_gemm_f32's CPU path, so the same bits), device memory for LLMQ_BACKEND_CUDA (cuBLAS in plain
+// FP32, CUBLAS_PEDANTIC_MATH as above, queued on `stream`, a cudaStream_t passed as void *; NULL: the default
+// stream). Nothing is copied and nothing is allocated per call; there is no size threshold (the operands are
+// already on the device). On CUDA the calls return before the product is done: the stream's next synchronisation
+// (kernels/ops.h llmq_ops_sync / llmq_ops_download on the context that owns the stream) reports a failure of it.
+// One handle per context, bound to its stream, so that its workspace is never shared with work on another stream.
+// Not thread-safe: one caller at a time. NOT YET RUN ON A GPU (the CUDA half compiles; tests/gpu/test_block_cuda.c).
+struct llmq_gemm_dev;
+// *out = a context (NULL on error: LLMQ_ERR_DEVICE without CUDA / a device, or when cuBLAS fails to start).
+enum llmq_status llmq_gemm_dev_init(enum llmq_backend be, void *stream, struct llmq_gemm_dev **out);
+void llmq_gemm_dev_free(struct llmq_gemm_dev *g); // NULL is a no-op
+// As llmq_gemm_f32 (same legend, same checks and errors) on the context's pointers.
+enum llmq_status llmq_gemm_dev_f32(struct llmq_gemm_dev *g, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                                   float *C, int64_t ldc);
+// As llmq_syrk_f32_acc on the context's pointers (the upper triangle of row-major C; the strict lower one is left).
+enum llmq_status llmq_syrk_dev_f32(struct llmq_gemm_dev *g, int64_t N, int64_t K, float alpha, const float *A,
+                                   int64_t lda, float beta, float *C, int64_t ldc);
+
 // Frees the CUDA context's buffers, stream and handle (a later call makes them again). No-op
 // without CUDA or before the first device call.
 void llmq_gemm_cuda_release(void);
@@ -96,5 +117,14 @@ enum llmq_status llmq_gemm_cuda_f64(bool transA, bool transB, int64_t M, int64_t
                                     int64_t ldc);
 enum llmq_status llmq_syrk_cuda_f32(int64_t N, int64_t K, float alpha, const float *A, int64_t lda, float beta,
                                     float *C, int64_t ldc);
+
+// The device half of llmq_gemm_dev (a cublasHandle_t as void *); arguments checked by kernels/gemm.c.
+enum llmq_status llmq_gemm_dev_cuda_init(void *stream, void **handle);
+void llmq_gemm_dev_cuda_free(void *handle);
+enum llmq_status llmq_gemm_dev_cuda_f32(void *handle, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                        float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                                        float beta, float *C, int64_t ldc);
+enum llmq_status llmq_syrk_dev_cuda_f32(void *handle, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                                        float beta, float *C, int64_t ldc);
 
 #endif // LLMQ_KERNELS_GEMM_H

@@ -178,3 +178,48 @@ extern "C" void llmq_gemm_cuda_release(void) {
     }
     pthread_mutex_unlock(&g_mu);
 }
+
+// ---------------------------------------------------------------------------------------------
+// llmq_gemm_dev: operands already on the device, one handle per context bound to the caller's stream
+// ---------------------------------------------------------------------------------------------
+
+extern "C" enum llmq_status llmq_gemm_dev_cuda_init(void *stream, void **handle) {
+    *handle = NULL;
+    cublasHandle_t h = NULL;
+    enum llmq_status st = LLMQ_OK;
+    TRY_CUDA(cudaSetDevice(DEVICE));
+    TRY_CUBLAS(cublasCreate(&h));
+    TRY_CUBLAS(cublasSetStream(h, (cudaStream_t)stream));
+    TRY_CUBLAS(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH)); // plain FP32, as the host-pointer products
+    *handle = h;
+    return LLMQ_OK;
+done:
+    if (h) cublasDestroy(h);
+    return st;
+}
+
+extern "C" void llmq_gemm_dev_cuda_free(void *handle) {
+    if (handle) cublasDestroy((cublasHandle_t)handle);
+}
+
+// Row-major C (M, N) = alpha · op(A) · op(B) + beta · C as the column-major Cᵀ = op(B)ᵀ · op(A)ᵀ on the same bytes.
+extern "C" enum llmq_status llmq_gemm_dev_cuda_f32(void *handle, bool transA, bool transB, int64_t M, int64_t N,
+                                                   int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                                                   int64_t ldb, float beta, float *C, int64_t ldc) {
+    enum llmq_status st = LLMQ_OK;
+    TRY_CUBLAS(cublasSgemm((cublasHandle_t)handle, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           transA ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A, (int)lda,
+                           &beta, C, (int)ldc));
+done:
+    return st;
+}
+
+// As llmq_syrk_cuda_f32: the row-major upper triangle is cuBLAS's column-major lower one.
+extern "C" enum llmq_status llmq_syrk_dev_cuda_f32(void *handle, int64_t N, int64_t K, float alpha, const float *A,
+                                                   int64_t lda, float beta, float *C, int64_t ldc) {
+    enum llmq_status st = LLMQ_OK;
+    TRY_CUBLAS(cublasSsyrk((cublasHandle_t)handle, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, (int)N, (int)K, &alpha, A,
+                           (int)lda, &beta, C, (int)ldc));
+done:
+    return st;
+}

@@ -42,6 +42,10 @@ void llmq_ops_free(struct llmq_ops *ops) {
 
 enum llmq_backend llmq_ops_backend(const struct llmq_ops *ops) { return ops->be; }
 
+void *llmq_ops_stream(const struct llmq_ops *ops) {
+    return ops->be == LLMQ_BACKEND_CUDA ? llmq_ops_cuda_stream(ops->cuda) : NULL;
+}
+
 enum llmq_status llmq_ops_sync(struct llmq_ops *ops) {
     return ops->be == LLMQ_BACKEND_CUDA ? llmq_ops_cuda_sync(ops->cuda) : LLMQ_OK;
 }
@@ -357,5 +361,19 @@ enum llmq_status llmq_ops_add(struct llmq_ops *ops, const struct llmq_ops_buf *x
     float *a = x->data;
     const float *b = y->data;
     for (int64_t i = 0; i < n; i++) a[i] += b[i]; // forward.c add_inplace
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_ops_repeat_rows(struct llmq_ops *ops, const struct llmq_ops_buf *row,
+                                      const struct llmq_ops_buf *y, int64_t n, int64_t C) {
+    int64_t nc = 0;
+    if (n < 0 || C < 1 || !mul_ok(n, C, &nc) || !count_ok(nc))
+        return llmq_errorf(LLMQ_ERR_ARG, "ops repeat_rows: n %lld C %lld", (long long)n, (long long)C);
+    enum llmq_status st;
+    if ((st = check_buf(ops, "repeat_rows", "row", row, C)) || (st = check_buf(ops, "repeat_rows", "y", y, nc)) ||
+        n == 0)
+        return st;
+    if (ops->be == LLMQ_BACKEND_CUDA) return llmq_ops_cuda_repeat_rows(ops->cuda, row->data, y->data, n, C);
+    for (int64_t t = 0; t < n; t++) memcpy(y->data + t * C, row->data, (size_t)C * sizeof(float));
     return LLMQ_OK;
 }

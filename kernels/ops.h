@@ -8,6 +8,8 @@
  * forward pass (tests/unit/test_ops.c runs a whole block both ways and compares them bit for bit).
  * LLMQ_BACKEND_CUDA runs own kernels (kernels/ops_cuda.cu) on device buffers (device 0, one stream per
  * context); tests/gpu/test_ops_cuda.c compares each with the CPU reference at the tolerances stated below.
+ * kernels/block.h runs a whole llama-family block on these ops (with the linears through kernels/gemm.h's
+ * device-pointer products).
  * What it is not (yet): NOT wired into calib/model/forward.c — the forward pass still runs these steps on the
  * CPU with its own copies of them; making forward.c call this module (CPU path first, bit for bit, then the
  * CUDA path with the linears through cuBLAS on device buffers) is the next step. No linears here, no pinned
@@ -105,7 +107,16 @@ enum llmq_status llmq_ops_upload(struct llmq_ops *ops, const struct llmq_ops_buf
 enum llmq_status llmq_ops_download(struct llmq_ops *ops, float *dst, const struct llmq_ops_buf *src, int64_t off,
                                    int64_t n);
 
+// The context's stream as a void * (a cudaStream_t: for kernels/gemm.h llmq_gemm_dev_init, so that products and ops
+// queue in order); NULL on the CPU.
+void *llmq_ops_stream(const struct llmq_ops *ops);
+
 // ---- the ops (every buffer on the context's backend, at least as large as its shape)
+
+// y (n, C): every row = row (C), an exact copy (the bias rows that a linear with beta 1 then accumulates into, as
+// calib/model/forward.c qkv_project). y must not overlap row.
+enum llmq_status llmq_ops_repeat_rows(struct llmq_ops *ops, const struct llmq_ops_buf *row,
+                                      const struct llmq_ops_buf *y, int64_t n, int64_t C);
 
 // y (n, D) = RMSNorm(x) · w row by row, as calib/model/forward.c rms_worker: sum of (x_i · x_i rounded to f32)
 // in double, mean = (f32)(sum / D), scale = 1 / sqrtf(mean + eps), y_i = (x_i · scale) · w_i; with one_plus_w
@@ -175,5 +186,7 @@ enum llmq_status llmq_ops_cuda_attention(struct llmq_ops_cuda *c, const struct l
 enum llmq_status llmq_ops_cuda_swiglu(struct llmq_ops_cuda *c, const float *gate, const float *up, float *out,
                                       int64_t n);
 enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x, const float *y, int64_t n);
+enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n, int64_t C);
+void *llmq_ops_cuda_stream(struct llmq_ops_cuda *c);
 
 #endif // LLMQ_KERNELS_OPS_H

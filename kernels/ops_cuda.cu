@@ -114,6 +114,11 @@ __global__ void add_kernel(float *x, const float *y, int64_t n) {
         x[i] = __fadd_rn(x[i], y[i]);
 }
 
+__global__ void repeat_rows_kernel(const float *row, float *y, int64_t n, int64_t C) {
+    for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n * C; i += (int64_t)gridDim.x * THREADS)
+        y[i] = row[i % C];
+}
+
 // The first key query position t sees.
 __device__ static int64_t key_lo(int64_t t, int64_t window) {
     return window > 0 && t + 1 > window ? t + 1 - window : 0;
@@ -299,3 +304,11 @@ extern "C" enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x,
     add_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(x, y, n);
     return CU(cudaGetLastError());
 }
+
+extern "C" enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n,
+                                                      int64_t C) {
+    repeat_rows_kernel<<<blocks_for(n * C), THREADS, 0, c->stream>>>(row, y, n, C);
+    return CU(cudaGetLastError());
+}
+
+extern "C" void *llmq_ops_cuda_stream(struct llmq_ops_cuda *c) { return (void *)c->stream; }

@@ -51,6 +51,14 @@ enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x, const floa
     (void)c, (void)x, (void)y, (void)n;
     return no_cuda("add");
 }
+enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n, int64_t C) {
+    (void)c, (void)row, (void)y, (void)n, (void)C;
+    return no_cuda("repeat_rows");
+}
+void *llmq_ops_cuda_stream(struct llmq_ops_cuda *c) {
+    (void)c;
+    return NULL;
+}
 #else
 typedef int llmq_ops_cuda_stub_unused; // ISO C: a translation unit is not empty
 #endif

@@ -13,6 +13,7 @@
 
 #include "common/io.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 #include "util.h"
 
 #define TEST_SKIP 77
@@ -64,6 +65,13 @@ static inline void test_need_file(const char *path) {
         fprintf(stderr, "%s is missing (set LLMQ_DATA)\n", path);
         exit(1);
     }
+}
+// A gpu-labelled test without a usable CUDA device: exits 77 (ctest's skip), saying why.
+static inline void test_need_cuda(void) {
+    const char *why = NULL;
+    if (llmq_cuda_device_count(&why) > 0) return;
+    fprintf(stderr, "skipped: no CUDA device (%s)\n", why ? why : "?");
+    exit(TEST_SKIP);
 }
 // `dir`/`name` in one of 8 rotating static buffers (valid until 8 more calls): a test's temp-file names.
 static inline char *test_path(const char *dir, const char *name) {

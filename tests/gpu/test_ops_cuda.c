@@ -198,11 +198,7 @@ static void test_buffers(void) {
 }
 
 int main(void) {
-    const char *why = NULL;
-    if (llmq_cuda_device_count(&why) == 0) {
-        fprintf(stderr, "skipped: no CUDA device (%s)\n", why ? why : "?");
-        return TEST_SKIP;
-    }
+    test_need_cuda();
     openblas_set_num_threads(1);
     CHECK_OK(llmq_ops_init(LLMQ_BACKEND_CPU, &cpu));
     CHECK_OK(llmq_ops_init(LLMQ_BACKEND_CUDA, &gpu));

@@ -1,0 +1,93 @@
+// calib/model/devblock.c — calib/model/devblock.h: a model's block shape and weight sets for kernels/block.h.
+#include "calib/model/devblock.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(LLMQ_BLOCK_WQ == (int)LLMQ_LIN_Q && LLMQ_BLOCK_WO == (int)LLMQ_LIN_O &&
+                   LLMQ_BLOCK_WDOWN == (int)LLMQ_LIN_DOWN && LLMQ_BLOCK_WDOWN + 1 == (int)LLMQ_LIN_COUNT,
+               "kernels/block.h's linears follow enum llmq_linear");
+
+enum llmq_status llmq_devblock_shape(const struct llmq_model *m, float *ff, struct llmq_block_shape *s) {
+    const struct llmq_hparams *hp = &m->hp;
+    const enum llmq_arch a = hp->arch;
+    if (a != LLMQ_ARCH_LLAMA && a != LLMQ_ARCH_MISTRAL && a != LLMQ_ARCH_QWEN2 && a != LLMQ_ARCH_QWEN3)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: the backend block forward covers llama, mistral, qwen2 and "
+                           "qwen3, not %s",
+                           m->path ? m->path : "model", llmq_arch_name(a));
+    const char *what = hp->attn_softcap > 0.0f                             ? "an attention softcap"
+                       : llmq_hparams_layer_swa(hp, 0)                     ? "a sliding window"
+                       : hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR ? "linear RoPE scaling"
+                       : hp->attn_bias                                     ? "attention biases"
+                       : hp->gemma || hp->moe                              ? "a gemma or moe block"
+                                                                           : NULL;
+    if (what)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: the backend block forward has no %s", m->path ? m->path : "model",
+                           what);
+    llmq_model_rope_freq_factors(m, ff);
+    *s = (struct llmq_block_shape){.n_embd = hp->n_embd,
+                                   .n_ff = hp->n_ff,
+                                   .n_head = hp->n_head,
+                                   .n_head_kv = hp->n_head_kv,
+                                   .head_dim = hp->head_dim,
+                                   .rms_eps = hp->rms_eps,
+                                   .attn_scale = 1.0f / sqrtf((float)hp->head_dim), // forward.c attn_worker
+                                   .rope_neox = hp->rope_type == LLMQ_ROPE_NEOX,
+                                   .rope_theta = hp->rope_theta,
+                                   .rope_ff = ff,
+                                   .qkv_bias = hp->qkv_bias,
+                                   .qk_norm = hp->qk_norm};
+    return LLMQ_OK;
+}
+
+// The view of ly that holds block weight w.
+static const struct llmq_tensor_view *view_of(const struct llmq_layer *ly, enum llmq_block_weight w) {
+    switch (w) {
+    case LLMQ_BLOCK_ATTN_NORM: return ly->attn_norm;
+    case LLMQ_BLOCK_FFN_NORM: return ly->ffn_norm;
+    case LLMQ_BLOCK_BQ: return ly->bq;
+    case LLMQ_BLOCK_BK: return ly->bk;
+    case LLMQ_BLOCK_BV: return ly->bv;
+    case LLMQ_BLOCK_Q_NORM: return ly->q_norm;
+    case LLMQ_BLOCK_K_NORM: return ly->k_norm;
+    default: return (int)w < LLMQ_LIN_COUNT ? ly->w[w] : NULL;
+    }
+}
+
+static const char *const names[LLMQ_BLOCK_WEIGHT_COUNT] = {
+    "wq", "wk", "wv", "wo", "wgate", "wup", "wdown", "attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm"};
+
+enum llmq_status llmq_devblock_load(struct llmq_block *b, const struct llmq_layer *ly, int n_threads) {
+    int64_t big = 0;
+    for (int i = 0; i < LLMQ_BLOCK_WEIGHT_COUNT; i++) {
+        const int64_t n = llmq_block_weight_size(b, (enum llmq_block_weight)i);
+        const struct llmq_tensor_view *v = view_of(ly, (enum llmq_block_weight)i);
+        if (n == 0) continue;
+        if (!v || llmq_tensor_nelements(v) != n)
+            return llmq_errorf(LLMQ_ERR_ARG, "block weight %s (%s): %lld elements, the block needs %lld", names[i],
+                               v && v->name ? v->name : "missing", v ? (long long)llmq_tensor_nelements(v) : 0LL,
+                               (long long)n);
+        if (n > big) big = n;
+    }
+    float *scratch = NULL;
+    enum llmq_status st = LLMQ_OK;
+    for (int i = 0; i < LLMQ_BLOCK_WEIGHT_COUNT && !st; i++) {
+        const enum llmq_block_weight w = (enum llmq_block_weight)i;
+        const struct llmq_tensor_view *v = view_of(ly, w);
+        if (llmq_block_weight_size(b, w) == 0) continue;
+        if (v->dtype == LLMQ_DTYPE_F32 && (uintptr_t)v->data % sizeof(float) == 0) {
+            st = llmq_block_set_weight(b, w, (const float *)v->data);
+            continue;
+        }
+        if (!scratch && !(scratch = malloc((size_t)big * sizeof(float)))) {
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "block weights: out of memory for %lld floats", (long long)big);
+            break;
+        }
+        st = llmq_model_weight_f32(v, scratch, n_threads);
+        if (!st) st = llmq_block_set_weight(b, w, scratch);
+    }
+    free(scratch);
+    return st;
+}

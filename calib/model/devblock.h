@@ -1,0 +1,28 @@
+/*
+ * calib/model/devblock.h — a model's decoder block as a kernels/block.h block: the shape from the hyper-parameters,
+ * the weights of a weight set (struct llmq_layer) converted to f32 and uploaded.
+ *
+ * What it is: the bridge between calib/model/model.h and the backend block forward, for the families that block
+ * covers (llama, mistral, qwen2, qwen3). What it is not: not used by the calibration or quantize pipeline yet
+ * (only tests/unit/test_block.c calls it; the pipeline still runs calib/model/forward.c). The CUDA block behind it
+ * has never run on a GPU (kernels/block.h).
+ */
+#ifndef LLMQ_CALIB_DEVBLOCK_H
+#define LLMQ_CALIB_DEVBLOCK_H
+
+#include "calib/model/model.h"
+#include "common/status.h"
+#include "kernels/block.h"
+
+// s = the block shape of m (every block of a model has the same one), its rope_ff pointing at ff (Dh/2, the
+// caller's; llmq_block_init copies it). LLMQ_ERR_UNSUPPORTED, naming the family or the feature, for anything but
+// llama / mistral / qwen2 / qwen3 without sliding window, attention softcap or linear RoPE scaling.
+enum llmq_status llmq_devblock_shape(const struct llmq_model *m, float *ff, struct llmq_block_shape *s);
+
+// Uploads every weight of the weight set ly (shapes as the model's blocks) into b, converting a weight that is not
+// f32 on n_threads threads into a scratch allocated for the call (an f32 weight is uploaded from its view in
+// place). LLMQ_ERR_ARG for a missing weight or one whose size differs from the block's (named); the conversion's
+// errors (LLMQ_ERR_UNSUPPORTED); LLMQ_ERR_NOMEM; the upload's.
+enum llmq_status llmq_devblock_load(struct llmq_block *b, const struct llmq_layer *ly, int n_threads);
+
+#endif // LLMQ_CALIB_DEVBLOCK_H

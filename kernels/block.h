@@ -1,0 +1,136 @@
+/*
+ * kernels/block.h — one decoder block of the plain LLaMA family (llama, mistral, qwen2 with q/k/v biases, qwen3 with
+ * q/k norms) run where a backend computes, its weights uploaded once and its activations kept there across passes.
+ *
+ * What it computes (calib/model/forward.h's block for those families, with no emulation mode), on x (T, D) in place:
+ *     xn = RMSNorm(x) · attn_norm;  q, k, v = Wq·xn (+ bq), Wk·xn (+ bk), Wv·xn (+ bv);  qwen3: q, k = per-head
+ *     RMSNorm · q_norm / k_norm;  q, k = RoPE(q), RoPE(k);  att = causal GQA attention;  x += Wo·att;
+ *     xn = RMSNorm(x) · ffn_norm;  x += Wdown · (SiLU(Wgate·xn) · (Wup·xn)).
+ * Linears go through kernels/gemm.h llmq_gemm_dev_f32 (the same cblas call as forward.c on the CPU; cuBLAS in plain
+ * FP32 on device pointers on CUDA), the rest through kernels/ops.h, all on one ops context (one stream on CUDA).
+ * Optionally (gram) the block also accumulates XᵀX of the four linear inputs (the calibration Hessians: q/k/v's,
+ * o's, gate/up's and down's) in float64 where it computes (see "Gram matrices").
+ * What it is not (yet): NOT wired into the calibration or quantize pipeline (calib/model/devblock.h fills a block
+ * from a model, nothing calls it outside the tests); no gemma, phi3, moe, sliding window, softcap, linear RoPE
+ * scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging or prefetch of
+ * the next block's weights; FP32 only (no BF16 / TF32: issue 17 asks for each to be measured first).
+ *
+ * Agreement:
+ *   LLMQ_BACKEND_CPU gives the SAME BITS as llmq_forward_block (calib/model/forward.c, n_threads 1, OpenBLAS on one
+ *   thread as inside a forward pass): the same cblas_sgemm calls, the same op code paths (kernels/ops.c is written
+ *   as forward.c). tests/unit/test_block.c checks it on random tiny llama / qwen2 / qwen3 shaped models.
+ *   LLMQ_BACKEND_CUDA differs by float rounding: tests/gpu/test_block_cuda.c compares it with the CPU block at the
+ *   first-order bound of tests/block_tolerance.h (the per-op bounds of kernels/ops.h propagated through the block).
+ * NOTHING OF THE CUDA HALF HAS RUN ON A GPU YET: it compiles and links (-DLLMQ_CUDA=ON) and its test skips without
+ * a device. Until tests/gpu/test_block_cuda.c has passed on one, treat it as unverified.
+ *
+ * Residency: llmq_block_init allocates everything once — the weights (D·(Dq + 2 Dkv) + Dq·D + 3 D·F floats plus the
+ * norms and biases), the activations for max_tokens tokens (T·(2 D + 2 Dq + 2 Dkv + 2 F) floats: the caller picks
+ * max_tokens to fit, e.g. 16 sequences of 2048 for an 8B shape is 2.6 GiB), the RoPE tables for max_seqlen
+ * positions (computed on the host once) and, with gram, the Gram matrices; a forward pass allocates nothing (the
+ * CPU attention's score scratch, kernels/ops.h, grows once to the longest sequence). Weights stay until replaced by
+ * llmq_block_set_weight (e.g. a solved linear before the next pass); x is the caller's buffer on the block's
+ * backend (llmq_ops_buf_alloc on llmq_block_ops), so it stays on the device across passes and blocks.
+ * Asynchrony (CUDA): set_weight copies from pageable memory (staged before it returns) and the forward pass queues
+ * its work; llmq_ops_sync / llmq_ops_download on llmq_block_ops(b) wait for it and report a failed kernel.
+ *
+ * Gram matrices (gram = true at init): llmq_block_forward(..., accumulate = true) adds, for each of the four
+ * inputs X (T, C) (C = D, Dq, D, F), XᵀX to the upper triangle of a float64 (C, C) sum kept where the block
+ * computes, exactly as kernels/gemm.h llmq_gram_acc_f64 does it: micro-batches of LLMQ_GRAM_MICRO_BATCH rows
+ * multiplied in f32, summed in f64. Why f32 products and f64 sums: it is the CPU calibration's arithmetic, so the
+ * CPU backend gives the calibration's bits (it calls llmq_gram_acc_f64 itself), and on the device the f32 error of
+ * one micro-batch (at most 256 u relative to Σ|x_i x_j|) does not grow with the token count (an f32 sum over
+ * 128 × 2048 tokens could lose up to N u ≈ 1.6% in the worst case; the f64 sums add about 2^-53 per batch). The
+ * device computes a whole micro-batch as one SYRK into a (C, C) f32 scratch (no column tiles: an 8B model's down
+ * input makes it 0.8 GiB), so for C > LLMQ_GRAM_TILE_FROM its f32 products are summed in another order than the
+ * CPU's tiled GEMMs: within the same bound, not the same bits. llmq_block_gram_download copies one sum to the host
+ * (once per block); llmq_block_gram_zero clears all four.
+ *
+ * Errors (each logged once): LLMQ_ERR_ARG for a bad shape, a weight not loaded (named), T > max_tokens or seqlen >
+ * max_seqlen, x too small or on another backend; LLMQ_ERR_DEVICE when CUDA is missing or fails; LLMQ_ERR_NOMEM.
+ * A block is not thread-safe.
+ *
+ * Legend: T tokens (n_seq sequences of seqlen, back to back, each from position 0), D n_embd, F n_ff, H / Hkv
+ * heads, Dh head_dim, Dq = H·Dh, Dkv = Hkv·Dh. Weights row-major f32, W[out, in].
+ */
+#ifndef LLMQ_KERNELS_BLOCK_H
+#define LLMQ_KERNELS_BLOCK_H
+
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+// The block's weights. The seven linears come first, in the order of formats/llama/arch.h enum llmq_linear.
+enum llmq_block_weight {
+    LLMQ_BLOCK_WQ,        // (Dq, D)
+    LLMQ_BLOCK_WK,        // (Dkv, D)
+    LLMQ_BLOCK_WV,        // (Dkv, D)
+    LLMQ_BLOCK_WO,        // (D, Dq)
+    LLMQ_BLOCK_WGATE,     // (F, D)
+    LLMQ_BLOCK_WUP,       // (F, D)
+    LLMQ_BLOCK_WDOWN,     // (D, F)
+    LLMQ_BLOCK_ATTN_NORM, // (D)
+    LLMQ_BLOCK_FFN_NORM,  // (D)
+    LLMQ_BLOCK_BQ,        // (Dq)  qkv_bias only
+    LLMQ_BLOCK_BK,        // (Dkv) qkv_bias only
+    LLMQ_BLOCK_BV,        // (Dkv) qkv_bias only
+    LLMQ_BLOCK_Q_NORM,    // (Dh)  qk_norm only
+    LLMQ_BLOCK_K_NORM,    // (Dh)  qk_norm only
+    LLMQ_BLOCK_WEIGHT_COUNT
+};
+
+// The Gram matrices: the inputs of q/k/v, o, gate/up, down (formats/llama/arch.h's LLMQ_LIN_Q, O, GATE, DOWN).
+enum llmq_block_gram { LLMQ_BLOCK_GRAM_QKV, LLMQ_BLOCK_GRAM_O, LLMQ_BLOCK_GRAM_GATE, LLMQ_BLOCK_GRAM_DOWN };
+#define LLMQ_BLOCK_GRAM_COUNT 4
+
+struct llmq_block_shape {
+    int64_t n_embd, n_ff, n_head, n_head_kv, head_dim; // D, F, H, Hkv, Dh (Dh even)
+    float rms_eps;
+    float attn_scale;     // scores · attn_scale (1/sqrtf(Dh))
+    bool rope_neox;       // pairs (i, i + Dh/2); false: (2i, 2i+1)
+    float rope_theta;     // RoPE base
+    const float *rope_ff; // (Dh/2) frequency divisors (llama3 scaling; all 1 otherwise); copied by init
+    bool qkv_bias;        // qwen2: q, k, v biases
+    bool qk_norm;         // qwen3: per-head RMSNorm of q and k before RoPE (eps rms_eps)
+};
+
+struct llmq_block;
+
+// A block for sequences of at most max_seqlen tokens and passes of at most max_tokens tokens on backend be (CUDA:
+// device 0), with the Gram sums when gram. *out = NULL on error.
+enum llmq_status llmq_block_init(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens,
+                                 int64_t max_seqlen, bool gram, struct llmq_block **out);
+void llmq_block_free(struct llmq_block *b); // NULL is a no-op
+
+// The block's ops context: allocate x there (llmq_ops_buf_alloc), upload / download it, wait for the block's work.
+struct llmq_ops *llmq_block_ops(struct llmq_block *b);
+
+// Floats of weight w for the block's shape (0 for a bias or q/k norm the shape does not have).
+int64_t llmq_block_weight_size(const struct llmq_block *b, enum llmq_block_weight w);
+
+// Uploads weight w from host (llmq_block_weight_size floats, row-major f32): kept until replaced. LLMQ_ERR_ARG for a
+// weight the shape does not have.
+enum llmq_status llmq_block_set_weight(struct llmq_block *b, enum llmq_block_weight w, const float *host);
+
+// Runs the block in place on x (n_seq · seqlen, D), a buffer on the block's backend. accumulate (gram blocks
+// only): also adds the four inputs' XᵀX to the Gram sums.
+enum llmq_status llmq_block_forward(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                    bool accumulate);
+
+// The width C of Gram matrix g (D, Dq, D, F).
+int64_t llmq_block_gram_dim(const struct llmq_block *b, enum llmq_block_gram g);
+// acc (C, C) f64 on the host += the block's sum g, upper triangle (j >= i) only (the strict lower triangle is left).
+// Waits for the block's work. LLMQ_ERR_ARG on a block without gram.
+enum llmq_status llmq_block_gram_download(struct llmq_block *b, enum llmq_block_gram g, double *acc);
+// Zeroes the four sums (upper triangles; the lower ones are never read).
+enum llmq_status llmq_block_gram_zero(struct llmq_block *b);
+
+// ---- internal: the device half of the Gram sums (kernels/block_cuda.cu; kernels/block_cuda_stub.c without CUDA)
+// acc (C, C) f64 += scratch (C, C) f32 on the upper triangle, queued on stream; zero: acc = 0 (n doubles).
+enum llmq_status llmq_block_cuda_acc_upper(void *stream, double *acc, const float *scratch, int64_t C);
+enum llmq_status llmq_block_cuda_zero(void *stream, double *acc, int64_t n);
+
+#endif // LLMQ_KERNELS_BLOCK_H

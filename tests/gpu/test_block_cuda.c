@@ -1,0 +1,152 @@
+/*
+ * tests/gpu/test_block_cuda.c — kernels/block.h on CUDA against the CPU block (label gpu; exits 77 = skipped
+ * without CUDA or a device). Random llama / qwen2 / qwen3 shaped blocks (tests/block_fixture.h), seeded inputs,
+ * several sequences with partial attention tiles, the first mismatches printed, exit 1 on any.
+ * NEVER RUN ON A GPU YET (written and compiled on a machine without one).
+ *
+ * Tolerances:
+ *   Block output: |gpu - cpu| <= 2 · bound, bound from tests/block_tolerance.h (the first-order bound on ONE FP32
+ *     implementation's error against the float64 block; tests/unit/test_block.c checks the CPU block against float64
+ *     with it): two implementations, each within it. Every layer starts both sides from the same x (the CPU's
+ *     output of the layer before, uploaded), so the bound never has to cover an input difference.
+ *   Rerun: the device block on the same input twice gives the same bits (cuBLAS without atomics, the kernels with a
+ *     fixed reduction order, one stream).
+ *   Gram sum of q/k/v's input: |gpu - cpu| <= (2 γ(256) + 20 u) · sqrt(G_ii G_jj) + 1e-12 |G_ij| (u = 2^-24): both
+ *     sides normalise the same x (kernels/ops.h: within 5 FLT_EPSILON = 10 u of each other, so a product x_i x_j
+ *     within 20 u), each multiplies a micro-batch of 256 rows in f32 (γ(256) of Σ_t |x_ti x_tj| each, in any
+ *     order), and Σ_t |x_ti x_tj| <= sqrt(G_ii G_jj) (Cauchy-Schwarz on the CPU's diagonal); the f64 sums over the
+ *     batches add under 2^-53 each (the 1e-12 term).
+ *   Gram sums of o's, gate's and down's inputs: those inputs already differ by the propagated block error, which
+ *     has no element-wise relative bound (cancellation), so they are compared at 1e-3 · sqrt(G_ii G_jj): a SMOKE
+ *     CHECK (a wrong input or a lost micro-batch is O(1) off), NOT a derived tolerance.
+ */
+#include "harness.h"
+
+#include "block_fixture.h"
+#include "block_tolerance.h"
+
+#include "common/log.h"
+#include "kernels/backend.h"
+#include "kernels/block.h"
+
+#include <cblas.h>
+#include <float.h>
+#include <math.h>
+
+static uint64_t rng = 0x452821E638D01377ull;
+static int failures;
+
+static float *host(int64_t n) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    CHECK(p);
+    return p;
+}
+
+// One Gram sum, gpu vs cpu (C, C) upper triangles, at rel · sqrt(G_ii G_jj) + 1e-12 |G_ij|.
+static void compare_gram(const char *label, const double *g, const double *c, int64_t C, double rel) {
+    int64_t bad = 0;
+    double worst = 0.0;
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = i; j < C; j++) {
+            const double ref = c[i * C + j], e = fabs(g[i * C + j] - ref);
+            const double tol = rel * sqrt(fabs(c[i * C + i] * c[j * C + j])) + 1e-12 * fabs(ref) + 1e-30;
+            if (e / tol > worst || isnan(e)) worst = isnan(e) ? INFINITY : e / tol;
+            if (!(e <= tol) && bad++ < 5)
+                fprintf(stderr, "%s: (%lld, %lld): gpu %.17g cpu %.17g (tol %.3g)\n", label, (long long)i, (long long)j,
+                        g[i * C + j], ref, tol);
+        }
+    printf("%-64s %s: max |gpu - cpu| / tol %.3g\n", label, bad ? "FAIL" : "ok", worst);
+    if (bad) failures++;
+}
+
+// Every layer of fm: the CUDA and CPU blocks from the same x, n_seq sequences of S tokens, then the Gram sums.
+static void check_family(struct fix_model *fm, const char *name, int64_t n_seq, int64_t S) {
+    const struct llmq_block_shape *s = &fm->s;
+    const int64_t D = s->n_embd, n = n_seq * S;
+    struct llmq_block *cb = NULL, *gb = NULL;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, s, n, S, true, &cb));
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CUDA, s, n, S, true, &gb));
+    struct llmq_ops *gops = llmq_block_ops(gb);
+    struct llmq_ops_buf cx, gx;
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(cb), n * D, &cx));
+    CHECK_OK(llmq_ops_buf_alloc(gops, n * D, &gx));
+    float *x = host(n * D), *g = host(n * D), *g2 = host(n * D);
+    double *ex = malloc((size_t)(n * D) * sizeof(double)), *bd = malloc((size_t)(n * D) * sizeof(double));
+    CHECK(ex && bd);
+    for (int64_t i = 0; i < n * D; i++) x[i] = 2.0f * test_frand(&rng);
+    char label[160];
+    for (int l = 0; l < fm->n_layer; l++) {
+        fix_load(fm, l, cb);
+        fix_load(fm, l, gb);
+        CHECK_OK(llmq_block_gram_zero(cb));
+        CHECK_OK(llmq_block_gram_zero(gb));
+        CHECK(block_tol_reference(s, (const float *const *)fm->w[l], x, n_seq, S, ex, bd) == 0);
+        memcpy(cx.data, x, (size_t)(n * D) * sizeof(float));
+        CHECK_OK(llmq_ops_upload(gops, &gx, 0, x, n * D));
+        CHECK_OK(llmq_block_forward(cb, &cx, n_seq, S, true));
+        CHECK_OK(llmq_block_forward(gb, &gx, n_seq, S, true));
+        CHECK_OK(llmq_ops_download(gops, g, &gx, 0, n * D));
+        CHECK_OK(llmq_ops_upload(gops, &gx, 0, x, n * D)); // the same input again: the same bits
+        CHECK_OK(llmq_block_forward(gb, &gx, n_seq, S, false));
+        CHECK_OK(llmq_ops_download(gops, g2, &gx, 0, n * D));
+        for (int64_t i = 0; i < n * D; i++) ex[i] = cx.data[i]; // the oracle is the CPU block; the bound stays
+        double worst = 0.0;
+        snprintf(label, sizeof label, "%s layer %d, %lldx%lld tokens", name, l, (long long)n_seq, (long long)S);
+        const int64_t bad = block_tol_outside_scaled(label, g, ex, bd, 2.0, n * D, &worst);
+        const bool same = memcmp(g, g2, (size_t)(n * D) * sizeof(float)) == 0;
+        printf("%-64s %s: max |gpu - cpu| / (2 bound) %.3g, %lld outside, rerun %s\n", label,
+               bad || !same ? "FAIL" : "ok", worst, (long long)bad, same ? "bit-identical" : "DIFFERS");
+        if (bad || !same) failures++;
+        for (int k = 0; k < LLMQ_BLOCK_GRAM_COUNT; k++) {
+            const int64_t C = llmq_block_gram_dim(cb, (enum llmq_block_gram)k);
+            double *gc = calloc((size_t)(C * C), sizeof(double)), *gg = calloc((size_t)(C * C), sizeof(double));
+            CHECK(gc && gg);
+            CHECK_OK(llmq_block_gram_download(cb, (enum llmq_block_gram)k, gc));
+            CHECK_OK(llmq_block_gram_download(gb, (enum llmq_block_gram)k, gg));
+            static const char *const gname[] = {"q/k/v", "o", "gate/up", "down"};
+            snprintf(label, sizeof label, "%s layer %d Gram sum of %s's input (C %lld)%s", name, l, gname[k],
+                     (long long)C, k ? " [smoke]" : "");
+            compare_gram(label, gg, gc, C, k ? 1e-3 : 2.0 * bt_gamma(256) + 20.0 * BT_U);
+            free(gc), free(gg);
+        }
+        memcpy(x, cx.data, (size_t)(n * D) * sizeof(float)); // the next layer's input, the same on both sides
+    }
+    free(x), free(g), free(g2), free(ex), free(bd);
+    llmq_ops_buf_free(&cx);
+    llmq_ops_buf_free(&gx);
+    llmq_block_free(cb);
+    llmq_block_free(gb);
+}
+
+// Refusals on the device: x on the host given to the CUDA block.
+static void test_refusals(struct fix_model *fm) {
+    struct llmq_block *gb = NULL;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CUDA, &fm->s, 16, 16, false, &gb));
+    fix_load(fm, 0, gb);
+    float *x = host(16 * fm->s.n_embd);
+    struct llmq_ops_buf hx = llmq_ops_buf_host(x, 16 * fm->s.n_embd);
+    llmq_log_set_level(LLMQ_LOG_SILENT);
+    CHECK(llmq_block_forward(gb, &hx, 1, 16, false) == LLMQ_ERR_ARG);
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    free(x);
+    llmq_block_free(gb);
+    printf("%-64s ok\n", "a host buffer given to the CUDA block: LLMQ_ERR_ARG");
+}
+
+int main(void) {
+    test_need_cuda();
+    openblas_set_num_threads(1);
+    struct fix_model fm;
+    fix_init(&fm, FIX_LLAMA, 48, 40, 6, 2, 8, 2, false, &rng);
+    check_family(&fm, "llama D 48 GQA 3:1 Dh 8", 2, 70);
+    test_refusals(&fm);
+    fix_free(&fm);
+    fix_init(&fm, FIX_QWEN2, 256, 512, 4, 2, 64, 2, false, &rng);
+    check_family(&fm, "qwen2 D 256 GQA 2:1 Dh 64 bias", 2, 200); // 400 tokens: two Gram micro-batches
+    fix_free(&fm);
+    fix_init(&fm, FIX_QWEN3, 128, 96, 2, 1, 128, 2, false, &rng);
+    check_family(&fm, "qwen3 D 128 MQA Dh 128 q/k norm", 1, 300);
+    fix_free(&fm);
+    if (failures) fprintf(stderr, "%d checks failed\n", failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,258 @@
+/*
+ * tests/unit/test_block.c — kernels/block.h on the CPU backend (the CUDA half: tests/gpu/test_block_cuda.c).
+ *
+ *  1. Random tiny llama (norm RoPE with frequency divisors, GQA 3:1, an f16 gate weight), qwen2 (neox RoPE, q/k/v
+ *     biases, GQA 2:1) and qwen3 (q/k norms, MHA) models, each block loaded through calib/model/devblock.h and run
+ *     on x: the result equals llmq_forward_block (calib/model/forward.c, one thread, OpenBLAS on one thread) BIT FOR
+ *     BIT, block after block, for several sequences with partial attention tiles (seqlen 70 and 150 > 64 rows), and
+ *     twice on the same block (the weights stay loaded; x stays in the block's buffer across the layers).
+ *  2. The Gram sums equal llmq_gram_acc_f64 (kernels/gemm.h) on the inputs forward.c's hook sees, bit for bit,
+ *     accumulated over two passes.
+ *  3. forward.c with 2 threads (its linears split W's rows over them): the measured difference is printed.
+ *  4. The CPU block is within tests/block_tolerance.h's bound of a float64 block (so the bound the GPU test uses is
+ *     itself tested), and a block with the wrong RoPE pairing is not.
+ *  5. Refusals: other families by name, a weight never set, too many tokens, Gram sums of a block without, a CUDA
+ *     block without a device.
+ */
+#include "harness.h"
+
+#include "block_fixture.h"
+#include "block_tolerance.h"
+
+#include "calib/model/devblock.h"
+#include "calib/model/forward.h"
+#include "common/log.h"
+#include "kernels/gemm.h"
+
+#include <cblas.h>
+
+static uint64_t rng = 0xB7E151628AED2A6Bull;
+
+static int64_t bits_differ(const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
+static float *random_x(int64_t n) {
+    float *x = malloc((size_t)n * sizeof(float));
+    CHECK(x);
+    for (int64_t i = 0; i < n; i++) x[i] = 2.0f * test_frand(&rng);
+    return x;
+}
+
+// forward.c's hook: the Gram sums of the four inputs, as the calibration would make them.
+struct gram_ref {
+    int64_t C[LLMQ_BLOCK_GRAM_COUNT];
+    double *acc[LLMQ_BLOCK_GRAM_COUNT];
+    float *scratch;
+};
+
+static void gram_hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
+    (void)layer;
+    struct gram_ref *g = user;
+    const int k = which == LLMQ_LIN_Q ? 0 : which == LLMQ_LIN_O ? 1 : which == LLMQ_LIN_GATE ? 2 : 3;
+    CHECK(n_in == g->C[k]);
+    CHECK_OK(llmq_gram_acc_f64(LLMQ_BACKEND_CPU, in, n, n_in, g->scratch, g->acc[k]));
+}
+
+// Upper triangles of a and b (C, C) differ in how many entries.
+static int64_t upper_differ(const double *a, const double *b, int64_t C) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = i; j < C; j++) d += memcmp(&a[i * C + j], &b[i * C + j], sizeof(double)) != 0;
+    return d;
+}
+
+// 1 + 2. Every block of fm through the CPU block vs forward.c, n_seq sequences of S tokens, then the Gram sums.
+static void check_model(struct fix_model *fm, const char *label, int64_t n_seq, int64_t S) {
+    const struct llmq_model *m = &fm->m;
+    const int64_t D = m->hp.n_embd, n = n_seq * S;
+    struct llmq_forward *f = NULL;
+    CHECK_OK(llmq_forward_init(m, n, 1, &f));
+    struct llmq_block_shape s;
+    float ff[256];
+    CHECK_OK(llmq_devblock_shape(m, ff, &s));
+    CHECK(memcmp(ff, fm->ff, (size_t)(s.head_dim / 2) * sizeof(float)) == 0);
+    struct llmq_block *b = NULL;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &s, n, S, true, &b));
+    struct llmq_ops *ops = llmq_block_ops(b);
+    struct llmq_ops_buf xb;
+    CHECK_OK(llmq_ops_buf_alloc(ops, n * D, &xb));
+    float *x_ref = random_x(n * D), *x_blk = malloc((size_t)(n * D) * sizeof(float));
+    CHECK(x_blk);
+    CHECK_OK(llmq_ops_upload(ops, &xb, 0, x_ref, n * D));
+
+    struct gram_ref g = {{D, s.n_head * s.head_dim, D, s.n_ff}, {0}, NULL};
+    int64_t cmax = 0;
+    for (int k = 0; k < 4; k++) {
+        CHECK(g.acc[k] = calloc((size_t)(g.C[k] * g.C[k]), sizeof(double)));
+        if (g.C[k] > cmax) cmax = g.C[k];
+    }
+    CHECK(g.scratch = malloc((size_t)(llmq_gram_scratch_rows(cmax) * cmax) * sizeof(float)));
+    double *got = malloc((size_t)(cmax * cmax) * sizeof(double));
+    CHECK(got);
+    for (int il = 0; il < fm->n_layer; il++) {
+        CHECK_OK(llmq_devblock_load(b, &m->layers[il], 1));
+        CHECK_OK(llmq_block_gram_zero(b));
+        for (int k = 0; k < 4; k++) memset(g.acc[k], 0, (size_t)(g.C[k] * g.C[k]) * sizeof(double));
+        for (int pass = 0; pass < 2; pass++) { // the same block twice: weights kept, Gram sums accumulated
+            CHECK_OK(llmq_forward_block(f, il, &m->layers[il], x_ref, n_seq, S, gram_hook, &g));
+            CHECK_OK(llmq_block_forward(b, &xb, n_seq, S, true));
+            CHECK_OK(llmq_ops_download(ops, x_blk, &xb, 0, n * D));
+            const int64_t d = bits_differ(x_ref, x_blk, n * D);
+            if (d)
+                fprintf(stderr, "%s: block %d pass %d: %lld of %lld values differ from forward.c\n", label, il, pass,
+                        (long long)d, (long long)(n * D));
+            CHECK(d == 0);
+        }
+        for (int k = 0; k < 4; k++) {
+            memset(got, 0, (size_t)(g.C[k] * g.C[k]) * sizeof(double));
+            CHECK_OK(llmq_block_gram_download(b, (enum llmq_block_gram)k, got));
+            CHECK(llmq_block_gram_dim(b, (enum llmq_block_gram)k) == g.C[k]);
+            CHECK(upper_differ(got, g.acc[k], g.C[k]) == 0);
+        }
+    }
+    printf("%s: %lld x %lld tokens, %d blocks x 2 passes: bit-identical to llmq_forward_block; the 4 Gram sums "
+           "bit-identical to llmq_gram_acc_f64\n",
+           label, (long long)n_seq, (long long)S, fm->n_layer);
+    for (int k = 0; k < 4; k++) free(g.acc[k]);
+    free(g.scratch), free(got), free(x_ref), free(x_blk);
+    llmq_ops_buf_free(&xb);
+    llmq_block_free(b);
+    llmq_forward_free(f);
+}
+
+// 3. forward.c on 2 threads vs the CPU block: printed, not asserted (the row split is forward.c's choice).
+static void measure_threads(struct fix_model *fm, int64_t n_seq, int64_t S) {
+    const struct llmq_model *m = &fm->m;
+    const int64_t D = m->hp.n_embd, n = n_seq * S;
+    struct llmq_forward *f = NULL;
+    CHECK_OK(llmq_forward_init(m, n, 2, &f));
+    struct llmq_block *b = NULL;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &fm->s, n, S, false, &b));
+    struct llmq_ops_buf xb;
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(b), n * D, &xb));
+    float *x = random_x(n * D);
+    memcpy(xb.data, x, (size_t)(n * D) * sizeof(float));
+    CHECK_OK(llmq_forward_block(f, 0, &m->layers[0], x, n_seq, S, NULL, NULL));
+    fix_load(fm, 0, b);
+    CHECK_OK(llmq_block_forward(b, &xb, n_seq, S, false));
+    double worst = 0.0;
+    for (int64_t i = 0; i < n * D; i++) {
+        const double e = fabs((double)x[i] - xb.data[i]) / fmax(fabs((double)x[i]), 1e-30);
+        if (e > worst) worst = e;
+    }
+    printf("forward.c on 2 threads vs the CPU block (%lld tokens): %lld of %lld values differ, max relative %.3g\n",
+           (long long)n, (long long)bits_differ(x, xb.data, n * D), (long long)(n * D), worst);
+    free(x);
+    llmq_ops_buf_free(&xb);
+    llmq_block_free(b);
+    llmq_forward_free(f);
+}
+
+// 4. The CPU block against float64 with the bound; then a block whose RoPE pairs the wrong halves.
+static void check_bound(struct fix_model *fm, const char *label, int64_t n_seq, int64_t S) {
+    const int64_t D = fm->s.n_embd, n = n_seq * S;
+    struct llmq_block_shape wrong = fm->s;
+    wrong.rope_neox = !wrong.rope_neox;
+    for (int variant = 0; variant < 2; variant++) {
+        struct llmq_block *b = NULL;
+        CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, variant ? &wrong : &fm->s, n, S, false, &b));
+        fix_load(fm, 0, b);
+        struct llmq_ops_buf xb;
+        CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(b), n * D, &xb));
+        float *x = random_x(n * D);
+        memcpy(xb.data, x, (size_t)(n * D) * sizeof(float));
+        CHECK_OK(llmq_block_forward(b, &xb, n_seq, S, false));
+        double *ex = malloc((size_t)(n * D) * sizeof(double)), *bd = malloc((size_t)(n * D) * sizeof(double));
+        CHECK(ex && bd);
+        CHECK(block_tol_reference(&fm->s, (const float *const *)fm->w[0], x, n_seq, S, ex, bd) == 0);
+        double worst = 0.0;
+        const int64_t bad = block_tol_outside(variant ? NULL : label, xb.data, ex, bd, n * D, &worst);
+        printf("%s%s: max |cpu block - f64| / bound = %.3g, %lld outside\n", label,
+               variant ? " (RoPE pairs swapped)" : "", worst, (long long)bad);
+        CHECK(variant ? bad > 0 : bad == 0);
+        free(x), free(ex), free(bd);
+        llmq_ops_buf_free(&xb);
+        llmq_block_free(b);
+    }
+}
+
+// 5. Refusals.
+static void test_refusals(struct fix_model *fm) {
+    llmq_log_set_level(LLMQ_LOG_SILENT);
+    float ff[256];
+    struct llmq_block_shape s;
+    const struct llmq_hparams saved = fm->m.hp;
+    fm->m.hp.arch = LLMQ_ARCH_GEMMA2;
+    CHECK(llmq_devblock_shape(&fm->m, ff, &s) == LLMQ_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(llmq_last_error(), "gemma2");
+    fm->m.hp = saved;
+    fm->m.hp.arch = LLMQ_ARCH_PHI3, fm->m.hp.sliding_window = 8;
+    CHECK(llmq_devblock_shape(&fm->m, ff, &s) == LLMQ_ERR_UNSUPPORTED);
+    fm->m.hp = saved;
+    fm->m.hp.attn_softcap = 30.0f;
+    CHECK(llmq_devblock_shape(&fm->m, ff, &s) == LLMQ_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(llmq_last_error(), "softcap");
+    fm->m.hp = saved;
+
+    struct llmq_block *b = NULL;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &fm->s, 20, 10, false, &b));
+    struct llmq_ops_buf xb;
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(b), 20 * fm->s.n_embd, &xb));
+    CHECK(llmq_block_forward(b, &xb, 2, 10, false) == LLMQ_ERR_ARG); // nothing loaded yet
+    CHECK_CONTAINS(llmq_last_error(), "wq was never set");
+    fix_load(fm, 0, b);
+    CHECK_OK(llmq_block_forward(b, &xb, 2, 10, false));
+    CHECK(llmq_block_forward(b, &xb, 3, 10, false) == LLMQ_ERR_ARG);             // 30 > 20 tokens
+    CHECK(llmq_block_forward(b, &xb, 1, 11, false) == LLMQ_ERR_ARG);             // a sequence longer than 10
+    CHECK(llmq_block_forward(b, &xb, 1, 10, true) == LLMQ_ERR_ARG);              // no Gram sums
+    CHECK(llmq_block_set_weight(b, LLMQ_BLOCK_BQ, fm->w[0][0]) == LLMQ_ERR_ARG); // llama has no q bias
+    CHECK_CONTAINS(llmq_last_error(), "bq");
+    struct llmq_ops_buf small = llmq_ops_buf_view(&xb, 0, 10);
+    CHECK(llmq_block_forward(b, &small, 1, 10, false) == LLMQ_ERR_ARG);
+    fm->layers[0].w[LLMQ_LIN_UP] = &fm->views[0][LLMQ_BLOCK_WDOWN]; // same size: accepted; a wrong size is not
+    fm->layers[0].w[LLMQ_LIN_Q] = &fm->views[0][LLMQ_BLOCK_WK];
+    CHECK(llmq_devblock_load(b, &fm->layers[0], 1) == LLMQ_ERR_ARG);
+    CHECK_CONTAINS(llmq_last_error(), "wq");
+    fm->layers[0].w[LLMQ_LIN_UP] = &fm->views[0][LLMQ_BLOCK_WUP];
+    fm->layers[0].w[LLMQ_LIN_Q] = &fm->views[0][LLMQ_BLOCK_WQ];
+    llmq_ops_buf_free(&xb);
+    llmq_block_free(b);
+    llmq_block_free(NULL);
+    struct llmq_block_shape bad = fm->s;
+    bad.head_dim = 7;
+    CHECK(llmq_block_init(LLMQ_BACKEND_CPU, &bad, 20, 10, false, &b) == LLMQ_ERR_ARG && !b);
+    if (llmq_cuda_device_count(NULL) == 0) {
+        CHECK(llmq_block_init(LLMQ_BACKEND_CUDA, &fm->s, 20, 10, false, &b) == LLMQ_ERR_DEVICE && !b);
+        printf("a CUDA block without a device: LLMQ_ERR_DEVICE (%s)\n", llmq_last_error());
+    }
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    printf("refusals: other families, missing weights, sizes, Gram sums without gram\n");
+}
+
+int main(void) {
+    openblas_set_num_threads(1); // as inside a forward pass (calib/model/forward.c blas_serial)
+    struct fix_model fm;
+    fix_init(&fm, FIX_LLAMA, 48, 40, 6, 2, 8, 2, true, &rng);
+    check_model(&fm, "random llama (norm RoPE, divisors, GQA 3:1, f16 gate)", 2, 70);
+    check_bound(&fm, "random llama", 2, 70);
+    test_refusals(&fm);
+    fix_free(&fm);
+
+    fix_init(&fm, FIX_QWEN2, 32, 48, 4, 2, 16, 2, false, &rng);
+    check_model(&fm, "random qwen2 (neox RoPE, q/k/v biases, GQA 2:1)", 1, 150);
+    check_bound(&fm, "random qwen2", 1, 150);
+    fix_free(&fm);
+
+    fix_init(&fm, FIX_QWEN2, 128, 256, 8, 2, 16, 1, false, &rng); // wide enough for forward.c to use 2 threads
+    measure_threads(&fm, 2, 150);
+    fix_free(&fm);
+
+    fix_init(&fm, FIX_QWEN3, 32, 24, 2, 2, 16, 3, false, &rng);
+    check_model(&fm, "random qwen3 (q/k norms, MHA)", 3, 33);
+    check_bound(&fm, "random qwen3", 3, 33);
+    fix_free(&fm);
+    return 0;
+}

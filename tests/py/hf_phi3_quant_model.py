@@ -4,8 +4,6 @@
                                                                   TOK_DIR's tokenizer files
     python hf_phi3_quant_model.py logits IDS_FILE DIR OUT [DIR OUT ...]
                                                                   transformers' Phi3ForCausalLM (f32, eager) on DIR
-    python hf_phi3_quant_model.py gptqmodel IDS_FILE DIR OUT [DIR OUT ...]
-                                                                  GPTQModel.load(DIR), TORCH backend, float16
 
 p3w: vocab 512, hidden 256, intermediate 256 (gate_up_proj 512 x 256), 2 layers, 4 heads of 64, 2 kv heads (qkv_proj
 512 x 256), rope_theta 1e4, no rope scaling, no window, untied, float32; every row 256 wide so that the K-quants
@@ -43,27 +41,10 @@ def hf_logits(ids, pairs):
         print(json.dumps({"dir": d, "linear_classes": kinds}))
 
 
-def gptqmodel_logits(ids, pairs):
-    import gptqmodel
-    from gptqmodel import BACKEND, GPTQModel
-    for d, out in zip(pairs[0::2], pairs[1::2]):
-        try:
-            m = GPTQModel.load(d, device="cpu", dtype=torch.float16, backend=BACKEND.TORCH)
-            kinds = {n.split(".")[-1]: type(x).__name__ for n, x in m.model.named_modules()
-                     if n.startswith("model.layers.0.") and n.endswith("_proj")}
-            with torch.no_grad():
-                lg = m.model(torch.tensor([ids])).logits[0].float().numpy()
-        except Exception as e:  # reported to the test, which says what failed
-            print(json.dumps({"dir": d, "error": f"{type(e).__name__}: {e}"[:2000]}))
-            continue
-        lg.astype(np.float32).tofile(out)
-        print(json.dumps({"dir": d, "modules": kinds, "gptqmodel": gptqmodel.__version__}))
-
-
 if __name__ == "__main__":
     if sys.argv[1] == "build":
         build(sys.argv[2], sys.argv[4])
     else:
         toks = [int(t) for t in pathlib.Path(sys.argv[2]).read_text().split()]
         torch.set_num_threads(2)
-        (hf_logits if sys.argv[1] == "logits" else gptqmodel_logits)(toks, sys.argv[3:])
+        hf_logits(toks, sys.argv[3:])

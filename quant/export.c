@@ -122,6 +122,10 @@ struct slot {
     int n_parts;                // linears: tensors declared for it
     bool ready;                 // linears: handed over and packed
     struct part parts[MAX_PARTS];
+    // phi3's fused qkv_proj / gate_up_proj (on the slot of q / up, which holds its parts; the other members' slots
+    // have none): the rows handed over so far, and which members they were (bit `which`)
+    struct llmq_qlinear fused;
+    unsigned fused_got;
 };
 
 struct llmq_export {
@@ -145,6 +149,14 @@ struct llmq_export {
 // LLMQ_EXPERT_NAMES_GPTQMODEL "...mlp.experts.E.gate_proj"), in spelling `names` (quant/export.h).
 static void lin_name_x(const struct llmq_model *m, enum llmq_expert_names names, char *buf, size_t n, int64_t layer,
                        enum llmq_linear w, int64_t expert) {
+    enum llmq_linear head;
+    int64_t r0, total;
+    if (expert < 0 && llmq_arch_fused_part(&m->hp, w, &head, &r0, &total) && w == head) { // qkv_proj / gate_up_proj
+        llmq_tensor_full_name(m->hp.arch, LLMQ_T_LINEAR_0 + head, layer, true, buf, n);
+        size_t len = strlen(buf), sl = strlen(".weight");
+        if (len > sl && strcmp(buf + len - sl, ".weight") == 0) buf[len - sl] = 0;
+        return;
+    }
     if (expert < 0) {
         llmq_arch_linear_full_name(m->hp.arch, w, layer, true, buf, n);
         return;
@@ -339,7 +351,10 @@ static enum llmq_status declare_part(struct llmq_export *e, struct slot *s, cons
 
 static enum llmq_status declare_linear(struct llmq_export *e, struct slot *s) {
     const struct llmq_tensor_view *w = llmq_layer_linear(&e->m->layers[s->layer], s->which, s->expert);
-    int64_t R = w->shape[0], C = w->shape[1], b = e->o.q.bits;
+    int64_t R = w->shape[0], C = w->shape[1], b = e->o.q.bits, r0;
+    enum llmq_linear head;
+    if (s->expert < 0 && llmq_arch_fused_part(&e->m->hp, s->which, &head, &r0, &R) && s->which != head)
+        return LLMQ_OK; // phi3: rows of the fused linear declared on its head's slot
     int64_t ng = e->o.q.group_size > 0 ? C / e->o.q.group_size : 1;
     bool bias = lin_bias(e->m, s->layer, s->which) != NULL;
     enum llmq_status st = LLMQ_OK;
@@ -614,12 +629,55 @@ done:
     return st;
 }
 
+// ---- phi3's fused linears (quant/export.h "Fused linears")
+
+// Whether fused member `which` of block l was handed over already (false for a linear of its own).
+static bool fused_has(const struct llmq_export *e, int64_t l, enum llmq_linear which, int64_t expert) {
+    enum llmq_linear head;
+    int64_t r0, total;
+    if (expert >= 0 || !llmq_arch_fused_part(&e->m->hp, which, &head, &r0, &total)) return false;
+    return e->slots[linear_slot(e->m, l, head, -1)].fused_got & (1u << which);
+}
+
+// Member ql (its own R rows, checked) of the fused linear on slot hs, at rows [r0, r0 + R) of total: copied in;
+// s (the member's own slot) is done; once every member is in, the fused linear is packed on hs. All members
+// must have one column order (g_idx): GPTQ's act-order gives them the same, from their one Hessian.
+static enum llmq_status put_fused(struct llmq_export *e, struct slot *s, struct slot *hs, const struct llmq_qlinear *ql,
+                                  int64_t r0, int64_t total, const char *what) {
+    struct llmq_qlinear *f = &hs->fused;
+    const int64_t C = ql->C, ng = ql->n_groups;
+    enum llmq_status st;
+    if (!f->q) {
+        if ((st = llmq_qlinear_init(total, C, &e->o.q, f))) return st;
+        memcpy(f->g_idx, ql->g_idx, (size_t)C * sizeof *f->g_idx);
+    } else if (memcmp(f->g_idx, ql->g_idx, (size_t)C * sizeof *f->g_idx) != 0)
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "%s: its g_idx (column order) differs from the other rows of the fused linear it is part "
+                           "of: one packed linear has one g_idx",
+                           what);
+    memcpy(f->q + r0 * C, ql->q, (size_t)(ql->R * C));
+    memcpy(f->scales + r0 * ng, ql->scales, (size_t)(ql->R * ng) * sizeof *f->scales);
+    memcpy(f->zeros + r0 * ng, ql->zeros, (size_t)(ql->R * ng) * sizeof *f->zeros);
+    hs->fused_got |= 1u << s->which;
+    if (s != hs) s->ready = true; // no tensors of its own
+    const unsigned all = hs->which == LLMQ_LIN_Q ? 7u << LLMQ_LIN_Q : 3u << LLMQ_LIN_GATE;
+    if (hs->fused_got != all) return LLMQ_OK;
+    char name[160];
+    lin_name_x(e->m, e->o.expert_names, name, sizeof name, hs->layer, hs->which, -1);
+    if ((st = pack_linear(e, hs, f, name))) return st;
+    llmq_qlinear_free(f);
+    hs->ready = true;
+    return LLMQ_OK;
+}
+
 // ================================================================================ public API ====
 
 static void export_free(struct llmq_export *e) {
     if (!e) return;
-    for (int64_t i = 0; i < e->n_slots; i++)
+    for (int64_t i = 0; i < e->n_slots; i++) {
         for (int p = 0; p < e->slots[i].n_parts; p++) free(e->slots[i].parts[p].data);
+        llmq_qlinear_free(&e->slots[i].fused);
+    }
     free(e->slots);
     for (int64_t i = 0; e->given && i < e->m->hp.n_layer * N_GIVEN; i++) llmq_tensor_copy_free(&e->given[i]);
     free(e->given);
@@ -816,7 +874,8 @@ enum llmq_status llmq_export_expert(struct llmq_export *e, int64_t layer, enum l
     int64_t idx = linear_slot(e->m, layer, which, expert);
     struct slot *s = &e->slots[idx];
     LLMQ_ASSERT(s->kind == SLOT_LINEAR && s->layer == layer && s->which == which && s->expert == expert);
-    if (s->ready || idx < e->pos) return llmq_errorf(LLMQ_ERR_ARG, "%s: handed over twice", what);
+    if (s->ready || idx < e->pos || (e->slots[idx].kind == SLOT_LINEAR && fused_has(e, layer, which, expert)))
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: handed over twice", what);
     const struct llmq_tensor_view *w = llmq_layer_linear(&e->m->layers[layer], which, expert);
     int64_t ng = llmq_qconfig_n_groups(&e->o.q, w->shape[1]); // ceil: fake also takes a non-tiled C
     if (ql->R != w->shape[0] || ql->C != w->shape[1] || ql->bits != e->o.q.bits ||
@@ -839,9 +898,13 @@ enum llmq_status llmq_export_expert(struct llmq_export *e, int64_t layer, enum l
                                "--format gptq, or no --act-order)",
                                what, (long long)c, g);
     }
-    if ((st = pack_linear(e, s, ql, what))) return e->poisoned = st;
-    s->ready = true;
-    if ((st = advance(e))) return e->poisoned = st;
+    enum llmq_linear head;
+    int64_t r0, total;
+    if (expert < 0 && llmq_arch_fused_part(&e->m->hp, which, &head, &r0, &total))
+        st = put_fused(e, s, &e->slots[linear_slot(e->m, layer, head, -1)], ql, r0, total, what);
+    else if (!(st = pack_linear(e, s, ql, what)))
+        s->ready = true;
+    if (st || (st = advance(e))) return e->poisoned = st;
     return LLMQ_OK;
 }
 

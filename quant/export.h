@@ -77,6 +77,15 @@
  *     when it is a directory llmq wrote (common/io.h LLMQ_OUTDIR_MARKER, written into every output
  *     directory), or empty (otherwise refused, never deleted).
  *
+ * ---- Fused linears (phi3: formats/llama/arch.h llmq_arch_fused_part) -------------------------------------
+ *   q, k, v and gate, up are handed over one by one (each its own qlinear, R its own rows) and written as ONE
+ *   linear each, as the checkpoint stores them: <p> = model.layers.<l>.self_attn.qkv_proj (rows q | k | v) and
+ *   model.layers.<l>.mlp.gate_up_proj (rows gate | up); rows are output features, so the packing above applies
+ *   to the concatenated (R_q + R_k + R_v, C) codes, scales and zeros unchanged (AutoAWQ / GPTQModel / transformers
+ *   read such a linear as any other). The rows are copied into the fused linear as they arrive and it is packed
+ *   once its last member is in (held: the fused codes, about one byte per weight, until then). Every member must
+ *   carry the same g_idx (GPTQ's act-order gives them one: they share one Hessian), else LLMQ_ERR_ARG.
+ *
  * ---- Streaming and memory ------------------------------------------------------------------------
  *   llmq_export_begin declares every output tensor (shapes follow from the model and opts), in this
  *   order: embed_tokens; per block l: input_layernorm, q, k, v, o, post_attention_layernorm, gate,

@@ -56,6 +56,7 @@ struct entry {
     void *held; // (nbytes) encoded rows in the MODEL's row order, handed over early
     bool handed, written;
     int64_t n_exp_handed; // K_EXPS: experts handed over so far (handed once all E are)
+    unsigned fused_got;   // phi3's attn_qkv / ffn_up: the members handed over so far (bit `which`)
     int64_t expert;       // write_exps' part of a K_EXPS entry: its expert (its importance); -1 otherwise
     double seconds;
     double pred_err, pred_err_mix; // the type choice's err of the chosen type and of the mix's (free tensors)
@@ -187,7 +188,7 @@ static const struct llmq_tensor_view *entry_view(const struct llmq_gguf_export *
     case K_OUT_NORM: v = m->output_norm; break;
     case K_OUTPUT: v = m->output; break;
     case K_ROPE: v = m->from_gguf ? m->rope_freqs : &e->rope_view; break;
-    case K_LINEAR: v = L->w[x->which]; break;
+    case K_LINEAR: v = llmq_model_stored_linear(m, x->layer, x->which); break; // phi3: all of attn_qkv / ffn_up
     case K_ATTN_NORM: v = L->attn_norm; break;
     case K_FFN_NORM: v = L->ffn_norm; break;
     case K_BQ: v = L->bq; break;
@@ -252,7 +253,10 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
         ADD(L->ffn_norm, K_FFN_NORM, l, -1, "%s", TN(LLMQ_T_FFN_NORM, l));
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
             if (!L->w[k]) continue; // a moe block's gate / up / down: the experts below
-            ADD(L->w[k], K_LINEAR, l, k, "%s", TN(LLMQ_T_LINEAR_0 + k, l));
+            enum llmq_linear head;
+            int64_t r0, total;
+            if (llmq_arch_fused_part(hp, k, &head, &r0, &total) && k != (int)head) continue; // phi3: rows of q's / up's
+            ADD(llmq_model_stored_linear(m, l, k), K_LINEAR, l, k, "%s", TN(LLMQ_T_LINEAR_0 + k, l));
             if (llmq_arch_qk_permuted(hp->arch) && llmq_tensor_name_of(LLMQ_T_LINEAR_0 + k)->qk_rows)
                 x->perm_heads = k == LLMQ_LIN_Q ? hp->n_head : hp->n_head_kv;
         }
@@ -664,6 +668,12 @@ enum llmq_status llmq_gguf_export_begin(const struct llmq_model *m, const char *
         memcpy(mt[i].shape, x->shape, sizeof(mt[i].shape));
         mt[i].src_type = x->src_type;
         if (x->kind == K_LINEAR) e->lin[x->layer * LLMQ_LIN_COUNT + x->which] = i;
+        for (int k = 0; x->kind == K_LINEAR && k < LLMQ_LIN_COUNT; k++) { // phi3: k, v in attn_qkv, gate in ffn_up
+            enum llmq_linear head;
+            int64_t r0, total;
+            if (llmq_arch_fused_part(&m->hp, k, &head, &r0, &total) && (int)head == x->which && k != (int)head)
+                e->lin[x->layer * LLMQ_LIN_COUNT + k] = i;
+        }
         if (x->kind == K_EXPS) e->xlin[x->layer * 3 + x->which] = i;
         if (x->kind == K_EXPS && !m->hp.shexp) // their type (qwen2_moe: these are its shared expert's)
             e->lin[x->layer * LLMQ_LIN_COUNT + LLMQ_LIN_GATE + x->which] = i;
@@ -933,55 +943,66 @@ const float *llmq_gguf_export_linear_importance(const struct llmq_gguf_export *e
     return x ? entry_importance(e, x) : NULL;
 }
 
+// The entry of linear (layer, which) and where its rows go: rows [*r0, *r0 + *R) of the entry (phi3's q, k, v in
+// attn_qkv, gate and up in ffn_up; every other linear is all the rows of its own entry).
 static enum llmq_status check_handover(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
-                                       const void *data, struct entry **xo) {
+                                       const void *data, struct entry **xo, int64_t *r0, int64_t *R) {
     if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: no export");
     if (e->err) return e->err;
     struct entry *x = linear_entry(e, layer, which);
     if (!x || !data || x->kind != K_LINEAR)
         return llmq_errorf(LLMQ_ERR_ARG, "gguf export: linear (%lld, %d) out of range, an expert tensor or no data",
                            (long long)layer, (int)which);
-    if (x->handed) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s handed over twice", x->name);
+    enum llmq_linear head;
+    int64_t total;
+    *r0 = 0;
+    *R = x->R;
+    if (llmq_arch_fused_part(&e->m->hp, which, &head, r0, &total)) {
+        *R = e->m->layers[layer].w[which]->shape[0];
+        if (x->fused_got & (1u << which))
+            return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s rows of %s handed over twice", llmq_linear_name(which),
+                               x->name);
+    } else if (x->handed)
+        return llmq_errorf(LLMQ_ERR_ARG, "gguf export: %s handed over twice", x->name);
+    if (!e->o.dry_run && !x->held && !(x->held = malloc(x->nbytes ? x->nbytes : 1)))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: %s: out of memory", x->name);
     *xo = x;
     return LLMQ_OK;
 }
 
-// Takes ownership of rows (nbytes, model row order): written now if it is its turn, else held.
-static enum llmq_status accept(struct llmq_gguf_export *e, struct entry *x, void *rows) {
-    x->handed = true;
+// Linear `which`'s rows are in x->held: x is written when its turn comes once all its rows are (phi3: every member).
+static enum llmq_status accept(struct llmq_gguf_export *e, struct entry *x, enum llmq_linear which) {
+    enum llmq_linear head;
+    int64_t r0, total;
     e->n_handed[x->layer]++;
-    if (e->o.dry_run)
-        free(rows);
-    else
-        x->held = rows;
+    if (llmq_arch_fused_part(&e->m->hp, which, &head, &r0, &total)) {
+        x->fused_got |= 1u << which;
+        x->handed = x->fused_got == (head == LLMQ_LIN_Q ? 7u << LLMQ_LIN_Q : 3u << LLMQ_LIN_GATE);
+    } else
+        x->handed = true;
     return pump(e);
 }
 
 enum llmq_status llmq_gguf_export_linear_bytes(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
                                                const void *blocks) {
     struct entry *x = NULL;
-    enum llmq_status st = check_handover(e, layer, which, blocks, &x);
+    int64_t r0, R;
+    enum llmq_status st = check_handover(e, layer, which, blocks, &x, &r0, &R);
     if (st) return st;
-    if (e->o.dry_run) return accept(e, x, NULL);
-    void *copy = malloc(x->nbytes ? x->nbytes : 1);
-    if (!copy) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: %s: out of memory", x->name);
-    memcpy(copy, blocks, x->nbytes);
-    return accept(e, x, copy);
+    if (x->held) memcpy((uint8_t *)x->held + (size_t)r0 * x->row_bytes, blocks, (size_t)R * x->row_bytes);
+    return accept(e, x, which);
 }
 
 enum llmq_status llmq_gguf_export_linear_f32(struct llmq_gguf_export *e, int64_t layer, enum llmq_linear which,
                                              const float *W) {
     struct entry *x = NULL;
-    enum llmq_status st = check_handover(e, layer, which, W, &x);
+    int64_t r0, R;
+    enum llmq_status st = check_handover(e, layer, which, W, &x, &r0, &R);
     if (st) return st;
-    if (e->o.dry_run) return accept(e, x, NULL);
-    void *rows = malloc(x->nbytes ? x->nbytes : 1);
-    if (!rows) return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: %s: out of memory", x->name);
-    if ((st = llmq_gguf_encode_rows(x->ch.type, W, rows, x->R, x->C, entry_importance(e, x), e->o.n_threads))) {
-        free(rows);
+    if (x->held && (st = llmq_gguf_encode_rows(x->ch.type, W, (uint8_t *)x->held + (size_t)r0 * x->row_bytes, R, x->C,
+                                               entry_importance(e, x), e->o.n_threads)))
         return st;
-    }
-    return accept(e, x, rows);
+    return accept(e, x, which);
 }
 
 // Expert `expert`'s part of the stacked tensor of (layer, which): *xo and its byte offset *off.
@@ -1126,6 +1147,10 @@ enum llmq_status llmq_gguf_export_finish(struct llmq_gguf_export *e) {
     if (!e) return llmq_errorf(LLMQ_ERR_ARG, "gguf export: finish without an export");
     enum llmq_status st = e->err;
     uint64_t file_bytes = 0;
+    for (int64_t i = e->next; i < e->n && !st; i++) // phi3: a fused tensor with only some of its rows
+        if (e->ent[i].fused_got && !e->ent[i].handed)
+            st = llmq_errorf(LLMQ_ERR_ARG, "gguf export: finished with only some rows of %s handed over",
+                             e->ent[i].name);
     e->finishing = true;
     if (!st) st = pump(e);
     if (!st && !e->o.dry_run) {

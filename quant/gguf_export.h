@@ -85,6 +85,12 @@
  *   The output path follows common/io.h's guard (llmq_output_check): an existing out is refused unless
  *   force (and then only a regular file is replaced); out may not be an input of the run.
  *
+ * ---- phi3's fused linears ---------------------------------------------------------------------------
+ *   attn_qkv and ffn_up (2 n_ff rows, gate then up) are one tensor each, as llama.cpp's phi3 graph reads them: one
+ *   type for the tensor (the mix's rule for attn_qkv / ffn_up), the linears' importance (one input). A driver hands
+ *   q, k, v (gate, up) over as their own rows (llmq_gguf_export_linear_bytes / _f32 with their `which`); they land
+ *   at their row offsets (formats/llama/arch.h llmq_arch_fused_part) and the tensor is written once all are in.
+ *
  * ---- The type choice from the weights (quant/gguf_choose.h) -------------------------------------------
  *   With choose.mode QUALITY or TARGET, begin refines the mix's plan before declaring the types: the free
  *   tensors are the quantized ones whose type the mix rules chose (not --tensor-type, --output-type,

@@ -377,15 +377,25 @@ static void report_linear(struct run *r, int l, int k, int64_t x, int64_t R, int
     const double data = x >= 0 || !r->eta_data_early ? expert_share(r, x) * cost_data(r, R, C) : 0;
     llmq_eta_credit(&r->eta, cost_solve(r, R, C) + data + r->eta_other);
     r->eta_other = 0;
-    char eta[32], name[64], extra[96] = "", type[24] = "";
+    char eta[32], name[64], extra[96] = "", type[24] = "", fused[128] = "", stem[64];
     llmq_eta_format(llmq_eta_remaining(&r->eta, llmq_now_s()), eta, sizeof(eta));
     lin_label(r->m->hp.arch, l, k, x, name, sizeof(name));
+    enum llmq_linear head;
+    int64_t r0 = 0, total = 0;
+    const bool part = x < 0 && llmq_arch_fused_part(&r->m->hp, (enum llmq_linear)k, &head, &r0, &total);
+    if (part) { // phi3: written as rows of the fused attn_qkv / ffn_up (qkv_proj / gate_up_proj)
+        snprintf(stem, sizeof stem, "blk.%d.%s", l, head == LLMQ_LIN_Q ? "attn_qkv" : "ffn_up");
+        snprintf(fused, sizeof fused, "  rows %lld..%lld of %s", (long long)r0, (long long)(r0 + R), stem);
+    }
     if (loss >= 0) snprintf(extra, sizeof(extra), "  loss %.4g  rtn_err %.4e", loss, rtn_err);
     if (gtype != LLMQ_DTYPE_INVALID) snprintf(type, sizeof(type), "%-6s ", llmq_dtype_name(gtype));
-    llmq_info("quantize: %-18s %5lld x %-5lld %-9s %s%s %.4e%s  %.2f s  ETA %s", name, (long long)R, (long long)C, how,
-              type, werr ? "werr" : "err ", err, extra, secs, eta);
+    llmq_info("quantize: %-18s %5lld x %-5lld %-9s %s%s %.4e%s  %.2f s  ETA %s%s", name, (long long)R, (long long)C,
+              how, type, werr ? "werr" : "err ", err, extra, secs, eta, fused);
     json_t *row = json_object();
     json_object_set_new(row, "name", json_string(name));
+    if (part) // the stored tensor and the half-open row range [r0, r1) this linear is
+        json_object_set_new(row, "fused",
+                            json_pack("{s:s, s:[I, I]}", "tensor", stem, "rows", (json_int_t)r0, (json_int_t)(r0 + R)));
     if (x >= 0) json_object_set_new(row, "expert", json_integer(x));
     json_object_set_new(row, "shape", json_pack("[I, I]", (json_int_t)R, (json_int_t)C));
     json_object_set_new(row, "method", json_string(how));
@@ -1365,11 +1375,6 @@ enum llmq_status llmq_quantize_check(const struct llmq_model *m, const struct ll
                            "pass --sensitivity uniform (auto means measured for --target-* with --calib)",
                            m->path, llmq_arch_name(m->hp.arch));
     if (o->moe_token_floor < 0) return llmq_errorf(LLMQ_ERR_ARG, "quantize: --moe-token-floor must be >= 0");
-    if (llmq_arch_info_of(m->hp.arch)->fused)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "quantize: %s: writing the fused qkv_proj / gate_up_proj (attn_qkv / ffn_up) of %s is not "
-                           "implemented yet (llmq convert and llmq eval run it)",
-                           m->path, llmq_arch_name(m->hp.arch));
     if (o->to_gguf && o->method == LLMQ_QMETHOD_RTN && o->imatrix_path && o->calib.n_sources > 0 &&
         o->gguf.choose.sensitivity != LLMQ_GGUF_SENS_MEASURED) // measured: --calib gives its windows only
         return llmq_errorf(LLMQ_ERR_ARG,

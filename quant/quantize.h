@@ -123,6 +123,15 @@
  *   AWQ copies no expert (quant/awq.h "Mixture of experts"). The experts' XᵀX sums are mapped per block (E (D² + Fe²)
  *   f64 at most, pages touched only by experts that see tokens) and unmapped expert by expert as they are solved.
  *
+ * ---- phi3 (fused qkv_proj / gate_up_proj) -----------------------------------------------------------------
+ *   q, k, v and gate, up are solved as the row ranges of the fused tensors they are (they share one input: one
+ *   Hessian, one AWQ input scale, so this is the fused linear's own solve, row by row). AWQ's groups are llama's
+ *   (quant/awq.h): the input norm's scale over q|k|v's columns, the post-attention norm's over gate|up's, the
+ *   up -> down scale on the up rows of gate_up_proj only, v -> o only when v and o have one shape. The
+ *   writers put them back fused (quant/export.h "Fused linears", quant/gguf_export.h "phi3's fused linears"). Each
+ *   part keeps its own log line and JSON row, plus "fused": {"tensor": "blk.L.attn_qkv" | "blk.L.ffn_up",
+ *   "rows": [r0, r1)} (and the log line's "rows r0..r1 of ...").
+ *
  * ---- Reported error (stderr line, --json) ----------------------------------------------------------
  *   err = ‖(W - Q) X‖² / ‖W X‖² with W the matrix handed to the solver (AWQ: scaled and clipped), Q its
  *   dequantization, X the solver's input (AWQ: scaled), computed as tr(ΔW H ΔWᵀ) / tr(W H Wᵀ) with H the

@@ -262,7 +262,10 @@ static enum llmq_status dequant_linear(struct llmq_model *m, int il, int k, int6
     char prefix[160], name[160];
     enum llmq_status st;
 
-    if (x < 0) {
+    if (x < 0 && llmq_arch_info_of(m->hp.arch)->fused && k != LLMQ_LIN_O && k != LLMQ_LIN_DOWN) {
+        llmq_tensor_full_name(m->hp.arch, LLMQ_T_LINEAR_0 + k, il, true, prefix, sizeof prefix); // qkv / gate_up
+        prefix[strlen(prefix) - strlen(".weight")] = 0;
+    } else if (x < 0) {
         llmq_arch_linear_full_name(m->hp.arch, k, il, true, prefix, sizeof prefix);
     } else {
         llmq_tensor_expert_hf_name(m->hp.arch, m->expert_names, LLMQ_T_FFN_GATE_EXPS + k, il, x, prefix, sizeof prefix);
@@ -507,11 +510,21 @@ static enum llmq_status bind_fused(struct llmq_model *m, bool hf, int il) {
     struct llmq_layer *L = &m->layers[il];
     char name[128];
     enum llmq_status st;
-    if ((st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_Q, il, hf, name, sizeof name),
-                         true, 2, Dq + 2 * Dkv, D, "(n_head + 2 n_head_kv) * head_dim, n_embd", &qkv)) ||
-        (st = get_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_UP, il, hf, name, sizeof name),
-                         true, 2, 2 * F, D, "2 n_ff, n_embd", &gu)) ||
-        (st = slice_rows(m, il, LLMQ_LIN_Q, qkv, 0, Dq, &L->w[LLMQ_LIN_Q])) ||
+    if (m->quant && !find_tensor(m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_Q, il, hf, name,
+                                                          sizeof name))) { // packed: dequantized now
+        if ((st = dequant_linear(m, il, LLMQ_LIN_Q, -1, Dq + 2 * Dkv, D, &qkv)) ||
+            (st = dequant_linear(m, il, LLMQ_LIN_UP, -1, 2 * F, D, &gu)))
+            return st;
+    } else if ((st = get_tensor(
+                    m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_Q, il, hf, name, sizeof name), true,
+                    2, Dq + 2 * Dkv, D, "(n_head + 2 n_head_kv) * head_dim, n_embd", &qkv)) ||
+               (st = get_tensor(
+                    m, llmq_tensor_full_name(hp->arch, LLMQ_T_LINEAR_0 + LLMQ_LIN_UP, il, hf, name, sizeof name), true,
+                    2, 2 * F, D, "2 n_ff, n_embd", &gu)))
+        return st;
+    m->fused[2 * il] = qkv;
+    m->fused[2 * il + 1] = gu;
+    if ((st = slice_rows(m, il, LLMQ_LIN_Q, qkv, 0, Dq, &L->w[LLMQ_LIN_Q])) ||
         (st = slice_rows(m, il, LLMQ_LIN_K, qkv, Dq, Dkv, &L->w[LLMQ_LIN_K])) ||
         (st = slice_rows(m, il, LLMQ_LIN_V, qkv, Dq + Dkv, Dkv, &L->w[LLMQ_LIN_V])) ||
         (st = slice_rows(m, il, LLMQ_LIN_GATE, gu, 0, F, &L->w[LLMQ_LIN_GATE])) ||
@@ -617,12 +630,8 @@ static enum llmq_status bind_tensors(struct llmq_model *m, bool hf) {
     if (hf && hp->gemma && !(m->shifted = calloc((size_t)(1 + 6 * hp->n_layer), sizeof *m->shifted)))
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
     const bool fused = llmq_arch_info_of(hp->arch)->fused;
-    if (fused && m->quant)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: a quantized %s directory (fused qkv_proj / gate_up_proj) is not "
-                           "supported yet",
-                           src_name(m), llmq_arch_name(hp->arch));
-    if (fused && !(m->slices = calloc((size_t)hp->n_layer * LLMQ_LIN_COUNT, sizeof *m->slices)))
+    if (fused && (!(m->slices = calloc((size_t)hp->n_layer * LLMQ_LIN_COUNT, sizeof *m->slices)) ||
+                  !(m->fused = calloc((size_t)hp->n_layer * 2, sizeof *m->fused))))
         return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", src_name(m));
     const size_t n_exp = hp->moe ? (size_t)hp->n_layer * (size_t)hp->n_expert * 3 : 0;
     if (hp->moe && (!(m->exp_ptrs = calloc(n_exp, sizeof *m->exp_ptrs)) ||
@@ -803,6 +812,7 @@ void llmq_model_free(struct llmq_model *m) {
     for (int64_t i = 0; i < m->n_shifted; i++) free((void *)m->shifted[i].data);
     free(m->shifted);
     free(m->slices);
+    free(m->fused);
     free(m->exp_slices);
     free(m->exp_ptrs);
     free(m->shexp_views);

@@ -31,7 +31,9 @@
  *   sequences no longer than the window. gemma2 / gemma3 honour theirs (calib/model/forward.h).
  *   phi3: qkv_proj / attn_qkv and gate_up_proj / ffn_up (formats/llama/arch.h "Phi-3") are split into row
  *   ranges: layers[l].w[Q, K, V] and w[GATE, UP] are views of consecutive rows of the fused tensor (m->slices,
- *   no copy). AWQ / GPTQ directories of phi3 are refused (their fused packed linears are not read yet).
+ *   no copy); m->fused holds the stored tensors themselves (llmq_model_stored_linear). An AWQ / GPTQ directory of
+ *   phi3 (as `llmq quantize` writes it: quant/export.h "Fused linears") has one packed qkv_proj and gate_up_proj per
+ *   block: each is dequantized on load into an owned F32 view and split the same way.
  *   Gemma norms: every norm view holds the weights the forward pass multiplies by, 1 + w (formats/llama/arch.h
  *   "Gemma"): a GGUF stores them so; for an HF directory the loader makes owned F32 copies of 1 + w
  *   (m->shifted; (D) or (Dh) floats per norm, computed in f32), and the HF writers store them minus 1. rope_type: NORM
@@ -140,11 +142,22 @@ struct llmq_model {
     struct llmq_tensor_view *shifted;          // (n_shifted) owned F32 views of 1 + w: an HF gemma model's norms
     int64_t n_shifted;
     struct llmq_tensor_view *slices; // (n_layer, LLMQ_LIN_COUNT) phi3: row ranges of the fused tensors (data not owned)
+    const struct llmq_tensor_view **fused;    // (n_layer, 2) phi3: the stored qkv and gate_up tensors (data not owned)
     struct llmq_tensor_view *exp_slices;      // (n_layer, E, 3) GGUF moe: each expert's part of a stacked tensor
     const struct llmq_tensor_view **exp_ptrs; // (n_layer, E, 3) what layers[l].exps point into
     struct llmq_tensor_view *shexp_views;     // (n_layer) qwen2_moe: ffn_gate_inp_shexp as (1, D) (data not owned)
     enum llmq_expert_names expert_names; // an HF moe directory's spelling of its experts (see "Mixture of experts")
 };
+
+// The tensor block l stores linear `which` in: phi3's fused qkv / gate_up for q, k, v / gate, up (all their rows,
+// formats/llama/arch.h llmq_arch_fused_part), else the linear's own view.
+static inline const struct llmq_tensor_view *llmq_model_stored_linear(const struct llmq_model *m, int64_t l,
+                                                                      enum llmq_linear which) {
+    enum llmq_linear head;
+    int64_t r0, total;
+    if (!m->fused || !llmq_arch_fused_part(&m->hp, which, &head, &r0, &total)) return m->layers[l].w[which];
+    return m->fused[2 * l + (head == LLMQ_LIN_UP)];
+}
 
 // What an AWQ / GPTQ directory held (see "Quantized HF directories"), and the dequantized weights.
 struct llmq_model_quant {

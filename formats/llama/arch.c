@@ -246,6 +246,17 @@ char *llmq_arch_linear_full_name(enum llmq_arch a, enum llmq_linear l, int64_t l
     return buf;
 }
 
+bool llmq_arch_fused_part(const struct llmq_hparams *hp, enum llmq_linear l, enum llmq_linear *head, int64_t *r0,
+                          int64_t *total) {
+    if (!arch_fused(hp->arch) || l == LLMQ_LIN_O || l == LLMQ_LIN_DOWN || (unsigned)l >= LLMQ_LIN_COUNT) return false;
+    const int64_t Dq = hp->n_head * hp->head_dim, Dkv = hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    const bool attn = l <= LLMQ_LIN_V;
+    *head = attn ? LLMQ_LIN_Q : LLMQ_LIN_UP;
+    *total = attn ? Dq + 2 * Dkv : 2 * F;
+    *r0 = l == LLMQ_LIN_Q || l == LLMQ_LIN_GATE ? 0 : l == LLMQ_LIN_K ? Dq : l == LLMQ_LIN_V ? Dq + Dkv : F;
+    return true;
+}
+
 // {name, hf_model_type, hf_class, gguf_name, qk_permuted, qkv_bias, qk_norm, gemma, always_tied, swa_pattern, fused,
 //  moe, shexp}
 static const struct llmq_arch_info archs[LLMQ_ARCH_COUNT] = {

@@ -45,7 +45,7 @@
  *   have no tensor of their own: the loader (calib/model/model.h) gives them row ranges of the fused ones.)
  *   RoPE NEOX in both formats, no permutation. rope_scaling "longrope" / "su" (short / long factors) is refused,
  *   as is partial_rotary_factor != 1. The sliding window (HF sliding_window, every layer) is honoured for an HF
- *   model; a GGUF has none (llama.cpp's phi3 disables it). Quantized output is not written yet.
+ *   model; a GGUF has none (llama.cpp's phi3 disables it). Quantized output keeps the fusion: llmq_arch_fused_part.
  *
  * ---- Mixture of experts (mixtral: modeling_mixtral.py, qwen3_moe: modeling_qwen3_moe.py; llama.cpp
  *      src/models/llama.cpp, qwen3moe.cpp, llama-graph.cpp build_moe_ffn; convert_hf_to_gguf.py LlamaModel,
@@ -374,6 +374,11 @@ char *llmq_linear_full_name(enum llmq_linear l, int64_t layer, bool hf, char *bu
 // "model.layers.N.mlp.shared_expert.gate_proj"); the other families' as llmq_linear_full_name. Returns buf.
 char *llmq_arch_linear_full_name(enum llmq_arch a, enum llmq_linear l, int64_t layer, bool hf, char *buf, size_t size);
 const char *llmq_linear_name(enum llmq_linear l); // short: "q", "k", "v", "o", "gate", "up", "down"
+// phi3 (see "Phi-3"): linear l of hp is rows [*r0, *r0 + its own rows) of the tensor stored for linear *head (q, k, v:
+// LLMQ_LIN_Q's attn_qkv / qkv_proj; gate, up: LLMQ_LIN_UP's ffn_up / gate_up_proj), *total rows in all. false (nothing
+// set) for a linear stored as a tensor of its own: every other family's, and o / down.
+bool llmq_arch_fused_part(const struct llmq_hparams *hp, enum llmq_linear l, enum llmq_linear *head, int64_t *r0,
+                          int64_t *total);
 
 const struct llmq_arch_info *llmq_arch_info_of(enum llmq_arch a); // never NULL for a < LLMQ_ARCH_COUNT
 const char *llmq_arch_name(enum llmq_arch a);                     // "llama", "mistral", ..., "gemma3"

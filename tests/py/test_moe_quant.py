@@ -41,7 +41,6 @@
                     statistics hold all N tokens (routed: its routed tokens).
 """
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -208,7 +207,7 @@ def unpack_awq(t, prefix, group, R, C):
 
 def dequantized_dir(src, dst, E, pattern, names):
     """A plain f32 HF directory with every packed linear of src (gptq_v2 or awq) unpacked by numpy."""
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import load_file
     t = load_file(str(src / "model.safetensors"))
     cfg = json.loads((src / "config.json").read_text())
     qc = cfg["quantization_config"]
@@ -234,15 +233,8 @@ def dequantized_dir(src, dst, E, pattern, names):
         assert not any(f"model.layers.{l}.mlp.{p}_proj.weight" in out for p in ("gate", "up", "down"))
     head_dim = cfg.get("head_dim") or D // cfg["num_attention_heads"]
     assert out["model.layers.0.self_attn.q_proj.weight"].shape == (cfg["num_attention_heads"] * head_dim, D)
-    dst.mkdir(exist_ok=True)
-    save_file(out, str(dst / "model.safetensors"))
-    del cfg["quantization_config"]
-    cfg.pop("llmq", None)
-    cfg["torch_dtype"] = "float32"
-    (dst / "config.json").write_text(json.dumps(cfg))
-    for f in src.iterdir():
-        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
-            shutil.copy(f, dst / f.name)
+    from unpack_ref import save_plain_dir
+    save_plain_dir(out, cfg, src, dst)
 
 
 HF_LOGITS = """

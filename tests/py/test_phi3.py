@@ -1,7 +1,8 @@
 """Oracle: the Phi-3 family (model_type / general.architecture "phi3": fused qkv_proj / attn_qkv and
 gate_up_proj / ffn_up, NEOX RoPE, the sliding window of every layer in transformers) against transformers and
-llama.cpp. What llmq does not do yet for Phi-3 is refused, and tested as refused: quantized output (the fused
-linears are not written back), LongRoPE ("longrope" / "su" short and long factors), partial rotary factors.
+llama.cpp. What llmq does not do yet for Phi-3 is refused, and tested as refused: LongRoPE ("longrope" / "su" short
+and long factors), partial rotary factors. Quantized output (the fused linears written back fused):
+tests/py/test_phi3_quant.py.
 
 The models: tests/py/hf_phi3_model.py builds random-weight Phi3ForCausalLM checkpoints (hidden 64, 2 layers, 4
 heads, 2 kv heads, intermediate 128, vocab 512, untied, f32), "tiny" without a window and "tiny-swa" with
@@ -92,14 +93,6 @@ def test_gguf_to_hf_reproduces_tensors(llmq_bin, models, work):
     for name in a:
         assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
     assert cfg["model_type"] == "phi3" and cfg["architectures"] == ["Phi3ForCausalLM"]
-
-
-@needs_hf
-def test_quantize_refused(llmq_bin, models, work):
-    out = work / "q.gguf"
-    r = run([llmq_bin, "quantize", "--model", models["tiny"]["gguf"], "--format", "gguf", "--gguf-type", "Q8_0",
-             "--method", "rtn", "--out", out], check=False)
-    assert r.returncode != 0 and "fused qkv_proj / gate_up_proj" in r.stderr and not out.exists(), r.stderr
 
 
 @pytest.mark.parametrize("change, message", [

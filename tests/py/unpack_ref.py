@@ -82,6 +82,21 @@ def dequant_gptq(t, bits, v1):
     return ((q - z[g]).astype(np.float32) * s[g]).T
 
 
+def save_plain_dir(tensors, cfg, src, dst):
+    """A plain f32 HF directory dst: tensors {name: f32 array}, cfg (config.json without its quantization_config and
+    llmq keys), the tokenizer files of src."""
+    import shutil
+    from safetensors.numpy import save_file
+    dst.mkdir(exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(dst / "model.safetensors"))
+    cfg = {k: v for k, v in cfg.items() if k not in ("quantization_config", "llmq")}
+    cfg["torch_dtype"] = "float32"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy(f, dst / f.name)
+
+
 class QuantDir:
     """A quantized HF directory: config, tensors by name (read with the safetensors package)."""
 

@@ -63,8 +63,9 @@
  *   Which set: transformers takes long when this forward's sequence (max position + 1) is longer than
  *   original_max_position_embeddings; llama.cpp when the context size n_ctx (per sequence) is. llmq's forward
  *   pass (calib/model/forward.h llmq_forward_set_rope_ctx) uses transformers' rule unless given a context:
- *   llmq eval gives its --ctx for a GGUF model or under --emulate (llama.cpp's rule), and for the perplexity
- *   protocols the two agree (every sequence is the context long). Calibration uses transformers' rule.
+ *   llmq eval's perplexity / KLD passes give their --ctx for a GGUF model or under --emulate (llama.cpp's rule;
+ *   every chunk is the context long, so the two rules agree there); the tasks (calib/eval/tasks.c) and
+ *   calibration use transformers' rule.
  *
  * ---- Mixture of experts (mixtral: modeling_mixtral.py, qwen3_moe: modeling_qwen3_moe.py; llama.cpp
  *      src/models/llama.cpp, qwen3moe.cpp, llama-graph.cpp build_moe_ffn; convert_hf_to_gguf.py LlamaModel,

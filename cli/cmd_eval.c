@@ -449,7 +449,8 @@ static int parse_flags(int argc, char **argv, struct eargs *a) {
          "perplexity: llamacpp (n_ctx chunks, BOS per chunk, second half scored) or gptq (the papers' windows, all "
          "scored); --tasks: lm-eval (lm-evaluation-harness's prompts and log-likelihoods) or llamacpp "
          "(llama-perplexity --hellaswag / --winogrande / --multiple-choice scoring)"},
-        {"ctx", CLI_INT, &a->ctx, "512 for llamacpp, 2048 for gptq", "tokens per chunk"},
+        {"ctx", CLI_INT, &a->ctx, "512 for llamacpp, 2048 for gptq",
+         "tokens per chunk (phi3 LongRoPE: the long factors when it exceeds the original context)"},
         {"chunks", CLI_INT, &a->chunks, "-1 (all)", "evaluate only the first N chunks"},
         {"threads", CLI_INT, &a->threads, "the number of CPUs", "threads for the forward pass and the scoring"},
         {"device", CLI_STR, &a->device, "auto", CLI_DEVICE_HELP},

@@ -68,17 +68,18 @@ struct llmq_gguf_export {
     const struct llmq_model *m;
     struct llmq_gguf_export_opts o;
     char *out_path;
-    struct entry *ent;                 // (n) in file order
-    int64_t n, next;                   // next: the first entry not written yet
-    int64_t *lin;                      // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
-    int64_t *xlin;                     // (n_layer * 3) moe: entry index of each stacked expert tensor
-    int *n_handed;                     // (n_layer) linears handed over per block
-    struct llmq_tensor_view *given;    // (n_layer, N_GIVEN) copies of the handed-over block tensors (data NULL: none)
-    float **imp;                       // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
-    float **eimp;                      // moe: (n_layer, E, 2) each expert's gate/up and down input importance
-    float **cimp;                      // the same from o.choice_imatrix (the type choice only), or NULL
-    float **ceimp;                     // moe: eimp's from o.choice_imatrix, or NULL
-    struct llmq_tensor_view rope_view; // HF llama3: generated rope_freqs.weight
+    struct entry *ent;                   // (n) in file order
+    int64_t n, next;                     // next: the first entry not written yet
+    int64_t *lin;                        // (n_layer * LLMQ_LIN_COUNT) entry index of each linear
+    int64_t *xlin;                       // (n_layer * 3) moe: entry index of each stacked expert tensor
+    int *n_handed;                       // (n_layer) linears handed over per block
+    struct llmq_tensor_view *given;      // (n_layer, N_GIVEN) copies of the handed-over block tensors (data NULL: none)
+    float **imp;                         // (n_layer * LLMQ_CALIB_N_SLOTS) importance per block input, or NULL
+    float **eimp;                        // moe: (n_layer, E, 2) each expert's gate/up and down input importance
+    float **cimp;                        // the same from o.choice_imatrix (the type choice only), or NULL
+    float **ceimp;                       // moe: eimp's from o.choice_imatrix, or NULL
+    struct llmq_tensor_view rope_view;   // HF llama3: generated rope_freqs.weight
+    struct llmq_tensor_view rope_ext[2]; // HF phi3 LongRoPE: rope_factors_long / _short.weight from m->hp
     float *rope_gen;
     struct llmq_gguf_writer *w;
     enum llmq_status err; // first failure while encoding / writing (poisons the export)
@@ -246,6 +247,21 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
                                                  .data = e->rope_gen,
                                                  .nbytes = (size_t)n * sizeof(float)};
         ADD(&e->rope_view, K_ROPE, -1, -1, "%s", LLMQ_GGUF_ROPE_FREQS);
+    }
+    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE) { // as llmq convert (Phi3MiniModel): long, then short
+        const char *names[2] = {LLMQ_GGUF_ROPE_LONG, LLMQ_GGUF_ROPE_SHORT};
+        const float *vals[2] = {hp->rope_scaling.long_factor, hp->rope_scaling.short_factor};
+        int64_t n = hp->head_dim / 2;
+        for (int i = 0; i < 2; i++) {
+            e->rope_ext[i] = (struct llmq_tensor_view){.name = names[i],
+                                                       .dtype = LLMQ_DTYPE_F32,
+                                                       .n_dims = 1,
+                                                       .shape = {n, 1, 1, 1},
+                                                       .data = (void *)vals[i],
+                                                       .nbytes = (size_t)n * sizeof(float)};
+            ADD(&e->rope_ext[i], K_VIEW, -1, -1, "%s", names[i]);
+            x->view = &e->rope_ext[i];
+        }
     }
     for (int64_t l = 0; l < hp->n_layer; l++) {
         const struct llmq_layer *L = &m->layers[l];

@@ -111,6 +111,10 @@ static enum llmq_status run_eval(const struct llmq_model *m, const struct llmq_m
     if ((st = llmq_forward_init(m, n, nt, &r.fm)) || (st = llmq_forward_set_emulate(r.fm, o->emulate))) goto done;
     if (base && ((st = llmq_forward_init(base, n, nt, &r.fb)) || (st = llmq_forward_set_emulate(r.fb, o->emulate))))
         goto done;
+    // LongRoPE: llama.cpp's choice of factors by the context for a GGUF or under --emulate (every chunk is the
+    // context long, so transformers' rule by the sequence's length agrees)
+    if ((m->from_gguf || o->emulate) && (st = llmq_forward_set_rope_ctx(r.fm, n))) goto done;
+    if (r.fb && (base->from_gguf || o->emulate) && (st = llmq_forward_set_rope_ctx(r.fb, n))) goto done;
     llmq_forward_set_backend(r.fm, o->backend);
     if (r.fb) llmq_forward_set_backend(r.fb, o->backend);
     r.xm = malloc((size_t)(n * D) * sizeof(float));

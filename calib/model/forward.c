@@ -56,9 +56,13 @@ struct llmq_forward {
     float *bias;       // (Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
     float *qk_norms;   // (2 Dh) q_norm, k_norm; NULL without qk_norm
     float *post_norms; // (2, D) gemma attn_post_norm, ffn_post_norm; NULL otherwise
-    float *ff;         // (Dh/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors)
+    float *ff;         // (3, Dh/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors;
+                       // LongRoPE: the short factors), ones, LongRoPE's long factors
+    int64_t rope_ctx;  // LongRoPE: llama.cpp's context for the choice of factors; 0: transformers' rule
+                       // (llmq_forward_set_rope_ctx)
+    int rope_long;     // the factors rope_cos / rope_sin hold: 1 long (LongRoPE), 0 the others; -1 none yet
     int64_t n_pos;     // positions in the RoPE tables and keys in the score buffers (grown on demand)
-    float *rope_cos;   // (n_pos, Dh/2) cos(pos * theta_i / ff_i)
+    float *rope_cos;   // (n_pos, Dh/2) cos(pos * theta_i / ff_i) (LongRoPE: times attn_factor)
     float *rope_sin;   // (n_pos, Dh/2)
     float *swa_cos;    // (n_pos, Dh/2) the sliding layers' table (gemma: rope_theta_swa, no scaling); NULL when
     float *swa_sin;    // they share rope_cos / rope_sin
@@ -546,7 +550,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     f->bias = hp->qkv_bias ? alloc_f32(Dq + 2 * Dkv, &ok) : NULL;
     f->qk_norms = hp->qk_norm ? alloc_f32(2 * Dh, &ok) : NULL;
     f->post_norms = hp->gemma ? alloc_f32(2 * D, &ok) : NULL;
-    f->ff = alloc_f32(Dh, &ok); // (Dh/2) factors, then (Dh/2) ones for the sliding layers' table
+    f->ff = alloc_f32(Dh + Dh / 2, &ok); // (Dh/2) factors, (Dh/2) ones for the sliding layers' table, long factors
     f->xn = alloc_act(T * D, &ok);
     f->q = alloc_act(T * Dq, &ok);
     f->k = alloc_act(T * Dkv, &ok);
@@ -569,7 +573,12 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     if (!st) st = llmq_model_weight_f32(m->output_norm, f->out_norm, 1);
     if (st) goto fail;
     llmq_model_rope_freq_factors(m, f->ff);
-    for (int64_t i = Dh / 2; i < Dh; i++) f->ff[i] = 1.0f;
+    for (int64_t i = Dh / 2; i < Dh + Dh / 2; i++) f->ff[i] = 1.0f;
+    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE) {
+        memcpy(f->ff, hp->rope_scaling.short_factor, (size_t)(Dh / 2) * sizeof(float));
+        memcpy(f->ff + Dh, hp->rope_scaling.long_factor, (size_t)(Dh / 2) * sizeof(float));
+    }
+    f->rope_long = -1;
     *out = f;
     return LLMQ_OK;
 fail:
@@ -643,6 +652,13 @@ enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emul
     return LLMQ_OK;
 }
 
+enum llmq_status llmq_forward_set_rope_ctx(struct llmq_forward *f, int64_t n_ctx) {
+    if (n_ctx < 0) return llmq_errorf(LLMQ_ERR_ARG, "forward: RoPE context %lld is negative", (long long)n_ctx);
+    f->rope_ctx = n_ctx;
+    f->rope_long = -1; // the tables are refilled at the next pass
+    return LLMQ_OK;
+}
+
 enum llmq_status llmq_forward_set_favec_rows(struct llmq_forward *f, const uint8_t *rows) {
     if (rows && (f->emulate != LLMQ_EMULATE_LLAMACPP_CPU || f->m->hp.head_dim > LLMQ_FAVEC_MAX_DH))
         return llmq_errorf(LLMQ_ERR_ARG,
@@ -654,9 +670,10 @@ enum llmq_status llmq_forward_set_favec_rows(struct llmq_forward *f, const uint8
 }
 
 // Fills cos / sin (seqlen, Dh/2) as ggml_rope_cache_init: theta_i = pos * theta_scale^i (a running f32
-// product) / ff_i / div (div: linear rope scaling's factor, else 1).
-static void fill_rope(const struct llmq_forward *f, float base, const float *ff, float div, int64_t seqlen, float *c,
-                      float *s) {
+// product) / ff_i / div (div: linear rope scaling's factor, else 1), cos and sin times mscale (LongRoPE's
+// attention factor, else 1).
+static void fill_rope(const struct llmq_forward *f, float base, const float *ff, float div, float mscale,
+                      int64_t seqlen, float *c, float *s) {
     const int64_t half = f->m->hp.head_dim / 2;
     const float theta_scale = powf(base, -2.0f / (float)f->m->hp.head_dim);
     for (int64_t p = 0; p < seqlen; p++) {
@@ -664,8 +681,8 @@ static void fill_rope(const struct llmq_forward *f, float base, const float *ff,
         for (int64_t i = 0; i < half; i++) {
             float th = theta / ff[i];
             if (div != 1.0f) th /= div;
-            c[p * half + i] = cosf(th);
-            s[p * half + i] = sinf(th);
+            c[p * half + i] = cosf(th) * mscale;
+            s[p * half + i] = sinf(th) * mscale;
             theta *= theta_scale;
         }
     }
@@ -676,10 +693,13 @@ static bool swa_table(const struct llmq_hparams *hp) {
     return hp->gemma && (hp->rope_theta_swa != hp->rope_theta || hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR);
 }
 
-// Grows the RoPE tables and the score buffers to sequences of seqlen tokens.
+// Grows the RoPE tables and the score buffers to sequences of seqlen tokens, and fills the tables with the
+// factors a sequence of seqlen tokens takes (LongRoPE: llmq_rope_longrope_long).
 static enum llmq_status ensure_positions(struct llmq_forward *f, int64_t seqlen) {
-    if (seqlen <= f->n_pos) return LLMQ_OK;
     const struct llmq_hparams *hp = &f->m->hp;
+    const int lng = llmq_rope_longrope_long(hp, f->rope_ctx, seqlen);
+    if (seqlen <= f->n_pos && lng == f->rope_long) return LLMQ_OK;
+    if (seqlen < f->n_pos) seqlen = f->n_pos; // other factors: the whole table again
     const int64_t half = hp->head_dim / 2;
     const size_t tb = (size_t)(seqlen * half) * sizeof(float);
     bool ok = true;
@@ -694,12 +714,15 @@ static enum llmq_status ensure_positions(struct llmq_forward *f, int64_t seqlen)
         return llmq_errorf(LLMQ_ERR_NOMEM, "forward: out of memory for sequences of %lld tokens", (long long)seqlen);
     f->scores = sc;
     const float div = hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR ? hp->rope_scaling.factor : 1.0f;
-    fill_rope(f, hp->rope_theta, f->ff, div, seqlen, f->rope_cos, f->rope_sin);
+    const bool longrope = hp->rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE;
+    fill_rope(f, hp->rope_theta, lng ? f->ff + 2 * half : f->ff, div, longrope ? hp->rope_scaling.attn_factor : 1.0f,
+              seqlen, f->rope_cos, f->rope_sin);
     if (swa_table(hp)) {
         float *ones = f->ff + half; // (Dh/2) ones after ff
-        fill_rope(f, hp->rope_theta_swa, ones, 1.0f, seqlen, f->swa_cos, f->swa_sin);
+        fill_rope(f, hp->rope_theta_swa, ones, 1.0f, 1.0f, seqlen, f->swa_cos, f->swa_sin);
     }
     f->n_pos = seqlen;
+    f->rope_long = lng;
     return LLMQ_OK;
 }
 

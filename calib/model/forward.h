@@ -96,6 +96,13 @@ enum llmq_status llmq_forward_set_emulate(struct llmq_forward *f, enum llmq_emul
 #define LLMQ_FAVEC_MAX_DH 512
 enum llmq_status llmq_forward_set_favec_rows(struct llmq_forward *f, const uint8_t *rows);
 
+// LongRoPE (phi3 rope_scaling "longrope" / "su"; formats/llama/arch.h "LongRoPE"): which factor set a pass uses.
+// n_ctx 0 (the default): transformers' rule, the long factors for a sequence longer than
+// original_max_position_embeddings (its prefix included), the short ones otherwise, chosen per call; n_ctx > 0:
+// llama.cpp's rule, long for every sequence when n_ctx (llama.cpp's context per sequence) is longer. No effect for
+// other models. LLMQ_ERR_ARG for n_ctx < 0.
+enum llmq_status llmq_forward_set_rope_ctx(struct llmq_forward *f, int64_t n_ctx);
+
 // One sequence of n tokens (tokens (n)) from position 0 (prefill, causal). Writes the logits of
 // positions [first_logit, n) into logits: ((n - first_logit), V) floats, row-major.
 enum llmq_status llmq_forward_logits(struct llmq_forward *f, const int32_t *tokens, int64_t n, int64_t first_logit,

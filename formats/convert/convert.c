@@ -563,7 +563,9 @@ static enum llmq_status gguf_to_hf(const char *in, const char *out, bool replace
         const struct llmq_tensor_view *tv = &llmq_gguf_tensor_at(g, i)->view;
         int64_t layer;
         char hname[128];
-        if (!strcmp(tv->name, "rope_freqs.weight")) continue; // became config.json rope_scaling
+        if (!strcmp(tv->name, LLMQ_GGUF_ROPE_FREQS) || !strcmp(tv->name, LLMQ_GGUF_ROPE_LONG) ||
+            !strcmp(tv->name, LLMQ_GGUF_ROPE_SHORT))
+            continue; // became config.json rope_scaling
         int e = map_name(&hp, tv->name, true, hname, sizeof(hname), &layer);
         if (e < 0) {
             st = llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: tensor %s has no Hugging Face name (not a %s tensor)", in,
@@ -628,6 +630,19 @@ done:
 
 // ============================================================================ HF -> GGUF ====
 
+// A planned f32 tensor (n) of generated values (owned by the caller, alive until the plan is written); false when
+// out of memory.
+static bool plan_gen(struct plan *p, const char *name, const float *values, int64_t n) {
+    struct job *j = plan_add(p);
+    if (!j) return false;
+    j->gen = values;
+    snprintf(j->name, sizeof(j->name), "%s", name);
+    j->dtype = LLMQ_DTYPE_F32;
+    j->n_dims = 1;
+    j->shape[0] = n;
+    return true;
+}
+
 static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct llmq_convert_opts *o,
                                    struct llmq_convert_stats *stats) {
     struct llmq_st_model *m = NULL;
@@ -650,17 +665,18 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
     }
     for (int64_t i = 0; hp.moe && i < hp.n_layer * 3; i++) p.exp_job[i] = -1;
     if (hp.rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) { // convert_hf_to_gguf.py writes the factors as a tensor
-        struct job *j = plan_add(&p);
-        if (!j || !(p.rope_freqs = malloc((size_t)(hp.head_dim / 2) * sizeof(float)))) {
+        if ((p.rope_freqs = malloc((size_t)(hp.head_dim / 2) * sizeof(float))))
+            llmq_rope_llama3_factors(&hp, p.rope_freqs);
+        if (!p.rope_freqs || !plan_gen(&p, LLMQ_GGUF_ROPE_FREQS, p.rope_freqs, hp.head_dim / 2)) {
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
             goto done;
         }
-        llmq_rope_llama3_factors(&hp, p.rope_freqs);
-        j->gen = p.rope_freqs;
-        snprintf(j->name, sizeof(j->name), "%s", LLMQ_GGUF_ROPE_FREQS);
-        j->dtype = LLMQ_DTYPE_F32;
-        j->n_dims = 1;
-        j->shape[0] = hp.head_dim / 2;
+    }
+    if (hp.rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE && // Phi3MiniModel.generate_extra_tensors: long, short
+        (!plan_gen(&p, LLMQ_GGUF_ROPE_LONG, hp.rope_scaling.long_factor, hp.head_dim / 2) ||
+         !plan_gen(&p, LLMQ_GGUF_ROPE_SHORT, hp.rope_scaling.short_factor, hp.head_dim / 2))) {
+        st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
+        goto done;
     }
     for (int64_t i = 0; i < llmq_st_n_tensors(m); i++) {
         const struct llmq_tensor_view *tv = llmq_st_tensor(m, i);

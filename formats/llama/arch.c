@@ -326,3 +326,13 @@ void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff) {
         }
     }
 }
+
+bool llmq_rope_longrope_long(const struct llmq_hparams *hp, int64_t ctx, int64_t seqlen) {
+    if (hp->rope_scaling.type != LLMQ_ROPE_SCALING_LONGROPE) return false;
+    return (ctx > 0 ? ctx : seqlen) > hp->rope_scaling.original_max_pos;
+}
+
+float llmq_longrope_attn_default(double factor, int64_t original_max_pos) {
+    if (!(factor > 1.0) || original_max_pos < 2) return 1.0f;
+    return (float)sqrt(1.0 + log(factor) / log((double)original_max_pos));
+}

@@ -43,9 +43,29 @@
  *   blk.N.ffn_up.weight        model.layers.N.mlp.gate_up_proj.weight         (2F, D) gate rows, then up rows
  *   (the roles LLMQ_T_LINEAR_0 + LLMQ_LIN_Q and + LLMQ_LIN_UP carry these names and shapes in phi3; K, V and GATE
  *   have no tensor of their own: the loader (calib/model/model.h) gives them row ranges of the fused ones.)
- *   RoPE NEOX in both formats, no permutation. rope_scaling "longrope" / "su" (short / long factors) is refused,
- *   as is partial_rotary_factor != 1. The sliding window (HF sliding_window, every layer) is honoured for an HF
- *   model; a GGUF has none (llama.cpp's phi3 disables it). Quantized output keeps the fusion: llmq_arch_fused_part.
+ *   RoPE NEOX in both formats, no permutation; partial_rotary_factor != 1 is refused. The sliding window (HF
+ *   sliding_window, every layer) is honoured for an HF model; a GGUF has none (llama.cpp's phi3 disables it).
+ *   Quantized output keeps the fusion: llmq_arch_fused_part.
+ *
+ * ---- LongRoPE (phi3 rope_scaling "longrope", legacy "su": transformers modeling_rope_utils.py
+ *      _compute_longrope_parameters / dynamic_rope_update; llama.cpp convert_hf_to_gguf.py Phi3MiniModel,
+ *      llama-model.cpp get_rope_factors, llama-context.cpp yarn_attn_factor, ggml rope_yarn) ---------------
+ *   Pair i of a head rotates by pos * theta^(-2i/Dh) / ext[i] and cos / sin are multiplied by attn_factor (q and
+ *   k alike, so the scores by attn_factor^2); ext = long_factor or short_factor (Dh/2 values each, > 0).
+ *   config.json                                      GGUF (phi3.*)
+ *   rope_scaling.short_factor / long_factor          tensors rope_factors_short.weight / rope_factors_long.weight
+ *   original_max_position_embeddings (top level;     rope.scaling.original_context_length (absent:
+ *     Phi3Config's 4096 when absent, as transformers) context_length)
+ *   rope_scaling.attention_factor, else, with        rope.scaling.attn_factor (absent: 1); written as the
+ *     factor = rope_scaling.factor or max_position_  value transformers uses (llama.cpp's converter derives
+ *     embeddings / original: sqrt(1 + ln factor /    it from the two lengths alone, the same unless config
+ *     ln original) when factor > 1, else 1            gives factor / attention_factor)
+ *   Which set: transformers takes long when this forward's sequence (max position + 1) is longer than
+ *   original_max_position_embeddings; llama.cpp when the context size n_ctx (per sequence) is. llmq's forward
+ *   pass (calib/model/forward.h llmq_forward_set_rope_ctx) uses transformers' rule unless given a context:
+ *   llmq eval's perplexity / KLD passes give their --ctx for a GGUF model or under --emulate (llama.cpp's rule;
+ *   every chunk is the context long, so the two rules agree there); the tasks (calib/eval/tasks.c) and
+ *   calibration use transformers' rule.
  *
  * ---- Mixture of experts (mixtral: modeling_mixtral.py, qwen3_moe: modeling_qwen3_moe.py; llama.cpp
  *      src/models/llama.cpp, qwen3moe.cpp, llama-graph.cpp build_moe_ffn; convert_hf_to_gguf.py LlamaModel,
@@ -134,7 +154,8 @@
  *   rope_scaling     rope.scaling.type "none" | "linear"  rope_scaling null | {"rope_type" (or "type"):
  *                    (+ rope.scaling.factor); llama3:     "default" | "linear" (factor) | "llama3" (factor,
  *                    the tensor rope_freqs.weight, left   low_freq_factor, high_freq_factor,
- *                    to the caller (type NONE)            original_max_position_embeddings)}
+ *                    to the caller (type NONE)            original_max_position_embeddings)
+ *                    phi3 LongRoPE: two factor tensors    | "longrope" / "su" (see "LongRoPE")}
  *                    (transformers 5 writes "rope_parameters" {"rope_theta", "rope_type", ...} instead of
  *                    rope_theta and rope_scaling: read the same way when those keys are absent)
  *   n_vocab          rows of token_embd.weight (checked   vocab_size                       0 (HF only)
@@ -219,9 +240,12 @@ enum llmq_rope_type {
 
 enum llmq_rope_scaling {
     LLMQ_ROPE_SCALING_NONE,
-    LLMQ_ROPE_SCALING_LINEAR, // positions divided by factor (the forward pass refuses it; the converter carries it)
-    LLMQ_ROPE_SCALING_LLAMA3, // per-pair frequency divisors (Llama 3.1+): llmq_rope_llama3_factors
+    LLMQ_ROPE_SCALING_LINEAR,   // positions divided by factor (the forward pass refuses it; the converter carries it)
+    LLMQ_ROPE_SCALING_LLAMA3,   // per-pair frequency divisors (Llama 3.1+): llmq_rope_llama3_factors
+    LLMQ_ROPE_SCALING_LONGROPE, // phi3 "longrope" / "su": short or long per-pair divisors, cos / sin times
+                                // attn_factor (see "LongRoPE")
 };
+#define LLMQ_LONGROPE_MAX_PAIRS 256 // head_dim <= 512 for LongRoPE (Phi-3 / Phi-4-mini: 96, 128)
 
 // See "Hyper-parameters" for where each field comes from.
 struct llmq_hparams {
@@ -233,7 +257,9 @@ struct llmq_hparams {
         enum llmq_rope_scaling type;
         float factor;                            // LINEAR, LLAMA3
         float low_freq_factor, high_freq_factor; // LLAMA3
-        int64_t original_max_pos;                // LLAMA3: original_max_position_embeddings
+        int64_t original_max_pos;                // LLAMA3, LONGROPE: original_max_position_embeddings
+        float attn_factor;                       // LONGROPE: cos / sin scale (transformers' attention_factor)
+        float short_factor[LLMQ_LONGROPE_MAX_PAIRS], long_factor[LLMQ_LONGROPE_MAX_PAIRS]; // LONGROPE (Dh/2)
     } rope_scaling;
     bool tied_embeddings;
     bool qkv_bias;  // q, k, v biases (the family's: qwen2)
@@ -307,6 +333,9 @@ enum llmq_tensor_role {
 // GGUF only: llama3 RoPE frequency divisors (Dh/2 f32) written by convert_hf_to_gguf.py; HF has
 // rope_scaling in config.json instead.
 #define LLMQ_GGUF_ROPE_FREQS "rope_freqs.weight"
+// GGUF only: LongRoPE's long / short divisors (Dh/2 f32), as convert_hf_to_gguf.py Phi3MiniModel writes them.
+#define LLMQ_GGUF_ROPE_LONG "rope_factors_long.weight"
+#define LLMQ_GGUF_ROPE_SHORT "rope_factors_short.weight"
 
 struct llmq_tensor_name {
     const char *gguf;     // GGUF name, after "blk.N." for per-block tensors ("attn_q.weight")
@@ -398,6 +427,15 @@ int64_t llmq_arch_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_
 // other type), as llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters
 // compute them: pair i rotates by pos * theta^(-2i/Dh) / ff[i].
 void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff);
+
+// LongRoPE (see "LongRoPE"): true when a pass uses the long factors. ctx > 0: llama.cpp's rule, by the context
+// size (ctx > original_max_pos); ctx 0: transformers' rule, by this sequence's length seqlen (> original_max_pos).
+// False for any other scaling type.
+bool llmq_rope_longrope_long(const struct llmq_hparams *hp, int64_t ctx, int64_t seqlen);
+
+// LongRoPE's attention factor when config.json gives none (transformers _compute_longrope_parameters,
+// convert_hf_to_gguf.py Phi3MiniModel): sqrt(1 + ln factor / ln original_max_pos) for factor > 1, else 1.
+float llmq_longrope_attn_default(double factor, int64_t original_max_pos);
 
 // ---- Reading and writing the hyper-parameters (formats/llama/hparams.c) --------------------------
 struct llmq_gguf;

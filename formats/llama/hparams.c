@@ -5,6 +5,7 @@
 #include "formats/llama/arch.h"
 
 #include "common/io.h"
+#include "formats/ggml/quants.h"
 #include "formats/gguf.h"
 
 #include <jansson.h>
@@ -29,7 +30,27 @@ static void set_arch(struct llmq_hparams *hp, enum llmq_arch a, bool gguf) {
 }
 
 // The checks of llmq_hparams_check; n_vocab only when vocab (config.json may lack vocab_size).
+// LongRoPE: Dh/2 <= LLMQ_LONGROPE_MAX_PAIRS positive finite factors of each set, a positive attention factor.
+static enum llmq_status check_longrope(const struct llmq_hparams *hp, const char *file) {
+    const int64_t half = hp->head_dim / 2;
+    if (half > LLMQ_LONGROPE_MAX_PAIRS || hp->rope_scaling.original_max_pos < 1)
+        return llmq_errorf(
+            LLMQ_ERR_CORRUPT, "%s: LongRoPE needs head_dim <= %d and an original context >= 1 (head_dim %lld, %lld)",
+            file, 2 * LLMQ_LONGROPE_MAX_PAIRS, (long long)hp->head_dim, (long long)hp->rope_scaling.original_max_pos);
+    const float a = hp->rope_scaling.attn_factor;
+    if (!(a > 0.0f) || !isfinite(a))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: LongRoPE attention factor %g must be positive", file, (double)a);
+    for (int64_t i = 0; i < half; i++) {
+        const float s = hp->rope_scaling.short_factor[i], l = hp->rope_scaling.long_factor[i];
+        if (!(s > 0.0f) || !isfinite(s) || !(l > 0.0f) || !isfinite(l))
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: LongRoPE factor %lld (short %g, long %g) must be positive", file,
+                               (long long)i, (double)s, (double)l);
+    }
+    return LLMQ_OK;
+}
+
 static enum llmq_status check(const struct llmq_hparams *hp, const char *file, bool vocab) {
+    enum llmq_status st;
     const struct {
         const char *name;
         int64_t v;
@@ -82,6 +103,7 @@ static enum llmq_status check(const struct llmq_hparams *hp, const char *file, b
     if (hp->shexp && (hp->n_ff_shexp < 1 || hp->n_ff_shexp > LLMQ_HPARAMS_MAX_DIM))
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: shared expert width %lld out of range [1, %lld]", file,
                            (long long)hp->n_ff_shexp, (long long)LLMQ_HPARAMS_MAX_DIM);
+    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE && (st = check_longrope(hp, file))) return st;
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) {
         float factor = hp->rope_scaling.factor, lo = hp->rope_scaling.low_freq_factor;
         float hi = hp->rope_scaling.high_freq_factor;
@@ -138,6 +160,47 @@ static enum llmq_status gguf_float(const struct llmq_gguf *g, const char *arch, 
 static float gemma_gguf_attn_scalar(const struct llmq_hparams *hp) {
     bool big = hp->n_layer == (hp->arch == LLMQ_ARCH_GEMMA2 ? 46 : 62);
     return (float)(big ? hp->n_embd / hp->n_head : hp->head_dim);
+}
+
+// One LongRoPE factor tensor (Dh/2 decodable values) into out.
+static enum llmq_status gguf_factors(const struct llmq_gguf *g, const struct llmq_gguf_tensor *t, const char *name,
+                                     int64_t half, float *out) {
+    if (!t)
+        return llmq_errorf(LLMQ_ERR_NOT_FOUND, "%s: missing tensor %s (LongRoPE needs both factor tensors)",
+                           llmq_gguf_path(g), name);
+    const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->view.dtype);
+    if (llmq_tensor_nelements(&t->view) != half || !tr || !tr->can_dequant ||
+        llmq_dequantize_row(t->view.dtype, t->view.data, out, half) != LLMQ_OK)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s: expected %lld decodable values (head_dim / 2)", llmq_gguf_path(g),
+                           name, (long long)half);
+    return LLMQ_OK;
+}
+
+// phi3 LongRoPE (formats/llama/arch.h "LongRoPE"): the rope_factors_long / _short tensors, when either is present,
+// with rope.scaling.attn_factor (absent: 1, as llama.cpp) and rope.scaling.original_context_length (absent:
+// context_length, as llama.cpp's n_ctx_orig_yarn).
+static enum llmq_status longrope_from_gguf(const struct llmq_gguf *g, const char *arch, struct llmq_hparams *hp) {
+    const struct llmq_gguf_tensor *lt = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_LONG);
+    const struct llmq_gguf_tensor *sh = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_SHORT);
+    const int64_t half = hp->head_dim / 2;
+    enum llmq_status st;
+    if (!lt && !sh) return LLMQ_OK;
+    if (hp->arch != LLMQ_ARCH_PHI3 || hp->rope_scaling.type != LLMQ_ROPE_SCALING_NONE)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: LongRoPE factor tensors are supported for phi3 without %s.rope.scaling.type",
+                           llmq_gguf_path(g), arch);
+    if (half > LLMQ_LONGROPE_MAX_PAIRS)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: LongRoPE with head_dim %lld is not supported (at most %d)",
+                           llmq_gguf_path(g), (long long)hp->head_dim, 2 * LLMQ_LONGROPE_MAX_PAIRS);
+    hp->rope_scaling.type = LLMQ_ROPE_SCALING_LONGROPE;
+    if ((st = gguf_factors(g, lt, LLMQ_GGUF_ROPE_LONG, half, hp->rope_scaling.long_factor)) ||
+        (st = gguf_factors(g, sh, LLMQ_GGUF_ROPE_SHORT, half, hp->rope_scaling.short_factor)) ||
+        (st = gguf_float(g, arch, "rope.scaling.attn_factor", false, 1.0f, &hp->rope_scaling.attn_factor)) ||
+        (st = gguf_int(g, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+                       &hp->rope_scaling.original_max_pos)))
+        return st;
+    hp->rope_scaling.factor = (float)((double)hp->n_ctx_train / (double)hp->rope_scaling.original_max_pos);
+    return LLMQ_OK;
 }
 
 // The gemma keys of "Hyper-parameters" (defaults as llama.cpp's load_arch_hparams of gemma2 / gemma3).
@@ -205,6 +268,7 @@ enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx
                 key, type);
         }
     }
+    if ((st = longrope_from_gguf(g, arch, hp))) return st;
     // n_vocab: the embedding's first dim (the tokenizer may be smaller; llama.cpp uses the tokens array)
     const char *te_name = llmq_tensor_name_of(LLMQ_T_TOK_EMBD)->gguf;
     const struct llmq_gguf_tensor *te = llmq_gguf_find_tensor(g, te_name);
@@ -331,6 +395,12 @@ enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct l
         ((st = llmq_gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear")) ||
          (st = llmq_gguf_writer_set_f32(w, KEY("rope.scaling.factor"), hp->rope_scaling.factor))))
         return st;
+    // LongRoPE: the factor tensors are the caller's (convert_hf_to_gguf.py Phi3MiniModel writes these two keys)
+    if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE &&
+        ((st = llmq_gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                                        (uint32_t)hp->rope_scaling.original_max_pos)) ||
+         (st = llmq_gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), hp->rope_scaling.attn_factor))))
+        return st;
 #undef KEY
     return hp->gemma ? gemma_to_gguf(w, hp, a) : LLMQ_OK;
 }
@@ -409,6 +479,52 @@ static enum llmq_status cfg_bool(const struct cfg *c, const char *key, bool *out
     return LLMQ_OK;
 }
 
+// The n numbers of the array key of r into out (a LongRoPE factor list).
+static enum llmq_status cfg_factors(const struct cfg *r, const char *key, int64_t n, float *out) {
+    const json_t *a = cfg_get(r, key);
+    if (!a) return cfg_missing(r, key);
+    if (!json_is_array(a) || (int64_t)json_array_size(a) != n)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s%s\" is not an array of %lld numbers (head_dim / 2)", r->file,
+                           r->prefix, key, (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_number(v) || !isfinite(json_number_value(v)))
+            return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s%s\"[%lld] is not a number", r->file, r->prefix, key,
+                               (long long)i);
+        out[i] = (float)json_number_value(v);
+    }
+    return LLMQ_OK;
+}
+
+// phi3 rope_scaling "longrope" / "su" (object r; c the config) as transformers reads it (formats/llama/arch.h
+// "LongRoPE"): original_max_position_embeddings from the top level (Phi3Config's default 4096 when absent, which
+// transformers puts over rope_scaling's own), factor as given or max_position_embeddings / original, and the
+// attention factor as given or derived from it.
+static enum llmq_status cfg_longrope(const struct cfg *c, const struct cfg *r, struct llmq_hparams *hp) {
+    const int64_t half = hp->head_dim / 2;
+    int64_t max_pos = 0;
+    float factor = 0, attn = 0;
+    enum llmq_status st;
+    if (half < 1 || half > LLMQ_LONGROPE_MAX_PAIRS)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: LongRoPE with head_dim %lld is not supported (at most %d)",
+                           c->file, (long long)hp->head_dim, 2 * LLMQ_LONGROPE_MAX_PAIRS);
+    hp->rope_scaling.type = LLMQ_ROPE_SCALING_LONGROPE;
+    if ((st = cfg_factors(r, "short_factor", half, hp->rope_scaling.short_factor)) ||
+        (st = cfg_factors(r, "long_factor", half, hp->rope_scaling.long_factor)) ||
+        (st = cfg_int(c, "original_max_position_embeddings", false, 4096, &hp->rope_scaling.original_max_pos)) ||
+        (st = cfg_int(c, "max_position_embeddings", false, 4096, &max_pos)) ||
+        (st = cfg_float(r, "factor", false, 0, &factor)) || (st = cfg_float(r, "attention_factor", false, 0, &attn)))
+        return st;
+    if (hp->rope_scaling.original_max_pos < 1)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: original_max_position_embeddings must be >= 1", c->file);
+    const double f =
+        cfg_get(r, "factor") ? (double)factor : (double)max_pos / (double)hp->rope_scaling.original_max_pos;
+    hp->rope_scaling.factor = (float)f;
+    hp->rope_scaling.attn_factor =
+        cfg_get(r, "attention_factor") ? attn : llmq_longrope_attn_default(f, hp->rope_scaling.original_max_pos);
+    return LLMQ_OK;
+}
+
 // rope_scaling, else rope_parameters (transformers 5 writes rope_theta and the scaling there, same keys; for
 // gemma3 one object per layer type: "full_attention" is read as the scaling, "sliding_attention" gives
 // rope_theta_swa).
@@ -446,10 +562,13 @@ static enum llmq_status cfg_rope_scaling(const struct cfg *c, struct llmq_hparam
         hp->rope_scaling.type = LLMQ_ROPE_SCALING_LINEAR;
         return cfg_float(&r, "factor", true, 0, &hp->rope_scaling.factor);
     }
+    if (hp->arch == LLMQ_ARCH_PHI3 && (strcmp(type, "longrope") == 0 || strcmp(type, "su") == 0))
+        return cfg_longrope(c, &r, hp);
     if (strcmp(type, "llama3") != 0 || hp->gemma)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (%s)%s", c->file, type,
-                           hp->gemma ? "linear" : "linear, llama3",
-                           hp->arch == LLMQ_ARCH_PHI3 ? ": LongRoPE short / long factors are not implemented" : "");
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (%s)", c->file, type,
+                           hp->gemma                    ? "linear"
+                           : hp->arch == LLMQ_ARCH_PHI3 ? "linear, llama3, longrope, su"
+                                                        : "linear, llama3");
     hp->rope_scaling.type = LLMQ_ROPE_SCALING_LLAMA3;
     if ((st = cfg_float(&r, "factor", true, 0, &hp->rope_scaling.factor)) ||
         (st = cfg_float(&r, "low_freq_factor", true, 0, &hp->rope_scaling.low_freq_factor)) ||
@@ -673,6 +792,27 @@ static void moe_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
     json_object_set_new(c, "mlp_only_layers", json_array());
 }
 
+// phi3 LongRoPE as Phi3Config writes it: rope_scaling {"type": "longrope", short_factor, long_factor} and the
+// top-level original_max_position_embeddings; factor and attention_factor only where they differ from what
+// transformers derives without them (formats/llama/arch.h "LongRoPE").
+static void longrope_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
+    const int64_t half = hp->head_dim / 2, orig = hp->rope_scaling.original_max_pos;
+    json_t *rs = json_object(), *sf = json_array(), *lf = json_array();
+    for (int64_t i = 0; i < half; i++) {
+        json_array_append_new(sf, json_f32(hp->rope_scaling.short_factor[i]));
+        json_array_append_new(lf, json_f32(hp->rope_scaling.long_factor[i]));
+    }
+    const float implied = (float)((double)hp->n_ctx_train / (double)orig);
+    if (hp->rope_scaling.factor != implied) json_object_set_new(rs, "factor", json_f32(hp->rope_scaling.factor));
+    if (hp->rope_scaling.attn_factor != llmq_longrope_attn_default(hp->rope_scaling.factor, orig))
+        json_object_set_new(rs, "attention_factor", json_f32(hp->rope_scaling.attn_factor));
+    json_object_set_new(rs, "long_factor", lf);
+    json_object_set_new(rs, "short_factor", sf);
+    json_object_set_new(rs, "type", json_string("longrope"));
+    json_object_set_new(c, "rope_scaling", rs);
+    json_object_set_new(c, "original_max_position_embeddings", json_integer(orig));
+}
+
 json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,
                                   const char *torch_dtype) {
     bool qwen = hp->arch == LLMQ_ARCH_QWEN2 || hp->arch == LLMQ_ARCH_QWEN3 || hp->arch == LLMQ_ARCH_QWEN3_MOE ||
@@ -712,6 +852,8 @@ json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, in
                                       "low_freq_factor", json_f32(hp->rope_scaling.low_freq_factor),
                                       "original_max_position_embeddings", (json_int_t)hp->rope_scaling.original_max_pos,
                                       "rope_type", "llama3"));
+    else if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE)
+        longrope_to_hf_config(hp, c);
     else
         json_object_set_new(c, "rope_scaling", json_null());
     json_object_set_new(c, "rope_theta", json_f32(hp->rope_theta));

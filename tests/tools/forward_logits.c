@@ -1,12 +1,13 @@
 /*
  * tests/tools/forward_logits.c — llmq_forward_logits on the command line, for the pytest oracles.
  *
- *   forward_logits MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0] [EMULATE=none]
+ *   forward_logits MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0] [EMULATE=none] [ROPE_CTX=0]
  *
  * IDS_FILE holds whitespace-separated token ids (one sequence, prefilled from position 0).
  * OUT_FILE receives the logits of positions [FIRST, n) as raw little-endian float32,
  * ((n - FIRST), n_vocab) row-major. EMULATE names a calib/model/actq.h mode (llamacpp-cpu, ...). Prints "n_tokens
- * n_vocab" on stdout. Exit 1 on error.
+ * n_vocab" on stdout. ROPE_CTX > 0: LongRoPE picks its factors by that context, as llama.cpp's n_ctx
+ * (llmq_forward_set_rope_ctx); 0: by the sequence's length, as transformers. Exit 1 on error.
  */
 #include "calib/model/forward.h"
 #include "calib/model/model.h"
@@ -18,11 +19,12 @@
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0] [EMULATE=none]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL IDS_FILE OUT_FILE [THREADS=2] [FIRST=0] [EMULATE=none] [ROPE_CTX=0]\n",
+                argv[0]);
         return 2;
     }
     int threads = argc > 4 ? atoi(argv[4]) : 2;
-    int64_t first = argc > 5 ? atoll(argv[5]) : 0;
+    int64_t first = argc > 5 ? atoll(argv[5]) : 0, rope_ctx = argc > 7 ? atoll(argv[7]) : 0;
     enum llmq_emulate emulate = LLMQ_EMULATE_NONE;
     if (argc > 6 && !llmq_emulate_from_name(argv[6], &emulate)) {
         fprintf(stderr, "%s: unknown emulation mode\n", argv[6]);
@@ -53,7 +55,9 @@ int main(int argc, char **argv) {
         goto done;
     }
     if (llmq_model_load(argv[1], &m) != LLMQ_OK) goto done;
-    if (llmq_forward_init(m, n, threads, &f) != LLMQ_OK || llmq_forward_set_emulate(f, emulate) != LLMQ_OK) goto done;
+    if (llmq_forward_init(m, n, threads, &f) != LLMQ_OK || llmq_forward_set_emulate(f, emulate) != LLMQ_OK ||
+        llmq_forward_set_rope_ctx(f, rope_ctx) != LLMQ_OK)
+        goto done;
     logits = malloc((size_t)((n - first) * m->hp.n_vocab) * sizeof(float));
     if (!logits) goto done;
     if (llmq_forward_logits(f, ids, n, first, logits) != LLMQ_OK) goto done;

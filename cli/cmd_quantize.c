@@ -451,6 +451,33 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
 }
 
 // Quantize's flag table, help text and parsing into *q: cli_parse's status (0: go on, 1: --help printed, 2: usage).
+// The long help of `llmq quantize --help` after the flags (the columns of its per-linear lines).
+static const char QUANTIZE_HELP[] =
+    "GPTQ takes each block's inputs from the already quantized model (true-sequential); AWQ from the\n"
+    "full-precision model. Calibration windows: seeded random --seqlen windows of the concatenated\n"
+    "tokenized sources. Identical inputs, --seed, --threads and --device give byte-identical outputs.\n"
+    "\n"
+    "What the columns of the per-linear lines on stderr mean:\n"
+    "  quantize: blk.L.NAME  R x C  METHOD [TYPE]  err|werr E  [loss L  rtn_err E0]  S s  ETA T\n"
+    "  R x C    rows (out_features) x columns (in_features) of the linear\n"
+    "  METHOD   rtn | gptq | awq | awq+gptq; rtn-pc: the --fallback rtn-per-channel layer; gguf: convert\n"
+    "           (f16/f32 type, no quantizer) and METHOD:rtn (GPTQ lost to the plain encoder, which was kept)\n"
+    "  TYPE     gguf only: the block type the linear was written in\n"
+    "  err      relative output error on the calibration tokens, ||(W-Q)X||^2 / ||WX||^2 (0 = exact)\n"
+    "  werr     relative weight error ||W-Q||^2 / ||W||^2, instead of err when there is no calibration\n"
+    "  loss     GPTQ's own objective, 1/2 sum (w-q)^2 / [H^-1]_ii^2 over the columns (the reference's\n"
+    "           Losses); its scale follows the Hessian (the inputs' size): compare it on one linear only\n"
+    "  rtn_err  err of plain RTN on the same grid and layer: err below rtn_err is what GPTQ gained\n"
+    "  S s      seconds this linear took (AWQ: its search ran before, in the block's awq: lines)\n"
+    "  ETA      time left: a work model (rows x cols x (tokens + cols) per linear, AWQ's tokens counted\n"
+    "           1 + 20 times for its scale search) at the rate measured so far; ? until 1% is done\n"
+    "gguf output: one line per tensor, [i/n] NAME SHAPE SRC -> TYPE MiB ms ETA and why the type differs\n"
+    "from the mix's (a fallback when the row length does not tile the block, an override).\n"
+    "\n"
+    "GGUF output gets llama-quantize's per-tensor types (quant/gguf_mix.h); with --method rtn\n"
+    "and --no-provenance the file equals llama.cpp's for the same input and importance.\n"
+    "Exit status: 0 ok, 1 error, 2 usage.";
+
 static int parse_flags(int argc, char **argv, struct qargs *q) {
     const struct cli_flag flags[] = {
         {"model", CLI_STR, &q->model, NULL, "the model: GGUF file or Hugging Face directory (required)"},
@@ -574,30 +601,7 @@ static int parse_flags(int argc, char **argv, struct qargs *q) {
         "quantize",
         "--model M --method METHOD --out DIR|FILE.gguf [flags]",
         "Quantize the linear layers of a model with RTN, GPTQ, AWQ or AWQ+GPTQ, or write a GGUF quant.",
-        "GPTQ takes each block's inputs from the already quantized model (true-sequential); AWQ from the\n"
-        "full-precision model. Calibration windows: seeded random --seqlen windows of the concatenated\n"
-        "tokenized sources. Identical inputs, --seed, --threads and --device give byte-identical outputs.\n"
-        "\n"
-        "What the columns of the per-linear lines on stderr mean:\n"
-        "  quantize: blk.L.NAME  R x C  METHOD [TYPE]  err|werr E  [loss L  rtn_err E0]  S s  ETA T\n"
-        "  R x C    rows (out_features) x columns (in_features) of the linear\n"
-        "  METHOD   rtn | gptq | awq | awq+gptq; rtn-pc: the --fallback rtn-per-channel layer; gguf: convert\n"
-        "           (f16/f32 type, no quantizer) and METHOD:rtn (GPTQ lost to the plain encoder, which was kept)\n"
-        "  TYPE     gguf only: the block type the linear was written in\n"
-        "  err      relative output error on the calibration tokens, ||(W-Q)X||^2 / ||WX||^2 (0 = exact)\n"
-        "  werr     relative weight error ||W-Q||^2 / ||W||^2, instead of err when there is no calibration\n"
-        "  loss     GPTQ's own objective, 1/2 sum (w-q)^2 / [H^-1]_ii^2 over the columns (the reference's\n"
-        "           Losses); its scale follows the Hessian (the inputs' size): compare it on one linear only\n"
-        "  rtn_err  err of plain RTN on the same grid and layer: err below rtn_err is what GPTQ gained\n"
-        "  S s      seconds this linear took (AWQ: its search ran before, in the block's awq: lines)\n"
-        "  ETA      time left: a work model (rows x cols x (tokens + cols) per linear, AWQ's tokens counted\n"
-        "           1 + 20 times for its scale search) at the rate measured so far; ? until 1% is done\n"
-        "gguf output: one line per tensor, [i/n] NAME SHAPE SRC -> TYPE MiB ms ETA and why the type differs\n"
-        "from the mix's (a fallback when the row length does not tile the block, an override).\n"
-        "\n"
-        "GGUF output gets llama-quantize's per-tensor types (quant/gguf_mix.h); with --method rtn\n"
-        "and --no-provenance the file equals llama.cpp's for the same input and importance.\n"
-        "Exit status: 0 ok, 1 error, 2 usage.",
+        QUANTIZE_HELP,
         flags,
         (int)(sizeof(flags) / sizeof(flags[0])),
         0,

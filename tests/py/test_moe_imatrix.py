@@ -34,6 +34,7 @@ from conftest import run
 from family_oracle import HF_PYTHON, HF_SKIP_REASON, moe_ggufs, moe_models
 from family_oracle import ids, work  # noqa: F401 (fixtures)
 import test_gguf_mix as gm
+import gen_golden_forward as gg
 from test_gguf_mix import lc  # noqa: F401 (the fixture: llama_cpp, or a skip)
 from test_imatrix_gguf import llama_tools, read_dat, rewrite, tensor_bytes
 
@@ -182,11 +183,7 @@ def check_runs(lc, path, expect_types=None):
             assert len(x.shape) == 3, (name, x.shape)  # one stacked tensor, so one type for all its experts
         if "ffn_gate_inp" in name:
             assert x.tensor_type == F.F32, name
-    llm = lc.Llama(model_path=str(path), n_ctx=64, n_batch=64, logits_all=True, n_threads=2, verbose=False)
-    toks = [1, 45, 300, 12, 77, 401]
-    llm.eval(toks)
-    logits = np.array(llm.scores[:len(toks)], dtype=np.float32)
-    llm.close()
+    logits = gg.llama_cpp_logits(path, [1, 45, 300, 12, 77, 401])
     assert np.isfinite(logits).all() and logits.std() > 0.01, path
     return {n: x.tensor_type.name for n, x in t.items()}
 

@@ -30,10 +30,12 @@ static int cand_index(enum llmq_dtype ty) {
     return -1;
 }
 
-// A tensor's candidates: bytes[k] (0 = its row does not tile cand[k]) and err[k] (INFINITY when not computed).
+// A tensor's candidates: bytes[k] (0 = its row does not tile cand[k]) and err[k] (INFINITY when not computed; for a
+// candidate smaller than the mix's type, the guarded err of the header's "Downgrades"), err_u[k] the same error with
+// imp = 1.
 struct opt {
     uint64_t bytes[K];
-    double err[K];
+    double err[K], err_u[K];
     int mix;     // cand index of the mix's type, or -1 (then the tensor is fixed)
     double gain; // what one unit of err costs in the allocation: g_t (MEASURED, allocated tensors), else 1
 };
@@ -90,6 +92,19 @@ static const float *row_importance(const struct llmq_gguf_choose_tensor *t, int6
     return t->part_rows > 0 ? t->part_importance[r / t->part_rows * t->part_stride] : t->importance;
 }
 
+// The header's "Downgrades": a candidate smaller than the mix's type costs at least its error without the importance,
+// rescaled to the mix's importance-weighted error: err[k] = max(err[k], err_u[k] · err[mix] / err_u[mix]) (nothing
+// when the mix's type rebuilds the sampled rows exactly, err_u[mix] = 0).
+static void guard_downgrades(struct opt *op) {
+    const double eu = op->err_u[op->mix], em = op->err[op->mix];
+    if (!(eu > 0) || !isfinite(eu) || !isfinite(em)) return;
+    for (int k = 0; k < K; k++)
+        if (op->bytes[k] && op->bytes[k] < op->bytes[op->mix] && isfinite(op->err[k])) {
+            double g = op->err_u[k] * (em / eu);
+            if (g > op->err[k]) op->err[k] = g;
+        }
+}
+
 // err[k] of tensor i for every candidate that tiles its rows (see "The error of a tensor in a type").
 static enum llmq_status tensor_errors(const struct llmq_gguf_choose_opts *o, const struct llmq_gguf_choose_tensor *t,
                                       int64_t i, llmq_gguf_choose_rows_fn rows, void *user, struct work *w,
@@ -103,7 +118,7 @@ static enum llmq_status tensor_errors(const struct llmq_gguf_choose_opts *o, con
         if (!op->bytes[k] || (capped && op->bytes[k] > op->bytes[op->mix])) continue; // err stays INFINITY
         size_t rb = 0;
         (void)llmq_dtype_nbytes(cand[k], C, &rb);
-        double e = 0;
+        double e = 0, eu = 0;
         for (int64_t r0 = 0, r1; r0 < n && !st; r0 = r1) { // runs of sampled rows with one importance (one expert)
             const float *imp = row_importance(t, r0 * stride);
             for (r1 = r0 + 1; r1 < n && row_importance(t, r1 * stride) == imp;) r1++;
@@ -111,16 +126,20 @@ static enum llmq_status tensor_errors(const struct llmq_gguf_choose_opts *o, con
             for (int64_t r = r0; r < r1 && !st; r++) {
                 if ((st = llmq_dequantize_row(cand[k], w->blk + (size_t)r * rb, w->Q, C))) break;
                 const float *x = w->W + r * C;
-                double er = 0;
+                double er = 0, eru = 0;
                 for (int64_t c = 0; c < C; c++) {
                     double d = (double)x[c] - (double)w->Q[c];
                     er += (imp ? (double)imp[c] : 1.0) * d * d;
+                    eru += d * d;
                 }
                 e += er;
+                eu += eru;
             }
         }
         op->err[k] = e * (double)R / (double)n;
+        op->err_u[k] = eu * (double)R / (double)n;
     }
+    guard_downgrades(op);
     return st;
 }
 
@@ -280,7 +299,7 @@ enum llmq_status llmq_gguf_choose(const struct llmq_gguf_choose_opts *o, int64_t
         for (int k = 0; k < K; k++) {
             bool out = k != p->mix && excluded(o, k);
             p->bytes[k] = p->mix >= 0 && !out ? llmq_gguf_choose_bytes(&t[i], cand[k]) : 0;
-            p->err[k] = INFINITY;
+            p->err[k] = p->err_u[k] = INFINITY;
         }
         if (p->mix < 0) continue;
         if ((st = tensor_errors(o, &t[i], i, rows, user, &w, p))) break;

@@ -25,6 +25,22 @@
  *   exactly by that type, which then wins every comparison it may enter without saying anything about
  *   other weights.
  *
+ * ---- Downgrades: a type smaller than the mix's ------------------------------------------------------------------
+ *   For a candidate τ whose row takes fewer bytes than the mix's type τ_mix, the choice uses
+ *     err(t, τ) = max( err_imp(t, τ),  err_1(t, τ) · err_imp(t, τ_mix) / err_1(t, τ_mix) )
+ *   where err_imp is the error above and err_1 the same sum with imp = 1 (the calibration-free error), both over the
+ *   same decoded rows (nothing changes when err_1(t, τ_mix) = 0, or without importance, where both are one sum).
+ *   So a smaller type replaces the mix's (QUALITY) only when it is better by both measures, and the allocation
+ *   (TARGET) prices a downgrade at the larger of the two estimates. Same-size and larger candidates use err_imp.
+ *   Why: llama.cpp's encoders fit each block to the importance, and an importance with "massive activation"
+ *   channels (mean x² of one input column 10⁵–10⁶ × the median: SmolLM2's blk.11 and blk.28 ffn_down, whose
+ *   column 1229 / 678 carry 89% / 73% of Q3_K's err_imp) lets a 2-bit encoding that spends its scale on that one
+ *   column beat a 3-bit one by err_imp (97 vs 3694 for blk.11, llmq calib 128 × 512 importance) while being ~4×
+ *   worse on every other column. Those channels peak on a few tokens (attention sinks), which the diagonal
+ *   approximation weighs by their mean x² alone; measured at the full protocol (bench/README.md "gguf_choice at
+ *   the full protocol"), taking those two downgrades cost Q2_K's perplexity. The guard costs one more sum per
+ *   decoded row.
+ *
  * ---- Experts (a mixture of experts' stacked ffn_{gate,up,down}_exps) ------------------------------------------
  *   One tensor of the choice, so all its experts get one type (llama.cpp's fused MoE kernels take one type per
  *   stacked tensor). Its rows are the experts' rows one after another; the sampled rows of expert x are encoded and
@@ -36,8 +52,9 @@
  *
  * ---- QUALITY (--mix quality) -------------------------------------------------------------------------------
  *   Each free tensor gets, among the candidates whose row takes no more bytes than the mix's type, the one
- *   with the lowest err (ties keep the mix's type, then the smaller type, then the order above). So the file
- *   is never larger than the mix's, and every tensor's predicted error is no larger than the mix's. Example:
+ *   with the lowest err (a smaller candidate's err guarded as in "Downgrades"; ties keep the mix's type, then the
+ *   smaller type, then the order above). So the file is never larger than the mix's, and every tensor's predicted
+ *   error is no larger than the mix's. Example:
  *   SmolLM2's 576-wide rows, which 256-blocks do not tile: the mix's Q4_0 fallback of Q3_K_M competes with
  *   IQ4_NL (the same 4.5 bits per weight).
  *
@@ -135,7 +152,7 @@ struct llmq_gguf_choose_tensor {
     // rows encoded with its own (see "Experts").
     float *const *part_importance;
     int64_t part_rows, part_stride;
-    double err;      // out: err(t, type) of the chosen type (free tensors; 0 otherwise)
+    double err;      // out: err(t, type) of the chosen type, guarded if smaller than the mix's (free tensors; else 0)
     double err_mix;  // out: err(t, mix's type) (free tensors; 0 otherwise)
     double kld_ref;  // MEASURED, allocated tensors: in: the KLD of t alone in the mix's type
     double pred_kld; // out (MEASURED, allocated tensors): pred(t, type) of the chosen type; else 0

@@ -71,6 +71,17 @@ static float *grid_rows(int64_t R, int64_t C, int grid, uint64_t seed) {
     return W;
 }
 
+// The error the choice uses for type ty (the header's "Downgrades": a type smaller than the mix's costs at least its
+// importance-free error rescaled to the mix's), computed here.
+static double choice_err(const float *W, const struct llmq_gguf_choose_tensor *t, enum llmq_dtype mix,
+                         enum llmq_dtype ty) {
+    double e = err_of(W, t->R, t->C, ty, t->importance);
+    if (llmq_gguf_choose_bytes(t, ty) >= llmq_gguf_choose_bytes(t, mix)) return e;
+    double eu = err_of(W, t->R, t->C, ty, NULL), eum = err_of(W, t->R, t->C, mix, NULL);
+    double g = eum > 0 ? eu * err_of(W, t->R, t->C, mix, t->importance) / eum : e;
+    return g > e ? g : e;
+}
+
 static void check_quality_is_argmin(const struct llmq_gguf_choose_tensor *t, enum llmq_dtype mix, const float *W,
                                     uint64_t exclude) {
     uint64_t cap = llmq_gguf_choose_bytes(t, mix);
@@ -79,7 +90,7 @@ static void check_quality_is_argmin(const struct llmq_gguf_choose_tensor *t, enu
     for (int k = 0; k < NALL; k++) {
         uint64_t by = llmq_gguf_choose_bytes(t, all[k]);
         if (!by || by > cap || (exclude >> all[k] & 1u)) continue;
-        double e = err_of(W, t->R, t->C, all[k], t->importance);
+        double e = choice_err(W, t, mix, all[k]);
         if (e < be || (e == be && by < llmq_gguf_choose_bytes(t, best))) {
             be = e;
             best = all[k];
@@ -270,8 +281,43 @@ static void test_measured(void) {
     free(rows_of[0]);
 }
 
+// The downgrade guard: rows of 256 with one "massive activation" input column (importance 10^6 x the others') whose
+// weights are outliers. Importance-weighted, a smaller type may win by spending its scale on that column; the choice
+// takes a smaller type only when it is also better without the importance (the independent guarded argmin), and with
+// the same rows but uniform importance it is the plain argmin.
+static void test_downgrade_guard(void) {
+    const int64_t R = 64, C = 256;
+    uint64_t seed = 5;
+    float imp[256];
+    for (int c = 0; c < C; c++) imp[c] = c == 37 ? 1e6f : 0.5f + test_frand(&seed) * 0.5f;
+    rows_of[0] = malloc(sizeof(float) * R * C);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) rows_of[0][r * C + c] = (c == 37 ? 8.0f : 1.0f) * (test_frand(&seed) - 0.5f);
+    const enum llmq_dtype mixes[] = {LLMQ_DTYPE_Q3_K, LLMQ_DTYPE_Q4_K, LLMQ_DTYPE_Q5_K, LLMQ_DTYPE_Q6_K};
+    int guarded = 0;
+    for (int m = 0; m < 4; m++) {
+        struct llmq_gguf_choose_tensor t = {
+            .name = "g", .R = R, .C = C, .type = mixes[m], .is_free = true, .importance = imp};
+        struct llmq_gguf_choose_opts o = {.mode = LLMQ_GGUF_CHOICE_QUALITY, .params = R * C, .n_threads = 2};
+        CHECK_OK(llmq_gguf_choose(&o, 1, &t, get_rows, &t));
+        check_quality_is_argmin(&t, mixes[m], rows_of[0], 0);
+        // would the importance alone have taken a smaller type that the guard refuses?
+        double em = err_of(rows_of[0], R, C, mixes[m], imp);
+        for (int k = 0; k < NALL; k++) {
+            uint64_t by = llmq_gguf_choose_bytes(&t, all[k]);
+            if (by && by < llmq_gguf_choose_bytes(&t, mixes[m]) && err_of(rows_of[0], R, C, all[k], imp) < em &&
+                choice_err(rows_of[0], &t, mixes[m], all[k]) >= em)
+                guarded++;
+        }
+    }
+    printf("test_gguf_choose: downgrade guard refused %d importance-only wins\n", guarded);
+    CHECK(guarded > 0); // the constructed rows exercise the guard
+    free(rows_of[0]);
+}
+
 int main(void) {
     test_quality();
+    test_downgrade_guard();
     test_target();
     test_measured();
     printf("test_gguf_choose: ok\n");

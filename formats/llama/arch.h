@@ -194,8 +194,9 @@
  *   low_freq_factor < high_freq_factor and original_max_position_embeddings >= 1; integer keys outside [0, 2^40]
  *   are refused while reading.
  *   Errors name the file and the key: a missing required key LLMQ_ERR_NOT_FOUND, a wrong type or a value
- *   out of range LLMQ_ERR_CORRUPT, an unknown family / scaling type / hidden_act / partial RoPE / mlp_bias
- *   LLMQ_ERR_UNSUPPORTED.
+ *   out of range LLMQ_ERR_CORRUPT (partial_rotary_factor outside (0, 1]), an unknown family / scaling type /
+ *   hidden_act / mlp_bias, partial RoPE outside phi3, a partial_rotary_factor giving an odd or zero rotary count,
+ *   or two different ones (top level and rope_parameters) LLMQ_ERR_UNSUPPORTED.
  */
 #ifndef LLMQ_FORMATS_LLAMA_ARCH_H
 #define LLMQ_FORMATS_LLAMA_ARCH_H

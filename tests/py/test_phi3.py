@@ -1,7 +1,7 @@
 """Oracle: the Phi-3 family (model_type / general.architecture "phi3": fused qkv_proj / attn_qkv and
 gate_up_proj / ffn_up, NEOX RoPE, the sliding window of every layer in transformers) against transformers and
-llama.cpp. What llmq does not do yet for Phi-3 is refused, and tested as refused: partial rotary factors.
-Quantized output (the fused linears written back fused): tests/py/test_phi3_quant.py.
+llama.cpp, with LongRoPE and with Phi-4-mini's partial RoPE. Refused configs are tested as refused (the last
+parametrized test). Quantized output (the fused linears written back fused): tests/py/test_phi3_quant.py.
 
 The models: tests/py/hf_phi3_model.py builds random-weight Phi3ForCausalLM checkpoints (hidden 64, 2 layers, 4
 heads, 2 kv heads, intermediate 128, vocab 512, untied, f32), "tiny" without a window and "tiny-swa" with
@@ -29,6 +29,21 @@ given the context (tests/tools/forward_logits ROPE_CTX).
                  200 and 300 tokens). llmq's GGUF forward without a context equals transformers' short logits.
   GGUF -> HF     rope_scaling longrope with the same factors, original_max_position_embeddings 256; llmq's logits
                  on it equal those on the original directory bit for bit.
+
+Partial RoPE (Phi-4-mini's shape, formats/llama/arch.h "Phi-3": partial_rotary_factor 0.75, so 12 of a head's 16
+values rotate, tie_word_embeddings true): "tiny-p4" (48 ids) and "tiny-p4-longrope" (its LongRoPE lists 6 long:
+rotary dims / 2; the 300 / 200 ids of tiny-longrope).
+  transformers   TOL_REL of max |logit|; measured 8.8e-7 (tiny-p4), 2.8e-6 (LongRoPE, 300 tokens, long), 8.4e-6 (200,
+                 short); top-1 equal. Rotating whole heads instead (the factor removed) is far off.
+  GGUF           phi3.rope.dimension_count 12 (convert_hf_to_gguf.py Phi3MiniModel's int(0.75 * n_embd) // n_head), no
+                 output.weight, rope_factors_* of 6; llmq's forward on it equals the directory's bit for bit;
+                 llama-cpp-python within F32_TOL, top-1 equal: measured 3.7e-6 (tiny-p4), 5.0e-6 (LongRoPE n_ctx 256,
+                 200 tokens), 5.1e-6 (n_ctx 512, 300 tokens).
+  GGUF -> HF     tensors bit-identical, config.json partial_rotary_factor 0.75 and tied; llmq's logits equal, and
+                 transformers on the converted directory within TOL_REL (measured 8.8e-7).
+  quantize       RTN Q8_0 (`--no-provenance`) byte-identical to llama_model_quantize, from the GGUF and from the HF
+                 directory; gptq 4 bits group 32 (--format gptq, 4 x 64 wikitext tokens), numpy-unpacked, in
+                 transformers within TOL_REL of llmq on the packed directory (measured 7.0e-7).
 """
 import json
 import os

@@ -236,7 +236,7 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
     ADD(m->output_norm, K_OUT_NORM, -1, -1, "%s", TN(LLMQ_T_OUTPUT_NORM, 0));
     if (!hp->tied_embeddings) ADD(m->output, K_OUTPUT, -1, -1, "%s", TN(LLMQ_T_OUTPUT, 0));
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) { // convert_hf_to_gguf.py writes the factors as a tensor
-        int64_t n = hp->head_dim / 2;
+        int64_t n = hp->n_rot / 2;
         if (!(e->rope_gen = malloc((size_t)n * sizeof(float))))
             return llmq_errorf(LLMQ_ERR_NOMEM, "gguf export: out of memory");
         llmq_model_rope_freq_factors(m, e->rope_gen);
@@ -251,7 +251,7 @@ static enum llmq_status list_hf(struct llmq_gguf_export *e, int64_t *cap) {
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE) { // as llmq convert (Phi3MiniModel): long, then short
         const char *names[2] = {LLMQ_GGUF_ROPE_LONG, LLMQ_GGUF_ROPE_SHORT};
         const float *vals[2] = {hp->rope_scaling.long_factor, hp->rope_scaling.short_factor};
-        int64_t n = hp->head_dim / 2;
+        int64_t n = hp->n_rot / 2;
         for (int i = 0; i < 2; i++) {
             e->rope_ext[i] = (struct llmq_tensor_view){.name = names[i],
                                                        .dtype = LLMQ_DTYPE_F32,

@@ -88,7 +88,7 @@ static inline void fix_init(struct fix_model *fm, enum fix_family fam, int64_t D
     struct llmq_hparams *hp = &fm->m.hp;
     hp->arch = fam == FIX_LLAMA ? LLMQ_ARCH_LLAMA : fam == FIX_QWEN2 ? LLMQ_ARCH_QWEN2 : LLMQ_ARCH_QWEN3;
     hp->n_vocab = 16, hp->n_embd = D, hp->n_ff = F, hp->n_layer = L, hp->n_head = H, hp->n_head_kv = Hkv;
-    hp->head_dim = Dh, hp->rms_eps = s->rms_eps, hp->rope_theta = s->rope_theta;
+    hp->head_dim = Dh, hp->n_rot = Dh, hp->rms_eps = s->rms_eps, hp->rope_theta = s->rope_theta;
     hp->rope_type = s->rope_neox ? LLMQ_ROPE_NEOX : LLMQ_ROPE_NORM;
     hp->qkv_bias = s->qkv_bias, hp->qk_norm = s->qk_norm;
     const int64_t Dq = H * Dh, Dkv = Hkv * Dh;

@@ -20,6 +20,7 @@ enum llmq_status llmq_devblock_shape(const struct llmq_model *m, float *ff, stru
     const char *what = hp->attn_softcap > 0.0f                             ? "an attention softcap"
                        : llmq_hparams_layer_swa(hp, 0)                     ? "a sliding window"
                        : hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR ? "linear RoPE scaling"
+                       : hp->n_rot != hp->head_dim                         ? "partial RoPE (n_rot below head_dim)"
                        : hp->attn_bias                                     ? "attention biases"
                        : hp->gemma || hp->moe                              ? "a gemma or moe block"
                                                                            : NULL;

@@ -16,7 +16,8 @@
 
 // s = the block shape of m (every block of a model has the same one), its rope_ff pointing at ff (Dh/2, the
 // caller's; llmq_block_init copies it). LLMQ_ERR_UNSUPPORTED, naming the family or the feature, for anything but
-// llama / mistral / qwen2 / qwen3 without sliding window, attention softcap or linear RoPE scaling.
+// llama / mistral / qwen2 / qwen3 without sliding window, attention softcap, linear RoPE scaling or partial RoPE
+// (n_rot != head_dim: the block rotates whole heads).
 enum llmq_status llmq_devblock_shape(const struct llmq_model *m, float *ff, struct llmq_block_shape *s);
 
 // Uploads every weight of the weight set ly (shapes as the model's blocks) into b, converting a weight that is not

@@ -14,7 +14,8 @@
  * return), so the two thread pools never oversubscribe the cores.
  *
  * Legend: T tokens of the call (n_seq * seqlen), D n_embd, F n_ff, V n_vocab, H / Hkv heads,
- * Dh head_dim, Dq = H*Dh, Dkv = Hkv*Dh, RB query rows per attention task.
+ * Dh head_dim, R n_rot (the rotated values of a head, R <= Dh), Dq = H*Dh, Dkv = Hkv*Dh, RB query rows per
+ * attention task.
  */
 #include "calib/model/forward.h"
 
@@ -56,15 +57,15 @@ struct llmq_forward {
     float *bias;       // (Dq + 2 Dkv) q, k, v biases; NULL without qkv_bias
     float *qk_norms;   // (2 Dh) q_norm, k_norm; NULL without qk_norm
     float *post_norms; // (2, D) gemma attn_post_norm, ffn_post_norm; NULL otherwise
-    float *ff;         // (3, Dh/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors;
+    float *ff;         // (3, R/2) RoPE frequency divisors (calib/model/model.h llmq_model_rope_freq_factors;
                        // LongRoPE: the short factors), ones, LongRoPE's long factors
     int64_t rope_ctx;  // LongRoPE: llama.cpp's context for the choice of factors; 0: transformers' rule
                        // (llmq_forward_set_rope_ctx)
     int rope_long;     // the factors rope_cos / rope_sin hold: 1 long (LongRoPE), 0 the others; -1 none yet
     int64_t n_pos;     // positions in the RoPE tables and keys in the score buffers (grown on demand)
-    float *rope_cos;   // (n_pos, Dh/2) cos(pos * theta_i / ff_i) (LongRoPE: times attn_factor)
-    float *rope_sin;   // (n_pos, Dh/2)
-    float *swa_cos;    // (n_pos, Dh/2) the sliding layers' table (gemma: rope_theta_swa, no scaling); NULL when
+    float *rope_cos;   // (n_pos, R/2) cos(pos * theta_i / ff_i) (LongRoPE: times attn_factor)
+    float *rope_sin;   // (n_pos, R/2)
+    float *swa_cos;    // (n_pos, R/2) the sliding layers' table (gemma: rope_theta_swa, no scaling); NULL when
     float *swa_sin;    // they share rope_cos / rope_sin
 
     float *x;      // (max_tokens, D) hidden state of llmq_forward_logits (allocated by its first call)
@@ -303,12 +304,13 @@ struct rope_ctx {
     struct llmq_forward *f;
     float *q, *k; // (n, Dq), (n, Dkv)
     int64_t n, seqlen;
-    const float *cos, *sin; // (n_pos, Dh/2) the layer's table
+    const float *cos, *sin; // (n_pos, R/2) the layer's table
 };
 
+// The first R values of each of the n_heads heads of x rotated; the other Dh - R kept.
 static void rope_rows(const struct rope_ctx *c, float *x, int64_t n_heads, int64_t pos) {
     const struct llmq_forward *f = c->f;
-    const int64_t Dh = f->m->hp.head_dim, half = Dh / 2;
+    const int64_t Dh = f->m->hp.head_dim, half = f->m->hp.n_rot / 2;
     const float *cs = c->cos + pos * half, *sn = c->sin + pos * half;
     const bool neox = f->m->hp.rope_type == LLMQ_ROPE_NEOX;
     for (int64_t h = 0; h < n_heads; h++) {
@@ -514,6 +516,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     const struct llmq_hparams *hp = &m->hp;
     const int64_t D = hp->n_embd, F = hp->shexp ? hp->n_ff_shexp : hp->n_ff, V = hp->n_vocab;
     const int64_t L = hp->n_layer, Dh = hp->head_dim, Dq = hp->n_head * Dh, Dkv = hp->n_head_kv * Dh, T = max_tokens;
+    const int64_t R = hp->n_rot;
     if (n_threads < 1) n_threads = 1;
     if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
     struct llmq_forward *f = calloc(1, sizeof *f);
@@ -550,7 +553,7 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     f->bias = hp->qkv_bias ? alloc_f32(Dq + 2 * Dkv, &ok) : NULL;
     f->qk_norms = hp->qk_norm ? alloc_f32(2 * Dh, &ok) : NULL;
     f->post_norms = hp->gemma ? alloc_f32(2 * D, &ok) : NULL;
-    f->ff = alloc_f32(Dh + Dh / 2, &ok); // (Dh/2) factors, (Dh/2) ones for the sliding layers' table, long factors
+    f->ff = alloc_f32(3 * (R / 2), &ok); // (R/2) factors, (R/2) ones for the sliding layers' table, long factors
     f->xn = alloc_act(T * D, &ok);
     f->q = alloc_act(T * Dq, &ok);
     f->k = alloc_act(T * Dkv, &ok);
@@ -573,10 +576,10 @@ enum llmq_status llmq_forward_init(const struct llmq_model *m, int64_t max_token
     if (!st) st = llmq_model_weight_f32(m->output_norm, f->out_norm, 1);
     if (st) goto fail;
     llmq_model_rope_freq_factors(m, f->ff);
-    for (int64_t i = Dh / 2; i < Dh + Dh / 2; i++) f->ff[i] = 1.0f;
+    for (int64_t i = R / 2; i < 3 * (R / 2); i++) f->ff[i] = 1.0f;
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE) {
-        memcpy(f->ff, hp->rope_scaling.short_factor, (size_t)(Dh / 2) * sizeof(float));
-        memcpy(f->ff + Dh, hp->rope_scaling.long_factor, (size_t)(Dh / 2) * sizeof(float));
+        memcpy(f->ff, hp->rope_scaling.short_factor, (size_t)(R / 2) * sizeof(float));
+        memcpy(f->ff + 2 * (R / 2), hp->rope_scaling.long_factor, (size_t)(R / 2) * sizeof(float));
     }
     f->rope_long = -1;
     *out = f;
@@ -669,13 +672,13 @@ enum llmq_status llmq_forward_set_favec_rows(struct llmq_forward *f, const uint8
     return LLMQ_OK;
 }
 
-// Fills cos / sin (seqlen, Dh/2) as ggml_rope_cache_init: theta_i = pos * theta_scale^i (a running f32
+// Fills cos / sin (seqlen, R/2) as ggml_rope_cache_init: theta_i = pos * theta_scale^i (a running f32
 // product) / ff_i / div (div: linear rope scaling's factor, else 1), cos and sin times mscale (LongRoPE's
 // attention factor, else 1).
 static void fill_rope(const struct llmq_forward *f, float base, const float *ff, float div, float mscale,
                       int64_t seqlen, float *c, float *s) {
-    const int64_t half = f->m->hp.head_dim / 2;
-    const float theta_scale = powf(base, -2.0f / (float)f->m->hp.head_dim);
+    const int64_t half = f->m->hp.n_rot / 2;
+    const float theta_scale = powf(base, -2.0f / (float)f->m->hp.n_rot);
     for (int64_t p = 0; p < seqlen; p++) {
         float theta = (float)p;
         for (int64_t i = 0; i < half; i++) {
@@ -700,7 +703,7 @@ static enum llmq_status ensure_positions(struct llmq_forward *f, int64_t seqlen)
     const int lng = llmq_rope_longrope_long(hp, f->rope_ctx, seqlen);
     if (seqlen <= f->n_pos && lng == f->rope_long) return LLMQ_OK;
     if (seqlen < f->n_pos) seqlen = f->n_pos; // other factors: the whole table again
-    const int64_t half = hp->head_dim / 2;
+    const int64_t half = hp->n_rot / 2;
     const size_t tb = (size_t)(seqlen * half) * sizeof(float);
     bool ok = true;
     float **tabs[4] = {&f->rope_cos, &f->rope_sin, &f->swa_cos, &f->swa_sin};
@@ -718,7 +721,7 @@ static enum llmq_status ensure_positions(struct llmq_forward *f, int64_t seqlen)
     fill_rope(f, hp->rope_theta, lng ? f->ff + 2 * half : f->ff, div, longrope ? hp->rope_scaling.attn_factor : 1.0f,
               seqlen, f->rope_cos, f->rope_sin);
     if (swa_table(hp)) {
-        float *ones = f->ff + half; // (Dh/2) ones after ff
+        float *ones = f->ff + half; // (R/2) ones after ff
         fill_rope(f, hp->rope_theta_swa, ones, 1.0f, 1.0f, seqlen, f->swa_cos, f->swa_sin);
     }
     f->n_pos = seqlen;

@@ -8,8 +8,9 @@
  *   RMSNorm(x) = x / sqrt(mean(x²) + eps) (eps inside the sqrt, the sum of squares in double as ggml);
  *   Nq, Nk: qwen3 only (identity otherwise), RMSNorm of each head's Dh values times q_norm / k_norm
  *   (modeling_qwen3.py Qwen3Attention, llama.cpp models/qwen3.cpp), same eps;
- *   RoPE: pair i of a head (i < Dh/2) rotates by pos · theta^(-2i/Dh) (llama3 scaling applied to the
- *   frequency when enabled), pairs (2i, 2i+1) for LLMQ_ROPE_NORM, (i, i+Dh/2) for LLMQ_ROPE_NEOX;
+ *   RoPE: pair i of a head (i < R/2, R = n_rot: Dh except for partial RoPE, formats/llama/arch.h "Phi-3") rotates
+ *   by pos · theta^(-2i/R) (llama3 scaling applied to the frequency when enabled; LongRoPE's factors), pairs
+ *   (2i, 2i+1) for LLMQ_ROPE_NORM, (i, i+R/2) for LLMQ_ROPE_NEOX; the head's values from R on pass unrotated;
  *   Attn: causal, grouped-query (query head h reads kv head h / (H/Hkv)), scores · 1/sqrt(Dh),
  *   softmax in f32 (max subtracted, sum in double). Then logits = output · (RMSNorm(x) * output_norm).
  *   gemma2 / gemma3 (modeling_gemma2.py / modeling_gemma3.py, llama.cpp src/models/gemma2.cpp, gemma3.cpp):
@@ -23,7 +24,7 @@
  *     also take GELU from ggml's f16 table (ggml-cpu vec.h ggml_vec_geglu_f32: f16(gelu(f16(x)))).
  *     Measured: within 1.3e-6 of max |logit| of transformers (tests/py/test_gemma.py).
  *   The sub-block functions below return the residual contributions (post norms included).
- *   RoPE angles follow ggml_rope_cache_init (theta_scale = base^(-2/Dh) multiplied pair by pair in
+ *   RoPE angles follow ggml_rope_cache_init (theta_scale = base^(-2/R) multiplied pair by pair in
  *   f32). Measured: stories260K within 6.2e-6 of float64 reference logits; SmolLM2 f32 GGUF within
  *   8.3e-5 of llama.cpp's logits over 512 positions (tests/py/test_forward_oracle.py).
  *

@@ -711,7 +711,7 @@ static enum llmq_status load_gguf(struct llmq_model *m) {
     const struct llmq_gguf_tensor *rf = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_FREQS);
     if (rf) {
         const struct llmq_tensor_view *v = NULL;
-        if ((st = get_tensor(m, LLMQ_GGUF_ROPE_FREQS, true, 1, hp->head_dim / 2, 0, "head_dim/2", &v))) return st;
+        if ((st = get_tensor(m, LLMQ_GGUF_ROPE_FREQS, true, 1, hp->n_rot / 2, 0, "n_rot/2", &v))) return st;
         m->rope_freqs = v;
     }
     if ((st = bind_tensors(m, false))) return st;

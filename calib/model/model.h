@@ -23,7 +23,7 @@
  *   default and its checks are in its "Hyper-parameters" table), with n_ctx_train 0 when the file does
  *   not say. On top of that, the loader:
  *     refuses linear rope scaling and attention_bias (an o_proj bias): LLMQ_ERR_UNSUPPORTED;
- *     GGUF: takes llama3 scaling from the tensor rope_freqs.weight (Dh/2 f32 divisors written by
+ *     GGUF: takes llama3 scaling from the tensor rope_freqs.weight (n_rot/2 f32 divisors written by
  *     convert_hf_to_gguf.py), which becomes model->rope_freqs;
  *     HF: takes n_vocab from model.embed_tokens.weight (vocab_size, when present, must agree); the
  *     weights from model.safetensors, model.safetensors.index.json, or the only *.safetensors file.
@@ -137,7 +137,7 @@ struct llmq_model {
     const struct llmq_gguf *gguf;              // owned; NULL for HF
     const struct llmq_st_model *st;            // owned; NULL for GGUF
     const char *arch_name;                     // "llama", "mistral", ..., "gemma3" (static string)
-    const struct llmq_tensor_view *rope_freqs; // (Dh/2) GGUF rope_freqs.weight (llama3 factors); else NULL
+    const struct llmq_tensor_view *rope_freqs; // (n_rot/2) GGUF rope_freqs.weight (llama3 factors); else NULL
     const struct llmq_model_quant *quant;      // owned; non-NULL only for an AWQ / GPTQ directory
     struct llmq_tensor_view *shifted;          // (n_shifted) owned F32 views of 1 + w: an HF gemma model's norms
     int64_t n_shifted;
@@ -186,7 +186,7 @@ enum llmq_status llmq_model_weight_f32(const struct llmq_tensor_view *w, float *
 // Used for embedding lookups (only the rows of the tokens seen). LLMQ_ERR_ARG if out of range.
 enum llmq_status llmq_model_rows_f32(const struct llmq_tensor_view *w, int64_t r0, int64_t n, float *dst);
 
-// The per-pair RoPE frequency divisors ff (Dh/2): pair i rotates by pos * theta^(-2i/Dh) / ff[i].
+// The per-pair RoPE frequency divisors ff (n_rot/2): pair i rotates by pos * theta^(-2i/n_rot) / ff[i].
 // From the GGUF rope_freqs.weight tensor when there is one, else computed from hp.rope_scaling as
 // llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters do, else all 1.
 void llmq_model_rope_freq_factors(const struct llmq_model *m, float *ff);

@@ -86,7 +86,7 @@ struct job {
 struct plan {
     struct job *jobs; // (n)
     int64_t n, cap;
-    float *rope_freqs;               // (Dh/2) generated llama3 factors, owned
+    float *rope_freqs;               // (n_rot/2) generated llama3 factors, owned
     struct llmq_tensor_view *slices; // (n_layer, 3, E) GGUF -> HF moe: each expert's rows of a stacked tensor
     int64_t *exp_job;                // (n_layer, 3) HF -> GGUF moe: the job of each stacked tensor, -1 before
 };
@@ -665,16 +665,16 @@ static enum llmq_status hf_to_gguf(const char *in, const char *out, const struct
     }
     for (int64_t i = 0; hp.moe && i < hp.n_layer * 3; i++) p.exp_job[i] = -1;
     if (hp.rope_scaling.type == LLMQ_ROPE_SCALING_LLAMA3) { // convert_hf_to_gguf.py writes the factors as a tensor
-        if ((p.rope_freqs = malloc((size_t)(hp.head_dim / 2) * sizeof(float))))
+        if ((p.rope_freqs = malloc((size_t)(hp.n_rot / 2) * sizeof(float))))
             llmq_rope_llama3_factors(&hp, p.rope_freqs);
-        if (!p.rope_freqs || !plan_gen(&p, LLMQ_GGUF_ROPE_FREQS, p.rope_freqs, hp.head_dim / 2)) {
+        if (!p.rope_freqs || !plan_gen(&p, LLMQ_GGUF_ROPE_FREQS, p.rope_freqs, hp.n_rot / 2)) {
             st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
             goto done;
         }
     }
     if (hp.rope_scaling.type == LLMQ_ROPE_SCALING_LONGROPE && // Phi3MiniModel.generate_extra_tensors: long, short
-        (!plan_gen(&p, LLMQ_GGUF_ROPE_LONG, hp.rope_scaling.long_factor, hp.head_dim / 2) ||
-         !plan_gen(&p, LLMQ_GGUF_ROPE_SHORT, hp.rope_scaling.short_factor, hp.head_dim / 2))) {
+        (!plan_gen(&p, LLMQ_GGUF_ROPE_LONG, hp.rope_scaling.long_factor, hp.n_rot / 2) ||
+         !plan_gen(&p, LLMQ_GGUF_ROPE_SHORT, hp.rope_scaling.short_factor, hp.n_rot / 2))) {
         st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", in);
         goto done;
     }

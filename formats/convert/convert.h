@@ -89,7 +89,7 @@
  *   "qwen2"), UNUSED tokens not named "[PAD<id>]" (come back NORMAL).
  *
  * ---- Rope scaling ------------------------------------------------------------------------------
- * HF rope_scaling {"rope_type": "llama3", ...} -> GGUF tensor rope_freqs.weight (Dh/2 f32 factors,
+ * HF rope_scaling {"rope_type": "llama3", ...} -> GGUF tensor rope_freqs.weight (n_rot/2 f32 factors,
  * computed by formats/llama/arch.h llmq_rope_llama3_factors); "linear" -> <arch>.rope.scaling.type/.factor.
  * GGUF -> HF: rope.scaling.type "linear" back to rope_scaling; rope_freqs.weight is fitted to llama3
  * parameters (low_freq_factor 1) and accepted only when regenerating the factors reproduces the

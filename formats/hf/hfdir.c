@@ -23,7 +23,7 @@
 // Recovers llama3 rope-scaling parameters from a rope_freqs.weight tensor (low_freq_factor fixed to
 // 1, the rest fitted), accepted only when calib/model/model.h regenerates the tensor from them.
 static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_view *t, struct llmq_hparams *hp) {
-    int64_t half = hp->head_dim / 2;
+    int64_t half = hp->n_rot / 2;
     enum llmq_status st = LLMQ_OK;
     float *ff = malloc((size_t)half * sizeof(float)), *re = malloc((size_t)half * sizeof(float));
     if (!ff || !re) {
@@ -47,7 +47,7 @@ static enum llmq_status fit_llama3(const char *path, const struct llmq_tensor_vi
     int n = 0;
     for (int64_t i = 0; i < half; i++) {
         if (!(ff[i] > 1.0f && ff[i] < factor)) continue;
-        double freq = 1.0 / pow(hp->rope_theta, (double)(2 * i) / (double)hp->head_dim);
+        double freq = 1.0 / pow(hp->rope_theta, (double)(2 * i) / (double)hp->n_rot);
         double x = freq / (2.0 * M_PI), y = (1.0 / ff[i] - 1.0 / factor) / (1.0 - 1.0 / factor);
         sx += x, sy += y, sxx += x * x, sxy += x * y, n++;
     }

@@ -305,7 +305,7 @@ int64_t llmq_arch_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_
 }
 
 void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff) {
-    int64_t half = hp->head_dim / 2;
+    int64_t half = hp->n_rot / 2;
     for (int64_t i = 0; i < half; i++) ff[i] = 1.0f;
     if (hp->rope_scaling.type != LLMQ_ROPE_SCALING_LLAMA3) return;
     // convert_hf_to_gguf.py LlamaModel (rope_type "llama3"): wavelengths beyond the original
@@ -314,7 +314,7 @@ void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff) {
     double hi = hp->rope_scaling.high_freq_factor, old_ctx = (double)hp->rope_scaling.original_max_pos;
     double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
     for (int64_t i = 0; i < half; i++) {
-        float freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->head_dim);
+        float freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->n_rot);
         double wavelen = 2.0 * M_PI / freq;
         if (wavelen < hi_wavelen)
             ff[i] = 1.0f;

@@ -43,15 +43,21 @@
  *   blk.N.ffn_up.weight        model.layers.N.mlp.gate_up_proj.weight         (2F, D) gate rows, then up rows
  *   (the roles LLMQ_T_LINEAR_0 + LLMQ_LIN_Q and + LLMQ_LIN_UP carry these names and shapes in phi3; K, V and GATE
  *   have no tensor of their own: the loader (calib/model/model.h) gives them row ranges of the fused ones.)
- *   RoPE NEOX in both formats, no permutation; partial_rotary_factor != 1 is refused. The sliding window (HF
- *   sliding_window, every layer) is honoured for an HF model; a GGUF has none (llama.cpp's phi3 disables it).
- *   Quantized output keeps the fusion: llmq_arch_fused_part.
+ *   RoPE NEOX in both formats, no permutation. Partial RoPE (Phi-4-mini: partial_rotary_factor 0.75, head_dim
+ *   128, n_rot 96): only the first n_rot values of every q / k head rotate, pair i being (i, i + n_rot/2) at
+ *   pos * theta^(-2i/n_rot), the other head_dim - n_rot values pass through (modeling_phi3.py
+ *   apply_rotary_pos_emb q_rot / q_pass; ggml_rope_ext with n_dims = n_rot). n_rot = int(head_dim *
+ *   partial_rotary_factor) as transformers' rope init computes it; GGUF rope.dimension_count (convert_hf_to_gguf.py
+ *   Phi3MiniModel writes int(factor * n_embd) // n_head, the same value when head_dim = n_embd / n_head). The
+ *   other families refuse partial RoPE. The sliding window (HF sliding_window, every layer) is honoured for an HF
+ *   model; a GGUF has none (llama.cpp's phi3 disables it). Quantized output keeps the fusion: llmq_arch_fused_part.
  *
  * ---- LongRoPE (phi3 rope_scaling "longrope", legacy "su": transformers modeling_rope_utils.py
  *      _compute_longrope_parameters / dynamic_rope_update; llama.cpp convert_hf_to_gguf.py Phi3MiniModel,
  *      llama-model.cpp get_rope_factors, llama-context.cpp yarn_attn_factor, ggml rope_yarn) ---------------
- *   Pair i of a head rotates by pos * theta^(-2i/Dh) / ext[i] and cos / sin are multiplied by attn_factor (q and
- *   k alike, so the scores by attn_factor^2); ext = long_factor or short_factor (Dh/2 values each, > 0).
+ *   Pair i of a head rotates by pos * theta^(-2i/n_rot) / ext[i] and cos / sin are multiplied by attn_factor (q
+ *   and k alike, so the scores by attn_factor^2); ext = long_factor or short_factor (n_rot/2 values each, > 0;
+ *   n_rot = head_dim without partial RoPE; config.json lists and GGUF tensors of another length are refused).
  *   config.json                                      GGUF (phi3.*)
  *   rope_scaling.short_factor / long_factor          tensors rope_factors_short.weight / rope_factors_long.weight
  *   original_max_position_embeddings (top level;     rope.scaling.original_context_length (absent:
@@ -146,8 +152,10 @@
  *   n_layer          block_count                          num_hidden_layers                required
  *   n_head           attention.head_count                 num_attention_heads              required
  *   n_head_kv        attention.head_count_kv              num_key_value_heads              n_head
- *   head_dim         attention.key_length (= value_length, head_dim                         n_embd / n_head
- *                    = rope.dimension_count: no partial RoPE)
+ *   head_dim         attention.key_length (= value_length) head_dim                        n_embd / n_head
+ *   n_rot            rope.dimension_count (other than     phi3: int(head_dim * partial_  head_dim
+ *                    head_dim: phi3 only, the other       rotary_factor), the factor in (0, 1] top-level
+ *                    families refuse it)                  or in rope_parameters; others: 1 or refused
  *   n_ctx_train      context_length                       max_position_embeddings          the caller's
  *   rms_eps          attention.layer_norm_rms_epsilon     rms_norm_eps                     required / 1e-6
  *   rope_theta       rope.freq_base                       rope_theta                       10000
@@ -181,13 +189,14 @@
  *   as absent in config.json. Keys as llama.cpp's gguf-py (gguf/constants.py Keys.LLM / Keys.Attention /
  *   Keys.Rope) and transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config (defaults) state them.
  *   Checks (llmq_hparams_check, run by both readers): every dim in [1, 2^24], n_layer <= 4096, moe: 1 <= K <= E
- *   <= 4096 and Fe in [1, 2^24], n_head a
- *   multiple of n_head_kv, head_dim even, n_head * head_dim <= 2^24, rms_eps and rope_theta finite and
- *   positive, scaling factors positive, llama3 low_freq_factor < high_freq_factor and
- *   original_max_position_embeddings >= 1; integer keys outside [0, 2^40] are refused while reading.
+ *   <= 4096 and Fe in [1, 2^24], n_head a multiple of n_head_kv, head_dim even, n_rot even in [2, head_dim],
+ *   n_head * head_dim <= 2^24, rms_eps and rope_theta finite and positive, scaling factors positive, llama3
+ *   low_freq_factor < high_freq_factor and original_max_position_embeddings >= 1; integer keys outside [0, 2^40]
+ *   are refused while reading.
  *   Errors name the file and the key: a missing required key LLMQ_ERR_NOT_FOUND, a wrong type or a value
- *   out of range LLMQ_ERR_CORRUPT, an unknown family / scaling type / hidden_act / partial RoPE / mlp_bias
- *   LLMQ_ERR_UNSUPPORTED.
+ *   out of range LLMQ_ERR_CORRUPT (partial_rotary_factor outside (0, 1]), an unknown family / scaling type /
+ *   hidden_act / mlp_bias, partial RoPE outside phi3, a partial_rotary_factor giving an odd or zero rotary count,
+ *   or two different ones (top level and rope_parameters) LLMQ_ERR_UNSUPPORTED.
  */
 #ifndef LLMQ_FORMATS_LLAMA_ARCH_H
 #define LLMQ_FORMATS_LLAMA_ARCH_H
@@ -236,7 +245,7 @@ struct llmq_arch_info {
 enum llmq_rope_type {
     LLMQ_ROPE_NORM, // adjacent pairs (2i, 2i+1): the GGUF llama layout (q/k rows permuted by llama.cpp)
     LLMQ_ROPE_NEOX, // halves (i, i + Dh/2): HF rotate_half, and qwen2 / qwen3 in both formats
-};
+};                  // (partial RoPE: the first n_rot values of a head rotate, n_rot in place of Dh; see "Phi-3")
 
 enum llmq_rope_scaling {
     LLMQ_ROPE_SCALING_NONE,
@@ -245,12 +254,13 @@ enum llmq_rope_scaling {
     LLMQ_ROPE_SCALING_LONGROPE, // phi3 "longrope" / "su": short or long per-pair divisors, cos / sin times
                                 // attn_factor (see "LongRoPE")
 };
-#define LLMQ_LONGROPE_MAX_PAIRS 256 // head_dim <= 512 for LongRoPE (Phi-3 / Phi-4-mini: 96, 128)
+#define LLMQ_LONGROPE_MAX_PAIRS 256 // n_rot <= 512 for LongRoPE (Phi-3-mini / Phi-4-mini: 96, 96 of 128)
 
 // See "Hyper-parameters" for where each field comes from.
 struct llmq_hparams {
     enum llmq_arch arch;
     int64_t n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_ctx_train;
+    int64_t n_rot; // values of a head that RoPE rotates (the first n_rot; head_dim unless partial RoPE: "Phi-3")
     float rms_eps, rope_theta;
     enum llmq_rope_type rope_type;
     struct {
@@ -259,7 +269,7 @@ struct llmq_hparams {
         float low_freq_factor, high_freq_factor; // LLAMA3
         int64_t original_max_pos;                // LLAMA3, LONGROPE: original_max_position_embeddings
         float attn_factor;                       // LONGROPE: cos / sin scale (transformers' attention_factor)
-        float short_factor[LLMQ_LONGROPE_MAX_PAIRS], long_factor[LLMQ_LONGROPE_MAX_PAIRS]; // LONGROPE (Dh/2)
+        float short_factor[LLMQ_LONGROPE_MAX_PAIRS], long_factor[LLMQ_LONGROPE_MAX_PAIRS]; // LONGROPE (n_rot/2)
     } rope_scaling;
     bool tied_embeddings;
     bool qkv_bias;  // q, k, v biases (the family's: qwen2)
@@ -330,10 +340,10 @@ enum llmq_tensor_role {
     LLMQ_T_COUNT
 };
 
-// GGUF only: llama3 RoPE frequency divisors (Dh/2 f32) written by convert_hf_to_gguf.py; HF has
+// GGUF only: llama3 RoPE frequency divisors (n_rot/2 f32) written by convert_hf_to_gguf.py; HF has
 // rope_scaling in config.json instead.
 #define LLMQ_GGUF_ROPE_FREQS "rope_freqs.weight"
-// GGUF only: LongRoPE's long / short divisors (Dh/2 f32), as convert_hf_to_gguf.py Phi3MiniModel writes them.
+// GGUF only: LongRoPE's long / short divisors (n_rot/2 f32), as convert_hf_to_gguf.py Phi3MiniModel writes them.
 #define LLMQ_GGUF_ROPE_LONG "rope_factors_long.weight"
 #define LLMQ_GGUF_ROPE_SHORT "rope_factors_short.weight"
 
@@ -423,9 +433,9 @@ bool llmq_arch_qk_permuted(enum llmq_arch a);
 // GGUF (to_gguf) or GGUF -> HF; see "Q/K row permutation". n_rows must be a multiple of 2 * n_head.
 int64_t llmq_arch_qk_src_row(int64_t r, int64_t n_rows, int64_t n_head, bool to_gguf);
 
-// The per-pair RoPE frequency divisors ff (Dh/2) of llama3 scaling (hp->rope_scaling; all 1 for any
+// The per-pair RoPE frequency divisors ff (n_rot/2) of llama3 scaling (hp->rope_scaling; all 1 for any
 // other type), as llama.cpp's convert_hf_to_gguf.py / transformers' _compute_llama3_parameters
-// compute them: pair i rotates by pos * theta^(-2i/Dh) / ff[i].
+// compute them: pair i rotates by pos * theta^(-2i/n_rot) / ff[i].
 void llmq_rope_llama3_factors(const struct llmq_hparams *hp, float *ff);
 
 // LongRoPE (see "LongRoPE"): true when a pass uses the long factors. ctx > 0: llama.cpp's rule, by the context
@@ -479,7 +489,8 @@ enum llmq_status llmq_hparams_check_gguf(const struct llmq_hparams *hp, const ch
 
 // A new config.json object for hp as transformers writes it for the family (llama, qwen2 or qwen3 keys),
 // with bos / eos / pad token ids where they are >= 0 and torch_dtype; floats as their shortest
-// decimal. Owned by the caller (json_decref); NULL when out of memory.
+// decimal; partial_rotary_factor only when n_rot != head_dim (the shortest decimal giving n_rot back). Owned by
+// the caller (json_decref); NULL when out of memory.
 struct json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, int64_t eos, int64_t pad,
                                          const char *torch_dtype);
 

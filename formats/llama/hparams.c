@@ -30,13 +30,13 @@ static void set_arch(struct llmq_hparams *hp, enum llmq_arch a, bool gguf) {
 }
 
 // The checks of llmq_hparams_check; n_vocab only when vocab (config.json may lack vocab_size).
-// LongRoPE: Dh/2 <= LLMQ_LONGROPE_MAX_PAIRS positive finite factors of each set, a positive attention factor.
+// LongRoPE: n_rot/2 <= LLMQ_LONGROPE_MAX_PAIRS positive finite factors of each set, a positive attention factor.
 static enum llmq_status check_longrope(const struct llmq_hparams *hp, const char *file) {
-    const int64_t half = hp->head_dim / 2;
+    const int64_t half = hp->n_rot / 2;
     if (half > LLMQ_LONGROPE_MAX_PAIRS || hp->rope_scaling.original_max_pos < 1)
         return llmq_errorf(
-            LLMQ_ERR_CORRUPT, "%s: LongRoPE needs head_dim <= %d and an original context >= 1 (head_dim %lld, %lld)",
-            file, 2 * LLMQ_LONGROPE_MAX_PAIRS, (long long)hp->head_dim, (long long)hp->rope_scaling.original_max_pos);
+            LLMQ_ERR_CORRUPT, "%s: LongRoPE needs n_rot <= %d and an original context >= 1 (n_rot %lld, %lld)", file,
+            2 * LLMQ_LONGROPE_MAX_PAIRS, (long long)hp->n_rot, (long long)hp->rope_scaling.original_max_pos);
     const float a = hp->rope_scaling.attn_factor;
     if (!(a > 0.0f) || !isfinite(a))
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: LongRoPE attention factor %g must be positive", file, (double)a);
@@ -70,6 +70,9 @@ static enum llmq_status check(const struct llmq_hparams *hp, const char *file, b
     if (hp->head_dim % 2 != 0)
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: head_dim %lld is odd (RoPE needs pairs)", file,
                            (long long)hp->head_dim);
+    if (hp->n_rot < 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %lld rotary dims: RoPE needs an even count in [2, head_dim %lld]",
+                           file, (long long)hp->n_rot, (long long)hp->head_dim);
     if (hp->n_head * hp->head_dim > LLMQ_HPARAMS_MAX_DIM)
         return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: n_head x head_dim is too large", file);
     if (!(hp->rms_eps > 0.0f) || !isfinite(hp->rms_eps))
@@ -162,7 +165,7 @@ static float gemma_gguf_attn_scalar(const struct llmq_hparams *hp) {
     return (float)(big ? hp->n_embd / hp->n_head : hp->head_dim);
 }
 
-// One LongRoPE factor tensor (Dh/2 decodable values) into out.
+// One LongRoPE factor tensor (n_rot/2 decodable values) into out.
 static enum llmq_status gguf_factors(const struct llmq_gguf *g, const struct llmq_gguf_tensor *t, const char *name,
                                      int64_t half, float *out) {
     if (!t)
@@ -171,8 +174,8 @@ static enum llmq_status gguf_factors(const struct llmq_gguf *g, const struct llm
     const struct llmq_dtype_traits *tr = llmq_dtype_traits(t->view.dtype);
     if (llmq_tensor_nelements(&t->view) != half || !tr || !tr->can_dequant ||
         llmq_dequantize_row(t->view.dtype, t->view.data, out, half) != LLMQ_OK)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s: expected %lld decodable values (head_dim / 2)", llmq_gguf_path(g),
-                           name, (long long)half);
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: %s: expected %lld decodable values (rope.dimension_count / 2)",
+                           llmq_gguf_path(g), name, (long long)half);
     return LLMQ_OK;
 }
 
@@ -182,7 +185,7 @@ static enum llmq_status gguf_factors(const struct llmq_gguf *g, const struct llm
 static enum llmq_status longrope_from_gguf(const struct llmq_gguf *g, const char *arch, struct llmq_hparams *hp) {
     const struct llmq_gguf_tensor *lt = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_LONG);
     const struct llmq_gguf_tensor *sh = llmq_gguf_find_tensor(g, LLMQ_GGUF_ROPE_SHORT);
-    const int64_t half = hp->head_dim / 2;
+    const int64_t half = hp->n_rot / 2;
     enum llmq_status st;
     if (!lt && !sh) return LLMQ_OK;
     if (hp->arch != LLMQ_ARCH_PHI3 || hp->rope_scaling.type != LLMQ_ROPE_SCALING_NONE)
@@ -190,8 +193,8 @@ static enum llmq_status longrope_from_gguf(const struct llmq_gguf *g, const char
                            "%s: LongRoPE factor tensors are supported for phi3 without %s.rope.scaling.type",
                            llmq_gguf_path(g), arch);
     if (half > LLMQ_LONGROPE_MAX_PAIRS)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: LongRoPE with head_dim %lld is not supported (at most %d)",
-                           llmq_gguf_path(g), (long long)hp->head_dim, 2 * LLMQ_LONGROPE_MAX_PAIRS);
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: LongRoPE with %lld rotary dims is not supported (at most %d)",
+                           llmq_gguf_path(g), (long long)hp->n_rot, 2 * LLMQ_LONGROPE_MAX_PAIRS);
     hp->rope_scaling.type = LLMQ_ROPE_SCALING_LONGROPE;
     if ((st = gguf_factors(g, lt, LLMQ_GGUF_ROPE_LONG, half, hp->rope_scaling.long_factor)) ||
         (st = gguf_factors(g, sh, LLMQ_GGUF_ROPE_SHORT, half, hp->rope_scaling.short_factor)) ||
@@ -250,11 +253,15 @@ enum llmq_status llmq_hparams_from_gguf(const struct llmq_gguf *g, int64_t n_ctx
         (st = gguf_float(g, arch, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_eps)) ||
         (st = gguf_float(g, arch, "rope.freq_base", false, 10000.0f, &hp->rope_theta)))
         return st;
-    if (vlen != hp->head_dim || rdim != hp->head_dim)
+    if (vlen != hp->head_dim)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: %s.attention.key_length %lld and .value_length %lld differ", path,
+                           arch, (long long)hp->head_dim, (long long)vlen);
+    if (rdim != hp->head_dim && hp->arch != LLMQ_ARCH_PHI3)
         return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
-                           "%s: %s.attention.key_length %lld, .value_length %lld and .rope.dimension_count %lld differ "
-                           "(partial RoPE is not supported)",
-                           path, arch, (long long)hp->head_dim, (long long)vlen, (long long)rdim);
+                           "%s: %s.rope.dimension_count %lld is not the head size %lld: partial RoPE is supported for "
+                           "phi3 only",
+                           path, arch, (long long)rdim, (long long)hp->head_dim);
+    hp->n_rot = rdim; // llmq_hparams_check: even, in [2, head_dim]
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     if (llmq_gguf_find_kv(g, key)) {
         if ((st = llmq_gguf_get_str(g, key, &type))) return st;
@@ -389,7 +396,7 @@ enum llmq_status llmq_hparams_to_gguf(struct llmq_gguf_writer *w, const struct l
         return st;
     if ((file_type >= 0 && (st = llmq_gguf_writer_set_u32(w, "general.file_type", (uint32_t)file_type))) ||
         (st = llmq_gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)hp->n_vocab)) ||
-        (st = llmq_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hp->head_dim)))
+        (st = llmq_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hp->n_rot)))
         return st;
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR &&
         ((st = llmq_gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear")) ||
@@ -484,7 +491,7 @@ static enum llmq_status cfg_factors(const struct cfg *r, const char *key, int64_
     const json_t *a = cfg_get(r, key);
     if (!a) return cfg_missing(r, key);
     if (!json_is_array(a) || (int64_t)json_array_size(a) != n)
-        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s%s\" is not an array of %lld numbers (head_dim / 2)", r->file,
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: \"%s%s\" is not an array of %lld numbers (rotary dims / 2)", r->file,
                            r->prefix, key, (long long)n);
     for (int64_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(a, (size_t)i);
@@ -501,13 +508,13 @@ static enum llmq_status cfg_factors(const struct cfg *r, const char *key, int64_
 // transformers puts over rope_scaling's own), factor as given or max_position_embeddings / original, and the
 // attention factor as given or derived from it.
 static enum llmq_status cfg_longrope(const struct cfg *c, const struct cfg *r, struct llmq_hparams *hp) {
-    const int64_t half = hp->head_dim / 2;
+    const int64_t half = hp->n_rot / 2;
     int64_t max_pos = 0;
     float factor = 0, attn = 0;
     enum llmq_status st;
     if (half < 1 || half > LLMQ_LONGROPE_MAX_PAIRS)
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: LongRoPE with head_dim %lld is not supported (at most %d)",
-                           c->file, (long long)hp->head_dim, 2 * LLMQ_LONGROPE_MAX_PAIRS);
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: LongRoPE with %lld rotary dims is not supported (at most %d)",
+                           c->file, (long long)hp->n_rot, 2 * LLMQ_LONGROPE_MAX_PAIRS);
     hp->rope_scaling.type = LLMQ_ROPE_SCALING_LONGROPE;
     if ((st = cfg_factors(r, "short_factor", half, hp->rope_scaling.short_factor)) ||
         (st = cfg_factors(r, "long_factor", half, hp->rope_scaling.long_factor)) ||
@@ -522,6 +529,41 @@ static enum llmq_status cfg_longrope(const struct cfg *c, const struct cfg *r, s
     hp->rope_scaling.factor = (float)f;
     hp->rope_scaling.attn_factor =
         cfg_get(r, "attention_factor") ? attn : llmq_longrope_attn_default(f, hp->rope_scaling.original_max_pos);
+    return LLMQ_OK;
+}
+
+// n_rot from partial_rotary_factor (formats/llama/arch.h "Phi-3"): phi3 reads it at the top level (transformers 4's
+// Phi3Config) and in rope_scaling / rope_parameters, the object cfg_rope_scaling reads (transformers 5 moves it
+// there; that copy wins); both present and different is refused. n_rot = int(head_dim * factor) as transformers'
+// _compute_default_rope_parameters / _compute_longrope_parameters, in double. Any other family takes 1 only (its
+// transformers model rotates the whole head).
+static enum llmq_status cfg_rotary(const struct cfg *c, struct llmq_hparams *hp) {
+    const json_t *rs = cfg_get(c, "rope_scaling") ? cfg_get(c, "rope_scaling") : cfg_get(c, "rope_parameters");
+    const json_t *top = cfg_get(c, "partial_rotary_factor"), *in = NULL;
+    if (json_is_object(rs) && !json_is_null(json_object_get(rs, "partial_rotary_factor")))
+        in = json_object_get(rs, "partial_rotary_factor");
+    hp->n_rot = hp->head_dim;
+    if ((top && !json_is_number(top)) || (in && !json_is_number(in)))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: partial_rotary_factor is not a number", c->file);
+    if (top && in && json_number_value(top) != json_number_value(in))
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: partial_rotary_factor %g at the top level and %g in %s differ (transformers 4 reads "
+                           "the first, 5 the second)",
+                           c->file, json_number_value(top), json_number_value(in),
+                           cfg_get(c, "rope_scaling") ? "rope_scaling" : "rope_parameters");
+    const double f = in ? json_number_value(in) : top ? json_number_value(top) : 1.0;
+    if (f == 1.0) return LLMQ_OK;
+    if (hp->arch != LLMQ_ARCH_PHI3)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: partial_rotary_factor %g: partial RoPE is supported for phi3 only", c->file, f);
+    if (!(f > 0.0 && f < 1.0))
+        return llmq_errorf(LLMQ_ERR_CORRUPT, "%s: partial_rotary_factor %g is not in (0, 1]", c->file, f);
+    hp->n_rot = (int64_t)((double)hp->head_dim * f);
+    if (hp->n_rot < 2 || hp->n_rot % 2 != 0)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED,
+                           "%s: partial_rotary_factor %g of head_dim %lld gives %lld rotary dims (RoPE needs an even "
+                           "count >= 2)",
+                           c->file, f, (long long)hp->head_dim, (long long)hp->n_rot);
     return LLMQ_OK;
 }
 
@@ -602,14 +644,9 @@ static enum llmq_status cfg_layer_types(const struct cfg *c, const json_t *lt, s
     return LLMQ_OK;
 }
 
-// The phi3 keys of config.json (transformers' Phi3Config): the window of every layer (null: none); a partial
-// rotary factor other than 1 is refused (the LongRoPE types by cfg_rope_scaling).
+// The phi3 keys of config.json (transformers' Phi3Config): the window of every layer (null: none); the partial
+// rotary factor is cfg_rotary's, the LongRoPE types cfg_rope_scaling's.
 static enum llmq_status cfg_phi3(const struct cfg *c, struct llmq_hparams *hp) {
-    const json_t *rp = cfg_get(c, "rope_parameters");
-    const json_t *prf = cfg_get(c, "partial_rotary_factor");
-    if (!prf && json_is_object(rp)) prf = json_object_get(rp, "partial_rotary_factor");
-    if (prf && (!json_is_number(prf) || json_number_value(prf) != 1.0))
-        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "%s: partial_rotary_factor other than 1 is not supported", c->file);
     return cfg_int(c, "sliding_window", false, 0, &hp->sliding_window);
 }
 
@@ -731,7 +768,7 @@ enum llmq_status llmq_hparams_from_hf_config(const char *file, const json_t *cfg
         (st = cfg_float(&c, "rope_theta", false, hp->arch == LLMQ_ARCH_GEMMA3 ? 1e6 : 10000.0, &hp->rope_theta)) ||
         (st = cfg_bool(&c, "tie_word_embeddings", &hp->tied_embeddings)) ||
         (st = cfg_bool(&c, "attention_bias", &hp->attn_bias)) || (st = cfg_bool(&c, "mlp_bias", &mlp_bias)) ||
-        (st = cfg_rope_scaling(&c, hp)))
+        (st = cfg_rotary(&c, hp)) || (st = cfg_rope_scaling(&c, hp)))
         return st;
     if (gemma && !cfg_get(&c, "tie_word_embeddings")) hp->tied_embeddings = true; // Gemma configs' default
     if (gemma && (st = cfg_gemma(&c, hp))) return st;
@@ -752,6 +789,23 @@ static json_t *json_f32(float f) {
         if (strtof(buf, NULL) == f) break;
     }
     return json_real(strtod(buf, NULL));
+}
+
+// partial_rotary_factor for n_rot of head_dim, a decimal of at most 9 digits (config.json's precision) that
+// transformers turns back into n_rot (int(head_dim * factor), cfg_rotary): n_rot / head_dim when that is such a
+// decimal (0.75), else the shortest one near the middle of [n_rot, n_rot + 1) / head_dim (1/3 of 96 rounds down to
+// 31.99...; 0.34 gives 32).
+static json_t *json_rotary_factor(const struct llmq_hparams *hp) {
+    const double hd = (double)hp->head_dim, r = (double)hp->n_rot;
+    char buf[32];
+    for (int pass = 0; pass < 2; pass++)
+        for (int p = 1; p <= 9; p++) {
+            snprintf(buf, sizeof(buf), "%.*g", p, pass ? (r + 0.5) / hd : r / hd);
+            const double f = strtod(buf, NULL);
+            if (pass ? f <= 1.0 && (int64_t)(hd * f) == hp->n_rot : f == r / hd && (int64_t)(hd * f) == hp->n_rot)
+                return json_real(f);
+        }
+    return json_real(r / hd); // not reached: the middle is 0.5 / head_dim >= 3e-8 from either end
 }
 
 // The gemma keys of config.json (Gemma2Config / Gemma3TextConfig; transformers reads rope_theta and
@@ -796,7 +850,7 @@ static void moe_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
 // top-level original_max_position_embeddings; factor and attention_factor only where they differ from what
 // transformers derives without them (formats/llama/arch.h "LongRoPE").
 static void longrope_to_hf_config(const struct llmq_hparams *hp, json_t *c) {
-    const int64_t half = hp->head_dim / 2, orig = hp->rope_scaling.original_max_pos;
+    const int64_t half = hp->n_rot / 2, orig = hp->rope_scaling.original_max_pos;
     json_t *rs = json_object(), *sf = json_array(), *lf = json_array();
     for (int64_t i = 0; i < half; i++) {
         json_array_append_new(sf, json_f32(hp->rope_scaling.short_factor[i]));
@@ -839,6 +893,7 @@ json_t *llmq_hparams_to_hf_config(const struct llmq_hparams *hp, int64_t bos, in
     json_object_set_new(c, "num_hidden_layers", json_integer(hp->n_layer));
     json_object_set_new(c, "num_key_value_heads", json_integer(hp->n_head_kv));
     if (pad >= 0) json_object_set_new(c, "pad_token_id", json_integer(pad));
+    if (hp->n_rot != hp->head_dim) json_object_set_new(c, "partial_rotary_factor", json_rotary_factor(hp));
     if (llama) json_object_set_new(c, "pretraining_tp", json_integer(1));
     json_object_set_new(c, "rms_norm_eps", json_f32(hp->rms_eps));
     if (hp->rope_scaling.type == LLMQ_ROPE_SCALING_LINEAR)

@@ -1,7 +1,7 @@
 """Oracle: the Phi-3 family (model_type / general.architecture "phi3": fused qkv_proj / attn_qkv and
 gate_up_proj / ffn_up, NEOX RoPE, the sliding window of every layer in transformers) against transformers and
-llama.cpp. What llmq does not do yet for Phi-3 is refused, and tested as refused: partial rotary factors.
-Quantized output (the fused linears written back fused): tests/py/test_phi3_quant.py.
+llama.cpp, with LongRoPE and with Phi-4-mini's partial RoPE. Refused configs are tested as refused (the last
+parametrized test). Quantized output (the fused linears written back fused): tests/py/test_phi3_quant.py.
 
 The models: tests/py/hf_phi3_model.py builds random-weight Phi3ForCausalLM checkpoints (hidden 64, 2 layers, 4
 heads, 2 kv heads, intermediate 128, vocab 512, untied, f32), "tiny" without a window and "tiny-swa" with
@@ -29,18 +29,37 @@ given the context (tests/tools/forward_logits ROPE_CTX).
                  200 and 300 tokens). llmq's GGUF forward without a context equals transformers' short logits.
   GGUF -> HF     rope_scaling longrope with the same factors, original_max_position_embeddings 256; llmq's logits
                  on it equal those on the original directory bit for bit.
+
+Partial RoPE (Phi-4-mini's shape, formats/llama/arch.h "Phi-3": partial_rotary_factor 0.75, so 12 of a head's 16
+values rotate, tie_word_embeddings true): "tiny-p4" (48 ids) and "tiny-p4-longrope" (its LongRoPE lists 6 long:
+rotary dims / 2; the 300 / 200 ids of tiny-longrope).
+  transformers   TOL_REL of max |logit|; measured 8.8e-7 (tiny-p4), 2.8e-6 (LongRoPE, 300 tokens, long), 8.4e-6 (200,
+                 short); top-1 equal. Rotating whole heads instead (the factor removed) is far off.
+  GGUF           phi3.rope.dimension_count 12 (convert_hf_to_gguf.py Phi3MiniModel's int(0.75 * n_embd) // n_head), no
+                 output.weight, rope_factors_* of 6; llmq's forward on it equals the directory's bit for bit;
+                 llama-cpp-python within F32_TOL, top-1 equal: measured 3.7e-6 (tiny-p4), 5.0e-6 (LongRoPE n_ctx 256,
+                 200 tokens), 5.1e-6 (n_ctx 512, 300 tokens).
+  GGUF -> HF     tensors bit-identical, config.json partial_rotary_factor 0.75 and tied; llmq's logits equal, and
+                 transformers on the converted directory within TOL_REL (measured 8.8e-7).
+  quantize       RTN Q8_0 (`--no-provenance`) byte-identical to llama_model_quantize, from the GGUF and from the HF
+                 directory; gptq 4 bits group 32 (--format gptq, 4 x 64 wikitext tokens), numpy-unpacked, in
+                 transformers within TOL_REL of llmq on the packed directory (measured 7.0e-7).
 """
 import json
+import os
 import shutil
 
 import numpy as np
 import pytest
 
 from conftest import run
-from family_oracle import HF_PYTHON, HF_SKIP_REASON, build_hf_models, forward, gguf_back_to_hf
+from family_oracle import HERE, HF_PYTHON, HF_SKIP_REASON, build_hf_models, forward, gguf_back_to_hf
 from family_oracle import ids, work  # noqa: F401 (fixtures)
 from test_forward_oracle import F32_TOL, HAVE_LLAMA_CPP, check_live
+from test_gguf_mix import lc  # noqa: F401 (the fixture: llama_cpp, or a skip)
+from test_phi3_quant import unpacked_dir
 import gen_golden_forward as gg
+import test_gguf_mix as gm
 
 needs_hf = pytest.mark.skipif(not HF_PYTHON, reason=HF_SKIP_REASON)
 needs_llama_cpp = pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama_cpp (llama-cpp-python) is not importable")
@@ -86,24 +105,34 @@ def longrope(llmq_bin, tool, models, work):
                 short=llmq_logits(tool, d, toks[:N_SHORT], work / "lr-short.f32"))
 
 
+def check_transformers(label, r, got):
+    """llmq's logits got within TOL_REL of max |logit| of transformers' r, top-1 equal everywhere."""
+    scale, d = float(np.abs(r).max()), float(np.abs(r - got).max())
+    print(f"{label} ({len(r)} tokens): max |transformers - llmq| = {d:.3g}, {d / scale:.3g} of max |logit| {scale:.3g}")
+    assert d <= TOL_REL * scale and (r.argmax(1) == got.argmax(1)).all(), label
+
+
+def far_with_config(tool, src, dst, ids, edit, ref):
+    """llmq's logits on a copy of directory src whose config.json edit(cfg) changed are far (1000 TOL_REL of max
+    |logit|) from ref: the edited key matters, so a forward ignoring it would fail its oracle test."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    got = forward(tool, dst, ids["path"], dst.with_suffix(".f32"))
+    assert float(np.abs(got - ref).max()) > 1000 * TOL_REL * float(np.abs(got).max())
+
+
 @needs_hf
 @pytest.mark.parametrize("v", VARIANTS)
 def test_forward_matches_transformers(models, v):
-    r, got = models[v]["ref"], models[v]["llmq_hf"]
-    scale, d = float(np.abs(r).max()), float(np.abs(r - got).max())
-    print(f"{v}: max |transformers - llmq| = {d:.3g}, {d / scale:.3g} of max |logit| {scale:.3g}")
-    assert d <= TOL_REL * scale and (r.argmax(1) == got.argmax(1)).all()
+    check_transformers(v, models[v]["ref"], models[v]["llmq_hf"])
 
 
 @needs_hf
 def test_sliding_window_matters(tool, models, work, ids):
-    d = work / "tiny-swa-nowindow"
-    shutil.copytree(models["tiny-swa"]["hf"], d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["sliding_window"] = None
-    (d / "config.json").write_text(json.dumps(cfg))
-    got = forward(tool, d, ids["path"], work / "nowindow.f32")
-    assert float(np.abs(got - models["tiny-swa"]["ref"]).max()) > 1000 * TOL_REL * float(np.abs(got).max())
+    far_with_config(tool, models["tiny-swa"]["hf"], work / "tiny-swa-nowindow", ids,
+                    lambda cfg: cfg.update(sliding_window=None), models["tiny-swa"]["ref"])
 
 
 @needs_hf
@@ -135,10 +164,8 @@ def test_gguf_to_hf_reproduces_tensors(llmq_bin, models, work):
 @pytest.mark.parametrize("which", ["long", "short"])
 def test_longrope_matches_transformers(longrope, which):
     r, got = longrope["ref"][which], longrope[which]
-    scale, d = float(np.abs(r).max()), float(np.abs(r - got).max())
-    print(f"longrope {which} ({len(r)} tokens): max |transformers - llmq| = {d:.3g}, {d / scale:.3g} of {scale:.3g}")
     assert len(r) == (N_LONG if which == "long" else N_SHORT)
-    assert d <= TOL_REL * scale and (r.argmax(1) == got.argmax(1)).all()
+    check_transformers(f"longrope {which}", r, got)
 
 
 @needs_hf
@@ -166,17 +193,24 @@ def test_longrope_gguf(tool, longrope, work):
     assert np.array_equal(got, longrope["short"])
 
 
+def llama_cpp_vs_llmq(tool, gguf, ids, n_ctx, out, label):
+    """llama.cpp's logits of the ids in one eval at context n_ctx, checked against llmq's with ROPE_CTX = n_ctx
+    (llama.cpp's choice of LongRoPE factors) within F32_TOL; returns llama.cpp's."""
+    llm = gg.llama_cpp_model(gguf, n_ctx=n_ctx)
+    llm.reset()
+    llm.eval(ids)
+    ref = np.array(llm.scores[:len(ids)], dtype=np.float32)
+    del llm
+    check_live(label, llmq_logits(tool, gguf, ids, out, rope_ctx=n_ctx), ref, F32_TOL, 1.0)
+    return ref
+
+
 @needs_hf
 @needs_llama_cpp
 @pytest.mark.parametrize("n_ctx, n", [(256, N_SHORT), (512, N_SHORT), (512, N_LONG)])
 def test_longrope_llama_cpp_agrees(tool, longrope, work, n_ctx, n):
-    llm = gg.llama_cpp_model(longrope["gguf"], n_ctx=n_ctx)
-    llm.reset()
-    llm.eval(longrope["ids"][:n])
-    ref = np.array(llm.scores[:n], dtype=np.float32)
-    del llm
-    got = llmq_logits(tool, longrope["gguf"], longrope["ids"][:n], work / f"lr-cpp-{n_ctx}-{n}.f32", rope_ctx=n_ctx)
-    check_live(f"phi3 longrope n_ctx {n_ctx}, {n} tokens", got, ref, F32_TOL, 1.0)
+    ref = llama_cpp_vs_llmq(tool, longrope["gguf"], longrope["ids"][:n], n_ctx, work / f"lr-cpp-{n_ctx}-{n}.f32",
+                            f"phi3 longrope n_ctx {n_ctx}, {n} tokens")
     # llama.cpp's factors are those of its context: long at 512 even for 200 tokens, where transformers takes short
     hf_rule = longrope["long" if n > ORIG_CTX else "short"][:n]
     assert (float(np.abs(hf_rule - ref).max()) > 10 * F32_TOL) == (n_ctx > ORIG_CTX and n <= ORIG_CTX)
@@ -203,7 +237,14 @@ def test_longrope_gguf_to_hf(llmq_bin, tool, longrope, work):
     (dict(rope_scaling={"type": "su", "short_factor": [1.0] * 8, "long_factor": [0.0] * 8}),
      "LongRoPE factor 0 (short 1, long 0) must be positive"),
     (dict(rope_scaling={"type": "yarn", "factor": 2.0}), 'rope_scaling type "yarn" is not supported'),
-    (dict(partial_rotary_factor=0.75), "partial_rotary_factor other than 1 is not supported"),
+    (dict(partial_rotary_factor=0.7), "partial_rotary_factor 0.7 of head_dim 16 gives 11 rotary dims"),
+    (dict(partial_rotary_factor=1.5), "partial_rotary_factor 1.5 is not in (0, 1]"),
+    (dict(partial_rotary_factor=0.75, rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}),
+     "partial_rotary_factor 0.75 at the top level and 0.5 in rope_parameters differ"),
+    # LongRoPE lists of head_dim / 2 = 8 under partial RoPE: transformers (and llama.cpp) want rotary dims / 2 = 6
+    (dict(partial_rotary_factor=0.75, rope_scaling={"type": "longrope", "short_factor": [1.0] * 8,
+                                                    "long_factor": [1.0] * 8}),
+     '"rope_scaling.short_factor" is not an array of 6 numbers'),
 ])
 def test_refused_configs(llmq_bin, tmp_path, change, message):
     from safetensors.numpy import save_file
@@ -250,3 +291,134 @@ def test_longrope_quantized_keeps_factors(llmq_bin, tool, longrope, work, src):
     assert rs["short_factor"] == src_rp["short_factor"] and cfg["original_max_position_embeddings"] == ORIG_CTX
     got = llmq_logits(tool, d, longrope["ids"], work / f"lr-fake-{src}.f32")
     assert float(np.abs(got - longrope["long"]).max()) < 0.05 * float(np.abs(longrope["long"]).max())
+
+
+# ---- partial RoPE (Phi-4-mini's shape: partial_rotary_factor 0.75, tied embeddings) -------------------------------
+
+P4, P4LR = "tiny-p4", "tiny-p4-longrope"  # as tests/py/hf_phi3_model.py
+N_ROT = 12  # int(head_dim 16 * 0.75)
+
+
+@pytest.fixture(scope="module")
+def partial(llmq_bin, tool, models, work, ids):
+    """Both partial-RoPE directories, their `llmq convert` GGUFs, transformers' logits and llmq's on the directory."""
+    out = {}
+    for v in (P4, P4LR):
+        out[v] = dict(hf=work / v, gguf=work / f"{v}.gguf")
+        run([llmq_bin, "convert", "--model", out[v]["hf"], "--out", out[v]["gguf"], "--quiet"])
+    out[P4].update(ref=np.fromfile(work / f"{P4}.hf.f32", np.float32).reshape(48, -1),
+                   llmq_hf=forward(tool, out[P4]["hf"], ids["path"], work / f"{P4}.llmq-hf.f32"),
+                   llmq_gguf=forward(tool, out[P4]["gguf"], ids["path"], work / f"{P4}.llmq-gguf.f32"))
+    toks = [int(x) for x in (work / f"{P4LR}.ids").read_text().split()]
+    out[P4LR].update(ids=toks, ref={n: np.fromfile(work / f"{P4LR}.hf-{n}.f32", np.float32).reshape(-1, 512)
+                                    for n in ("long", "short")},
+                     long=llmq_logits(tool, out[P4LR]["hf"], toks, work / "p4lr-long.f32"),
+                     short=llmq_logits(tool, out[P4LR]["hf"], toks[:N_SHORT], work / "p4lr-short.f32"))
+    return out
+
+
+def partial_pair(partial, which):
+    """(transformers' logits, llmq's on the HF directory) of P4 ("p4") or of P4LR's long / short pass."""
+    if which == "p4":
+        return partial[P4]["ref"], partial[P4]["llmq_hf"]
+    return partial[P4LR]["ref"][which], partial[P4LR][which]
+
+
+@needs_hf
+@pytest.mark.parametrize("which", ["p4", "long", "short"])
+def test_partial_rotary_matches_transformers(partial, which):
+    check_transformers(f"partial RoPE {which}", *partial_pair(partial, which))
+
+
+def whole_heads(cfg):
+    """config.json without partial_rotary_factor (top level, rope_parameters / rope_scaling): whole heads rotate."""
+    for c in (cfg, cfg.get("rope_parameters"), cfg.get("rope_scaling")):
+        if isinstance(c, dict):
+            c.pop("partial_rotary_factor", None)
+
+
+@needs_hf
+def test_partial_rotary_matters(tool, partial, work, ids):
+    far_with_config(tool, partial[P4]["hf"], work / "p4-whole-heads", ids, whole_heads, partial[P4]["ref"])
+
+
+@needs_hf
+def test_partial_rotary_gguf(tool, partial, work):
+    """rope.dimension_count is n_rot (as convert_hf_to_gguf.py Phi3MiniModel writes it), no output.weight (tied), the
+    LongRoPE factor tensors n_rot / 2 long; llmq's forward on the GGUF equals the one on the directory bit for bit
+    (LongRoPE: transformers' rule without a context, so the short factors for 200 tokens)."""
+    import gguf
+    for v in (P4, P4LR):
+        r = gguf.GGUFReader(str(partial[v]["gguf"]))
+        f = {k: x.parts[-1][0] for k, x in r.fields.items() if k.startswith("phi3.")}
+        t = {x.name: x for x in r.tensors}
+        assert f["phi3.rope.dimension_count"] == N_ROT and "phi3.attention.key_length" not in f, v
+        assert "output.weight" not in t and "token_embd.weight" in t, v
+    cfg = json.loads((partial[P4LR]["hf"] / "config.json").read_text())
+    rp = cfg.get("rope_parameters") or cfg["rope_scaling"]
+    for n in ("long", "short"):
+        assert len(rp[f"{n}_factor"]) == N_ROT // 2
+        assert np.array_equal(t[f"rope_factors_{n}.weight"].data, np.float32(rp[f"{n}_factor"])), n
+    assert np.array_equal(partial[P4]["llmq_gguf"], partial[P4]["llmq_hf"])
+    got = llmq_logits(tool, partial[P4LR]["gguf"], partial[P4LR]["ids"][:N_SHORT], work / "p4lr-gguf-short.f32")
+    assert np.array_equal(got, partial[P4LR]["short"])
+
+
+@needs_hf
+@needs_llama_cpp
+@pytest.mark.parametrize("v, n_ctx, n", [(P4, 512, 48), (P4LR, 256, N_SHORT), (P4LR, 512, N_LONG)])
+def test_partial_rotary_llama_cpp_agrees(tool, partial, ids, work, v, n_ctx, n):
+    toks = ids["tokens"] if v == P4 else partial[v]["ids"][:n]
+    llama_cpp_vs_llmq(tool, partial[v]["gguf"], toks, n_ctx, work / f"p4-cpp-{v}-{n_ctx}.f32",
+                      f"phi3 partial RoPE {v} n_ctx {n_ctx}, {n} tokens")
+
+
+@needs_hf
+@pytest.mark.parametrize("v", [P4, P4LR])
+def test_partial_rotary_gguf_to_hf(llmq_bin, tool, partial, work, ids, v):
+    """GGUF -> HF: every tensor bit-identical (no lm_head: tied), config.json with partial_rotary_factor 0.75 and
+    tie_word_embeddings; llmq's logits on it equal those on the original directory (transformers' on it:
+    test_partial_rotary_written_dirs_in_transformers)."""
+    a, b, cfg = gguf_back_to_hf(llmq_bin, partial[v]["gguf"], partial[v]["hf"], work / f"{v}-back")
+    for name in a:
+        assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
+    assert "lm_head.weight" not in b and cfg["tie_word_embeddings"] is True and cfg["partial_rotary_factor"] == 0.75
+    if v == P4:
+        assert np.array_equal(forward(tool, work / f"{v}-back", ids["path"], work / "p4-back.f32"),
+                              partial[P4]["llmq_hf"])
+    else:
+        got = llmq_logits(tool, work / f"{v}-back", partial[v]["ids"], work / "p4lr-back.f32")
+        assert np.array_equal(got, partial[v]["long"])
+
+
+@needs_hf
+@pytest.mark.parametrize("v", [P4, P4LR])
+def test_partial_rotary_q8_0_byte_identical_to_llama_quantize(llmq_bin, lc, partial, work, v):
+    """`llmq quantize --method rtn --format gguf --gguf-type Q8_0 --no-provenance` of the converted GGUF, and of the
+    HF directory, is llama_model_quantize's file (of the converted GGUF) byte for byte (tests/py/test_phi3_quant.py's
+    check, here with a tied embedding and rope.dimension_count below the head size)."""
+    ref, mine, mine_hf = (work / f"{v}-{x}-Q8_0.gguf" for x in ("ref", "mine", "mine-hf"))
+    gm.lc_quantize(lc, partial[v]["gguf"], ref, gm.FTYPES["Q8_0"])
+    gm.llmq_q(llmq_bin, partial[v]["gguf"], mine, "Q8_0", "--no-provenance")
+    gm.llmq_q(llmq_bin, partial[v]["hf"], mine_hf, "Q8_0", "--no-provenance")  # from the directory: the same bytes
+    assert gm.same_file(ref, mine) is None, gm.same_file(ref, mine)
+    assert gm.same_file(ref, mine_hf) is None, gm.same_file(ref, mine_hf)
+
+
+@needs_hf
+def test_partial_rotary_written_dirs_in_transformers(llmq_bin, tool, data_dir, partial, ids, work):
+    """Directories llmq writes for the partial-RoPE model, in transformers' Phi3ForCausalLM: the GGUF -> HF
+    conversion (config.json from llmq's writer) and `llmq quantize --method gptq --bits 4 --format gptq` of the
+    directory (numpy-unpacked by tests/py/unpack_ref.py), each against llmq's forward on the same directory
+    (the packed one for gptq) within TOL_REL."""
+    back, q, u = work / "p4-back-t", work / "p4-gptq", work / "p4-gptq-unpacked"
+    run([llmq_bin, "convert", "--model", partial[P4]["gguf"], "--out", back, "--to", "hf", "--quiet"])
+    run([llmq_bin, "quantize", "--model", partial[P4]["hf"], "--method", "gptq", "--bits", "4", "--group-size", "32",
+         "--format", "gptq", "--calib", data_dir / "wikitext-2-raw" / "wiki.test.raw", "--nsamples", "4", "--seqlen",
+         "64", "--threads", "2", "--out", q, "--force", "--quiet"])
+    unpacked_dir(q, u, (128, 64))
+    run([HF_PYTHON, os.path.join(HERE, "hf_phi3_quant_model.py"), "logits", ids["path"], back, f"{back}.hf.f32", u,
+         f"{u}.hf.f32"], env=dict(os.environ, OMP_NUM_THREADS="2"))
+    for label, d, ours in (("GGUF -> HF", back, back), ("gptq 4-bit", u, q)):
+        check_transformers(f"partial RoPE {label}", np.fromfile(f"{d}.hf.f32", np.float32).reshape(48, -1),
+                           forward(tool, ours, ids["path"], work / f"{ours.name}.llmq.f32"))

@@ -121,8 +121,9 @@ def test_directories_fused_and_below_rtn(dirs):
     assert awq < rtn
 
 
-def unpacked_dir(src, dst):
-    """A plain f32 HF directory with every packed linear of src unpacked by numpy (tests/py/unpack_ref.py)."""
+def unpacked_dir(src, dst, qkv_shape=(512, 256)):
+    """A plain f32 HF directory with every packed linear of src unpacked by numpy (tests/py/unpack_ref.py); its
+    qkv_proj of block 0 must come out qkv_shape (p3w's by default)."""
     from safetensors.numpy import load_file
     t = load_file(str(src / "model.safetensors"))
     cfg = json.loads((src / "config.json").read_text())
@@ -136,7 +137,7 @@ def unpacked_dir(src, dst):
                                   unpack_ref.dequant_gptq(parts, qc["bits"], qc["checkpoint_format"] == "gptq"))
         elif not k.endswith((".qzeros", ".scales", ".g_idx")):
             out[k] = t[k].astype(np.float32)
-    assert out["model.layers.0.self_attn.qkv_proj.weight"].shape == (512, 256)
+    assert out["model.layers.0.self_attn.qkv_proj.weight"].shape == qkv_shape
     unpack_ref.save_plain_dir(out, cfg, src, dst)
 
 

@@ -11,8 +11,8 @@
  *  3. forward.c with 2 threads (its linears split W's rows over them): the measured difference is printed.
  *  4. The CPU block is within tests/block_tolerance.h's bound of a float64 block (so the bound the GPU test uses is
  *     itself tested), and a block with the wrong RoPE pairing is not.
- *  5. Refusals: other families by name, a weight never set, too many tokens, Gram sums of a block without, a CUDA
- *     block without a device.
+ *  5. Refusals: other families by name, partial RoPE (n_rot < head_dim), a weight never set, too many tokens, Gram
+ *     sums of a block without, a CUDA block without a device.
  */
 #include "harness.h"
 
@@ -195,6 +195,10 @@ static void test_refusals(struct fix_model *fm) {
     fm->m.hp.attn_softcap = 30.0f;
     CHECK(llmq_devblock_shape(&fm->m, ff, &s) == LLMQ_ERR_UNSUPPORTED);
     CHECK_CONTAINS(llmq_last_error(), "softcap");
+    fm->m.hp = saved;
+    fm->m.hp.n_rot = fm->m.hp.head_dim / 2; // the block rotates whole heads
+    CHECK(llmq_devblock_shape(&fm->m, ff, &s) == LLMQ_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(llmq_last_error(), "partial RoPE");
     fm->m.hp = saved;
 
     struct llmq_block *b = NULL;

@@ -176,7 +176,7 @@ static void make_gguf(const char *path, const struct spec *s) {
     bool qwen = !strcmp(s->arch, "qwen2"), gemma = !strncmp(s->arch, "gemma", 5);
     int64_t q = s->n_head * hd, kv = s->n_head_kv * hd;
     if (s->llama3) {
-        struct llmq_hparams mh = {.head_dim = hd, .rope_theta = 500000.0f};
+        struct llmq_hparams mh = {.head_dim = hd, .n_rot = hd, .rope_theta = 500000.0f};
         mh.rope_scaling.type = LLMQ_ROPE_SCALING_LLAMA3, mh.rope_scaling.factor = 8.0f;
         mh.rope_scaling.low_freq_factor = 1.0f, mh.rope_scaling.high_freq_factor = 4.0f;
         mh.rope_scaling.original_max_pos = 8192;

@@ -15,13 +15,15 @@
  *  3. stories260K written as an HF directory (q/k rows un-permuted, as transformers stores them;
  *     LLMQ_ROPE_NEOX) gives the same logits as the GGUF.
  *  4. Tiny random HF models (qwen2 with q/k/v biases; llama with llama3 rope scaling, separate
- *     lm_head, GQA) against a naive per-token reference forward in double written here.
+ *     lm_head, GQA) against a naive per-token reference forward in double written here; the qwen2 model again
+ *     with n_rot set to half its head (partial RoPE, formats/llama/arch.h "Phi-3"; the reference rotates the
+ *     first n_rot values, so a forward that rotated whole heads would fail).
  *  4b. llmq_forward_block_prefixed: continuations of a shared prefix (its K/V from llmq_forward_last_kv, layer
  *     by layer), one of them with no prefix, batched in one call, give the logits of each whole sequence run
  *     through llmq_forward_logits (f32 and --emulate llamacpp-cpu-nofa), on stories260K and the random models.
- *  5. Bad models: unknown model_type, missing key, corrupt config.json, missing tensor, wrong shape,
- *     truncated safetensors, unsupported GGUF architecture, GGUF missing tensor -> the right status
- *     and a message naming the file and the key / tensor.
+ *  5. Bad models: unknown model_type, missing key, corrupt config.json, partial RoPE outside phi3, missing
+ *     tensor, wrong shape, truncated safetensors, unsupported GGUF architecture, GGUF missing tensor -> the right
+ *     status and a message naming the file and the key / tensor.
  */
 #include "harness.h"
 
@@ -76,7 +78,7 @@ static int64_t argmax(const float *x, int64_t n) {
 static void ref_forward(const struct llmq_model *m, const int32_t *tok, int64_t n, float *logits /* (n, V) */) {
     const struct llmq_hparams *hp = &m->hp;
     const int64_t D = hp->n_embd, F = hp->n_ff, V = hp->n_vocab, H = hp->n_head, Hkv = hp->n_head_kv;
-    const int64_t Dh = hp->head_dim, Dq = H * Dh, Dkv = Hkv * Dh, half = Dh / 2;
+    const int64_t Dh = hp->head_dim, Dq = H * Dh, Dkv = Hkv * Dh, R = hp->n_rot, half = R / 2;
     double *x = calloc((size_t)(n * D), sizeof(double));
     double *xn = calloc((size_t)D, sizeof(double)), *q = calloc((size_t)(n * Dq), sizeof(double));
     double *K = calloc((size_t)(n * Dkv), sizeof(double)), *Vc = calloc((size_t)(n * Dkv), sizeof(double));
@@ -122,7 +124,7 @@ static void ref_forward(const struct llmq_model *m, const int32_t *tok, int64_t 
                 double *vec = pass ? K + t * Dkv : q + t * Dq;
                 for (int64_t h = 0; h < (pass ? Hkv : H); h++)
                     for (int64_t i = 0; i < half; i++) {
-                        double th = (double)t * pow(hp->rope_theta, -2.0 * i / Dh) / ff[i];
+                        double th = (double)t * pow(hp->rope_theta, -2.0 * i / R) / ff[i];
                         int64_t ia = hp->rope_type == LLMQ_ROPE_NEOX ? i : 2 * i;
                         int64_t ib = hp->rope_type == LLMQ_ROPE_NEOX ? i + half : 2 * i + 1;
                         double a = vec[h * Dh + ia], bb = vec[h * Dh + ib];
@@ -682,9 +684,12 @@ static void check_favec(const struct llmq_model *m) {
     free(a), free(b), free(xp), free(xe), free(kc);
 }
 
-static void check_against_naive(const char *dir, const char *label, int64_t n) {
+// n_rot > 0: the loaded model's n_rot set to it first (partial RoPE: the forward and ref_forward rotate the first
+// n_rot values of each head and pass the rest).
+static void check_against_naive(const char *dir, const char *label, int64_t n, int64_t n_rot) {
     struct llmq_model *m = NULL;
     CHECK(llmq_model_load(dir, &m) == LLMQ_OK);
+    if (n_rot > 0) m->hp.n_rot = n_rot;
     const int64_t V = m->hp.n_vocab;
     int32_t *toks = malloc((size_t)n * sizeof(int32_t));
     for (int64_t i = 0; i < n; i++) toks[i] = (int32_t)((i * 37 + 3) % V);
@@ -807,7 +812,8 @@ static void test_random_models(const char *tmp) {
         CHECK(m->hp.arch == LLMQ_ARCH_QWEN2 && m->hp.qkv_bias && m->layers[1].bv && m->hp.rope_type == LLMQ_ROPE_NEOX);
         llmq_model_free(m);
     }
-    check_against_naive(dir, "random qwen2 (q/k/v bias, GQA 2:1)", 70);
+    check_against_naive(dir, "random qwen2 (q/k/v bias, GQA 2:1)", 70, 0);
+    check_against_naive(dir, "random qwen2, partial RoPE (n_rot 4 of head_dim 8)", 70, 4);
 
     snprintf(dir, sizeof dir, "%s/llama3", tmp);
     fake_random(&fm, 48, 40, 2, 6, 2, 8, 80, false, true);
@@ -830,7 +836,7 @@ static void test_random_models(const char *tmp) {
         CHECK(ff[0] == 1.0f && ff[1] > 1.0f && ff[1] < 8.0f && ff[2] == 8.0f && ff[3] == 8.0f);
         llmq_model_free(m);
     }
-    check_against_naive(dir, "random llama (llama3 rope scaling, lm_head, GQA 3:1)", 150);
+    check_against_naive(dir, "random llama (llama3 rope scaling, lm_head, GQA 3:1)", 150, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -895,6 +901,8 @@ static void test_bad_models(const char *tmp) {
          "config.json", "\"hidden_size\" is not an integer"},
         {"rope_yarn", NULL, 24, 1, "true", ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", NULL,
          LLMQ_ERR_UNSUPPORTED, "config.json", "rope_scaling type \"yarn\""},
+        {"partial_rope", NULL, 24, 1, "true", ", \"partial_rotary_factor\": 0.5", NULL, LLMQ_ERR_UNSUPPORTED,
+         "config.json", "partial RoPE is supported for phi3 only"},
         {"heads", NULL, 24, 3, "true", "", NULL, LLMQ_ERR_CORRUPT, "heads",
          "n_head 2 is not a multiple of n_head_kv 3"},
         {"missing_tensor", NULL, 24, 1, "true", "", "model.layers.0.mlp.up_proj.weight", LLMQ_ERR_NOT_FOUND,

@@ -105,6 +105,12 @@ enum llmq_status llmq_block_init(enum llmq_backend be, const struct llmq_block_s
                                  int64_t max_seqlen, bool gram, struct llmq_block **out);
 void llmq_block_free(struct llmq_block *b); // NULL is a no-op
 
+// Bytes that llmq_block_init(be, s, max_tokens, max_seqlen, gram) allocates where the block computes (weights,
+// activations, RoPE tables, Gram sums and their scratch; not the CUDA context, cuBLAS's workspace or the caller's
+// x): what a caller sizes a pass by before it asks for the block (calib/eval/eval_run.c's batch of chunks).
+int64_t llmq_block_bytes(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens, int64_t max_seqlen,
+                         bool gram);
+
 // The block's ops context: allocate x there (llmq_ops_buf_alloc), upload / download it, wait for the block's work.
 struct llmq_ops *llmq_block_ops(struct llmq_block *b);
 

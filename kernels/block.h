@@ -10,8 +10,11 @@
  * FP32 on device pointers on CUDA), the rest through kernels/ops.h, all on one ops context (one stream on CUDA).
  * Optionally (gram) the block also accumulates XᵀX of the four linear inputs (the calibration Hessians: q/k/v's,
  * o's, gate/up's and down's) in float64 where it computes (see "Gram matrices").
- * What it is not (yet): NOT wired into the calibration or quantize pipeline (calib/model/devblock.h fills a block
- * from a model, nothing calls it outside the tests); no gemma, phi3, moe, sliding window, softcap, linear RoPE
+ * Who calls it: `llmq eval` with --device cuda (calib/eval/eval_run.c, calib/eval/eval.h "Decoder blocks": every
+ * layer of a batch of chunks through one block, its weights replaced layer by layer; calib/model/devblock.h fills
+ * it from a model), and the tests.
+ * What it is not (yet): NOT wired into the calibration or quantize pipeline (they run calib/model/forward.c, and
+ * the Gram sums below are used by the tests only); no gemma, phi3, moe, sliding window, softcap, linear RoPE
  * scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging or prefetch of
  * the next block's weights; FP32 only (no BF16 / TF32: issue 17 asks for each to be measured first).
  *
@@ -21,8 +24,9 @@
  *   as forward.c). tests/unit/test_block.c checks it on random tiny llama / qwen2 / qwen3 shaped models.
  *   LLMQ_BACKEND_CUDA differs by float rounding: tests/gpu/test_block_cuda.c compares it with the CPU block at the
  *   first-order bound of tests/block_tolerance.h (the per-op bounds of kernels/ops.h propagated through the block).
- * NOTHING OF THE CUDA HALF HAS RUN ON A GPU YET: it compiles and links (-DLLMQ_CUDA=ON) and its test skips without
- * a device. Until tests/gpu/test_block_cuda.c has passed on one, treat it as unverified.
+ * NOTHING OF THE CUDA HALF HAS RUN ON A GPU YET: it compiles and links (-DLLMQ_CUDA=ON) and its tests skip without
+ * a device. Until tests/gpu/test_block_cuda.c (the block) and tests/gpu/test_eval_cuda.c (`llmq eval --device
+ * cuda` through it) have passed on one, treat it as unverified.
  *
  * Residency: llmq_block_init allocates everything once — the weights (D·(Dq + 2 Dkv) + Dq·D + 3 D·F floats plus the
  * norms and biases), the activations for max_tokens tokens (T·(2 D + 2 Dq + 2 Dkv + 2 F) floats: the caller picks

@@ -84,7 +84,8 @@
  *     the run (kernels/block.h llmq_block_bytes for B·n tokens plus x: about 4·(3 D + 2 Dq + 2 Dkv + 2 F) bytes a
  *     token and one layer's weights in f32) fit in half of the device's free memory at the start (the other half
  *     is left to the head's per-call device buffers, cuBLAS and other users); if not even one chunk fits, the
- *     forward.c path runs. Host memory grows to (B·n, D) floats of x per model.
+ *     forward.c path runs. Host memory grows to (B·n, D) floats of x per model. The progress callback still comes
+ *     after every chunk, but B at a time (the head and the scores of a batch's chunks follow its last block).
  *   Which one ran is logged once (info) whenever the block path was asked for (LLMQ_BACKEND_CUDA or the hook
  *   below), with the reason when it is not the block path ("--emulate ...", devblock's refusal naming the
  *   family or feature, the memory bound).

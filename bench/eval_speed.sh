@@ -4,7 +4,8 @@
 #
 #   bench/eval_speed.sh [MODEL (~/.cache/llmq/SmolLM2-135M-Instruct.Q4_1.gguf)] [CHUNKS (4)] [THREADS (nproc)] [CTX (512)]
 # Environment: BUILD_DIR (default <repo>/build), LLMQ_PYTHON (default ~/.cache/llmq/venv/bin/python),
-#              TEXT (default ../shared/datasets/wikitext-2-raw/wiki.test.raw), REPS (default 3).
+#              TEXT (default ../shared/datasets/wikitext-2-raw/wiki.test.raw), REPS (default 3),
+#              DEVICE (llmq's --device, default auto: cuda takes eval's device block path, calib/eval/eval.h).
 #
 # llmq: tokens/s of the chunk loop as `llmq eval --json` reports it (forward pass + log-softmax
 #   scoring of every chunk; model loading and tokenization excluded).
@@ -20,6 +21,7 @@ CHUNKS="${2:-4}"
 THREADS="${3:-$(nproc)}"
 CTX="${4:-512}"
 REPS="${REPS:-3}"
+DEVICE="${DEVICE:-auto}"
 TEXT="${TEXT:-$SRC/../shared/datasets/wikitext-2-raw/wiki.test.raw}"
 
 bench_build llmq
@@ -29,7 +31,7 @@ bench_tmpdir WORK
 echo "model $MODEL, $CHUNKS chunks of $CTX, $THREADS threads, $REPS runs each" >&2
 for i in $(seq "$REPS"); do
   "$LLMQ" eval --model "$MODEL" --ppl "$TEXT" --ctx "$CTX" --chunks "$CHUNKS" --threads "$THREADS" \
-    --json "$WORK/llmq_$i.json" >/dev/null 2>"$WORK/llmq_$i.log"
+    --device "$DEVICE" --json "$WORK/llmq_$i.json" >/dev/null 2>"$WORK/llmq_$i.log"
   echo "llmq run $i: $(grep -o '"tokens_per_s": [0-9.]*' "$WORK/llmq_$i.json")" >&2
 done
 

@@ -62,6 +62,29 @@ struct llmq_ops *llmq_block_ops(struct llmq_block *b) {
     return b->ops;
 }
 
+// Floats per token of activation buffer i (A_XN ... A_UP).
+static int64_t act_width(const struct llmq_block_shape *s, int i) {
+    const int64_t D = s->n_embd, F = s->n_ff, Dq = s->n_head * s->head_dim, Dkv = s->n_head_kv * s->head_dim;
+    const int64_t width[A_COUNT] = {D, Dq, Dkv, Dkv, Dq, D, F, F};
+    return width[i];
+}
+
+// What alloc_all allocates, in bytes.
+int64_t llmq_block_bytes(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens, int64_t max_seqlen,
+                         bool gram) {
+    int64_t floats = 2 * max_seqlen * (s->head_dim / 2); // the RoPE tables
+    for (int i = 0; i < A_COUNT; i++) floats += max_tokens * act_width(s, i);
+    for (int i = 0; i < LLMQ_BLOCK_WEIGHT_COUNT; i++) floats += weight_size(s, (enum llmq_block_weight)i);
+    int64_t cmax = 0;
+    for (int g = 0; gram && g < LLMQ_BLOCK_GRAM_COUNT; g++) {
+        const int64_t C = gram_dim(s, (enum llmq_block_gram)g);
+        if (C > cmax) cmax = C;
+        floats += 2 * C * C;
+    }
+    if (gram) floats += (be == LLMQ_BACKEND_CUDA ? cmax : llmq_gram_scratch_rows(cmax)) * cmax;
+    return floats * (int64_t)sizeof(float);
+}
+
 static bool shape_ok(const struct llmq_block_shape *s) {
     const int64_t lim = 1LL << 24; // formats/llama/arch.h LLMQ_HPARAMS_MAX_DIM
     return s && s->n_embd >= 1 && s->n_embd <= lim && s->n_ff >= 1 && s->n_ff <= lim && s->n_head >= 1 &&
@@ -73,15 +96,13 @@ static bool shape_ok(const struct llmq_block_shape *s) {
 // Allocates the buffers (weights, activations, tables, Gram sums) and fills the RoPE tables.
 static enum llmq_status alloc_all(struct llmq_block *b) {
     const struct llmq_block_shape *s = &b->s;
-    const int64_t D = s->n_embd, F = s->n_ff, Dh = s->head_dim, Dq = s->n_head * Dh, Dkv = s->n_head_kv * Dh;
-    const int64_t T = b->max_tokens, half = Dh / 2;
+    const int64_t Dh = s->head_dim, T = b->max_tokens, half = Dh / 2;
     enum llmq_status st = LLMQ_OK;
     for (int i = 0; i < LLMQ_BLOCK_WEIGHT_COUNT && !st; i++) {
         const int64_t n = weight_size(s, (enum llmq_block_weight)i);
         if (n > 0) st = llmq_ops_buf_alloc(b->ops, n, &b->w[i]);
     }
-    const int64_t width[A_COUNT] = {D, Dq, Dkv, Dkv, Dq, D, F, F};
-    for (int i = 0; i < A_COUNT && !st; i++) st = llmq_ops_buf_alloc(b->ops, T * width[i], &b->act[i]);
+    for (int i = 0; i < A_COUNT && !st; i++) st = llmq_ops_buf_alloc(b->ops, T * act_width(s, i), &b->act[i]);
     if (!st) st = llmq_ops_buf_alloc(b->ops, b->max_seqlen * half, &b->cos);
     if (!st) st = llmq_ops_buf_alloc(b->ops, b->max_seqlen * half, &b->sin);
     int64_t cmax = 0;

@@ -10,8 +10,11 @@
  * FP32 on device pointers on CUDA), the rest through kernels/ops.h, all on one ops context (one stream on CUDA).
  * Optionally (gram) the block also accumulates XᵀX of the four linear inputs (the calibration Hessians: q/k/v's,
  * o's, gate/up's and down's) in float64 where it computes (see "Gram matrices").
- * What it is not (yet): NOT wired into the calibration or quantize pipeline (calib/model/devblock.h fills a block
- * from a model, nothing calls it outside the tests); no gemma, phi3, moe, sliding window, softcap, linear RoPE
+ * Who calls it: `llmq eval` with --device cuda (calib/eval/eval_run.c, calib/eval/eval.h "Decoder blocks": every
+ * layer of a batch of chunks through one block, its weights replaced layer by layer; calib/model/devblock.h fills
+ * it from a model), and the tests.
+ * What it is not (yet): NOT wired into the calibration or quantize pipeline (they run calib/model/forward.c, and
+ * the Gram sums below are used by the tests only); no gemma, phi3, moe, sliding window, softcap, linear RoPE
  * scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging or prefetch of
  * the next block's weights; FP32 only (no BF16 / TF32: issue 17 asks for each to be measured first).
  *
@@ -21,8 +24,9 @@
  *   as forward.c). tests/unit/test_block.c checks it on random tiny llama / qwen2 / qwen3 shaped models.
  *   LLMQ_BACKEND_CUDA differs by float rounding: tests/gpu/test_block_cuda.c compares it with the CPU block at the
  *   first-order bound of tests/block_tolerance.h (the per-op bounds of kernels/ops.h propagated through the block).
- * NOTHING OF THE CUDA HALF HAS RUN ON A GPU YET: it compiles and links (-DLLMQ_CUDA=ON) and its test skips without
- * a device. Until tests/gpu/test_block_cuda.c has passed on one, treat it as unverified.
+ * NOTHING OF THE CUDA HALF HAS RUN ON A GPU YET: it compiles and links (-DLLMQ_CUDA=ON) and its tests skip without
+ * a device. Until tests/gpu/test_block_cuda.c (the block) and tests/gpu/test_eval_cuda.c (`llmq eval --device
+ * cuda` through it) have passed on one, treat it as unverified.
  *
  * Residency: llmq_block_init allocates everything once — the weights (D·(Dq + 2 Dkv) + Dq·D + 3 D·F floats plus the
  * norms and biases), the activations for max_tokens tokens (T·(2 D + 2 Dq + 2 Dkv + 2 F) floats: the caller picks
@@ -104,6 +108,12 @@ struct llmq_block;
 enum llmq_status llmq_block_init(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens,
                                  int64_t max_seqlen, bool gram, struct llmq_block **out);
 void llmq_block_free(struct llmq_block *b); // NULL is a no-op
+
+// Bytes that llmq_block_init(be, s, max_tokens, max_seqlen, gram) allocates where the block computes (weights,
+// activations, RoPE tables, Gram sums and their scratch; not the CUDA context, cuBLAS's workspace or the caller's
+// x): what a caller sizes a pass by before it asks for the block (calib/eval/eval_run.c's batch of chunks).
+int64_t llmq_block_bytes(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens, int64_t max_seqlen,
+                         bool gram);
 
 // The block's ops context: allocate x there (llmq_ops_buf_alloc), upload / download it, wait for the block's work.
 struct llmq_ops *llmq_block_ops(struct llmq_block *b);

@@ -7,9 +7,9 @@
  * positions are scored), the per-position math (log-softmax, NLL, KL divergence, Δp, same top-1) in
  * double precision, the running statistics with the ± uncertainties exactly as llama.cpp's
  * llama-perplexity reports them, a checked binary logits file, and the chunk loop that drives
- * calib/model/forward.h. What it is not: no tokenizer (calib/tokenizer/tokenizer.h), no forward pass
- * (calib/model/forward.h), no printing (cli/cmd_eval.c prints; this module reports progress through a
- * callback).
+ * calib/model/forward.h (or, for the decoder blocks on a device, kernels/block.h: "Decoder blocks" below).
+ * What it is not: no tokenizer (calib/tokenizer/tokenizer.h), no forward pass (calib/model/forward.h,
+ * kernels/block.h), no printing (cli/cmd_eval.c prints; this module reports progress through a callback).
  *
  * Legend: V n_vocab, T tokens of the whole text, n n_ctx (tokens per chunk), R rows scored per
  * chunk, K chunks evaluated.
@@ -68,15 +68,60 @@
  *   no file behind. f16 halves the size (K·R·V·2 bytes: 14.8 GB for all of wiki.test.raw with
  *   V = 49152) at the cost of a KLD floor of ~3e-6 (SmolLM2 against its own f16 logits).
  *
+ * ---- Decoder blocks ---------------------------------------------------------------------------------
+ * Two ways to run a model's decoder blocks; the embedding (on the host), the output head (calib/model/forward.h
+ * llmq_forward_head on opts->backend) and the statistics are the same for both.
+ *   forward.c (the CPU backend, and the fallback): calib/model/forward.h's block API, one chunk at a time, on
+ *     opts->n_threads threads; with LLMQ_BACKEND_CUDA only its linears' products go to the device (pageable
+ *     copies per call, kernels/gemm.h).
+ *   block.h (LLMQ_BACKEND_CUDA, when every model of the run is one kernels/block.h covers: calib/model/devblock.h
+ *     llmq_devblock_shape, i.e. llama / mistral / qwen2 / qwen3 without sliding window, softcap, linear RoPE
+ *     scaling, and no --emulate): layer-major over a batch of B chunks. The batch's hidden state (B·n, D) is
+ *     embedded on the host, uploaded once into a buffer where the block computes, and stays there; for each layer
+ *     the model's weights are converted to f32 and uploaded once per batch (llmq_devblock_load, on n_threads
+ *     threads) and llmq_block_forward runs the B sequences; after the last layer x comes back once for the head.
+ *     B = min(chunks, LLMQ_EVAL_BATCH_TOKENS / n) (at least 1), lowered until the block buffers of every model of
+ *     the run (kernels/block.h llmq_block_bytes for B·n tokens plus x: about 4·(3 D + 2 Dq + 2 Dkv + 2 F) bytes a
+ *     token and one layer's weights in f32) fit in half of the device's free memory at the start (the other half
+ *     is left to the head's per-call device buffers, cuBLAS and other users); if not even one chunk fits, the
+ *     forward.c path runs. Host memory grows to (B·n, D) floats of x per model. The progress callback still comes
+ *     after every chunk, but B at a time (the head and the scores of a batch's chunks follow its last block).
+ *   Which one ran is logged once (info) whenever the block path was asked for (LLMQ_BACKEND_CUDA or the hook
+ *   below), with the reason when it is not the block path ("--emulate ...", devblock's refusal naming the
+ *   family or feature, the memory bound).
+ *   The finite check: forward.c checks the hidden state on the host after every block. The block path downloads
+ *   only the last block's output and checks that: a NaN or Inf in a row of the residual stream stays non-finite
+ *   through every later block (x + NaN is NaN; RMSNorm of a row holding Inf is NaN), so a finite final state means
+ *   every block's output was finite; a non-finite one reruns the batch with a download and check after every block,
+ *   which names the first non-finite layer with the same message (within the batch: the first layer at which any
+ *   of its chunks breaks, where forward.c names the first chunk's).
+ *   Agreement (tests/py/test_eval_blocks.py, on the CPU block): with one chunk per batch and n_threads 1 the
+ *   block path gives forward.c's bits (kernels/block.h: the same cblas calls and op code paths), so the logits,
+ *   PPL and KLD figures are identical. A batch of B > 1 chunks runs the block's products over B·n tokens instead
+ *   of n, and forward.c on n_threads > 1 splits W's rows over its threads: OpenBLAS then sums some dot products in
+ *   another order, so the logits differ by float rounding (measured max |Δlogit| 1e-6 to 3e-6 of max |logit| on
+ *   stories260K and SmolLM2, the same size as forward.c's own --threads 1 vs 2 difference; PPL within 1.1e-7
+ *   relative). The CUDA block differs from the CPU by float rounding (tests/gpu/test_block_cuda.c's bound).
+ *   NOTHING OF THE CUDA BLOCK PATH HAS RUN ON A GPU YET: it compiles and links; tests/gpu/test_eval_cuda.c
+ *   compares `--device cuda` with `--device cpu` on SmolLM2 (PPL within 0.5%, KLD) when a device is there.
+ *   Test hook: the environment variable LLMQ_EVAL_BLOCK=cpu runs the block path on the CPU backend whatever
+ *   opts->backend (the head still runs there), so that its wiring (batches, upload / download, the finite check,
+ *   the fallbacks) is tested without a GPU; LLMQ_EVAL_BLOCK=off keeps forward.c's blocks with --device cuda (the
+ *   GEMM-only device path); any other non-empty value is LLMQ_ERR_ARG. Not a user option: the CPU block runs on
+ *   one thread.
+ *
  * ---- Memory of the chunk loop ---------------------------------------------------------------------
- * Per model: calib/model/forward.h's buffers for n tokens, the activations (n, D), and at most (512, V)
- * logits (the head runs on the scored positions in slices of 512 rows); the KLD modes add the same
- * for the base; KLD mode keeps 8 bytes per scored position for the quantiles. Never all logits.
+ * Per model: calib/model/forward.h's buffers for n tokens, the activations (B·n, D) (B = 1 on the forward.c
+ * path), and at most (512, V) logits (the head runs on the scored positions in slices of 512 rows); the KLD
+ * modes add the same for the base; KLD mode keeps 8 bytes per scored position for the quantiles. Never all
+ * logits. The block path adds its block buffers ("Decoder blocks").
  *
  * ---- Errors ----------------------------------------------------------------------------------------
  * Every failure logs one line naming the file (or the chunk / row) and returns a status:
- * LLMQ_ERR_ARG bad options or too few tokens for one chunk; LLMQ_ERR_MAGIC / _VERSION / _TRUNCATED /
- * _CORRUPT / _OVERFLOW a bad logits file; LLMQ_ERR_NUMERIC NaN / Inf logits; LLMQ_ERR_IO, _NOMEM.
+ * LLMQ_ERR_ARG bad options, too few tokens for one chunk, or a bad LLMQ_EVAL_BLOCK; LLMQ_ERR_MAGIC / _VERSION /
+ * _TRUNCATED / _CORRUPT / _OVERFLOW a bad logits file; LLMQ_ERR_NUMERIC NaN / Inf logits or hidden states (naming
+ * the layer, position, component and chunk); LLMQ_ERR_DEVICE a failed device call of the block path (the CUDA
+ * message names the call); LLMQ_ERR_IO, _NOMEM.
  */
 #ifndef LLMQ_CALIB_EVAL_H
 #define LLMQ_CALIB_EVAL_H
@@ -278,7 +323,10 @@ const int32_t *llmq_logits_tokens(const struct llmq_logits_file *f); // (n_chunk
 enum llmq_status llmq_logits_read(struct llmq_logits_file *f, int64_t k, int64_t r0, int64_t n, float *dst);
 void llmq_logits_close(struct llmq_logits_file *f); // NULL is a no-op
 
-// ---- the evaluation loop (drives calib/model/forward.h) ---------------------------------------------------
+// ---- the evaluation loop (drives calib/model/forward.h, or kernels/block.h: "Decoder blocks") ---------------
+
+// The block path's batch: at most this many tokens (B·n) per batch of chunks (before the memory bound).
+#define LLMQ_EVAL_BATCH_TOKENS 16384
 
 struct llmq_eval_progress {
     int64_t chunk;    // chunks done
@@ -293,7 +341,7 @@ struct llmq_eval_opts {
     int64_t n_ctx;                // <= 0: protocol default
     int64_t max_chunks;           // < 0: all
     int n_threads;                // forward pass and scoring threads (>= 1)
-    enum llmq_backend backend;    // GEMM backend of the forward passes (calib/model/forward.h); 0 = CPU
+    enum llmq_backend backend;    // of the forward passes: CUDA takes the block path ("Decoder blocks"); 0 = CPU
     enum llmq_emulate emulate;    // arithmetic of the forward passes (calib/model/actq.h); 0: llmq's f32
     const char *save_logits;      // llmq_eval_ppl only: write the logits file here (NULL: no)
     enum llmq_dtype logits_dtype; // F32 or F16 for save_logits

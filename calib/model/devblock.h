@@ -3,9 +3,10 @@
  * the weights of a weight set (struct llmq_layer) converted to f32 and uploaded.
  *
  * What it is: the bridge between calib/model/model.h and the backend block forward, for the families that block
- * covers (llama, mistral, qwen2, qwen3). What it is not: not used by the calibration or quantize pipeline yet
- * (only tests/unit/test_block.c calls it; the pipeline still runs calib/model/forward.c). The CUDA block behind it
- * has never run on a GPU (kernels/block.h).
+ * covers (llama, mistral, qwen2, qwen3). Used by `llmq eval`'s block path (calib/eval/eval_run.c: the decoder
+ * blocks with --device cuda, or on the CPU through the LLMQ_EVAL_BLOCK=cpu test hook; calib/eval/eval.h "Decoder
+ * blocks") and tests/unit/test_block.c. What it is not: not used by the calibration or quantize pipeline yet (they
+ * still run calib/model/forward.c). The CUDA block behind it has never run on a GPU (kernels/block.h).
  */
 #ifndef LLMQ_CALIB_DEVBLOCK_H
 #define LLMQ_CALIB_DEVBLOCK_H

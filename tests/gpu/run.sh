@@ -9,6 +9,8 @@
 # Then: the gpu test programs (a skip, exit 77, counts as a FAILURE here: this script is for machines
 # with a device), the GPTQ speed benchmark on the CPU (all cores) and the GPU next to the numpy port,
 # and an end-to-end eval / quantize of stories260K on both devices. Logs go to $OUT (or ./gpu-out).
+# test_eval_cuda (eval's device block path against the CPU on SmolLM2) reads $LLMQ_EVAL_GPU_MODEL: the bundle's
+# SmolLM2 cut to its first 4 blocks, else $LLMQ_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf (~/.cache/llmq).
 # Exit status: 0 when every test passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,6 +23,7 @@ if [[ -f .devbundle/bundle.tar.xz ]]; then
   X=/tmp/llmq-bundle
   rm -rf "$X" && mkdir -p "$X" && tar -C "$X" -xJf .devbundle/bundle.tar.xz
   BIN="$X/bin"; export LLMQ_DATA="$X/data"; REF="$X/py/gptq_ref.py"
+  [[ -f "$X/data/smollm2-4blk.Q4_1.gguf" ]] && export LLMQ_EVAL_GPU_MODEL="$X/data/smollm2-4blk.Q4_1.gguf"
   # cudart / cuBLAS / cuSOLVER (13.x / 12.x sonames) from the machine: its toolkit, else pip's nvidia-* wheels
   CUDALIBS=""
   for so in libcudart.so.13 libcublas.so.13 libcusolver.so.12 libcusparse.so.12 libnvJitLink.so.13; do
@@ -83,8 +86,11 @@ fi
 echo "== end to end: stories260K"
 M="$LLMQ_DATA/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf"
 T="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
-for d in cpu cuda; do # stories260K's products are all under the CUDA threshold: force them onto the GPU
+# cuda: the decoder blocks on the device (eval's block path), the head's product forced onto it too (stories260K's
+# products are all under the CUDA threshold)
+for d in cpu cuda; do
   LLMQ_GEMM_CUDA_MIN_WORK=0 "$BIN/llmq" eval --model "$M" --ppl "$T" --protocol llamacpp --ctx 128 --chunks 40 --device $d 2>"$OUT/e2e_eval_$d.err" | grep -i "final" | sed "s/^/$d: /"
+  grep "decoder blocks" "$OUT/e2e_eval_$d.err" | sed "s/^/$d: /"
 done
 echo "gpu tests: $pass passed, $fail failed:$failed"
 [[ $fail == 0 ]]

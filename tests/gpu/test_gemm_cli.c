@@ -9,59 +9,32 @@
 //                  one (the XᵀX and the forward differ in rounding, so a few weights may round the other
 //                  way; a wrong product would change the errors by far more).
 // stories260K's products are all under the default device threshold, so the cuda runs set
-// LLMQ_GEMM_CUDA_MIN_WORK=0 to put every dispatched product on the device.
-#include "harness.h"
+// LLMQ_GEMM_CUDA_MIN_WORK=0 to put every dispatched product on the device. The eval runs set LLMQ_EVAL_BLOCK=off:
+// this test is about forward.c's path with its products on the device (what eval falls back to for the families
+// and modes kernels/block.h does not cover); eval's block path is tests/gpu/test_eval_cuda.c's.
+#include "cli_util.h"
 
 #include "kernels/backend.h"
 
-#include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 static char tmp[] = "/tmp/llmq_gemm_cli_XXXXXX";
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "$ %s\n", cmd);
-    return system(cmd);
-}
-
-static json_t *load(const char *name) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s", tmp, name);
-    json_error_t e;
-    json_t *j = json_load_file(p, 0, &e);
-    if (!j) fprintf(stderr, "%s: %s\n", p, e.text);
-    CHECK(j);
-    return j;
-}
-
 int main(void) {
-    const char *why = NULL, *bin = getenv("LLMQ_BIN");
-    if (llmq_cuda_device_count(&why) == 0) {
-        fprintf(stderr, "skipped: no CUDA device (%s)\n", why ? why : "?");
-        return TEST_SKIP;
-    }
+    test_need_cuda();
     char model[1024], text[1024];
     test_stories260k(model, sizeof model, "tinyllamas-stories-260k-f32.gguf");
     snprintf(text, sizeof text, "%s/wikitext-2-raw/wiki.valid.raw", test_data_dir());
-    if (!bin || access(bin, X_OK) != 0 || access(model, R_OK) != 0 || access(text, R_OK) != 0) {
-        fprintf(stderr, "skipped: needs $LLMQ_BIN, %s and %s\n", model, text);
-        return TEST_SKIP;
-    }
+    const char *bin = test_need_llmq_inputs(model, text);
     CHECK(mkdtemp(tmp));
     const char *eval = "%s%s eval --model %s --ppl %s --ctx 256 --chunks 8 --threads 4 --device %s --json %s/%s";
-    CHECK(run(eval, "", bin, model, text, "cpu", tmp, "eval_cpu.json") == 0);
-    CHECK(run(eval, "LLMQ_GEMM_CUDA_MIN_WORK=0 ", bin, model, text, "cuda", tmp, "eval_cuda.json") == 0);
-    CHECK(run(eval, "LLMQ_GEMM_CUDA_MIN_WORK=0 ", bin, model, text, "cuda", tmp, "eval_cuda2.json") == 0);
-    json_t *ec = load("eval_cpu.json"), *eg = load("eval_cuda.json"), *eg2 = load("eval_cuda2.json");
+    CHECK(test_run(eval, "", bin, model, text, "cpu", tmp, "eval_cpu.json") == 0);
+    const char *env = "LLMQ_GEMM_CUDA_MIN_WORK=0 LLMQ_EVAL_BLOCK=off ";
+    CHECK(test_run(eval, env, bin, model, text, "cuda", tmp, "eval_cuda.json") == 0);
+    CHECK(test_run(eval, env, bin, model, text, "cuda", tmp, "eval_cuda2.json") == 0);
+    json_t *ec = test_load_json(tmp, "eval_cpu.json"), *eg = test_load_json(tmp, "eval_cuda.json"),
+           *eg2 = test_load_json(tmp, "eval_cuda2.json");
     const double pc = json_real_value(json_object_get(ec, "ppl")), pg = json_real_value(json_object_get(eg, "ppl"));
     const double pg2 = json_real_value(json_object_get(eg2, "ppl"));
     fprintf(stderr, "eval: ppl cpu %.10g cuda %.10g (rel %.3g), cuda rerun %.10g\n", pc, pg, fabs(pg - pc) / pc, pg2);
@@ -73,9 +46,9 @@ int main(void) {
 
     const char *quant = "%s%s quantize --model %s --method gptq --bits 4 --group-size -1 --calib %s --nsamples 4 "
                         "--seqlen 64 --threads 4 --format fake --device %s --out %s/%s --json %s/%s.json";
-    CHECK(run(quant, "", bin, model, text, "cpu", tmp, "q_cpu", tmp, "q_cpu") == 0);
-    CHECK(run(quant, "LLMQ_GEMM_CUDA_MIN_WORK=0 ", bin, model, text, "cuda", tmp, "q_cuda", tmp, "q_cuda") == 0);
-    json_t *qc = load("q_cpu.json"), *qg = load("q_cuda.json");
+    CHECK(test_run(quant, "", bin, model, text, "cpu", tmp, "q_cpu", tmp, "q_cpu") == 0);
+    CHECK(test_run(quant, "LLMQ_GEMM_CUDA_MIN_WORK=0 ", bin, model, text, "cuda", tmp, "q_cuda", tmp, "q_cuda") == 0);
+    json_t *qc = test_load_json(tmp, "q_cpu.json"), *qg = test_load_json(tmp, "q_cuda.json");
     json_t *lc = json_object_get(qc, "layers"), *lg = json_object_get(qg, "layers");
     CHECK(json_array_size(lc) > 0 && json_array_size(lc) == json_array_size(lg));
     int bad = 0;
@@ -91,7 +64,7 @@ int main(void) {
     CHECK(bad == 0);
     CHECK(strncmp(json_string_value(json_object_get(qg, "device")), "cuda:0 ", 7) == 0);
     json_decref(ec), json_decref(eg), json_decref(eg2), json_decref(qc), json_decref(qg);
-    run("rm -rf %s", tmp);
+    test_run("rm -rf %s", tmp);
     printf("gemm cli: cuda and cpu agree (ppl rel %.3g)\n", fabs(pg - pc) / pc);
     return 0;
 }

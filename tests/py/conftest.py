@@ -156,7 +156,7 @@ def ggml_quantizer(types):
 
 def gguf_first_blocks(src, dst, n_blocks):
     """Writes GGUF `dst` (gguf-py) with the tensors of `src` except those of blocks >= n_blocks, every KV copied
-    but {arch}.block_count = n_blocks; tensor types and bytes unchanged. Returns dst."""
+    but {arch}.block_count = n_blocks; tensor types and bytes unchanged (block-quantized types too). Returns dst."""
     import re
 
     import gguf
@@ -175,7 +175,10 @@ def gguf_first_blocks(src, dst, n_blocks):
         if m and int(m.group(1)) >= n_blocks:
             continue
         shape = [int(x) for x in reversed(t.shape.tolist())]
-        w.add_tensor(t.name, np.asarray(t.data).reshape(shape), raw_dtype=t.tensor_type)
+        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            w.add_tensor(t.name, np.asarray(t.data).reshape(shape), raw_dtype=t.tensor_type)
+        else:  # a block-quantized type: its (rows, bytes per row) array as it is (gguf-py derives the shape)
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

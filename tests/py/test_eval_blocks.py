@@ -120,6 +120,7 @@ def smol_perturbed(smollm2, tmp_path_factory):
     return p
 
 
+@pytest.mark.heavy
 def test_kld_base_one_chunk_one_thread_equal(ev, smollm2, smol_perturbed, wiki):
     args = ["--model", smol_perturbed, "--kld-base", smollm2, "--ppl", wiki, "--chunks", "1", "--threads", "1"]
     a, _, _ = ev("kb_fwd", *args)
@@ -144,6 +145,7 @@ def test_stories260k_batches(ev, data_dir, wiki, protocol, ctx, chunks, batches)
     check_close(a, b, la, lb, f"stories260K {protocol} ctx {ctx} x {chunks}")
 
 
+@pytest.mark.heavy
 def test_smollm2_batch_and_kld_file(ev, smollm2, wiki, tmp_path):
     args = ["--model", smollm2, "--ppl", wiki, "--chunks", "2", "--threads", "2"]
     a, la, _ = ev("fwd", *args, save=True)

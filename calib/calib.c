@@ -1,6 +1,6 @@
 /*
  * calib/calib.c — calibration sources, statistics, stats / imatrix files (calib/calib.h documents
- * every rule; this file only implements them).
+ * every rule; this file only implements them). The pass that gathers the statistics is calib/calib_run.c.
  * Legend: N tokens, C in-features, L layers.
  */
 #include "calib/calib.h"
@@ -338,7 +338,7 @@ int llmq_calib_slot_of(enum llmq_linear l) {
     }
 }
 
-static const char *slot_name(int slot) {
+const char *llmq_calib_slot_name(int slot) {
     static const char *n[] = {"attn_in (q/k/v)", "attn_output in", "ffn_in (gate/up)", "ffn_down in"};
     return slot >= 0 && slot < LLMQ_CALIB_N_SLOTS ? n[slot] : "?";
 }
@@ -502,7 +502,7 @@ enum llmq_status llmq_calib_stats_add(struct llmq_calib_stats *s, int64_t layer,
                                       int64_t n_seq) {
     LLMQ_ASSERT(layer >= 0 && layer < s->n_layer && slot >= 0 && slot < LLMQ_CALIB_N_SLOTS);
     char what[64];
-    snprintf(what, sizeof what, "blk.%lld %s", (long long)layer, slot_name(slot));
+    snprintf(what, sizeof what, "blk.%lld %s", (long long)layer, llmq_calib_slot_name(slot));
     return input_add(s, &s->in[layer * LLMQ_CALIB_N_SLOTS + slot], what, x, n, n_seq);
 }
 
@@ -604,14 +604,15 @@ void llmq_calib_stats_drop_xtx(struct llmq_calib_stats *s, int64_t layer, int sl
 
 enum llmq_status llmq_calib_hessian(const struct llmq_calib_stats *s, int64_t layer, int slot, float *H) {
     char what[64];
-    snprintf(what, sizeof what, "blk.%lld %s", (long long)layer, slot_name(slot));
+    snprintf(what, sizeof what, "blk.%lld %s", (long long)layer, llmq_calib_slot_name(slot));
     return input_hessian(&s->in[layer * LLMQ_CALIB_N_SLOTS + slot], what, H);
 }
 
 enum llmq_status llmq_calib_hessian_take(struct llmq_calib_stats *s, int64_t layer, int slot, float *H) {
     struct llmq_calib_input *in = &s->in[layer * LLMQ_CALIB_N_SLOTS + slot];
     if (!in->xtx || in->n_seq < 1)
-        return llmq_errorf(LLMQ_ERR_ARG, "calib: no XᵀX gathered for blk.%lld %s", (long long)layer, slot_name(slot));
+        return llmq_errorf(LLMQ_ERR_ARG, "calib: no XᵀX gathered for blk.%lld %s", (long long)layer,
+                           llmq_calib_slot_name(slot));
     const int64_t C = in->n_in, step = (8 << 20) / (8 * C) + 1; // rows per release: about 8 MiB of sums
     const double f = 2.0 / (double)in->n_seq;
     for (int64_t r0 = 0; r0 < C; r0 += step) {
@@ -621,48 +622,6 @@ enum llmq_status llmq_calib_hessian_take(struct llmq_calib_stats *s, int64_t lay
     }
     llmq_calib_stats_drop_xtx(s, layer, slot);
     return LLMQ_OK;
-}
-
-enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_calib_data *d, int n_threads,
-                                int64_t micro_batch, struct llmq_calib_stats *s) {
-    int64_t N = d->n_seq * d->seqlen, D = m->hp.n_embd;
-    if (micro_batch < 1) micro_batch = 1;
-    int64_t mb_tokens = micro_batch * d->seqlen;
-    float *x = llmq_big_alloc((size_t)(N * D) * sizeof(float), "calib: activations"); // (N, D) at the block boundary
-    struct llmq_forward *f = NULL;
-    enum llmq_status st = x ? LLMQ_OK
-                            : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory for (%lld, %lld) activations",
-                                          (long long)N, (long long)D);
-    if (!st) st = llmq_forward_init(m, mb_tokens, n_threads, &f);
-    if (!st) llmq_forward_set_backend(f, s->backend);
-    if (!st && s->exp) llmq_forward_set_expert_hook(f, llmq_calib_stats_expert_hook, s);
-    for (int64_t t0 = 0; !st && t0 < N; t0 += mb_tokens) {
-        int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;
-        st = llmq_forward_embed(f, d->tokens + t0, n, x + t0 * D);
-    }
-    double t_start = llmq_now_s();
-    for (int64_t l = 0; !st && l < m->hp.n_layer; l++) {
-        llmq_calib_stats_reset(s, l);
-        for (int64_t s0 = 0; !st && s0 < d->n_seq; s0 += micro_batch) {
-            int64_t ns = d->n_seq - s0 < micro_batch ? d->n_seq - s0 : micro_batch;
-            s->n_seq_hint = ns;
-            st = llmq_forward_block(f, (int)l, &m->layers[l], x + s0 * d->seqlen * D, ns, d->seqlen,
-                                    llmq_calib_stats_hook, s);
-            if (!st) st = s->err;
-            if (!st) llmq_calib_stats_add_routed(s, l, llmq_forward_moe_counts(f));
-        }
-        if (st) break;
-        llmq_calib_stats_finish(s, l);
-        double el = llmq_now_s() - t_start;
-        llmq_info("calib: block %lld/%lld  %.1f s  ETA %.0f s", (long long)l + 1, (long long)m->hp.n_layer, el,
-                  el / (double)(l + 1) * (double)(m->hp.n_layer - l - 1));
-    }
-    s->n_seq = d->n_seq;
-    s->seqlen = d->seqlen;
-    llmq_sha256(d->tokens, (size_t)N * sizeof(int32_t), s->tokens_sha256);
-    llmq_forward_free(f);
-    llmq_big_free(x);
-    return st;
 }
 
 // ---- stats file ----------------------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
  * input statistics every quantization method needs, gathered block by block in one pass.
  *
  * What it is: (1) sources → a (n_seq, seqlen) token matrix with provenance (path, sha256, token
- * count); (2) a statistics accumulator fed by calib/model/forward.h's linear hook; (3) the `.lcs` stats
- * file and llama.cpp's imatrix files (GGUF and the legacy `.dat`). What it is not: no quantization (quant/), no
- * forward pass of its own (calib/model/forward.h).
+ * count); (2) a statistics accumulator fed by calib/model/forward.h's linear hook, or by kernels/block.h's sums
+ * (llmq_calib_run, calib/calib_run.c: "Decoder blocks" below); (3) the `.lcs` stats file and llama.cpp's imatrix
+ * files (GGUF and the legacy `.dat`). What it is not: no quantization (quant/), no forward pass of its own
+ * (calib/model/forward.h, kernels/block.h).
  *
  * Legend: N calibration tokens (n_seq * seqlen), C in-features of a linear input, L n_layer.
  *
@@ -56,6 +57,37 @@
  *   files keep each expert's Σx² and count (below, "Mixture of experts in imatrix files").
  *   qwen2_moe: its shared expert is the block's dense MLP, so the GATE slot (every token) is also its gate/up
  *   input and the DOWN slot (Fs wide) its down input.
+ *
+ * ---- Decoder blocks (llmq_calib_run) -----------------------------------------------------------------
+ *   The pass is layer-major either way: the embedding of every sequence, then block 0 over all of them (micro-batches
+ *   of micro_batch sequences, the statistics of its four inputs complete), block 1, ... Its blocks run one of two
+ *   ways (calib/calib_run.c):
+ *   forward.c   calib/model/forward.h with llmq_calib_stats_hook: the (N, D) activations on the host, every input
+ *               summed on the host as above (XᵀX on s->backend: kernels/gemm.h llmq_gram_acc_f64). Everything
+ *               (mixtures of experts, every family) and the only path with a CPU backend.
+ *   block.h     with s->backend CUDA, for what calib/model/devblock.h covers (llama, mistral, qwen2, qwen3 without
+ *               sliding window, softcap, linear RoPE scaling, partial RoPE): kernels/block.h with its sums. The
+ *               (N, D) activations are uploaded once after the embedding and stay on the device for every block
+ *               (never downloaded: the calibration needs only the sums); each layer's weights are converted and
+ *               uploaded once; the same micro-batches run through the block, which sums XᵀX (LLMQ_BLOCK_SUM_GRAM,
+ *               only with xtx) and Σ|x| / Σx² per column (LLMQ_BLOCK_SUM_COLS) where it computes; per layer the
+ *               host downloads 2 C doubles per input and, with xtx, its (C, C) f64 upper triangle (an 8B model's
+ *               down input: 1.6 GB a layer), then mirrors it as above. Σx² is the column-sum kernel's, not the Gram
+ *               diagonal (f32 products of a micro-batch rounded before the f64 sum: other bits than sum_sq's).
+ *               The non-finite check is the block's (its first NaN / Inf per input, reported per layer in slot
+ *               order, naming the sequence, position and channel: LLMQ_ERR_NUMERIC as above).
+ *   Otherwise forward.c, with one info line naming why: devblock's refusal (the family or the feature, e.g. a
+ *   mixture of experts), or the memory bound: the activations (N · D floats) plus llmq_block_bytes for a micro-batch
+ *   must fit in half of the device's free memory (a 128 × 2048-token calibration of an 8B model: 4 GiB of
+ *   activations). llmq calib has no emulation mode, so none is refused. Who takes the block path: `llmq calib
+ *   --device cuda`, and quantize's importance statistics (gguf type choice, rtn with --calib) on --device cuda.
+ *   Agreement: the block on the CPU backend repeats forward.c's operations (kernels/block.h), its Gram sums are
+ *   llmq_gram_acc_f64's and its column sums the loop above, so with --threads 1 the statistics file is the SAME
+ *   BYTES as forward.c's (tests/py/test_calib_blocks.py). On CUDA the inputs differ by float rounding and the Gram
+ *   products by summation order: tests/gpu/test_calib_cuda.c bounds the difference; it has NEVER RUN ON A GPU.
+ *   Test hook: LLMQ_CALIB_BLOCK=cpu runs the block path on the CPU backend whatever the device (so its wiring is
+ *   tested without a GPU; no memory bound there); LLMQ_CALIB_BLOCK=off keeps forward.c with --device cuda; any other
+ *   value is LLMQ_ERR_ARG.
  *
  * ---- Stats file (.lcs), little-endian ------------------------------------------------------------
  *   offset size
@@ -210,6 +242,8 @@ enum { LLMQ_CALIB_SLOT_Q, LLMQ_CALIB_SLOT_O, LLMQ_CALIB_SLOT_GATE, LLMQ_CALIB_SL
 
 // The slot whose input a linear reads (q/k/v -> Q, gate/up -> GATE).
 int llmq_calib_slot_of(enum llmq_linear l);
+// The name of a slot's input in messages ("attn_in (q/k/v)", ...; "?" out of range): static.
+const char *llmq_calib_slot_name(int slot);
 
 struct llmq_calib_input {
     int64_t n_in;    // C
@@ -304,10 +338,13 @@ struct llmq_calib_coverage {
 void llmq_calib_moe_coverage(const struct llmq_calib_stats *s, int64_t layer, int64_t floor,
                              struct llmq_calib_coverage *c, int64_t *under);
 
-// Runs the whole model over d block by block (embedding, then block 0..L-1 with the stats hook,
-// the block outputs feeding the next block) gathering every layer's statistics into s (allocated
-// for all layers). Memory: one (N, D) activation buffer plus the forward object's buffers.
-// progress: one stderr line per block with ETA. The forward and the XᵀX products run on s->backend.
+// Runs the whole model over d block by block (embedding, then block 0..L-1, the block outputs feeding the next
+// block) gathering every layer's statistics into s (allocated for all layers), micro_batch sequences per block
+// call, the blocks through forward.c or kernels/block.h ("Decoder blocks"). Memory: forward.c: one (N, D)
+// activation buffer on the host plus the forward object's buffers; block.h: (N, D) on the device, the block's
+// buffers, one micro-batch's embedding on the host. progress: one stderr line per block with ETA. The forward and
+// the XᵀX products run on s->backend. Errors: as the statistics' (LLMQ_ERR_NUMERIC naming block and input), the
+// forward's or the block's, LLMQ_ERR_ARG for a bad LLMQ_CALIB_BLOCK.
 enum llmq_status llmq_calib_run(const struct llmq_model *m, const struct llmq_calib_data *d, int n_threads,
                                 int64_t micro_batch, struct llmq_calib_stats *s);
 

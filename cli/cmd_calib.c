@@ -8,6 +8,8 @@
  *   llmq calib --model M --imatrix-in FILE [--imatrix-out FILE]     (read an imatrix, print, rewrite)
  *   llmq calib --model M --stats-in FILE [--imatrix-out FILE]        (read a stats file, print, convert)
  *
+ * With --device cuda the decoder blocks of a llama / mistral / qwen2 / qwen3 model run whole on the device with the
+ * statistics summed there (calib/calib.h "Decoder blocks"; never run on a GPU yet).
  * stdout: a summary (sequences, tokens, per-block mean x² of each input); stderr: progress.
  */
 #include "calib/calib.h"

@@ -1,6 +1,7 @@
 // kernels/block.c — the block forward of kernels/block.h: buffers, weights, and the pass as a sequence of
 // kernels/gemm.h device-pointer products and kernels/ops.h ops, in calib/model/forward.c block()'s order (so that the
-// CPU backend repeats its operations one by one). The device half of the Gram sums is kernels/block_cuda.cu.
+// CPU backend repeats its operations one by one); the sums' CPU half (the column sums' reference). The device half of
+// the sums is kernels/block_cuda.cu.
 #include "kernels/block.h"
 
 #include "kernels/gemm.h"
@@ -22,10 +23,13 @@ struct llmq_block {
     struct llmq_ops_buf w[LLMQ_BLOCK_WEIGHT_COUNT]; // where the backend computes; empty when the shape has none
     bool loaded[LLMQ_BLOCK_WEIGHT_COUNT];
     struct llmq_ops_buf act[A_COUNT];
-    struct llmq_ops_buf cos, sin; // (max_seqlen, Dh/2) RoPE tables
-    bool gram;
-    struct llmq_ops_buf gsum[LLMQ_BLOCK_GRAM_COUNT]; // (C, C) doubles each, stored in 2 C² floats
+    struct llmq_ops_buf cos, sin;                    // (max_seqlen, Dh/2) RoPE tables
+    unsigned sums;                                   // LLMQ_BLOCK_SUM_* flags
+    struct llmq_ops_buf gsum[LLMQ_BLOCK_GRAM_COUNT]; // (C, C) doubles each, stored in 2 C² floats (SUM_GRAM)
     struct llmq_ops_buf gscratch;                    // CPU: (llmq_gram_scratch_rows(C), C); CUDA: (C, C) f32, max C
+    struct llmq_ops_buf csum[LLMQ_BLOCK_GRAM_COUNT]; // (2, C) doubles each (Σ|x|, Σx²), in 4 C floats (SUM_COLS)
+    struct llmq_ops_buf cbad;                        // (4) uint64 first non-finite index per input, in 8 floats
+    int64_t rows;                                    // rows accumulated since llmq_block_sums_zero
 };
 
 static const char *const weight_names[LLMQ_BLOCK_WEIGHT_COUNT] = {
@@ -71,17 +75,19 @@ static int64_t act_width(const struct llmq_block_shape *s, int i) {
 
 // What alloc_all allocates, in bytes.
 int64_t llmq_block_bytes(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens, int64_t max_seqlen,
-                         bool gram) {
+                         unsigned sums) {
+    const bool gram = sums & LLMQ_BLOCK_SUM_GRAM, cols = sums & LLMQ_BLOCK_SUM_COLS;
     int64_t floats = 2 * max_seqlen * (s->head_dim / 2); // the RoPE tables
     for (int i = 0; i < A_COUNT; i++) floats += max_tokens * act_width(s, i);
     for (int i = 0; i < LLMQ_BLOCK_WEIGHT_COUNT; i++) floats += weight_size(s, (enum llmq_block_weight)i);
     int64_t cmax = 0;
-    for (int g = 0; gram && g < LLMQ_BLOCK_GRAM_COUNT; g++) {
+    for (int g = 0; g < LLMQ_BLOCK_GRAM_COUNT; g++) {
         const int64_t C = gram_dim(s, (enum llmq_block_gram)g);
         if (C > cmax) cmax = C;
-        floats += 2 * C * C;
+        floats += (gram ? 2 * C * C : 0) + (cols ? 4 * C : 0);
     }
     if (gram) floats += (be == LLMQ_BACKEND_CUDA ? cmax : llmq_gram_scratch_rows(cmax)) * cmax;
+    if (cols) floats += 2 * LLMQ_BLOCK_GRAM_COUNT;
     return floats * (int64_t)sizeof(float);
 }
 
@@ -105,16 +111,19 @@ static enum llmq_status alloc_all(struct llmq_block *b) {
     for (int i = 0; i < A_COUNT && !st; i++) st = llmq_ops_buf_alloc(b->ops, T * act_width(s, i), &b->act[i]);
     if (!st) st = llmq_ops_buf_alloc(b->ops, b->max_seqlen * half, &b->cos);
     if (!st) st = llmq_ops_buf_alloc(b->ops, b->max_seqlen * half, &b->sin);
+    const bool gram = b->sums & LLMQ_BLOCK_SUM_GRAM, cols = b->sums & LLMQ_BLOCK_SUM_COLS;
     int64_t cmax = 0;
-    for (int g = 0; b->gram && g < LLMQ_BLOCK_GRAM_COUNT && !st; g++) {
+    for (int g = 0; g < LLMQ_BLOCK_GRAM_COUNT && !st; g++) {
         const int64_t C = gram_dim(s, (enum llmq_block_gram)g);
         if (C > cmax) cmax = C;
-        st = llmq_ops_buf_alloc(b->ops, 2 * C * C, &b->gsum[g]);
+        if (gram) st = llmq_ops_buf_alloc(b->ops, 2 * C * C, &b->gsum[g]);
+        if (!st && cols) st = llmq_ops_buf_alloc(b->ops, 4 * C, &b->csum[g]);
     }
-    if (!st && b->gram)
+    if (!st && gram)
         st = llmq_ops_buf_alloc(b->ops, (b->be == LLMQ_BACKEND_CUDA ? cmax : llmq_gram_scratch_rows(cmax)) * cmax,
                                 &b->gscratch);
-    if (!st && b->gram) st = llmq_block_gram_zero(b);
+    if (!st && cols) st = llmq_ops_buf_alloc(b->ops, 2 * LLMQ_BLOCK_GRAM_COUNT, &b->cbad);
+    if (!st && b->sums) st = llmq_block_sums_zero(b);
     if (st) return st;
     float *cs = malloc((size_t)(b->max_seqlen * half) * sizeof(float));
     float *sn = malloc((size_t)(b->max_seqlen * half) * sizeof(float));
@@ -130,16 +139,16 @@ static enum llmq_status alloc_all(struct llmq_block *b) {
 }
 
 enum llmq_status llmq_block_init(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens,
-                                 int64_t max_seqlen, bool gram, struct llmq_block **out) {
+                                 int64_t max_seqlen, unsigned sums, struct llmq_block **out) {
     *out = NULL;
     if (!shape_ok(s) || max_tokens < 1 || max_tokens > (1LL << 30) || max_seqlen < 1 || max_seqlen > max_tokens ||
-        max_seqlen > INT32_MAX)
+        max_seqlen > INT32_MAX || (sums & ~(LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS)))
         return llmq_errorf(LLMQ_ERR_ARG,
                            "block: bad shape D %lld F %lld heads %lld / %lld head_dim %lld, max_tokens %lld "
-                           "max_seqlen %lld",
+                           "max_seqlen %lld, sums %#x",
                            s ? (long long)s->n_embd : 0, s ? (long long)s->n_ff : 0, s ? (long long)s->n_head : 0,
                            s ? (long long)s->n_head_kv : 0, s ? (long long)s->head_dim : 0, (long long)max_tokens,
-                           (long long)max_seqlen);
+                           (long long)max_seqlen, sums);
     struct llmq_block *b = calloc(1, sizeof *b);
     if (!b || !(b->ff = malloc((size_t)(s->head_dim / 2) * sizeof(float)))) {
         free(b);
@@ -151,7 +160,7 @@ enum llmq_status llmq_block_init(enum llmq_backend be, const struct llmq_block_s
     b->s.rope_ff = b->ff;
     b->max_tokens = max_tokens;
     b->max_seqlen = max_seqlen;
-    b->gram = gram;
+    b->sums = sums;
     enum llmq_status st = llmq_ops_init(be, &b->ops);
     if (!st) st = llmq_gemm_dev_init(be, llmq_ops_stream(b->ops), &b->gemm);
     if (!st) st = alloc_all(b);
@@ -169,7 +178,9 @@ void llmq_block_free(struct llmq_block *b) {
     for (int i = 0; i < LLMQ_BLOCK_WEIGHT_COUNT; i++) llmq_ops_buf_free(&b->w[i]);
     for (int i = 0; i < A_COUNT; i++) llmq_ops_buf_free(&b->act[i]);
     for (int g = 0; g < LLMQ_BLOCK_GRAM_COUNT; g++) llmq_ops_buf_free(&b->gsum[g]);
+    for (int g = 0; g < LLMQ_BLOCK_GRAM_COUNT; g++) llmq_ops_buf_free(&b->csum[g]);
     llmq_ops_buf_free(&b->gscratch);
+    llmq_ops_buf_free(&b->cbad);
     llmq_ops_buf_free(&b->cos);
     llmq_ops_buf_free(&b->sin);
     llmq_gemm_dev_free(b->gemm);
@@ -215,13 +226,37 @@ static enum llmq_status gram_acc(struct llmq_block *b, enum llmq_block_gram g, c
     return LLMQ_OK;
 }
 
+void llmq_block_colsums_cpu(const float *x, int64_t n, int64_t C, int64_t row0, double *acc, uint64_t *bad) {
+    for (int64_t t = 0; t < n; t++) {
+        const float *r = x + t * C;
+        for (int64_t c = 0; c < C; c++) {
+            const float v = r[c];
+            if (!isfinite(v) && (uint64_t)((row0 + t) * C + c) < *bad) *bad = (uint64_t)((row0 + t) * C + c);
+            acc[c] += fabs((double)v);
+            acc[C + c] += (double)v * (double)v;
+        }
+    }
+}
+
+// The sums of input g (X (n, C), the rows after the b->rows already summed): its Gram sum, its column sums.
+static enum llmq_status sums_acc(struct llmq_block *b, enum llmq_block_gram g, const float *X, int64_t n) {
+    const int64_t C = gram_dim(&b->s, g);
+    enum llmq_status st = b->sums & LLMQ_BLOCK_SUM_GRAM ? gram_acc(b, g, X, n) : LLMQ_OK;
+    if (st || !(b->sums & LLMQ_BLOCK_SUM_COLS)) return st;
+    double *acc = (double *)(void *)b->csum[g].data;
+    uint64_t *bad = (uint64_t *)(void *)b->cbad.data + g;
+    if (b->be == LLMQ_BACKEND_CUDA) return llmq_block_cuda_colsums(llmq_ops_stream(b->ops), X, n, C, b->rows, acc, bad);
+    llmq_block_colsums_cpu(X, n, C, b->rows, acc, bad);
+    return LLMQ_OK;
+}
+
 static enum llmq_status check_pass(const struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq,
                                    int64_t seqlen, bool accumulate) {
     if (n_seq < 1 || seqlen < 1 || seqlen > b->max_seqlen || n_seq > b->max_tokens / seqlen)
         return llmq_errorf(LLMQ_ERR_ARG,
                            "block: %lld sequences of %lld tokens (at most %lld tokens, sequences of %lld)",
                            (long long)n_seq, (long long)seqlen, (long long)b->max_tokens, (long long)b->max_seqlen);
-    if (accumulate && !b->gram) return llmq_errorf(LLMQ_ERR_ARG, "block: Gram sums asked of a block made without");
+    if (accumulate && !b->sums) return llmq_errorf(LLMQ_ERR_ARG, "block: sums asked of a block made without");
     for (int i = 0; i < LLMQ_BLOCK_WEIGHT_COUNT; i++)
         if (weight_size(&b->s, (enum llmq_block_weight)i) > 0 && !b->loaded[i])
             return llmq_errorf(LLMQ_ERR_ARG, "block: weight %s was never set", weight_names[i]);
@@ -239,7 +274,7 @@ static enum llmq_status attn_half(struct llmq_block *b, const struct llmq_ops_bu
     struct llmq_ops_buf *a = b->act;
     struct llmq_ops *ops = b->ops;
     enum llmq_status st = llmq_ops_rmsnorm(ops, x, &b->w[LLMQ_BLOCK_ATTN_NORM], &a[A_XN], n, D, s->rms_eps, false);
-    if (!st && accumulate) st = gram_acc(b, LLMQ_BLOCK_GRAM_QKV, a[A_XN].data, n);
+    if (!st && accumulate) st = sums_acc(b, LLMQ_BLOCK_GRAM_QKV, a[A_XN].data, n);
     const float beta = s->qkv_bias ? 1.0f : 0.0f; // forward.c: y = b, then y += W x
     if (!st && s->qkv_bias) st = llmq_ops_repeat_rows(ops, &b->w[LLMQ_BLOCK_BQ], &a[A_Q], n, Dq);
     if (!st && s->qkv_bias) st = llmq_ops_repeat_rows(ops, &b->w[LLMQ_BLOCK_BK], &a[A_K], n, Dkv);
@@ -260,7 +295,7 @@ static enum llmq_status attn_half(struct llmq_block *b, const struct llmq_ops_bu
                                      .head_dim = Dh,
                                      .scale = s->attn_scale};
     if (!st) st = llmq_ops_attention(ops, &at, &a[A_Q], &a[A_K], &a[A_V], &a[A_ATT]);
-    if (!st && accumulate) st = gram_acc(b, LLMQ_BLOCK_GRAM_O, a[A_ATT].data, n);
+    if (!st && accumulate) st = sums_acc(b, LLMQ_BLOCK_GRAM_O, a[A_ATT].data, n);
     if (!st) st = linear(b, LLMQ_BLOCK_WO, &a[A_ATT], n, &a[A_OUT], 0.0f);
     if (!st) st = llmq_ops_add(ops, x, &a[A_OUT], n * D);
     return st;
@@ -271,11 +306,11 @@ static enum llmq_status mlp_half(struct llmq_block *b, const struct llmq_ops_buf
     const int64_t D = b->s.n_embd, F = b->s.n_ff;
     struct llmq_ops_buf *a = b->act;
     enum llmq_status st = llmq_ops_rmsnorm(b->ops, x, &b->w[LLMQ_BLOCK_FFN_NORM], &a[A_XN], n, D, b->s.rms_eps, false);
-    if (!st && accumulate) st = gram_acc(b, LLMQ_BLOCK_GRAM_GATE, a[A_XN].data, n);
+    if (!st && accumulate) st = sums_acc(b, LLMQ_BLOCK_GRAM_GATE, a[A_XN].data, n);
     if (!st) st = linear(b, LLMQ_BLOCK_WGATE, &a[A_XN], n, &a[A_GATE], 0.0f);
     if (!st) st = linear(b, LLMQ_BLOCK_WUP, &a[A_XN], n, &a[A_UP], 0.0f);
     if (!st) st = llmq_ops_swiglu(b->ops, &a[A_GATE], &a[A_UP], &a[A_GATE], n * F);
-    if (!st && accumulate) st = gram_acc(b, LLMQ_BLOCK_GRAM_DOWN, a[A_GATE].data, n);
+    if (!st && accumulate) st = sums_acc(b, LLMQ_BLOCK_GRAM_DOWN, a[A_GATE].data, n);
     if (!st) st = linear(b, LLMQ_BLOCK_WDOWN, &a[A_GATE], n, &a[A_OUT], 0.0f);
     if (!st) st = llmq_ops_add(b->ops, x, &a[A_OUT], n * D);
     return st;
@@ -286,6 +321,7 @@ enum llmq_status llmq_block_forward(struct llmq_block *b, const struct llmq_ops_
     enum llmq_status st = check_pass(b, x, n_seq, seqlen, accumulate);
     if (!st) st = attn_half(b, x, n_seq, seqlen, accumulate);
     if (!st) st = mlp_half(b, x, n_seq * seqlen, accumulate);
+    if (!st && accumulate) b->rows += n_seq * seqlen;
     return st;
 }
 
@@ -293,40 +329,73 @@ enum llmq_status llmq_block_forward(struct llmq_block *b, const struct llmq_ops_
 // Gram sums
 // ---------------------------------------------------------------------------------------------
 
-enum llmq_status llmq_block_gram_zero(struct llmq_block *b) {
-    if (!b->gram) return llmq_errorf(LLMQ_ERR_ARG, "block: no Gram sums (made without gram)");
-    for (int g = 0; g < LLMQ_BLOCK_GRAM_COUNT; g++) {
+enum llmq_status llmq_block_sums_zero(struct llmq_block *b) {
+    if (!b->sums) return llmq_errorf(LLMQ_ERR_ARG, "block: no sums (made without)");
+    const bool cuda = b->be == LLMQ_BACKEND_CUDA;
+    enum llmq_status st = LLMQ_OK;
+    for (int g = 0; g < LLMQ_BLOCK_GRAM_COUNT && !st; g++) {
         const int64_t C = gram_dim(&b->s, (enum llmq_block_gram)g);
-        double *acc = (double *)(void *)b->gsum[g].data;
-        if (b->be == LLMQ_BACKEND_CUDA) {
-            enum llmq_status st = llmq_block_cuda_zero(llmq_ops_stream(b->ops), acc, C * C);
-            if (st) return st;
-        } else {
-            memset(acc, 0, (size_t)(C * C) * sizeof(double));
+        double *acc[2] = {(double *)(void *)b->gsum[g].data, (double *)(void *)b->csum[g].data};
+        const int64_t n[2] = {C * C, 2 * C};
+        for (int k = 0; k < 2 && !st; k++) {
+            if (!acc[k]) continue; // a sum the block does not gather
+            if (cuda)
+                st = llmq_block_cuda_zero(llmq_ops_stream(b->ops), acc[k], n[k]);
+            else
+                memset(acc[k], 0, (size_t)n[k] * sizeof(double));
         }
     }
-    return LLMQ_OK;
+    if (!st && b->cbad.data) { // every mark UINT64_MAX: no non-finite value yet
+        float none[2 * LLMQ_BLOCK_GRAM_COUNT];
+        memset(none, 0xff, sizeof none);
+        st = llmq_ops_upload(b->ops, &b->cbad, 0, none, 2 * LLMQ_BLOCK_GRAM_COUNT);
+    }
+    b->rows = 0;
+    return st;
+}
+
+// n doubles of buffer src (where the block computes) as a host array: src itself on the CPU, else a malloc'd copy
+// in *tmp (the caller frees it).
+static enum llmq_status host_doubles(struct llmq_block *b, const struct llmq_ops_buf *src, int64_t n, double **tmp,
+                                     const double **out) {
+    *tmp = NULL;
+    *out = (const double *)(void *)src->data;
+    if (b->be != LLMQ_BACKEND_CUDA) return LLMQ_OK;
+    if (!(*tmp = malloc((size_t)n * sizeof(double))))
+        return llmq_errorf(LLMQ_ERR_NOMEM, "block: out of memory for %lld sums", (long long)n);
+    enum llmq_status st = llmq_ops_download(b->ops, (float *)(void *)*tmp, src, 0, 2 * n);
+    *out = *tmp;
+    return st;
 }
 
 enum llmq_status llmq_block_gram_download(struct llmq_block *b, enum llmq_block_gram g, double *acc) {
-    if (!b->gram || (unsigned)g >= LLMQ_BLOCK_GRAM_COUNT || !acc)
-        return llmq_errorf(LLMQ_ERR_ARG, "block: no Gram sum %d (made without gram, or out of range)", (int)g);
+    if (!(b->sums & LLMQ_BLOCK_SUM_GRAM) || (unsigned)g >= LLMQ_BLOCK_GRAM_COUNT || !acc)
+        return llmq_errorf(LLMQ_ERR_ARG, "block: no Gram sum %d (made without, or out of range)", (int)g);
     const int64_t C = gram_dim(&b->s, g);
-    const double *src = (const double *)(void *)b->gsum[g].data;
-    double *tmp = NULL;
-    if (b->be == LLMQ_BACKEND_CUDA) {
-        if (!(tmp = malloc((size_t)(C * C) * sizeof(double))))
-            return llmq_errorf(LLMQ_ERR_NOMEM, "block: out of memory for a (%lld, %lld) Gram matrix", (long long)C,
-                               (long long)C);
-        enum llmq_status st = llmq_ops_download(b->ops, (float *)(void *)tmp, &b->gsum[g], 0, 2 * C * C);
-        if (st) {
-            free(tmp);
-            return st;
-        }
-        src = tmp;
-    }
-    for (int64_t i = 0; i < C; i++)
+    const double *src;
+    double *tmp;
+    enum llmq_status st = host_doubles(b, &b->gsum[g], C * C, &tmp, &src);
+    for (int64_t i = 0; i < C && !st; i++)
         for (int64_t j = i; j < C; j++) acc[i * C + j] += src[i * C + j];
     free(tmp);
-    return LLMQ_OK;
+    return st;
+}
+
+enum llmq_status llmq_block_colsums_download(struct llmq_block *b, enum llmq_block_gram g, double *sum_abs,
+                                             double *sum_sq, int64_t *bad) {
+    if (!(b->sums & LLMQ_BLOCK_SUM_COLS) || (unsigned)g >= LLMQ_BLOCK_GRAM_COUNT || !sum_abs || !sum_sq || !bad)
+        return llmq_errorf(LLMQ_ERR_ARG, "block: no column sums of input %d (made without, or out of range)", (int)g);
+    const int64_t C = gram_dim(&b->s, g);
+    const double *src;
+    double *tmp;
+    uint64_t marks[LLMQ_BLOCK_GRAM_COUNT];
+    enum llmq_status st = host_doubles(b, &b->csum[g], 2 * C, &tmp, &src);
+    if (!st) st = llmq_ops_download(b->ops, (float *)(void *)marks, &b->cbad, 0, 2 * LLMQ_BLOCK_GRAM_COUNT);
+    for (int64_t c = 0; c < C && !st; c++) {
+        sum_abs[c] += src[c];
+        sum_sq[c] += src[C + c];
+    }
+    if (!st) *bad = marks[g] == UINT64_MAX ? -1 : (int64_t)marks[g];
+    free(tmp);
+    return st;
 }

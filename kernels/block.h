@@ -8,13 +8,16 @@
  *     xn = RMSNorm(x) · ffn_norm;  x += Wdown · (SiLU(Wgate·xn) · (Wup·xn)).
  * Linears go through kernels/gemm.h llmq_gemm_dev_f32 (the same cblas call as forward.c on the CPU; cuBLAS in plain
  * FP32 on device pointers on CUDA), the rest through kernels/ops.h, all on one ops context (one stream on CUDA).
- * Optionally (gram) the block also accumulates XᵀX of the four linear inputs (the calibration Hessians: q/k/v's,
- * o's, gate/up's and down's) in float64 where it computes (see "Gram matrices").
- * Who calls it: `llmq eval` with --device cuda (calib/eval/eval_run.c, calib/eval/eval.h "Decoder blocks": every
- * layer of a batch of chunks through one block, its weights replaced layer by layer; calib/model/devblock.h fills
- * it from a model), and the tests.
- * What it is not (yet): NOT wired into the calibration or quantize pipeline (they run calib/model/forward.c, and
- * the Gram sums below are used by the tests only); no gemma, phi3, moe, sliding window, softcap, linear RoPE
+ * Optionally (LLMQ_BLOCK_SUM_GRAM) the block also accumulates XᵀX of the four linear inputs (the calibration
+ * Hessians: q/k/v's, o's, gate/up's and down's) in float64 where it computes (see "Gram matrices"), and
+ * (LLMQ_BLOCK_SUM_COLS) it sums Σ|x| and Σx² per column of those inputs in float64 (see "Column
+ * sums"). Who calls it: `llmq eval` with --device cuda (calib/eval/eval_run.c, calib/eval/eval.h "Decoder blocks":
+ * every layer of a batch of chunks through one block, its weights replaced layer by layer), the calibration runner
+ * with --device cuda (calib/calib_run.c, calib/calib.h "Decoder blocks": every calibration sequence resident, each
+ * layer's Gram and column sums downloaded once; `llmq calib`, and quantize's importance statistics);
+ * calib/model/devblock.h fills it from a model; and the tests.
+ * What it is not (yet): NOT wired into the quantize pipeline's solve (GPTQ / AWQ run calib/model/forward.c block
+ * by block); no gemma, phi3, moe, sliding window, softcap, linear RoPE
  * scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging or prefetch of
  * the next block's weights; FP32 only (no BF16 / TF32: issue 17 asks for each to be measured first).
  *
@@ -25,20 +28,21 @@
  *   LLMQ_BACKEND_CUDA differs by float rounding: tests/gpu/test_block_cuda.c compares it with the CPU block at the
  *   first-order bound of tests/block_tolerance.h (the per-op bounds of kernels/ops.h propagated through the block).
  * NOTHING OF THE CUDA HALF HAS RUN ON A GPU YET: it compiles and links (-DLLMQ_CUDA=ON) and its tests skip without
- * a device. Until tests/gpu/test_block_cuda.c (the block) and tests/gpu/test_eval_cuda.c (`llmq eval --device
- * cuda` through it) have passed on one, treat it as unverified.
+ * a device. Until tests/gpu/test_block_cuda.c (the block, its column-sum kernel), tests/gpu/test_eval_cuda.c (`llmq
+ * eval --device cuda` through it) and tests/gpu/test_calib_cuda.c (`llmq calib --device cuda`) have passed on one,
+ * treat it as unverified.
  *
  * Residency: llmq_block_init allocates everything once — the weights (D·(Dq + 2 Dkv) + Dq·D + 3 D·F floats plus the
  * norms and biases), the activations for max_tokens tokens (T·(2 D + 2 Dq + 2 Dkv + 2 F) floats: the caller picks
  * max_tokens to fit, e.g. 16 sequences of 2048 for an 8B shape is 2.6 GiB), the RoPE tables for max_seqlen
- * positions (computed on the host once) and, with gram, the Gram matrices; a forward pass allocates nothing (the
- * CPU attention's score scratch, kernels/ops.h, grows once to the longest sequence). Weights stay until replaced by
- * llmq_block_set_weight (e.g. a solved linear before the next pass); x is the caller's buffer on the block's
- * backend (llmq_ops_buf_alloc on llmq_block_ops), so it stays on the device across passes and blocks.
+ * positions (computed on the host once) and the sums asked for (Gram matrices, column sums); a forward pass allocates
+ * nothing (the CPU attention's score scratch, kernels/ops.h, grows once to the longest sequence). Weights stay until
+ * replaced by llmq_block_set_weight (e.g. a solved linear before the next pass); x is the caller's buffer on the
+ * block's backend (llmq_ops_buf_alloc on llmq_block_ops), so it stays on the device across passes and blocks.
  * Asynchrony (CUDA): set_weight copies from pageable memory (staged before it returns) and the forward pass queues
  * its work; llmq_ops_sync / llmq_ops_download on llmq_block_ops(b) wait for it and report a failed kernel.
  *
- * Gram matrices (gram = true at init): llmq_block_forward(..., accumulate = true) adds, for each of the four
+ * Gram matrices (LLMQ_BLOCK_SUM_GRAM at init): llmq_block_forward(..., accumulate = true) adds, for each of the four
  * inputs X (T, C) (C = D, Dq, D, F), XᵀX to the upper triangle of a float64 (C, C) sum kept where the block
  * computes, exactly as kernels/gemm.h llmq_gram_acc_f64 does it: micro-batches of LLMQ_GRAM_MICRO_BATCH rows
  * multiplied in f32, summed in f64. Why f32 products and f64 sums: it is the CPU calibration's arithmetic, so the
@@ -48,10 +52,23 @@
  * device computes a whole micro-batch as one SYRK into a (C, C) f32 scratch (no column tiles: an 8B model's down
  * input makes it 0.8 GiB), so for C > LLMQ_GRAM_TILE_FROM its f32 products are summed in another order than the
  * CPU's tiled GEMMs: within the same bound, not the same bits. llmq_block_gram_download copies one sum to the host
- * (once per block); llmq_block_gram_zero clears all four.
+ * (once per block); llmq_block_sums_zero clears every sum.
  *
- * Errors (each logged once): LLMQ_ERR_ARG for a bad shape, a weight not loaded (named), T > max_tokens or seqlen >
- * max_seqlen, x too small or on another backend; LLMQ_ERR_DEVICE when CUDA is missing or fails; LLMQ_ERR_NOMEM.
+ * Column sums (LLMQ_BLOCK_SUM_COLS at init): accumulate also adds, per column c of each input X (T, C),
+ * Σ_t |x_tc| and Σ_t x_tc² in float64, the rows in order (acc = acc + |(double)x|, acc = acc + (double)x·(double)x:
+ * the product of two floats is exact in a double), exactly calib/calib.c's loop for the statistics' sum_abs /
+ * sum_sq, so the same inputs give the same bits on both backends (the device kernel, one thread per column, adds
+ * in the same order without FMA contraction; llmq_block_colsums_cpu is its reference). Why not the Gram diagonal
+ * for Σx²: that is f32 products of 256-row micro-batches rounded to f32 before the f64 sum, not the statistic's
+ * bits. The same pass notes the first non-finite value of each input (its row, counted over the passes since the
+ * last llmq_block_sums_zero, and column), which llmq_block_colsums_download reports: the calibration's NaN / Inf
+ * check. Cost on the device: the kernel reads the input once more (T·C floats) with only C threads (a latency-bound
+ * loop of T steps each; not measured: no GPU run yet), next to the SYRK's C²·T multiply-adds.
+ *
+ * Errors (each logged once): LLMQ_ERR_ARG for a bad shape, an unknown sums flag, a weight not loaded (named), T >
+ * max_tokens or seqlen > max_seqlen, x too small or on another backend, sums asked of (or downloaded from) a block
+ * made without them; LLMQ_ERR_DEVICE when CUDA is missing or fails; LLMQ_ERR_NOMEM. A non-finite input is not an
+ * error of the block: the column sums report where it is (llmq_block_colsums_download).
  * A block is not thread-safe.
  *
  * Legend: T tokens (n_seq sequences of seqlen, back to back, each from position 0), D n_embd, F n_ff, H / Hkv
@@ -86,9 +103,14 @@ enum llmq_block_weight {
     LLMQ_BLOCK_WEIGHT_COUNT
 };
 
-// The Gram matrices: the inputs of q/k/v, o, gate/up, down (formats/llama/arch.h's LLMQ_LIN_Q, O, GATE, DOWN).
+// The Gram matrices: the inputs of q/k/v, o, gate/up, down (formats/llama/arch.h's LLMQ_LIN_Q, O, GATE, DOWN); the
+// column sums are indexed by the same input.
 enum llmq_block_gram { LLMQ_BLOCK_GRAM_QKV, LLMQ_BLOCK_GRAM_O, LLMQ_BLOCK_GRAM_GATE, LLMQ_BLOCK_GRAM_DOWN };
 #define LLMQ_BLOCK_GRAM_COUNT 4
+
+// The sums a block gathers over its passes with accumulate (flags of llmq_block_init's sums; 0: none).
+#define LLMQ_BLOCK_SUM_GRAM 1u // XᵀX of the four inputs ("Gram matrices")
+#define LLMQ_BLOCK_SUM_COLS 2u // Σ|x|, Σx² per column of the four inputs and their first non-finite value
 
 struct llmq_block_shape {
     int64_t n_embd, n_ff, n_head, n_head_kv, head_dim; // D, F, H, Hkv, Dh (Dh even)
@@ -104,16 +126,18 @@ struct llmq_block_shape {
 struct llmq_block;
 
 // A block for sequences of at most max_seqlen tokens and passes of at most max_tokens tokens on backend be (CUDA:
-// device 0), with the Gram sums when gram. *out = NULL on error.
+// device 0), gathering the sums of sums (LLMQ_BLOCK_SUM_* flags; LLMQ_ERR_ARG for another bit). *out = NULL on
+// error.
 enum llmq_status llmq_block_init(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens,
-                                 int64_t max_seqlen, bool gram, struct llmq_block **out);
+                                 int64_t max_seqlen, unsigned sums, struct llmq_block **out);
 void llmq_block_free(struct llmq_block *b); // NULL is a no-op
 
-// Bytes that llmq_block_init(be, s, max_tokens, max_seqlen, gram) allocates where the block computes (weights,
-// activations, RoPE tables, Gram sums and their scratch; not the CUDA context, cuBLAS's workspace or the caller's
-// x): what a caller sizes a pass by before it asks for the block (calib/eval/eval_run.c's batch of chunks).
+// Bytes that llmq_block_init(be, s, max_tokens, max_seqlen, sums) allocates where the block computes (weights,
+// activations, RoPE tables, the sums and the Gram scratch; not the CUDA context, cuBLAS's workspace or the caller's
+// x): what a caller sizes a pass by before it asks for the block (calib/eval/eval_run.c's batch of chunks,
+// calib/calib_run.c's resident calibration set).
 int64_t llmq_block_bytes(enum llmq_backend be, const struct llmq_block_shape *s, int64_t max_tokens, int64_t max_seqlen,
-                         bool gram);
+                         unsigned sums);
 
 // The block's ops context: allocate x there (llmq_ops_buf_alloc), upload / download it, wait for the block's work.
 struct llmq_ops *llmq_block_ops(struct llmq_block *b);
@@ -125,20 +149,34 @@ int64_t llmq_block_weight_size(const struct llmq_block *b, enum llmq_block_weigh
 // weight the shape does not have.
 enum llmq_status llmq_block_set_weight(struct llmq_block *b, enum llmq_block_weight w, const float *host);
 
-// Runs the block in place on x (n_seq · seqlen, D), a buffer on the block's backend. accumulate (gram blocks
-// only): also adds the four inputs' XᵀX to the Gram sums.
+// Runs the block in place on x (n_seq · seqlen, D), a buffer on the block's backend (a view into a larger one, e.g.
+// one micro-batch of a resident calibration set). accumulate (blocks made with sums only): also adds the four
+// inputs to the sums the block was made with.
 enum llmq_status llmq_block_forward(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
                                     bool accumulate);
 
 // The width C of Gram matrix g (D, Dq, D, F).
 int64_t llmq_block_gram_dim(const struct llmq_block *b, enum llmq_block_gram g);
 // acc (C, C) f64 on the host += the block's sum g, upper triangle (j >= i) only (the strict lower triangle is left).
-// Waits for the block's work. LLMQ_ERR_ARG on a block without gram.
+// Waits for the block's work. LLMQ_ERR_ARG on a block without LLMQ_BLOCK_SUM_GRAM.
 enum llmq_status llmq_block_gram_download(struct llmq_block *b, enum llmq_block_gram g, double *acc);
-// Zeroes the four sums (upper triangles; the lower ones are never read).
-enum llmq_status llmq_block_gram_zero(struct llmq_block *b);
+// Input g's column sums onto the host: sum_abs (C) += Σ|x|, sum_sq (C) += Σx² (f64), and *bad = t·C + c of its
+// first non-finite value in row-major order (t: the row counted over every pass since the last
+// llmq_block_sums_zero), -1 when all were finite. Waits for the block's work. LLMQ_ERR_ARG on a block without
+// LLMQ_BLOCK_SUM_COLS.
+enum llmq_status llmq_block_colsums_download(struct llmq_block *b, enum llmq_block_gram g, double *sum_abs,
+                                             double *sum_sq, int64_t *bad);
+// Zeroes every sum the block gathers (the Gram upper triangles, the column sums, the non-finite marks, the row
+// count). LLMQ_ERR_ARG on a block made without sums.
+enum llmq_status llmq_block_sums_zero(struct llmq_block *b);
 
-// ---- internal: the device half of the Gram sums (kernels/block_cuda.cu; kernels/block_cuda_stub.c without CUDA)
+// ---- internal: the column sums' reference and the device half of the sums (kernels/block_cuda.cu;
+// kernels/block_cuda_stub.c without CUDA), exposed for tests/gpu/test_block_cuda.c.
+// acc (2, C) f64 (Σ|x| then Σx²) += the rows of x (n, C) in order, as "Column sums"; *bad = min(*bad, (row0 + t)·C + c)
+// over the non-finite x_tc (UINT64_MAX: none yet). The device kernel gives the same bits on the same x.
+void llmq_block_colsums_cpu(const float *x, int64_t n, int64_t C, int64_t row0, double *acc, uint64_t *bad);
+enum llmq_status llmq_block_cuda_colsums(void *stream, const float *x, int64_t n, int64_t C, int64_t row0, double *acc,
+                                         uint64_t *bad);
 // acc (C, C) f64 += scratch (C, C) f32 on the upper triangle, queued on stream; zero: acc = 0 (n doubles).
 enum llmq_status llmq_block_cuda_acc_upper(void *stream, double *acc, const float *scratch, int64_t C);
 enum llmq_status llmq_block_cuda_zero(void *stream, double *acc, int64_t n);

@@ -7,6 +7,11 @@ enum llmq_status llmq_block_cuda_acc_upper(void *stream, double *acc, const floa
     (void)stream, (void)acc, (void)scratch, (void)C;
     return llmq_errorf(LLMQ_ERR_DEVICE, "block Gram sums on cuda: this llmq was built without CUDA");
 }
+enum llmq_status llmq_block_cuda_colsums(void *stream, const float *x, int64_t n, int64_t C, int64_t row0, double *acc,
+                                         uint64_t *bad) {
+    (void)stream, (void)x, (void)n, (void)C, (void)row0, (void)acc, (void)bad;
+    return llmq_errorf(LLMQ_ERR_DEVICE, "block column sums on cuda: this llmq was built without CUDA");
+}
 enum llmq_status llmq_block_cuda_zero(void *stream, double *acc, int64_t n) {
     (void)stream, (void)acc, (void)n;
     return llmq_errorf(LLMQ_ERR_DEVICE, "block Gram sums on cuda: this llmq was built without CUDA");

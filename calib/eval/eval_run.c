@@ -107,7 +107,7 @@ static enum llmq_status side_init(struct side *s, const struct llmq_model *m, in
     struct llmq_block_shape sh;
     if (!ff) return llmq_errorf(LLMQ_ERR_NOMEM, "eval: out of memory");
     st = llmq_devblock_shape(m, ff, &sh);
-    if (!st) st = llmq_block_init(be, &sh, B * n, n, false, &s->blk);
+    if (!st) st = llmq_block_init(be, &sh, B * n, n, 0, &s->blk);
     free(ff);
     if (!st) st = llmq_ops_buf_alloc(llmq_block_ops(s->blk), B * n * D, &s->xd);
     return st;
@@ -172,7 +172,7 @@ static int64_t batch_bytes(const struct llmq_model *const ms[2], const struct ll
                            enum llmq_backend be, int64_t B, int64_t n) {
     int64_t bytes = 0;
     for (int i = 0; i < 2 && ms[i]; i++)
-        bytes += llmq_block_bytes(be, &sh[i], B * n, n, false) + B * n * ms[i]->hp.n_embd * (int64_t)sizeof(float);
+        bytes += llmq_block_bytes(be, &sh[i], B * n, n, 0) + B * n * ms[i]->hp.n_embd * (int64_t)sizeof(float);
     return bytes;
 }
 
@@ -187,12 +187,10 @@ static void blocks_refusal(const struct llmq_model *const ms[2], const struct ll
     }
     for (int i = 0; i < 2 && ms[i] && !why[0]; i++) {
         float *ff = malloc((size_t)(ms[i]->hp.head_dim / 2 + 1) * sizeof(float));
-        const enum llmq_log_level lv = llmq_log_get_level();
-        llmq_log_set_level(LLMQ_LOG_SILENT); // the refusal is this info line's reason, not an error
-        enum llmq_status st = ff ? llmq_devblock_shape(ms[i], ff, &sh[i]) : LLMQ_ERR_NOMEM;
-        llmq_log_set_level(lv);
-        if (st) snprintf(why, cap, "%s", ff ? llmq_last_error() : "out of memory");
-        llmq_clear_error();
+        if (!ff)
+            snprintf(why, cap, "out of memory");
+        else
+            llmq_devblock_supported(ms[i], ff, &sh[i], why, cap);
         free(ff);
     }
 }
@@ -202,18 +200,10 @@ static void blocks_refusal(const struct llmq_model *const ms[2], const struct ll
 // LLMQ_EVAL_BLOCK): which path, and why not the block path. LLMQ_ERR_ARG for a bad LLMQ_EVAL_BLOCK.
 static enum llmq_status plan_blocks(const struct llmq_model *const ms[2], const struct llmq_eval_opts *o, int64_t n,
                                     int64_t n_chunks, bool *blocks, enum llmq_backend *be, int64_t *B) {
-    const char *env = getenv("LLMQ_EVAL_BLOCK");
-    const bool hook = env && strcmp(env, "cpu") == 0, off = env && strcmp(env, "off") == 0;
-    *blocks = false, *be = hook ? LLMQ_BACKEND_CPU : o->backend, *B = 1;
-    if (env && *env && !hook && !off)
-        return llmq_errorf(LLMQ_ERR_ARG,
-                           "eval: LLMQ_EVAL_BLOCK=%s: must be cpu or off (unset: the device's blocks "
-                           "with --device cuda)",
-                           env);
-    if (!hook && (off || o->backend != LLMQ_BACKEND_CUDA)) {
-        if (off) llmq_info("eval: decoder blocks through calib/model/forward.c: LLMQ_EVAL_BLOCK=off");
-        return LLMQ_OK;
-    }
+    bool want, hook;
+    enum llmq_status st = llmq_devblock_want("LLMQ_EVAL_BLOCK", "eval", o->backend, &want, &hook, be);
+    *blocks = false, *B = 1;
+    if (st || !want) return st;
     struct llmq_block_shape sh[2];
     char why[512];
     blocks_refusal(ms, o, sh, why, sizeof why);
@@ -221,8 +211,7 @@ static enum llmq_status plan_blocks(const struct llmq_model *const ms[2], const 
     if (b < 1) b = 1;
     struct llmq_device_info dev = {0};
     if (!why[0] && *be == LLMQ_BACKEND_CUDA) {
-        enum llmq_status st = llmq_cuda_device_info(0, &dev);
-        if (st) return st;
+        if ((st = llmq_cuda_device_info(0, &dev))) return st;
         const int64_t budget = (int64_t)(dev.free_mem / 2);
         while (b > 0 && batch_bytes(ms, sh, *be, b, n) > budget) b--;
         if (b == 0)
@@ -232,8 +221,7 @@ static enum llmq_status plan_blocks(const struct llmq_model *const ms[2], const 
                      (long long)n, (double)batch_bytes(ms, sh, *be, 1, n) / 1048576.0, (double)budget / 1048576.0);
     }
     if (why[0]) {
-        llmq_info("eval: decoder blocks through calib/model/forward.c (%s): %s",
-                  o->backend == LLMQ_BACKEND_CUDA ? "its linears' products on cuda" : "on the CPU", why);
+        llmq_devblock_info_fallback("eval", o->backend, why);
         return LLMQ_OK;
     }
     *blocks = true, *B = b;

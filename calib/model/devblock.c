@@ -1,7 +1,10 @@
 // calib/model/devblock.c — calib/model/devblock.h: a model's block shape and weight sets for kernels/block.h.
 #include "calib/model/devblock.h"
 
+#include "common/log.h"
+
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +44,36 @@ enum llmq_status llmq_devblock_shape(const struct llmq_model *m, float *ff, stru
                                    .qkv_bias = hp->qkv_bias,
                                    .qk_norm = hp->qk_norm};
     return LLMQ_OK;
+}
+
+bool llmq_devblock_supported(const struct llmq_model *m, float *ff, struct llmq_block_shape *s, char *why, size_t cap) {
+    const enum llmq_log_level lv = llmq_log_get_level();
+    llmq_log_set_level(LLMQ_LOG_SILENT); // the refusal is the caller's reason, not an error
+    const enum llmq_status st = llmq_devblock_shape(m, ff, s);
+    llmq_log_set_level(lv);
+    if (st) snprintf(why, cap, "%s", llmq_last_error());
+    llmq_clear_error();
+    return st == LLMQ_OK;
+}
+
+enum llmq_status llmq_devblock_want(const char *var, const char *who, enum llmq_backend backend, bool *want, bool *hook,
+                                    enum llmq_backend *be) {
+    const char *env = getenv(var);
+    const bool off = env && strcmp(env, "off") == 0;
+    *hook = env && strcmp(env, "cpu") == 0;
+    *want = *hook || (!off && backend == LLMQ_BACKEND_CUDA);
+    *be = *hook ? LLMQ_BACKEND_CPU : backend;
+    if (env && *env && !*hook && !off)
+        return llmq_errorf(LLMQ_ERR_ARG,
+                           "%s: %s=%s: must be cpu or off (unset: the device's blocks with --device cuda)", who, var,
+                           env);
+    if (off) llmq_info("%s: decoder blocks through calib/model/forward.c: %s=off", who, var);
+    return LLMQ_OK;
+}
+
+void llmq_devblock_info_fallback(const char *who, enum llmq_backend be, const char *why) {
+    llmq_info("%s: decoder blocks through calib/model/forward.c (%s): %s", who,
+              be == LLMQ_BACKEND_CUDA ? "its linears' products on cuda" : "on the CPU", why);
 }
 
 // The view of ly that holds block weight w.

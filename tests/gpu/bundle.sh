@@ -3,7 +3,7 @@
 # but none of llmq's other build dependencies (OpenBLAS, LAPACKE, jansson) and no network: the CUDA
 # build of llmq, the gpu test programs and bench_gptq_speed (built here), the non-system shared
 # libraries they load, the numpy GPTQ port, and the small datasets the tests read (stories260K,
-# wikitext-2, and SmolLM2-135M-Instruct Q4_1 cut to its first 4 blocks for test_eval_cuda: the whole
+# wikitext-2, and SmolLM2-135M-Instruct Q4_1 cut to its first 4 blocks for test_eval_cuda and test_calib_cuda: the whole
 # 98 MB file is over the limit; made with tests/py/conftest.py gguf_first_blocks when $LLMQ_CACHE has the
 # file and $LLMQ_PYTHON has gguf-py). Output: .devbundle/bundle.tar.xz (git-ignored; about 45 MiB,
 # under the device tool's 64 MiB transfer limit). libcudart / cuBLAS / cuSOLVER are NOT packed: the GPU machine's CUDA
@@ -37,7 +37,7 @@ SMOL="${LLMQ_CACHE:-$HOME/.cache/llmq}/SmolLM2-135M-Instruct.Q4_1.gguf"
 PY="${LLMQ_PYTHON:-$HOME/.cache/llmq/venv/bin/python}"
 if [[ -f "$SMOL" ]] && (cd tests/py && "$PY" -c "import sys; from conftest import gguf_first_blocks as f; f(*sys.argv[1:3], 4)" \
       "$SMOL" "$S/data/smollm2-4blk.Q4_1.gguf"); then :
-else echo "warning: no SmolLM2 cut in the bundle ($SMOL, $PY): test_eval_cuda will skip" >&2; fi
+else echo "warning: no SmolLM2 cut in the bundle ($SMOL, $PY): test_eval_cuda and test_calib_cuda will skip" >&2; fi
 cp tests/py/gptq_ref.py "$S/py/"
 mkdir -p .devbundle
 tar -C "$S" -cJf .devbundle/bundle.tar.xz .

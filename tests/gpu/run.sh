@@ -9,8 +9,9 @@
 # Then: the gpu test programs (a skip, exit 77, counts as a FAILURE here: this script is for machines
 # with a device), the GPTQ speed benchmark on the CPU (all cores) and the GPU next to the numpy port,
 # and an end-to-end eval / quantize of stories260K on both devices. Logs go to $OUT (or ./gpu-out).
-# test_eval_cuda (eval's device block path against the CPU on SmolLM2) reads $LLMQ_EVAL_GPU_MODEL: the bundle's
-# SmolLM2 cut to its first 4 blocks, else $LLMQ_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf (~/.cache/llmq).
+# test_eval_cuda and test_calib_cuda (eval's and calib's device block paths against the CPU on SmolLM2; a few
+# seconds each) read $LLMQ_EVAL_GPU_MODEL: the bundle's SmolLM2 cut to its first 4 blocks, else
+# $LLMQ_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf (~/.cache/llmq).
 # Exit status: 0 when every test passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

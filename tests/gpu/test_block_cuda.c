@@ -19,6 +19,13 @@
  *   Gram sums of o's, gate's and down's inputs: those inputs already differ by the propagated block error, which
  *     has no element-wise relative bound (cancellation), so they are compared at 1e-3 · sqrt(G_ii G_jj): a SMOKE
  *     CHECK (a wrong input or a lost micro-batch is O(1) off), NOT a derived tolerance.
+ *   Column sums of q/k/v's input (Σ|x|, Σx² per column, f64): the same normalised inputs, within 10 u of each other,
+ *     so |ΔΣ|x|| <= 10 u Σ|x| and |ΔΣx²| <= (20 u + 100 u²) Σx² <= 21 u Σx² (|x'² - x²| = |x' - x| |x' + x|), plus
+ *     the f64 sums' rounding (n 2^-53 relative: the 1e-12 term). The other inputs' column sums: 1e-3 of the value,
+ *     a SMOKE CHECK as their Gram sums.
+ *   The column-sum kernel alone (kernels/block.h llmq_block_cuda_colsums against llmq_block_colsums_cpu on the same
+ *     input: odd sizes, two calls accumulating, a NaN and an Inf planted): BIT FOR BIT, and the same first
+ *     non-finite index (the device adds the rows of a column in the reference's order, without FMA contraction).
  */
 #include "harness.h"
 
@@ -59,13 +66,32 @@ static void compare_gram(const char *label, const double *g, const double *c, in
     if (bad) failures++;
 }
 
-// Every layer of fm: the CUDA and CPU blocks from the same x, n_seq sequences of S tokens, then the Gram sums.
+// One input's column sums gpu vs cpu ((2, C): Σ|x|, then Σx²) at rel_abs / rel_sq of the value (+ 1e-12 of it).
+static void compare_cols(const char *label, const double *g, const double *c, int64_t C, double rel_abs,
+                         double rel_sq) {
+    int64_t bad = 0;
+    double worst = 0.0;
+    for (int64_t i = 0; i < 2 * C; i++) {
+        const double ref = c[i], e = fabs(g[i] - ref);
+        const double tol = (i < C ? rel_abs : rel_sq) * fabs(ref) + 1e-12 * fabs(ref) + 1e-30;
+        worst = isnan(e) ? INFINITY : fmax(worst, e / tol);
+        if (!(e <= tol) && bad++ < 5)
+            fprintf(stderr, "%s: %s[%lld]: gpu %.17g cpu %.17g (tol %.3g)\n", label, i < C ? "sum_abs" : "sum_sq",
+                    (long long)(i % C), g[i], ref, tol);
+    }
+    printf("%-64s %s: max |gpu - cpu| / tol %.3g\n", label, bad ? "FAIL" : "ok", worst);
+    if (bad) failures++;
+}
+
+// Every layer of fm: the CUDA and CPU blocks from the same x, n_seq sequences of S tokens, then the Gram and column
+// sums.
 static void check_family(struct fix_model *fm, const char *name, int64_t n_seq, int64_t S) {
     const struct llmq_block_shape *s = &fm->s;
     const int64_t D = s->n_embd, n = n_seq * S;
     struct llmq_block *cb = NULL, *gb = NULL;
-    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, s, n, S, true, &cb));
-    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CUDA, s, n, S, true, &gb));
+    const unsigned sums = LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, s, n, S, sums, &cb));
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CUDA, s, n, S, sums, &gb));
     struct llmq_ops *gops = llmq_block_ops(gb);
     struct llmq_ops_buf cx, gx;
     CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(cb), n * D, &cx));
@@ -78,8 +104,8 @@ static void check_family(struct fix_model *fm, const char *name, int64_t n_seq, 
     for (int l = 0; l < fm->n_layer; l++) {
         fix_load(fm, l, cb);
         fix_load(fm, l, gb);
-        CHECK_OK(llmq_block_gram_zero(cb));
-        CHECK_OK(llmq_block_gram_zero(gb));
+        CHECK_OK(llmq_block_sums_zero(cb));
+        CHECK_OK(llmq_block_sums_zero(gb));
         CHECK(block_tol_reference(s, (const float *const *)fm->w[l], x, n_seq, S, ex, bd) == 0);
         memcpy(cx.data, x, (size_t)(n * D) * sizeof(float));
         CHECK_OK(llmq_ops_upload(gops, &gx, 0, x, n * D));
@@ -107,6 +133,15 @@ static void check_family(struct fix_model *fm, const char *name, int64_t n_seq, 
             snprintf(label, sizeof label, "%s layer %d Gram sum of %s's input (C %lld)%s", name, l, gname[k],
                      (long long)C, k ? " [smoke]" : "");
             compare_gram(label, gg, gc, C, k ? 1e-3 : 2.0 * bt_gamma(256) + 20.0 * BT_U);
+            memset(gc, 0, (size_t)(2 * C) * sizeof(double));
+            memset(gg, 0, (size_t)(2 * C) * sizeof(double));
+            int64_t bc = 0, bg = 0;
+            CHECK_OK(llmq_block_colsums_download(cb, (enum llmq_block_gram)k, gc, gc + C, &bc));
+            CHECK_OK(llmq_block_colsums_download(gb, (enum llmq_block_gram)k, gg, gg + C, &bg));
+            CHECK(bc == -1 && bg == -1);
+            snprintf(label, sizeof label, "%s layer %d column sums of %s's input%s", name, l, gname[k],
+                     k ? " [smoke]" : "");
+            compare_cols(label, gg, gc, C, k ? 1e-3 : 10.0 * BT_U, k ? 1e-3 : 21.0 * BT_U);
             free(gc), free(gg);
         }
         memcpy(x, cx.data, (size_t)(n * D) * sizeof(float)); // the next layer's input, the same on both sides
@@ -118,10 +153,61 @@ static void check_family(struct fix_model *fm, const char *name, int64_t n_seq, 
     llmq_block_free(gb);
 }
 
+// The column-sum kernel against its reference on the same x (n, C): two calls (rows 0..n1-1, then n1..n-1, row0 n1)
+// accumulating into the same sums, a NaN and an Inf planted when plant; bit for bit, the same first non-finite index.
+static void check_colsums_kernel(int64_t n, int64_t n1, int64_t C, bool plant) {
+    struct llmq_ops *ops = NULL;
+    CHECK_OK(llmq_ops_init(LLMQ_BACKEND_CUDA, &ops));
+    float *x = host(n * C);
+    for (int64_t i = 0; i < n * C; i++) x[i] = 3.0f * test_frand(&rng) * (i % 7 == 0 ? 1e-20f : 1.0f);
+    const int64_t first = plant ? (n - 1) * C + C / 2 : -1; // the first in row-major order: Inf after it, NaN before
+    if (plant) x[first] = INFINITY, x[n * C - 1] = NAN;
+    double *ref = calloc((size_t)(2 * C), sizeof(double)), *got = malloc((size_t)(2 * C) * sizeof(double));
+    CHECK(ref && got);
+    uint64_t bref = UINT64_MAX, bgot = 0;
+    llmq_block_colsums_cpu(x, n1, C, 0, ref, &bref);
+    llmq_block_colsums_cpu(x + n1 * C, n - n1, C, n1, ref, &bref);
+    struct llmq_ops_buf dx, dacc, dbad;
+    CHECK_OK(llmq_ops_buf_alloc(ops, n * C, &dx));
+    CHECK_OK(llmq_ops_buf_alloc(ops, 4 * C, &dacc));
+    CHECK_OK(llmq_ops_buf_alloc(ops, 2, &dbad));
+    CHECK_OK(llmq_ops_upload(ops, &dx, 0, x, n * C));
+    float *zeros = calloc((size_t)(4 * C), sizeof(float)), none[2];
+    CHECK(zeros);
+    memset(none, 0xff, sizeof none); // UINT64_MAX: no non-finite value yet
+    CHECK_OK(llmq_ops_upload(ops, &dacc, 0, zeros, 4 * C));
+    CHECK_OK(llmq_ops_upload(ops, &dbad, 0, none, 2));
+    free(zeros);
+    void *st = llmq_ops_stream(ops);
+    double *acc = (double *)(void *)dacc.data;
+    uint64_t *bad = (uint64_t *)(void *)dbad.data;
+    CHECK_OK(llmq_block_cuda_colsums(st, dx.data, n1, C, 0, acc, bad));
+    CHECK_OK(llmq_block_cuda_colsums(st, dx.data + n1 * C, n - n1, C, n1, acc, bad));
+    CHECK_OK(llmq_ops_download(ops, (float *)(void *)got, &dacc, 0, 4 * C));
+    CHECK_OK(llmq_ops_download(ops, (float *)(void *)&bgot, &dbad, 0, 2));
+    int64_t differ = 0;
+    for (int64_t i = 0; i < 2 * C; i++) {
+        const bool same = memcmp(&got[i], &ref[i], sizeof(double)) == 0;
+        if (!same && differ++ < 5)
+            fprintf(stderr, "colsums (%lld, %lld) [%lld]: gpu %.17g ref %.17g\n", (long long)n, (long long)C,
+                    (long long)i, got[i], ref[i]);
+    }
+    const bool marks = bref == (plant ? (uint64_t)first : UINT64_MAX) && bgot == bref;
+    char label[96];
+    snprintf(label, sizeof label, "column-sum kernel (%lld, %lld)%s", (long long)n, (long long)C,
+             plant ? ", NaN / Inf planted" : "");
+    printf("%-64s %s: %lld of %lld sums differ, first non-finite %s\n", label, differ || !marks ? "FAIL" : "ok",
+           (long long)differ, (long long)(2 * C), marks ? "the same" : "DIFFERS");
+    if (differ || !marks) failures++;
+    free(x), free(ref), free(got);
+    llmq_ops_buf_free(&dx), llmq_ops_buf_free(&dacc), llmq_ops_buf_free(&dbad);
+    llmq_ops_free(ops);
+}
+
 // Refusals on the device: x on the host given to the CUDA block.
 static void test_refusals(struct fix_model *fm) {
     struct llmq_block *gb = NULL;
-    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CUDA, &fm->s, 16, 16, false, &gb));
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CUDA, &fm->s, 16, 16, 0, &gb));
     fix_load(fm, 0, gb);
     float *x = host(16 * fm->s.n_embd);
     struct llmq_ops_buf hx = llmq_ops_buf_host(x, 16 * fm->s.n_embd);
@@ -136,6 +222,10 @@ static void test_refusals(struct fix_model *fm) {
 int main(void) {
     test_need_cuda();
     openblas_set_num_threads(1);
+    check_colsums_kernel(1, 1, 1, false);
+    check_colsums_kernel(7, 3, 33, true);
+    check_colsums_kernel(300, 256, 4097, true);
+    check_colsums_kernel(33, 0, 7, false);
     struct fix_model fm;
     fix_init(&fm, FIX_LLAMA, 48, 40, 6, 2, 8, 2, false, &rng);
     check_family(&fm, "llama D 48 GQA 3:1 Dh 8", 2, 70);

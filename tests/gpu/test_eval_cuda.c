@@ -30,24 +30,9 @@ static char tmp[] = "/tmp/llmq_eval_cuda_XXXXXX";
 
 static double num(json_t *j, const char *k) { return json_number_value(json_object_get(j, k)); }
 
-// The model: $LLMQ_EVAL_GPU_MODEL, else the SmolLM2 file in $LLMQ_CACHE (~/.cache/llmq).
-static void model_path(char *buf, size_t n) {
-    const char *m = getenv("LLMQ_EVAL_GPU_MODEL"), *c = getenv("LLMQ_CACHE"), *h = getenv("HOME");
-    if (m && *m)
-        snprintf(buf, n, "%s", m);
-    else if (c && *c)
-        snprintf(buf, n, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", c);
-    else
-        snprintf(buf, n, "%s/.cache/llmq/SmolLM2-135M-Instruct.Q4_1.gguf", h ? h : ".");
-}
-
 int main(void) {
-    test_need_cuda();
     char model[1024], text[1024];
-    model_path(model, sizeof model);
-    snprintf(text, sizeof text, "%s/wikitext-2-raw/wiki.test.raw", test_data_dir());
-    const char *bin = test_need_llmq_inputs(model, text);
-    CHECK(mkdtemp(tmp));
+    const char *bin = test_smollm2_gpu_inputs("wiki.test.raw", model, sizeof model, text, sizeof text, tmp);
     const char *eval = "%s eval --model %s --ppl %s --ctx 512 --chunks 4 --threads 8 --device %s %s --json %s/%s "
                        "2>%s/%s.err";
     char save[1200];

@@ -186,6 +186,39 @@ def gguf_first_blocks(src, dst, n_blocks):
     return dst
 
 
+def tiny_gemma2(llmq_bin, stories_v3, work):
+    """A random 2-block gemma2 checkpoint (D 64, sliding window 8, softcaps) in work/g2 with stories260K's tokenizer
+    (via `llmq convert` into work/st): a family kernels/block.h does not cover. Returns its directory."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+    run([llmq_bin, "convert", "--model", stories_v3, "--out", work / "st"])
+    d = work / "g2"
+    d.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).write_bytes((work / "st" / f).read_bytes())
+    D, F, H, Hkv, Dh = 64, 128, 4, 2, 16
+    (d / "config.json").write_text(json.dumps(dict(
+        model_type="gemma2", architectures=["Gemma2ForCausalLM"], hidden_size=D, intermediate_size=F,
+        num_hidden_layers=2, num_attention_heads=H, num_key_value_heads=Hkv, head_dim=Dh, vocab_size=512,
+        query_pre_attn_scalar=Dh, sliding_window=8, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rms_norm_eps=1e-6, rope_theta=10000.0,
+        max_position_embeddings=512, bos_token_id=1, eos_token_id=2)))
+    rng = np.random.default_rng(0)
+    t = {"model.embed_tokens.weight": rng.normal(0, 0.02, (512, D)), "model.norm.weight": np.zeros(D)}
+    for l in range(2):
+        p = f"model.layers.{l}."
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            t[p + n + ".weight"] = np.zeros(D)
+        for n, s in (("q", (H * Dh, D)), ("k", (Hkv * Dh, D)), ("v", (Hkv * Dh, D)), ("o", (D, H * Dh)),
+                     ("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
+            t[p + ("self_attn." if n in "qkvo" else "mlp.") + f"{n}_proj.weight"] = rng.normal(0, 0.1, s)
+    save_file({k: v.astype(np.float32) for k, v in t.items()}, str(d / "model.safetensors"))
+    return d
+
+
 def run(cmd, check=True, **kw):
     """Run a command, return CompletedProcess with text output; on failure show its stderr."""
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)

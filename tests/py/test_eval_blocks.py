@@ -30,7 +30,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import run, tiny_gemma2
 
 LOGIT_RTOL = 1e-4
 KLD_FLOOR = 1e-9  # the KLD's own rounding (double sums over V = 49152 terms): measured -1.9e-10 for near-equal logits
@@ -173,30 +173,7 @@ def test_emulate_takes_forward_c(llmq_bin, stories_v1, wiki):
 
 def test_gemma2_takes_forward_c(llmq_bin, stories_v3, wiki, tmp_path):
     """A random gemma2 checkpoint (stories260K's tokenizer via `llmq convert`): the hook falls back, naming it."""
-    from safetensors.numpy import save_file
-    run([llmq_bin, "convert", "--model", stories_v3, "--out", tmp_path / "st"])
-    d = tmp_path / "g2"
-    d.mkdir()
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        (d / f).write_bytes((tmp_path / "st" / f).read_bytes())
-    D, F, H, Hkv, Dh = 64, 128, 4, 2, 16
-    (d / "config.json").write_text(json.dumps(dict(
-        model_type="gemma2", architectures=["Gemma2ForCausalLM"], hidden_size=D, intermediate_size=F,
-        num_hidden_layers=2, num_attention_heads=H, num_key_value_heads=Hkv, head_dim=Dh, vocab_size=512,
-        query_pre_attn_scalar=Dh, sliding_window=8, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
-        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rms_norm_eps=1e-6, rope_theta=10000.0,
-        max_position_embeddings=512, bos_token_id=1, eos_token_id=2)))
-    rng = np.random.default_rng(0)
-    t = {"model.embed_tokens.weight": rng.normal(0, 0.02, (512, D)), "model.norm.weight": np.zeros(D)}
-    for l in range(2):
-        p = f"model.layers.{l}."
-        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                  "post_feedforward_layernorm"):
-            t[p + n + ".weight"] = np.zeros(D)
-        for n, s in (("q", (H * Dh, D)), ("k", (Hkv * Dh, D)), ("v", (Hkv * Dh, D)), ("o", (D, H * Dh)),
-                     ("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
-            t[p + ("self_attn." if n in "qkvo" else "mlp.") + f"{n}_proj.weight"] = rng.normal(0, 0.1, s)
-    save_file({k: v.astype(np.float32) for k, v in t.items()}, str(d / "model.safetensors"))
+    d = tiny_gemma2(llmq_bin, stories_v3, tmp_path)
     args = [llmq_bin, "eval", "--model", d, "--ppl", wiki, "--ctx", "64", "--chunks", "2"]
     a, b = run(args, env=env_with(None)), run(args, env=env_with("cpu"))
     assert FALLBACK + f"{d}: the backend block forward covers llama, mistral, qwen2 and qwen3, not gemma2" in b.stderr

@@ -6,19 +6,22 @@
  *     on x: the result equals llmq_forward_block (calib/model/forward.c, one thread, OpenBLAS on one thread) BIT FOR
  *     BIT, block after block, for several sequences with partial attention tiles (seqlen 70 and 150 > 64 rows), and
  *     twice on the same block (the weights stay loaded; x stays in the block's buffer across the layers).
- *  2. The Gram sums equal llmq_gram_acc_f64 (kernels/gemm.h) on the inputs forward.c's hook sees, bit for bit,
- *     accumulated over two passes.
+ *  2. The Gram sums equal llmq_gram_acc_f64 (kernels/gemm.h) on the inputs forward.c's hook sees, and the column
+ *     sums (Σ|x|, Σx²) the calibration statistics' (calib/calib.h llmq_calib_stats_add) on them, bit for bit,
+ *     accumulated over two passes; a NaN planted in the second pass's input is reported at its row (counted over
+ *     both passes) and column.
  *  3. forward.c with 2 threads (its linears split W's rows over them): the measured difference is printed.
  *  4. The CPU block is within tests/block_tolerance.h's bound of a float64 block (so the bound the GPU test uses is
  *     itself tested), and a block with the wrong RoPE pairing is not.
- *  5. Refusals: other families by name, partial RoPE (n_rot < head_dim), a weight never set, too many tokens, Gram
- *     sums of a block without, a CUDA block without a device.
+ *  5. Refusals: other families by name, partial RoPE (n_rot < head_dim), a weight never set, too many tokens, sums
+ *     of a block without, an unknown sums flag, a CUDA block without a device.
  */
 #include "harness.h"
 
 #include "block_fixture.h"
 #include "block_tolerance.h"
 
+#include "calib/calib.h"
 #include "calib/model/devblock.h"
 #include "calib/model/forward.h"
 #include "common/log.h"
@@ -41,19 +44,21 @@ static float *random_x(int64_t n) {
     return x;
 }
 
-// forward.c's hook: the Gram sums of the four inputs, as the calibration would make them.
+// forward.c's hook: the Gram sums of the four inputs, as the calibration would make them, and the calibration's
+// own statistics (Σ|x|, Σx² per column) of them in cs.
 struct gram_ref {
     int64_t C[LLMQ_BLOCK_GRAM_COUNT];
     double *acc[LLMQ_BLOCK_GRAM_COUNT];
     float *scratch;
+    struct llmq_calib_stats cs; // without xtx
 };
 
 static void gram_hook(void *user, int layer, enum llmq_linear which, const float *in, int64_t n, int64_t n_in) {
-    (void)layer;
     struct gram_ref *g = user;
     const int k = which == LLMQ_LIN_Q ? 0 : which == LLMQ_LIN_O ? 1 : which == LLMQ_LIN_GATE ? 2 : 3;
     CHECK(n_in == g->C[k]);
     CHECK_OK(llmq_gram_acc_f64(LLMQ_BACKEND_CPU, in, n, n_in, g->scratch, g->acc[k]));
+    CHECK_OK(llmq_calib_stats_add(&g->cs, layer, llmq_calib_slot_of(which), in, n, 1));
 }
 
 // Upper triangles of a and b (C, C) differ in how many entries.
@@ -75,7 +80,7 @@ static void check_model(struct fix_model *fm, const char *label, int64_t n_seq, 
     CHECK_OK(llmq_devblock_shape(m, ff, &s));
     CHECK(memcmp(ff, fm->ff, (size_t)(s.head_dim / 2) * sizeof(float)) == 0);
     struct llmq_block *b = NULL;
-    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &s, n, S, true, &b));
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &s, n, S, LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS, &b));
     struct llmq_ops *ops = llmq_block_ops(b);
     struct llmq_ops_buf xb;
     CHECK_OK(llmq_ops_buf_alloc(ops, n * D, &xb));
@@ -83,19 +88,21 @@ static void check_model(struct fix_model *fm, const char *label, int64_t n_seq, 
     CHECK(x_blk);
     CHECK_OK(llmq_ops_upload(ops, &xb, 0, x_ref, n * D));
 
-    struct gram_ref g = {{D, s.n_head * s.head_dim, D, s.n_ff}, {0}, NULL};
+    struct gram_ref g = {{D, s.n_head * s.head_dim, D, s.n_ff}, {0}, NULL, {0}};
+    CHECK_OK(llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &g.cs));
     int64_t cmax = 0;
     for (int k = 0; k < 4; k++) {
         CHECK(g.acc[k] = calloc((size_t)(g.C[k] * g.C[k]), sizeof(double)));
         if (g.C[k] > cmax) cmax = g.C[k];
     }
     CHECK(g.scratch = malloc((size_t)(llmq_gram_scratch_rows(cmax) * cmax) * sizeof(float)));
-    double *got = malloc((size_t)(cmax * cmax) * sizeof(double));
-    CHECK(got);
+    double *got = malloc((size_t)(cmax * cmax) * sizeof(double)), *cols = malloc((size_t)(2 * cmax) * sizeof(double));
+    CHECK(got && cols);
     for (int il = 0; il < fm->n_layer; il++) {
         CHECK_OK(llmq_devblock_load(b, &m->layers[il], 1));
-        CHECK_OK(llmq_block_gram_zero(b));
+        CHECK_OK(llmq_block_sums_zero(b));
         for (int k = 0; k < 4; k++) memset(g.acc[k], 0, (size_t)(g.C[k] * g.C[k]) * sizeof(double));
+        llmq_calib_stats_reset(&g.cs, il);
         for (int pass = 0; pass < 2; pass++) { // the same block twice: weights kept, Gram sums accumulated
             CHECK_OK(llmq_forward_block(f, il, &m->layers[il], x_ref, n_seq, S, gram_hook, &g));
             CHECK_OK(llmq_block_forward(b, &xb, n_seq, S, true));
@@ -111,16 +118,63 @@ static void check_model(struct fix_model *fm, const char *label, int64_t n_seq, 
             CHECK_OK(llmq_block_gram_download(b, (enum llmq_block_gram)k, got));
             CHECK(llmq_block_gram_dim(b, (enum llmq_block_gram)k) == g.C[k]);
             CHECK(upper_differ(got, g.acc[k], g.C[k]) == 0);
+            const struct llmq_calib_input *in = &g.cs.in[il * LLMQ_CALIB_N_SLOTS + k];
+            int64_t bad = 0;
+            memset(cols, 0, (size_t)(2 * g.C[k]) * sizeof(double));
+            CHECK_OK(llmq_block_colsums_download(b, (enum llmq_block_gram)k, cols, cols + g.C[k], &bad));
+            CHECK(bad == -1 && in->count == 2 * n);
+            CHECK(memcmp(cols, in->sum_abs, (size_t)g.C[k] * sizeof(double)) == 0);
+            CHECK(memcmp(cols + g.C[k], in->sum_sq, (size_t)g.C[k] * sizeof(double)) == 0);
         }
     }
     printf("%s: %lld x %lld tokens, %d blocks x 2 passes: bit-identical to llmq_forward_block; the 4 Gram sums "
-           "bit-identical to llmq_gram_acc_f64\n",
+           "bit-identical to llmq_gram_acc_f64, the column sums to the calibration statistics'\n",
            label, (long long)n_seq, (long long)S, fm->n_layer);
     for (int k = 0; k < 4; k++) free(g.acc[k]);
-    free(g.scratch), free(got), free(x_ref), free(x_blk);
+    llmq_calib_stats_free(&g.cs);
+    free(g.scratch), free(got), free(cols), free(x_ref), free(x_blk);
     llmq_ops_buf_free(&xb);
     llmq_block_free(b);
     llmq_forward_free(f);
+}
+
+// 2. A NaN at row r = S (the second sequence's first token), column 3 of the second pass's x (n, D): every input of
+// the row is NaN from its first column (RMSNorm spreads it over the row, the token attends to itself; the rows before
+// it belong to the first sequence, which it never reaches: a NaN value row inside a sequence would also reach the
+// earlier rows of its attention tile, 0 · NaN in p · v, as in forward.c), so each input reports row n + S, column 0
+// (rows counted over both passes), and the first pass alone reports none.
+static void check_nonfinite(struct fix_model *fm, int64_t n_seq, int64_t S) {
+    const int64_t r = S;
+    const int64_t D = fm->s.n_embd, n = n_seq * S;
+    struct llmq_block *b = NULL;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &fm->s, n, S, LLMQ_BLOCK_SUM_COLS, &b));
+    fix_load(fm, 0, b);
+    struct llmq_ops_buf xb;
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(b), n * D, &xb));
+    float *x = random_x(n * D);
+    double *cols = calloc((size_t)(2 * fm->s.n_ff + 2 * D + 2 * fm->s.n_head * fm->s.head_dim), sizeof(double));
+    CHECK(cols);
+    for (int pass = 0; pass < 2; pass++) {
+        memcpy(xb.data, x, (size_t)(n * D) * sizeof(float));
+        if (pass == 1) xb.data[r * D + 3] = NAN;
+        CHECK_OK(llmq_block_forward(b, &xb, n_seq, S, true));
+        for (int k = 0; k < LLMQ_BLOCK_GRAM_COUNT; k++) {
+            const int64_t C = llmq_block_gram_dim(b, (enum llmq_block_gram)k);
+            int64_t bad = 0;
+            CHECK_OK(llmq_block_colsums_download(b, (enum llmq_block_gram)k, cols, cols + C, &bad));
+            CHECK(bad == (pass ? (n + r) * C : -1));
+        }
+    }
+    CHECK(llmq_block_gram_download(b, LLMQ_BLOCK_GRAM_QKV, cols) == LLMQ_ERR_ARG); // made without XᵀX
+    CHECK_OK(llmq_block_sums_zero(b));
+    int64_t bad = 0;
+    CHECK_OK(llmq_block_colsums_download(b, LLMQ_BLOCK_GRAM_DOWN, cols, cols + fm->s.n_ff, &bad));
+    CHECK(bad == -1);
+    printf("a NaN in row %lld of the second pass: every input reports row %lld (counted over the passes), column 0\n",
+           (long long)r, (long long)(n + r));
+    free(x), free(cols);
+    llmq_ops_buf_free(&xb);
+    llmq_block_free(b);
 }
 
 // 3. forward.c on 2 threads vs the CPU block: printed, not asserted (the row split is forward.c's choice).
@@ -130,7 +184,7 @@ static void measure_threads(struct fix_model *fm, int64_t n_seq, int64_t S) {
     struct llmq_forward *f = NULL;
     CHECK_OK(llmq_forward_init(m, n, 2, &f));
     struct llmq_block *b = NULL;
-    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &fm->s, n, S, false, &b));
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &fm->s, n, S, 0, &b));
     struct llmq_ops_buf xb;
     CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(b), n * D, &xb));
     float *x = random_x(n * D);
@@ -158,7 +212,7 @@ static void check_bound(struct fix_model *fm, const char *label, int64_t n_seq, 
     wrong.rope_neox = !wrong.rope_neox;
     for (int variant = 0; variant < 2; variant++) {
         struct llmq_block *b = NULL;
-        CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, variant ? &wrong : &fm->s, n, S, false, &b));
+        CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, variant ? &wrong : &fm->s, n, S, 0, &b));
         fix_load(fm, 0, b);
         struct llmq_ops_buf xb;
         CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(b), n * D, &xb));
@@ -202,7 +256,7 @@ static void test_refusals(struct fix_model *fm) {
     fm->m.hp = saved;
 
     struct llmq_block *b = NULL;
-    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &fm->s, 20, 10, false, &b));
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &fm->s, 20, 10, 0, &b));
     struct llmq_ops_buf xb;
     CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(b), 20 * fm->s.n_embd, &xb));
     CHECK(llmq_block_forward(b, &xb, 2, 10, false) == LLMQ_ERR_ARG); // nothing loaded yet
@@ -227,13 +281,14 @@ static void test_refusals(struct fix_model *fm) {
     llmq_block_free(NULL);
     struct llmq_block_shape bad = fm->s;
     bad.head_dim = 7;
-    CHECK(llmq_block_init(LLMQ_BACKEND_CPU, &bad, 20, 10, false, &b) == LLMQ_ERR_ARG && !b);
+    CHECK(llmq_block_init(LLMQ_BACKEND_CPU, &bad, 20, 10, 0, &b) == LLMQ_ERR_ARG && !b);
+    CHECK(llmq_block_init(LLMQ_BACKEND_CPU, &fm->s, 20, 10, 4u, &b) == LLMQ_ERR_ARG && !b); // no such sum
     if (llmq_cuda_device_count(NULL) == 0) {
-        CHECK(llmq_block_init(LLMQ_BACKEND_CUDA, &fm->s, 20, 10, false, &b) == LLMQ_ERR_DEVICE && !b);
+        CHECK(llmq_block_init(LLMQ_BACKEND_CUDA, &fm->s, 20, 10, 0, &b) == LLMQ_ERR_DEVICE && !b);
         printf("a CUDA block without a device: LLMQ_ERR_DEVICE (%s)\n", llmq_last_error());
     }
     llmq_log_set_level(LLMQ_LOG_INFO);
-    printf("refusals: other families, missing weights, sizes, Gram sums without gram\n");
+    printf("refusals: other families, missing weights, sizes, sums without, an unknown sums flag\n");
 }
 
 int main(void) {
@@ -242,6 +297,7 @@ int main(void) {
     fix_init(&fm, FIX_LLAMA, 48, 40, 6, 2, 8, 2, true, &rng);
     check_model(&fm, "random llama (norm RoPE, divisors, GQA 3:1, f16 gate)", 2, 70);
     check_bound(&fm, "random llama", 2, 70);
+    check_nonfinite(&fm, 2, 70);
     test_refusals(&fm);
     fix_free(&fm);
 

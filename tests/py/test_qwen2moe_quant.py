@@ -14,7 +14,10 @@ tests/py/hf_qwen2moe_model.py, the way tests/py/test_moe_quant.py does for mixtr
                     for down's) or a q / k (their columns carry the attn_norm scale), within AWQ_MAX of RTN. Measured:
                     0.855 below, mean 0.682 (dir; 7 expert up_proj up to 1.40, attn_q 1.14, an unrouted expert's
                     down at 1.0) and 0.868, 0.831 (GGUF; 3 expert up_proj up to 1.34, attn_q / attn_k <= 1.04) —
-                    below test_moe_quant.py's 0.9 for qwen3_moe on its seeds. The shared expert's rows are below
+                    below test_moe_quant.py's 0.9 for qwen3_moe on its seeds. On an AVX-512 machine (OpenBLAS's
+                    SkylakeX kernels, 2026-12-04) the GGUF run also had blk.0's expert 2 down_proj at 1.0007 of RTN
+                    (its search kept a scale near 1, and the float sums round differently per kernel family), so an
+                    expert down within AWQ_DOWN_NEAR of RTN is an allowed exception too. The shared expert's rows are below
                     their baseline for every method except awq's up.
   full precision    the router ffn_gate_inp and the shared expert's gate ffn_gate_inp_shexp stay f32 in GGUF (1-D, as
                     llama-quantize writes it) and f16 in a directory (the output dtype), unquantized.
@@ -48,6 +51,7 @@ DIR_FORMAT = {"gptq": "gptq", "awq": "awq", "awq+gptq": "gptq"}
 E_TINY, E_WIDE = 8, 4
 SHEXP = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 AWQ_BELOW, AWQ_MAX = 0.8, 1.6  # derived in the docstring from the measured 0.855 / 0.868 and 1.40
+AWQ_DOWN_NEAR = 1.01  # an expert's down_proj at RTN's error within rounding (measured 1.0007, see the docstring)
 
 
 def check_awq(rep):
@@ -59,6 +63,7 @@ def check_awq(rep):
     assert below >= AWQ_BELOW and mean < 0.95, ratios
     for n, q in above.items():
         ok_kind = "ffn_up" in n or "attn_q" in n or "attn_k" in n or (q == 1.0 and "_exps" in n)  # unrouted: RTN
+        ok_kind = ok_kind or ("ffn_down_exps" in n and q < AWQ_DOWN_NEAR)  # an expert down whose search kept s ~ 1
         assert ok_kind and q < AWQ_MAX, (n, q)
     print(f"awq exceptions: {', '.join(f'{n} {q:.3f}' for n, q in sorted(above.items()))}")
     return below, mean

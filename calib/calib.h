@@ -338,6 +338,16 @@ struct llmq_calib_coverage {
 void llmq_calib_moe_coverage(const struct llmq_calib_stats *s, int64_t layer, int64_t floor,
                              struct llmq_calib_coverage *c, int64_t *under);
 
+// The sums of block `layer`'s inputs in the mask `inputs` (kernels/block.h: bit 1u << slot, the block's inputs are the
+// slots) that block b gathered over every token of d since its last llmq_block_sums_zero, into s (those slots zeroed
+// by llmq_calib_stats_reset; not mirrored: llmq_calib_stats_finish does it): the column sums, the finite check in slot
+// order (the first non-finite value named by sequence, position and channel: LLMQ_ERR_NUMERIC), XᵀX's upper triangle
+// when s keeps it (with_xtx and a block made with LLMQ_BLOCK_SUM_GRAM), count and n_seq. The block path of
+// llmq_calib_run and of quantize's passes (quant/qblocks.h). LLMQ_ERR_ARG when s was not allocated for the layer.
+struct llmq_block;
+enum llmq_status llmq_calib_take_block_sums(struct llmq_block *b, const struct llmq_calib_data *d, int64_t layer,
+                                            unsigned inputs, struct llmq_calib_stats *s);
+
 // Runs the whole model over d block by block (embedding, then block 0..L-1, the block outputs feeding the next
 // block) gathering every layer's statistics into s (allocated for all layers), micro_batch sequences per block
 // call, the blocks through forward.c or kernels/block.h ("Decoder blocks"). Memory: forward.c: one (N, D)

@@ -119,11 +119,10 @@ static enum llmq_status plan_blocks(const struct llmq_model *m, const struct llm
     return LLMQ_OK;
 }
 
-// The block's sums of layer l into s (zeroed by llmq_calib_stats_reset): the column sums, the finite check of each
-// input in slot order (the first non-finite value named by sequence, position and channel), XᵀX's upper triangle.
-static enum llmq_status take_sums(struct llmq_block *b, const struct llmq_calib_data *d, int64_t l,
-                                  struct llmq_calib_stats *s) {
+enum llmq_status llmq_calib_take_block_sums(struct llmq_block *b, const struct llmq_calib_data *d, int64_t l,
+                                            unsigned inputs, struct llmq_calib_stats *s) {
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) {
+        if (!(inputs & (1u << k))) continue;
         struct llmq_calib_input *in = &s->in[l * LLMQ_CALIB_N_SLOTS + k];
         const enum llmq_block_gram g = (enum llmq_block_gram)k;
         const int64_t C = in->n_in;
@@ -168,7 +167,7 @@ static enum llmq_status run_layers(const struct llmq_model *m, const struct llmq
             const struct llmq_ops_buf v = llmq_ops_buf_view(xd, s0 * S * D, ns * S * D);
             st = llmq_block_forward(b, &v, ns, S, true);
         }
-        if (!st) st = take_sums(b, d, l, s);
+        if (!st) st = llmq_calib_take_block_sums(b, d, l, LLMQ_BLOCK_INPUTS_ALL, s);
         if (st) break;
         llmq_calib_stats_finish(s, l);
         progress(l, m->hp.n_layer, t_start);

@@ -266,17 +266,17 @@ static enum llmq_status check_pass(const struct llmq_block *b, const struct llmq
     return LLMQ_OK;
 }
 
-// x += Wo · Attn(RoPE(Nq(Wq·xn + bq)), RoPE(Nk(Wk·xn + bk)), Wv·xn + bv), xn = RMSNorm(x) · attn_norm.
-static enum llmq_status attn_half(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
-                                  bool accumulate) {
+#define IN(g) (1u << (g)) // an input's bit in a mask of inputs (llmq_block_gather)
+
+// q, k, v of xn = a[A_XN] (biases, q/k norms, RoPE) and their causal attention into a[A_ATT].
+static enum llmq_status attention(struct llmq_block *b, int64_t n_seq, int64_t seqlen) {
     const struct llmq_block_shape *s = &b->s;
-    const int64_t D = s->n_embd, Dh = s->head_dim, Dq = s->n_head * Dh, Dkv = s->n_head_kv * Dh, n = n_seq * seqlen;
+    const int64_t Dh = s->head_dim, Dq = s->n_head * Dh, Dkv = s->n_head_kv * Dh, n = n_seq * seqlen;
     struct llmq_ops_buf *a = b->act;
     struct llmq_ops *ops = b->ops;
-    enum llmq_status st = llmq_ops_rmsnorm(ops, x, &b->w[LLMQ_BLOCK_ATTN_NORM], &a[A_XN], n, D, s->rms_eps, false);
-    if (!st && accumulate) st = sums_acc(b, LLMQ_BLOCK_GRAM_QKV, a[A_XN].data, n);
+    enum llmq_status st = LLMQ_OK;
     const float beta = s->qkv_bias ? 1.0f : 0.0f; // forward.c: y = b, then y += W x
-    if (!st && s->qkv_bias) st = llmq_ops_repeat_rows(ops, &b->w[LLMQ_BLOCK_BQ], &a[A_Q], n, Dq);
+    if (s->qkv_bias) st = llmq_ops_repeat_rows(ops, &b->w[LLMQ_BLOCK_BQ], &a[A_Q], n, Dq);
     if (!st && s->qkv_bias) st = llmq_ops_repeat_rows(ops, &b->w[LLMQ_BLOCK_BK], &a[A_K], n, Dkv);
     if (!st && s->qkv_bias) st = llmq_ops_repeat_rows(ops, &b->w[LLMQ_BLOCK_BV], &a[A_V], n, Dkv);
     if (!st) st = linear(b, LLMQ_BLOCK_WQ, &a[A_XN], n, &a[A_Q], beta);
@@ -295,33 +295,66 @@ static enum llmq_status attn_half(struct llmq_block *b, const struct llmq_ops_bu
                                      .head_dim = Dh,
                                      .scale = s->attn_scale};
     if (!st) st = llmq_ops_attention(ops, &at, &a[A_Q], &a[A_K], &a[A_V], &a[A_ATT]);
-    if (!st && accumulate) st = sums_acc(b, LLMQ_BLOCK_GRAM_O, a[A_ATT].data, n);
-    if (!st) st = linear(b, LLMQ_BLOCK_WO, &a[A_ATT], n, &a[A_OUT], 0.0f);
-    if (!st) st = llmq_ops_add(ops, x, &a[A_OUT], n * D);
     return st;
 }
 
-// x += Wdown · (SiLU(Wgate·xn) · (Wup·xn)), xn = RMSNorm(x) · ffn_norm.
-static enum llmq_status mlp_half(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n, bool accumulate) {
+// x += Wo · Attn(RoPE(Nq(Wq·xn + bq)), RoPE(Nk(Wk·xn + bk)), Wv·xn + bv), xn = RMSNorm(x) · attn_norm; the inputs in
+// acc summed on the way. gather (llmq_block_gather): x is only read, the pass stops after the last input acc needs,
+// and h = x + Wo·att goes to a[A_OUT] (as a[A_OUT] += x: the same bits as x += a[A_OUT]).
+static enum llmq_status attn_half(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                  unsigned acc, bool gather) {
+    const int64_t D = b->s.n_embd, n = n_seq * seqlen;
+    struct llmq_ops_buf *a = b->act;
+    enum llmq_status st = llmq_ops_rmsnorm(b->ops, x, &b->w[LLMQ_BLOCK_ATTN_NORM], &a[A_XN], n, D, b->s.rms_eps, false);
+    if (!st && (acc & IN(LLMQ_BLOCK_GRAM_QKV))) st = sums_acc(b, LLMQ_BLOCK_GRAM_QKV, a[A_XN].data, n);
+    if (st || (gather && !(acc & ~IN(LLMQ_BLOCK_GRAM_QKV)))) return st;
+    st = attention(b, n_seq, seqlen);
+    if (!st && (acc & IN(LLMQ_BLOCK_GRAM_O))) st = sums_acc(b, LLMQ_BLOCK_GRAM_O, a[A_ATT].data, n);
+    if (st || (gather && !(acc & (IN(LLMQ_BLOCK_GRAM_GATE) | IN(LLMQ_BLOCK_GRAM_DOWN))))) return st;
+    st = linear(b, LLMQ_BLOCK_WO, &a[A_ATT], n, &a[A_OUT], 0.0f);
+    if (!st) st = gather ? llmq_ops_add(b->ops, &a[A_OUT], x, n * D) : llmq_ops_add(b->ops, x, &a[A_OUT], n * D);
+    return st;
+}
+
+// x += Wdown · (SiLU(Wgate·xn) · (Wup·xn)), xn = RMSNorm(h) · ffn_norm, h = x; the inputs in acc summed on the way.
+// gather: h = a[A_OUT] (attn_half's), x is not written, the pass stops after the last input acc needs.
+static enum llmq_status mlp_half(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n, unsigned acc,
+                                 bool gather) {
     const int64_t D = b->s.n_embd, F = b->s.n_ff;
     struct llmq_ops_buf *a = b->act;
-    enum llmq_status st = llmq_ops_rmsnorm(b->ops, x, &b->w[LLMQ_BLOCK_FFN_NORM], &a[A_XN], n, D, b->s.rms_eps, false);
-    if (!st && accumulate) st = sums_acc(b, LLMQ_BLOCK_GRAM_GATE, a[A_XN].data, n);
-    if (!st) st = linear(b, LLMQ_BLOCK_WGATE, &a[A_XN], n, &a[A_GATE], 0.0f);
+    const struct llmq_ops_buf *h = gather ? &a[A_OUT] : x;
+    enum llmq_status st = llmq_ops_rmsnorm(b->ops, h, &b->w[LLMQ_BLOCK_FFN_NORM], &a[A_XN], n, D, b->s.rms_eps, false);
+    if (!st && (acc & IN(LLMQ_BLOCK_GRAM_GATE))) st = sums_acc(b, LLMQ_BLOCK_GRAM_GATE, a[A_XN].data, n);
+    if (st || (gather && !(acc & IN(LLMQ_BLOCK_GRAM_DOWN)))) return st;
+    st = linear(b, LLMQ_BLOCK_WGATE, &a[A_XN], n, &a[A_GATE], 0.0f);
     if (!st) st = linear(b, LLMQ_BLOCK_WUP, &a[A_XN], n, &a[A_UP], 0.0f);
     if (!st) st = llmq_ops_swiglu(b->ops, &a[A_GATE], &a[A_UP], &a[A_GATE], n * F);
-    if (!st && accumulate) st = sums_acc(b, LLMQ_BLOCK_GRAM_DOWN, a[A_GATE].data, n);
-    if (!st) st = linear(b, LLMQ_BLOCK_WDOWN, &a[A_GATE], n, &a[A_OUT], 0.0f);
+    if (!st && (acc & IN(LLMQ_BLOCK_GRAM_DOWN))) st = sums_acc(b, LLMQ_BLOCK_GRAM_DOWN, a[A_GATE].data, n);
+    if (st || gather) return st;
+    st = linear(b, LLMQ_BLOCK_WDOWN, &a[A_GATE], n, &a[A_OUT], 0.0f);
     if (!st) st = llmq_ops_add(b->ops, x, &a[A_OUT], n * D);
     return st;
 }
 
 enum llmq_status llmq_block_forward(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
                                     bool accumulate) {
+    const unsigned acc = accumulate ? LLMQ_BLOCK_INPUTS_ALL : 0u;
     enum llmq_status st = check_pass(b, x, n_seq, seqlen, accumulate);
-    if (!st) st = attn_half(b, x, n_seq, seqlen, accumulate);
-    if (!st) st = mlp_half(b, x, n_seq * seqlen, accumulate);
+    if (!st) st = attn_half(b, x, n_seq, seqlen, acc, false);
+    if (!st) st = mlp_half(b, x, n_seq * seqlen, acc, false);
     if (!st && accumulate) b->rows += n_seq * seqlen;
+    return st;
+}
+
+enum llmq_status llmq_block_gather(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                   unsigned inputs) {
+    if (inputs == 0 || (inputs & ~LLMQ_BLOCK_INPUTS_ALL))
+        return llmq_errorf(LLMQ_ERR_ARG, "block: gather: bad mask of inputs %#x", inputs);
+    enum llmq_status st = check_pass(b, x, n_seq, seqlen, true);
+    if (!st) st = attn_half(b, x, n_seq, seqlen, inputs, true);
+    if (!st && (inputs & (IN(LLMQ_BLOCK_GRAM_GATE) | IN(LLMQ_BLOCK_GRAM_DOWN))))
+        st = mlp_half(b, x, n_seq * seqlen, inputs, true);
+    if (!st) b->rows += n_seq * seqlen;
     return st;
 }
 

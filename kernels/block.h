@@ -16,10 +16,11 @@
  * with --device cuda (calib/calib_run.c, calib/calib.h "Decoder blocks": every calibration sequence resident, each
  * layer's Gram and column sums downloaded once; `llmq calib`, and quantize's importance statistics);
  * calib/model/devblock.h fills it from a model; and the tests.
- * What it is not (yet): NOT wired into the quantize pipeline's solve (GPTQ / AWQ run calib/model/forward.c block
- * by block); no gemma, phi3, moe, sliding window, softcap, linear RoPE
- * scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging or prefetch of
- * the next block's weights; FP32 only (no BF16 / TF32: issue 17 asks for each to be measured first).
+ * `llmq quantize` with --device cuda (quant/qblocks.h: rtn's and gptq's passes, the calibration activations resident;
+ * llmq_block_gather for the true-sequential statistics passes).
+ * What it is not (yet): NOT used by AWQ's search (it runs calib/model/forward.c); no gemma, phi3, moe, sliding window,
+ * softcap, linear RoPE scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging
+ * or prefetch of the next block's weights; FP32 only (no BF16 / TF32: issue 17 asks for each to be measured first).
  *
  * Agreement:
  *   LLMQ_BACKEND_CPU gives the SAME BITS as llmq_forward_block (calib/model/forward.c, n_threads 1, OpenBLAS on one
@@ -29,8 +30,8 @@
  *   first-order bound of tests/block_tolerance.h (the per-op bounds of kernels/ops.h propagated through the block).
  * NOTHING OF THE CUDA HALF HAS RUN ON A GPU YET: it compiles and links (-DLLMQ_CUDA=ON) and its tests skip without
  * a device. Until tests/gpu/test_block_cuda.c (the block, its column-sum kernel), tests/gpu/test_eval_cuda.c (`llmq
- * eval --device cuda` through it) and tests/gpu/test_calib_cuda.c (`llmq calib --device cuda`) have passed on one,
- * treat it as unverified.
+ * eval --device cuda` through it), tests/gpu/test_calib_cuda.c (`llmq calib --device cuda`) and
+ * tests/gpu/test_quantize_cuda.c (`llmq quantize --device cuda`) have passed on one, treat it as unverified.
  *
  * Residency: llmq_block_init allocates everything once — the weights (D·(Dq + 2 Dkv) + Dq·D + 3 D·F floats plus the
  * norms and biases), the activations for max_tokens tokens (T·(2 D + 2 Dq + 2 Dkv + 2 F) floats: the caller picks
@@ -107,6 +108,7 @@ enum llmq_block_weight {
 // column sums are indexed by the same input.
 enum llmq_block_gram { LLMQ_BLOCK_GRAM_QKV, LLMQ_BLOCK_GRAM_O, LLMQ_BLOCK_GRAM_GATE, LLMQ_BLOCK_GRAM_DOWN };
 #define LLMQ_BLOCK_GRAM_COUNT 4
+#define LLMQ_BLOCK_INPUTS_ALL 0xfu // a mask of inputs (bit 1u << g for input g): all four (llmq_block_gather)
 
 // The sums a block gathers over its passes with accumulate (flags of llmq_block_init's sums; 0: none).
 #define LLMQ_BLOCK_SUM_GRAM 1u // XᵀX of the four inputs ("Gram matrices")
@@ -154,6 +156,17 @@ enum llmq_status llmq_block_set_weight(struct llmq_block *b, enum llmq_block_wei
 // inputs to the sums the block was made with.
 enum llmq_status llmq_block_forward(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
                                     bool accumulate);
+
+// The sums of the inputs in the mask `inputs` (bits 1u << g; LLMQ_BLOCK_INPUTS_ALL) over x (n_seq · seqlen, D), a
+// buffer as llmq_block_forward's that is only READ: the block runs only as far as the last input of the mask needs
+// (the q/k/v input: the attention RMSNorm alone; o's: up to the attention; gate/up's: the attention half and the
+// ffn RMSNorm; down's: all but the down projection), the residual of the attention half into the block's own
+// buffer. What quantize's true-sequential statistics passes need (quant/quantize.h "Decoder blocks"): one input's
+// sums with the linears solved so far in place, no copy of x. The same bits as llmq_block_forward(..., true) gives
+// for those inputs (h = x + Wo·att is formed as Wo·att + x, an IEEE add: commutative). LLMQ_ERR_ARG for an empty
+// mask or unknown bits and as llmq_block_forward (a block made without sums).
+enum llmq_status llmq_block_gather(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                   unsigned inputs);
 
 // The width C of Gram matrix g (D, Dq, D, F).
 int64_t llmq_block_gram_dim(const struct llmq_block *b, enum llmq_block_gram g);

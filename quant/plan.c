@@ -15,6 +15,7 @@
 #include "kernels/gemm.h"
 #include "quant/awq.h"
 #include "quant/gguf_export.h"
+#include "quant/qblocks.h"
 #include "quant/quantizer.h"
 
 #include <libgen.h>
@@ -574,6 +575,13 @@ static void phases_writer(struct mem *mm) {
     phase(mm, mm->writer, mm->writer / 6.0 * worst_src, "writing (one chunk of rows)");
 }
 
+// quant/qblocks.h: the bytes where the blocks compute when the run takes the block path (--device cuda, its method
+// and family; the run's memory bound is not applied here), else -1.
+static int64_t block_path(const struct shape *s) {
+    if (s->o->backend != LLMQ_BACKEND_CUDA || !s->calib || s->seqlen < 1) return -1;
+    return llmq_qblocks_bytes(s->m, s->o, s->N / s->seqlen, s->seqlen);
+}
+
 static void plan_memory(struct shape *s, struct llmq_plan *p) {
     struct mem mm = {.s = s};
     char line[256];
@@ -587,7 +595,7 @@ static void plan_memory(struct shape *s, struct llmq_plan *p) {
     const struct llmq_quantize_opts *o = s->o;
     bool writer_only = s->gguf && o->method == LLMQ_QMETHOD_RTN;
     if (s->calib && !writer_only) {
-        mm.x = 2.0 * 4.0 * (double)s->N * (double)s->D;
+        mm.x = (block_path(s) >= 0 ? 1.0 : 2.0) * 4.0 * (double)s->N * (double)s->D; // the block path: no host copy
         if (o->gptaq) { // quant/quantize.h "gptaq": x_fp, one block's fp linear inputs, the ΔXᵀX̃ sums and D
             double sc = 0, cm = cmax_slot(s);
             for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) sc += (double)slot_c(s, k);
@@ -672,7 +680,8 @@ static void plan_vram(const struct shape *s, struct llmq_plan *p) {
                                             8.0 * R * ceil(C / GPTQ_B));
             }
         }
-    p->vram_bytes = (uint64_t)(d.buf[0] + d.buf[1] + d.buf[2] + d.solve);
+    const int64_t blocks = block_path(s); // the resident activations and the block with its sums
+    p->vram_bytes = (uint64_t)(d.buf[0] + d.buf[1] + d.buf[2] + d.solve + (blocks > 0 ? (double)blocks : 0));
 }
 
 // ---- disk ----------------------------------------------------------------------------------------------
@@ -1202,7 +1211,10 @@ void llmq_plan_print(const struct llmq_plan *p, FILE *f) {
             p->ram_phase, d);
     if (p->cuda) {
         human((double)p->vram_bytes, a, sizeof(a));
-        fprintf(f, "  VRAM         %s (GEMM buffers and the GPTQ solve; plus the CUDA context)\n", a);
+        fprintf(f,
+                "  VRAM         %s (GEMM buffers, the GPTQ solve, the block path's activations and block; plus the "
+                "CUDA context)\n",
+                a);
     }
     human((double)p->spill_bytes, a, sizeof(a));
     if (p->spill_bytes)

@@ -11,12 +11,14 @@
 #include "common/spill.h"
 #include "formats/ggml/encode.h"
 #include "formats/ggml/quants.h"
+#include "kernels/block.h"
 #include "kernels/gemm.h"
 #include "quant/awq.h"
 #include "quant/checkpoint.h"
 #include "quant/gptq.h"
 #include "quant/gptq_gguf.h"
 #include "quant/plan.h"
+#include "quant/qblocks.h"
 #include "quant/writer.h"
 
 #include <cblas.h>
@@ -82,6 +84,7 @@ struct run {
     struct llmq_ckpt *ck;      // its checkpoint (quant/checkpoint.h), or NULL
     struct llmq_forward *f;    // micro-batch forward (micro_batch * seqlen tokens)
     struct llmq_forward *fbig; // AWQ: all N tokens
+    struct llmq_qblocks *qb;   // the block path (quant/qblocks.h: x resident where the blocks compute), or NULL
     struct llmq_calib_data d;
     struct llmq_calib_stats s; // statistics of the current block only
     bool have_calib;
@@ -778,9 +781,21 @@ static enum llmq_status moe_group(struct run *r, int l, int eslot, bool gather) 
     return st;
 }
 
+// The block path's statistics of the inputs in slots (bits 1u << slot) with the block's weights as they are, mirrored.
+static enum llmq_status dev_gather(struct run *r, int l, unsigned slots) {
+    enum llmq_status st = llmq_qblocks_gather(r->qb, l, slots, &r->s);
+    if (!st) llmq_calib_stats_finish(&r->s, l);
+    return st;
+}
+
 static enum llmq_status block_rtn(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly);
-    if (!st && r->have_calib) st = block_pass(r, l, r->x, -1, -1); // fp inputs, only for the reported error
+    if (!st && r->have_calib && r->qb) { // fp inputs, only for the reported error
+        if (!(st = llmq_qblocks_load(r->qb, &r->ly, r->o->n_threads))) st = llmq_qblocks_advance(r->qb, l, &r->s);
+        if (!st) llmq_calib_stats_finish(&r->s, l);
+    } else if (!st && r->have_calib) {
+        st = block_pass(r, l, r->x, -1, -1);
+    }
     if (!st && r->m->hp.moe) {
         if (!(st = moe_group(r, l, LLMQ_CALIB_EXP_GATE, false))) st = moe_group(r, l, LLMQ_CALIB_EXP_DOWN, false);
     }
@@ -908,6 +923,41 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     if (!st) st = held_unpack(r);
     if (!st) st = block_pass(r, l, r->x, -2, -2); // x_q <- quantized block(x_q)
     held_release(r);
+    for (int k = 0; k < LLMQ_LIN_COUNT; k++) held_free(&r->held[k]);
+    return st;
+}
+
+// Linear k's held result decoded (into r->Q) and uploaded in place of the block path's weights.
+static enum llmq_status dev_put_held(struct run *r, int l, int k) {
+    const struct held *h = &r->held[k];
+    const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+    if (!h->on || !v) return llmq_errorf(LLMQ_ERR_ARG, "quantize: blk.%d: linear %d was not solved", l, k);
+    enum llmq_status st = decode_payload(h->kind, h->type, &h->ql, h->rows, v->shape[0], v->shape[1], r->Q);
+    return st ? st : llmq_qblocks_set_linear(r->qb, (enum llmq_linear)k, r->Q);
+}
+
+// GPTQ on the block path (quant/quantize.h "Decoder blocks"): block_gptq's groups and solves, each group's
+// statistics gathered where the blocks compute with the linears solved so far in place (their decodings uploaded
+// after each group), then x_q <- quantized block(x_q) there.
+static enum llmq_status block_gptq_dev(struct run *r, int l) {
+    enum llmq_status st = put_block(r, l, &r->ly);
+    if (!st) st = llmq_qblocks_load(r->qb, &r->ly, r->o->n_threads);
+    if (!st && !r->o->true_sequential) {
+        release_work(r);
+        if (!(st = dev_gather(r, l, LLMQ_BLOCK_INPUTS_ALL))) credit_data(r, l, -1);
+    }
+    for (int g = 0; g < 4 && !st; g++) {
+        const int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
+        if (r->o->true_sequential) {
+            release_work(r);
+            if ((st = dev_gather(r, l, 1u << slot))) break;
+            for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
+        }
+        st = gptq_group(r, l, g, slot);
+        for (int j = 0; j < 3 && seq_groups[g][j] >= 0 && !st; j++) st = dev_put_held(r, l, seq_groups[g][j]);
+    }
+    release_work(r);
+    if (!st) st = llmq_qblocks_advance(r->qb, l, NULL); // x_q <- quantized block(x_q)
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) held_free(&r->held[k]);
     return st;
 }
@@ -1477,7 +1527,8 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
     const int64_t nx = o->gptaq ? 2 : 1; // GPTAQ: x_q and x_fp in one allocation
     if (r->have_calib) {                 // the activations: under --max-memory (common/spill.h)
         ok = ok && (r->x = llmq_big_alloc((size_t)(nx * N * D) * sizeof(float), "quantize: block inputs"));
-        ok = ok && (r->xt = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs (copy)"));
+        if (!r->qb) // the block path's passes never copy x on the host
+            ok = ok && (r->xt = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs (copy)"));
     }
     if (o->method == LLMQ_QMETHOD_GPTQ)
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r->wq[k], Rmax * Cmax);
@@ -1630,6 +1681,7 @@ static void run_free(struct run *r) {
     llmq_calib_data_free(&r->d);
     llmq_forward_free(r->fbig);
     llmq_forward_free(r->f);
+    llmq_qblocks_free(r->qb);
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
         free(r->wq[k]);
         held_free(&r->held[k]);
@@ -1702,6 +1754,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         llmq_info("quantize: calibration %lld x %lld tokens (sha256 %s)", (long long)r.d.n_seq, (long long)r.d.seqlen,
                   r.d.tokens_sha256);
     }
+    if (r.have_calib && (st = llmq_qblocks_open(m, o, &r.d, &r.qb))) goto done;
     if ((st = alloc_buffers(&r, Rmax, Cmax, N, D))) goto done;
     if (r.have_calib && (st = embed_inputs(&r, N, D))) goto done;
     prov = provenance(o, &r.d, imat_rec, true);
@@ -1715,6 +1768,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
     init_eta(&r);
     int64_t l0 = 0;
     if (o->checkpoint && (st = open_checkpoint(&r, prov, N, &l0))) goto done;
+    if (r.qb && (st = llmq_qblocks_put_x(r.qb, r.x))) goto done; // the embeddings, or the resumed activations
     for (int l = (int)l0; l < m->hp.n_layer && !st; l++) {
         size_t row0 = json_array_size(r.layers), moe0 = json_array_size(json_object_get(r.moe, "layers"));
         if (r.have_calib) {
@@ -1726,10 +1780,11 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         if (m->hp.moe) moe_bind(&r, l);
         switch (o->method) {
         case LLMQ_QMETHOD_RTN: st = block_rtn(&r, l); break;
-        case LLMQ_QMETHOD_GPTQ: st = block_gptq(&r, l); break;
+        case LLMQ_QMETHOD_GPTQ: st = r.qb ? block_gptq_dev(&r, l) : block_gptq(&r, l); break;
         default: st = block_awq(&r, l); break;
         }
         if (!st && r.gemm_st) st = r.gemm_st;
+        if (!st && r.ck && r.qb) st = llmq_qblocks_get_x(r.qb, r.x); // the activations the checkpoint keeps
         if (!st && r.ck)
             st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.moe, moe0, r.have_calib ? r.x : NULL,
                                         (r.xfp ? 2 : 1) * N * D);

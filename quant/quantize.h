@@ -167,6 +167,34 @@
  *   forward's per-token buffers) come from common/spill.h: beyond --max-memory they live in an unlinked
  *   temporary file instead of RAM.
  *
+ * ---- Decoder blocks (quant/qblocks.h) ----------------------------------------------------------------
+ *   The passes above run one of two ways:
+ *   forward.c   calib/model/forward.h block by block over the (N, D) activations on the host, a micro-batch at a
+ *               time, the statistics summed on the host as the hook sees them (their products on o->backend).
+ *               Every method, family and option, and the only path with --device cpu.
+ *   block.h     with --device cuda, for rtn (with calibration) and gptq without GPTAQ, on the families
+ *               calib/model/devblock.h covers (llama, mistral, qwen2, qwen3 without sliding window, softcap,
+ *               linear RoPE scaling, partial RoPE; no moe): kernels/block.h. The activations are uploaded once
+ *               after the embedding (or the resume) and stay where the block computes for every block; each block's
+ *               weights are converted and uploaded once; gptq's true-sequential statistics passes are
+ *               llmq_block_gather of the group's one input (the q/k/v input: the attention RMSNorm alone, as
+ *               forward.c's norm pass; o's: up to the attention; gate/up's: the attention half and the ffn norm;
+ *               down's: all but the down projection), so x_q is never copied; after each group its solved linears'
+ *               decodings replace the block's weights; the output pass x_q <- block(x_q) runs there too (rtn: one
+ *               pass with every input's sums). Per pass the host downloads the gathered input's column sums and its
+ *               (C, C) f64 XᵀX triangle (calib/calib.h llmq_calib_take_block_sums), takes H from it and solves as
+ *               above (GPTQ's CUDA steps upload H again: quant/gptq.h); with a checkpoint, the activations come
+ *               back to the host after each block for it. No (N, D) host copy is allocated for the passes.
+ *               Memory bound: the activations plus the block's buffers for a micro-batch with its Gram and column
+ *               sums (llmq_qblocks_bytes) within half of the device's free memory, else forward.c.
+ *   The choice is one info line ("quantize: decoder blocks on cuda through kernels/block.h ..." or "... through
+ *   calib/model/forward.c (...): <why>"): awq and awq+gptq (the scale and clip search runs forward.c's sub-block
+ *   functions on the host), GPTAQ (its second stream), devblock's refusal of the family, or the memory bound.
+ *   Agreement: on the CPU backend (the test hook LLMQ_QUANT_BLOCK=cpu; off keeps forward.c with --device cuda,
+ *   another value is LLMQ_ERR_ARG) the block path writes the SAME BYTES as forward.c with --threads 1, for every
+ *   format (tests/py/test_quantize_blocks.py: llama, qwen2, qwen3, true-sequential or not, GGUF, resume). On CUDA
+ *   the statistics differ by float rounding (kernels/block.h): NOT YET RUN ON A GPU.
+ *
  * ---- Checkpoint and resume (o->checkpoint, o->resume; quant/checkpoint.h) ------------------------------------
  *   A solver run (every method into a directory, gptq / awq / awq+gptq into GGUF) keeps "<out_dir>.partial"
  *   next to the output: after each block, what that block handed to the writer (exactly as handed over, with

@@ -147,4 +147,27 @@ static inline void fix_load(const struct fix_model *fm, int l, struct llmq_block
         if (fm->w[l][w]) CHECK_OK(llmq_block_set_weight(b, (enum llmq_block_weight)w, fm->w[l][w]));
 }
 
+// llmq_block_gather's check (both tests): how many of the sums of block got differ from those of block ref for the
+// inputs in mask (the Gram upper triangles and the column sums, bit for bit; a non-finite mark counts too), plus how
+// many of got's sums outside mask are not zero. Both blocks made with LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS.
+static inline int64_t fix_sums_differ(struct llmq_block *ref, struct llmq_block *got, unsigned mask) {
+    int64_t bad = 0;
+    for (int k = 0; k < LLMQ_BLOCK_GRAM_COUNT; k++) {
+        const enum llmq_block_gram g = (enum llmq_block_gram)k;
+        const int64_t C = llmq_block_gram_dim(got, g), n = C * C + 2 * C;
+        double *a = calloc((size_t)n, sizeof(double)), *b = calloc((size_t)n, sizeof(double));
+        int64_t ba = 0, bb = 0;
+        CHECK(a && b);
+        CHECK_OK(llmq_block_gram_download(ref, g, a));
+        CHECK_OK(llmq_block_colsums_download(ref, g, a + C * C, a + C * C + C, &ba));
+        CHECK_OK(llmq_block_gram_download(got, g, b));
+        CHECK_OK(llmq_block_colsums_download(got, g, b + C * C, b + C * C + C, &bb));
+        bad += ba != -1 || bb != -1;
+        for (int64_t i = 0; i < n; i++)
+            bad += (mask & (1u << k)) ? memcmp(&a[i], &b[i], sizeof(double)) != 0 : b[i] != 0.0;
+        free(a), free(b);
+    }
+    return bad;
+}
+
 #endif // LLMQ_TEST_BLOCK_FIXTURE_H

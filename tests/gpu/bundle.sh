@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/bundle.sh — packs what tests/gpu/run.sh needs on a GPU machine that has the CUDA toolkit
 # but none of llmq's other build dependencies (OpenBLAS, LAPACKE, jansson) and no network: the CUDA
-# build of llmq, the gpu test programs and bench_gptq_speed (built here), the non-system shared
+# build of llmq, the gpu test programs, bench_gptq_speed and synth_ckpt (tests/gpu/scale_gpu.sh; built here), the non-system shared
 # libraries they load, the numpy GPTQ port, and the small datasets the tests read (stories260K,
 # wikitext-2, and SmolLM2-135M-Instruct Q4_1 cut to its first 4 blocks for test_eval_cuda and test_calib_cuda: the whole
 # 98 MB file is over the limit; made with tests/py/conftest.py gguf_first_blocks when $LLMQ_CACHE has the
@@ -16,11 +16,11 @@ B="${BUILD_DIR:-build-gpu}"
 DATA="${LLMQ_DATA:-$(cd .. && pwd)/shared/datasets}"
 cmake -S . -B "$B" -DLLMQ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
 GPU_TESTS=$(for f in tests/gpu/test_*.c; do basename "$f" .c; done)
-cmake --build "$B" -j"${JOBS:-2}" --target llmq bench_gptq_speed $GPU_TESTS >/dev/null
+cmake --build "$B" -j"${JOBS:-2}" --target llmq bench_gptq_speed synth_ckpt $GPU_TESTS >/dev/null
 S="$(mktemp -d)"
 trap 'rm -rf "$S"' EXIT
 mkdir -p "$S/bin" "$S/lib" "$S/data/models" "$S/py"
-cp "$B/llmq" "$B/bench/bench_gptq_speed" "$S/bin/"
+cp "$B/llmq" "$B/bench/bench_gptq_speed" "$B/tests/synth_ckpt" "$S/bin/"
 for t in $GPU_TESTS; do cp "$B/tests/$t" "$S/bin/"; done
 strip "$S"/bin/* 2>/dev/null || true
 # Non-system libraries, copied under their sonames (libc, libm, libgcc_s, libz, libstdc++ and the

@@ -8,7 +8,8 @@
 #   - otherwise build here: cmake -DLLMQ_CUDA=ON into build-gpu (needs all build dependencies).
 # Then: the gpu test programs (a skip, exit 77, counts as a FAILURE here: this script is for machines
 # with a device), the GPTQ speed benchmark on the CPU (all cores) and the GPU next to the numpy port,
-# and an end-to-end eval / quantize of stories260K on both devices. Logs go to $OUT (or ./gpu-out).
+# an end-to-end eval / quantize of stories260K on both devices, and (SKIP_8B=1 skips it) the 8B-shaped quantize
+# timings of tests/gpu/scale_gpu.sh (a synthetic llama-3-8b written on the machine). Logs go to $OUT (or ./gpu-out).
 # test_eval_cuda and test_calib_cuda (eval's and calib's device block paths against the CPU on SmolLM2; a few
 # seconds each) read $LLMQ_EVAL_GPU_MODEL: the bundle's SmolLM2 cut to its first 4 blocks, else
 # $LLMQ_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf (~/.cache/llmq).
@@ -37,7 +38,7 @@ else
   cmake -S . -B build-gpu -DLLMQ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
   cmake --build build-gpu -j"$(nproc)" || exit 1
   BIN="$OUT/bin"; mkdir -p "$BIN"
-  ln -sf "$PWD/build-gpu/llmq" "$PWD/build-gpu/bench/bench_gptq_speed" "$BIN/"
+  ln -sf "$PWD/build-gpu/llmq" "$PWD/build-gpu/bench/bench_gptq_speed" "$PWD/build-gpu/tests/synth_ckpt" "$BIN/"
   for f in build-gpu/tests/test_*; do ln -sf "$PWD/$f" "$BIN/"; done
   export LLMQ_DATA="${LLMQ_DATA:-$(cd .. && pwd)/shared/datasets}"; REF="$PWD/tests/py/gptq_ref.py"
 fi
@@ -93,5 +94,9 @@ for d in cpu cuda; do
   LLMQ_GEMM_CUDA_MIN_WORK=0 "$BIN/llmq" eval --model "$M" --ppl "$T" --protocol llamacpp --ctx 128 --chunks 40 --device $d 2>"$OUT/e2e_eval_$d.err" | grep -i "final" | sed "s/^/$d: /"
   grep "decoder blocks" "$OUT/e2e_eval_$d.err" | sed "s/^/$d: /"
 done
+if [[ "${SKIP_8B:-0}" != 1 ]]; then
+  echo "== 8B shape: llmq quantize --device cuda, 128 x 2048 calibration tokens (tests/gpu/scale_gpu.sh)"
+  BIN="$BIN" OUT="$OUT" bash tests/gpu/scale_gpu.sh
+fi
 echo "gpu tests: $pass passed, $fail failed:$failed"
 [[ $fail == 0 ]]

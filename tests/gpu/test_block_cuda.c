@@ -23,6 +23,8 @@
  *     so |ΔΣ|x|| <= 10 u Σ|x| and |ΔΣx²| <= (20 u + 100 u²) Σx² <= 21 u Σx² (|x'² - x²| = |x' - x| |x' + x|), plus
  *     the f64 sums' rounding (n 2^-53 relative: the 1e-12 term). The other inputs' column sums: 1e-3 of the value,
  *     a SMOKE CHECK as their Gram sums.
+ *   llmq_block_gather against the device's own forward with sums on the same x: BIT FOR BIT (the same kernels and
+ *     cuBLAS calls in the same order), the inputs outside the mask zero, x unchanged.
  *   The column-sum kernel alone (kernels/block.h llmq_block_cuda_colsums against llmq_block_colsums_cpu on the same
  *     input: odd sizes, two calls accumulating, a NaN and an Inf planted): BIT FOR BIT, and the same first
  *     non-finite index (the device adds the rows of a column in the reference's order, without FMA contraction).
@@ -219,6 +221,44 @@ static void test_refusals(struct fix_model *fm) {
     printf("%-64s ok\n", "a host buffer given to the CUDA block: LLMQ_ERR_ARG");
 }
 
+// llmq_block_gather on the device against the device's own llmq_block_forward(..., true) on the same x: the sums of
+// each input asked for BIT FOR BIT (the same kernels and cuBLAS calls in the same order; the attention residual formed
+// as Wo·att + x, an IEEE add), the others zero, x unchanged.
+static void check_gather(struct fix_model *fm, const char *name, int64_t n_seq, int64_t S) {
+    const struct llmq_block_shape *s = &fm->s;
+    const int64_t D = s->n_embd, n = n_seq * S;
+    struct llmq_block *fb = NULL, *gb = NULL;
+    const unsigned sums = LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CUDA, s, n, S, sums, &fb));
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CUDA, s, n, S, sums, &gb));
+    struct llmq_ops_buf fx, gx;
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(fb), n * D, &fx));
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(gb), n * D, &gx));
+    float *x = host(n * D), *back = host(n * D);
+    for (int64_t i = 0; i < n * D; i++) x[i] = 2.0f * test_frand(&rng);
+    const unsigned masks[] = {1u, 2u, 4u, 8u, 2u | 8u};
+    int64_t bad = 0;
+    fix_load(fm, 0, fb);
+    fix_load(fm, 0, gb);
+    CHECK_OK(llmq_block_sums_zero(fb));
+    CHECK_OK(llmq_ops_upload(llmq_block_ops(fb), &fx, 0, x, n * D));
+    CHECK_OK(llmq_block_forward(fb, &fx, n_seq, S, true));
+    for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++) {
+        CHECK_OK(llmq_block_sums_zero(gb));
+        CHECK_OK(llmq_ops_upload(llmq_block_ops(gb), &gx, 0, x, n * D));
+        CHECK_OK(llmq_block_gather(gb, &gx, n_seq, S, masks[mi]));
+        CHECK_OK(llmq_ops_download(llmq_block_ops(gb), back, &gx, 0, n * D));
+        bad += memcmp(back, x, (size_t)(n * D) * sizeof(float)) != 0;
+        bad += fix_sums_differ(fb, gb, masks[mi]);
+    }
+    printf("%-64s %s: gather of 1, 2, 4, 8, o+down vs the device forward's sums: %s\n", name, bad ? "FAIL" : "ok",
+           bad ? "DIFFER" : "bit-identical, the others zero, x unchanged");
+    if (bad) failures++;
+    free(x), free(back);
+    llmq_ops_buf_free(&fx), llmq_ops_buf_free(&gx);
+    llmq_block_free(fb), llmq_block_free(gb);
+}
+
 int main(void) {
     test_need_cuda();
     openblas_set_num_threads(1);
@@ -233,9 +273,11 @@ int main(void) {
     fix_free(&fm);
     fix_init(&fm, FIX_QWEN2, 256, 512, 4, 2, 64, 2, false, &rng);
     check_family(&fm, "qwen2 D 256 GQA 2:1 Dh 64 bias", 2, 200); // 400 tokens: two Gram micro-batches
+    check_gather(&fm, "qwen2 D 256 GQA 2:1 Dh 64 bias", 2, 200);
     fix_free(&fm);
     fix_init(&fm, FIX_QWEN3, 128, 96, 2, 1, 128, 2, false, &rng);
     check_family(&fm, "qwen3 D 128 MQA Dh 128 q/k norm", 1, 300);
+    check_gather(&fm, "qwen3 D 128 MQA Dh 128 q/k norm", 1, 300);
     fix_free(&fm);
     if (failures) fprintf(stderr, "%d checks failed\n", failures);
     return failures ? 1 : 0;

@@ -186,6 +186,20 @@ def gguf_first_blocks(src, dst, n_blocks):
     return dst
 
 
+def plant_f32(src, dst, tensor, index, value):
+    """A copy of GGUF src at dst with element `index` of f32 tensor `tensor` set to value (e.g. np.inf). Returns dst."""
+    import shutil
+
+    import numpy as np
+    from gguf import GGUFReader
+    shutil.copy(src, dst)
+    t = next(t for t in GGUFReader(str(dst)).tensors if t.name == tensor)
+    with open(dst, "r+b") as f:
+        f.seek(t.data_offset + 4 * index)
+        f.write(np.float32(value).tobytes())
+    return dst
+
+
 def tiny_gemma2(llmq_bin, stories_v3, work):
     """A random 2-block gemma2 checkpoint (D 64, sliding window 8, softcaps) in work/g2 with stories260K's tokenizer
     (via `llmq convert` into work/st): a family kernels/block.h does not cover. Returns its directory."""

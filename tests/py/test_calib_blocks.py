@@ -23,13 +23,12 @@ same block and input, and write no file.
 """
 import os
 import re
-import shutil
 import struct
 
 import numpy as np
 import pytest
 
-from conftest import gguf_first_blocks, run, tiny_gemma2
+from conftest import gguf_first_blocks, plant_f32, run, tiny_gemma2
 
 REORDER_RTOL = 1e-4
 HOOK = "calib: decoder blocks on cpu through kernels/block.h (LLMQ_CALIB_BLOCK=cpu, the test hook)"
@@ -156,13 +155,7 @@ def test_bad_hook_value_and_off(llmq_bin, stories_v3, data_dir, tmp_path):
 def test_non_finite_named_alike(llmq_bin, stories_v3, data_dir, tmp_path):
     """An Inf in blk.1.attn_norm.weight (element 5): blk.1's q/k/v input is non-finite in channel 5 of every token;
     both paths fail naming that block, input and channel (the block path also names the sequence and position)."""
-    from gguf import GGUFReader
-    p = tmp_path / "inf.gguf"
-    shutil.copy(stories_v3, p)
-    t = next(t for t in GGUFReader(str(p)).tensors if t.name == "blk.1.attn_norm.weight")
-    with open(p, "r+b") as f:
-        f.seek(t.data_offset + 4 * 5)
-        f.write(np.float32(np.inf).tobytes())
+    p = plant_f32(stories_v3, tmp_path / "inf.gguf", "blk.1.attn_norm.weight", 5, np.inf)
     want = {None: r"calib: blk\.1 attn_in \(q/k/v\): non-finite activation -?inf at token 0, channel 5",
             "cpu": r"calib: blk\.1 attn_in \(q/k/v\): non-finite activation \(NaN or Inf\) at token 0 \(sequence 0, "
                    r"position 0\), channel 5"}

@@ -15,6 +15,8 @@
  *     itself tested), and a block with the wrong RoPE pairing is not.
  *  5. Refusals: other families by name, partial RoPE (n_rot < head_dim), a weight never set, too many tokens, sums
  *     of a block without, an unknown sums flag, a CUDA block without a device.
+ *  6. llmq_block_gather (quantize's one-input statistics passes): the sums of each input it is asked for equal the
+ *     whole forward's bit for bit, the others stay zero, x is not changed; empty or unknown masks are refused.
  */
 #include "harness.h"
 
@@ -291,6 +293,50 @@ static void test_refusals(struct fix_model *fm) {
     printf("refusals: other families, missing weights, sizes, sums without, an unknown sums flag\n");
 }
 
+// 6. llmq_block_gather: for each single input and for a mixed mask (o's and down's), the sums of a gather equal those
+// of llmq_block_forward(..., true) on the same x bit for bit (Gram upper triangles, Σ|x|, Σx²), the inputs outside the
+// mask stay zero, x is not changed; an empty mask and an unknown bit are refused.
+static void check_gather(struct fix_model *fm, const char *label, int64_t n_seq, int64_t S) {
+    const struct llmq_model *m = &fm->m;
+    const int64_t D = m->hp.n_embd, n = n_seq * S;
+    struct llmq_block_shape s;
+    float ff[256];
+    CHECK_OK(llmq_devblock_shape(m, ff, &s));
+    struct llmq_block *bf = NULL, *bg = NULL;
+    const unsigned sums = LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS;
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &s, n, S, sums, &bf));
+    CHECK_OK(llmq_block_init(LLMQ_BACKEND_CPU, &s, n, S, sums, &bg));
+    struct llmq_ops_buf xf, xg;
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(bf), n * D, &xf));
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(bg), n * D, &xg));
+    float *x0 = random_x(n * D);
+    const unsigned masks[] = {1u, 2u, 4u, 8u, 2u | 8u};
+    for (int il = 0; il < fm->n_layer; il++) {
+        CHECK_OK(llmq_devblock_load(bf, &m->layers[il], 1));
+        CHECK_OK(llmq_devblock_load(bg, &m->layers[il], 1));
+        CHECK_OK(llmq_block_sums_zero(bf));
+        memcpy(xf.data, x0, (size_t)(n * D) * sizeof(float));
+        CHECK_OK(llmq_block_forward(bf, &xf, n_seq, S, true));
+        for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++) {
+            CHECK_OK(llmq_block_sums_zero(bg));
+            memcpy(xg.data, x0, (size_t)(n * D) * sizeof(float));
+            CHECK_OK(llmq_block_gather(bg, &xg, n_seq, S, masks[mi]));
+            CHECK(bits_differ(x0, xg.data, n * D) == 0);
+            CHECK(fix_sums_differ(bf, bg, masks[mi]) == 0);
+        }
+    }
+    llmq_log_set_level(LLMQ_LOG_SILENT);
+    CHECK(llmq_block_gather(bg, &xg, n_seq, S, 0u) == LLMQ_ERR_ARG);
+    CHECK(llmq_block_gather(bg, &xg, n_seq, S, 0x10u) == LLMQ_ERR_ARG);
+    llmq_log_set_level(LLMQ_LOG_INFO);
+    printf("%s: llmq_block_gather of 1, 2, 4, 8 and o+down: sums bit-identical to the forward's, the others zero, "
+           "x unchanged; an empty or unknown mask refused\n",
+           label);
+    free(x0);
+    llmq_ops_buf_free(&xf), llmq_ops_buf_free(&xg);
+    llmq_block_free(bf), llmq_block_free(bg);
+}
+
 int main(void) {
     openblas_set_num_threads(1); // as inside a forward pass (calib/model/forward.c blas_serial)
     struct fix_model fm;
@@ -298,12 +344,14 @@ int main(void) {
     check_model(&fm, "random llama (norm RoPE, divisors, GQA 3:1, f16 gate)", 2, 70);
     check_bound(&fm, "random llama", 2, 70);
     check_nonfinite(&fm, 2, 70);
+    check_gather(&fm, "random llama", 2, 70);
     test_refusals(&fm);
     fix_free(&fm);
 
     fix_init(&fm, FIX_QWEN2, 32, 48, 4, 2, 16, 2, false, &rng);
     check_model(&fm, "random qwen2 (neox RoPE, q/k/v biases, GQA 2:1)", 1, 150);
     check_bound(&fm, "random qwen2", 1, 150);
+    check_gather(&fm, "random qwen2", 1, 150);
     fix_free(&fm);
 
     fix_init(&fm, FIX_QWEN2, 128, 256, 8, 2, 16, 1, false, &rng); // wide enough for forward.c to use 2 threads
@@ -313,6 +361,7 @@ int main(void) {
     fix_init(&fm, FIX_QWEN3, 32, 24, 2, 2, 16, 3, false, &rng);
     check_model(&fm, "random qwen3 (q/k norms, MHA)", 3, 33);
     check_bound(&fm, "random qwen3", 3, 33);
+    check_gather(&fm, "random qwen3", 3, 33);
     fix_free(&fm);
     return 0;
 }

@@ -1,0 +1,152 @@
+// quant/qblocks.c — quant/qblocks.h: quantize's decoder-block passes through kernels/block.h, over calibration
+// activations resident where the block computes.
+#include "quant/qblocks.h"
+
+#include "calib/model/devblock.h"
+#include "common/log.h"
+#include "kernels/block.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct llmq_qblocks {
+    struct llmq_block *b;
+    struct llmq_ops_buf x; // (N, D) the block input, where the block computes
+    const struct llmq_calib_data *d;
+    int64_t D, mb; // n_embd, sequences per block call
+    bool cpu;      // the CPU backend (the test hook): its products run single-threaded, as inside a forward pass
+};
+
+static const unsigned SUMS = LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS;
+
+static int64_t micro_batch(int64_t n_seq, int64_t mb) { return mb < 1 ? 1 : mb < n_seq ? mb : n_seq; }
+
+// Why the run's method keeps forward.c ("" when it can take the block path).
+static const char *method_refusal(const struct llmq_quantize_opts *o) {
+    if (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ)
+        return "AWQ's scale and clip search runs on calib/model/forward.c (quant/quantize.h \"Decoder blocks\")";
+    if (o->method == LLMQ_QMETHOD_GPTQ && o->gptaq) return "GPTAQ's full-precision stream is not on the block path";
+    return "";
+}
+
+int64_t llmq_qblocks_bytes(const struct llmq_model *m, const struct llmq_quantize_opts *o, int64_t n_seq,
+                           int64_t seqlen) {
+    float *ff = malloc((size_t)(m->hp.head_dim / 2 + 1) * sizeof(float));
+    struct llmq_block_shape sh;
+    char why[256];
+    int64_t bytes = -1;
+    if (ff && n_seq >= 1 && seqlen >= 1 && !method_refusal(o)[0] &&
+        llmq_devblock_supported(m, ff, &sh, why, sizeof why))
+        bytes = llmq_block_bytes(LLMQ_BACKEND_CUDA, &sh, micro_batch(n_seq, o->micro_batch) * seqlen, seqlen, SUMS) +
+                n_seq * seqlen * m->hp.n_embd * (int64_t)sizeof(float);
+    free(ff);
+    return bytes;
+}
+
+// The block path's reason to stay on forward.c for this run, into why ("" when it can take it), with *sh for it.
+static enum llmq_status plan(const struct llmq_model *m, const struct llmq_quantize_opts *o,
+                             const struct llmq_calib_data *d, enum llmq_backend be, float *ff,
+                             struct llmq_block_shape *sh, char *why, size_t cap) {
+    snprintf(why, cap, "%s", method_refusal(o));
+    if (why[0] || !llmq_devblock_supported(m, ff, sh, why, cap) || be != LLMQ_BACKEND_CUDA) return LLMQ_OK;
+    struct llmq_device_info dev = {0};
+    enum llmq_status st = llmq_cuda_device_info(0, &dev);
+    if (st) return st;
+    const int64_t budget = (int64_t)(dev.free_mem / 2), need = llmq_qblocks_bytes(m, o, d->n_seq, d->seqlen);
+    if (need > budget)
+        snprintf(why, cap,
+                 "the %lld calibration tokens' activations and the block buffers (%.0f MiB) exceed half of the "
+                 "device's free memory (%.0f MiB)",
+                 (long long)(d->n_seq * d->seqlen), (double)need / 1048576.0, (double)budget / 1048576.0);
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_qblocks_open(const struct llmq_model *m, const struct llmq_quantize_opts *o,
+                                   const struct llmq_calib_data *d, struct llmq_qblocks **out) {
+    *out = NULL;
+    bool want, hook;
+    enum llmq_backend be;
+    if (d->n_seq < 1) return LLMQ_OK; // no calibration: no passes
+    enum llmq_status st = llmq_devblock_want("LLMQ_QUANT_BLOCK", "quantize", o->backend, &want, &hook, &be);
+    if (st || !want) return st;
+    char why[512] = "";
+    struct llmq_block_shape sh;
+    float *ff = malloc((size_t)(m->hp.head_dim / 2 + 1) * sizeof(float)); // the shape's rope_ff
+    if (!ff) return llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory");
+    st = plan(m, o, d, be, ff, &sh, why, sizeof why);
+    if (!st && why[0]) llmq_devblock_info_fallback("quantize", o->backend, why);
+    struct llmq_qblocks *q = NULL;
+    if (!st && !why[0] && !(q = calloc(1, sizeof *q))) st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory");
+    if (q) {
+        q->d = d;
+        q->D = m->hp.n_embd;
+        q->mb = micro_batch(d->n_seq, o->micro_batch);
+        q->cpu = be == LLMQ_BACKEND_CPU;
+        st = llmq_block_init(be, &sh, q->mb * d->seqlen, d->seqlen, SUMS, &q->b);
+        if (!st) st = llmq_ops_buf_alloc(llmq_block_ops(q->b), d->n_seq * d->seqlen * q->D, &q->x);
+        if (!st)
+            llmq_info("quantize: decoder blocks on %s through kernels/block.h%s: %lld sequences resident, "
+                      "micro-batches of %lld, %.0f MiB where the blocks compute",
+                      llmq_backend_name(be), hook ? " (LLMQ_QUANT_BLOCK=cpu, the test hook)" : "",
+                      (long long)d->n_seq, (long long)q->mb, (double)llmq_qblocks_bytes(m, o, d->n_seq, d->seqlen) / 1048576.0);
+    }
+    free(ff);
+    if (st) {
+        llmq_qblocks_free(q);
+        return st;
+    }
+    *out = q;
+    return LLMQ_OK;
+}
+
+void llmq_qblocks_free(struct llmq_qblocks *q) {
+    if (!q) return;
+    llmq_block_free(q->b); // waits for its queued work: x is free to go
+    llmq_ops_buf_free(&q->x);
+    free(q);
+}
+
+enum llmq_status llmq_qblocks_put_x(struct llmq_qblocks *q, const float *x) {
+    enum llmq_status st = llmq_ops_upload(llmq_block_ops(q->b), &q->x, 0, x, q->x.n);
+    return st ? st : llmq_ops_sync(llmq_block_ops(q->b));
+}
+
+enum llmq_status llmq_qblocks_get_x(struct llmq_qblocks *q, float *x) {
+    return llmq_ops_download(llmq_block_ops(q->b), x, &q->x, 0, q->x.n);
+}
+
+enum llmq_status llmq_qblocks_load(struct llmq_qblocks *q, const struct llmq_layer *ly, int n_threads) {
+    return llmq_devblock_load(q->b, ly, n_threads);
+}
+
+enum llmq_status llmq_qblocks_set_linear(struct llmq_qblocks *q, enum llmq_linear k, const float *w) {
+    return llmq_block_set_weight(q->b, (enum llmq_block_weight)k, w);
+}
+
+// Every micro-batch of the resident sequences through the block: gathering the sums of `inputs` (x unchanged), or
+// (inputs 0, or advance) the whole block in place, with the sums of every input when inputs is not 0.
+static enum llmq_status passes(struct llmq_qblocks *q, unsigned inputs, bool advance) {
+    const int64_t S = q->d->seqlen, n_seq = q->d->n_seq;
+    const int blas = q->cpu ? openblas_get_num_threads() : 1;
+    if (blas != 1) openblas_set_num_threads(1);
+    enum llmq_status st = inputs ? llmq_block_sums_zero(q->b) : LLMQ_OK;
+    for (int64_t s0 = 0; !st && s0 < n_seq; s0 += q->mb) {
+        const int64_t ns = n_seq - s0 < q->mb ? n_seq - s0 : q->mb;
+        const struct llmq_ops_buf v = llmq_ops_buf_view(&q->x, s0 * S * q->D, ns * S * q->D);
+        st = advance ? llmq_block_forward(q->b, &v, ns, S, inputs != 0) : llmq_block_gather(q->b, &v, ns, S, inputs);
+    }
+    if (!st) st = llmq_ops_sync(llmq_block_ops(q->b));
+    if (blas != 1) openblas_set_num_threads(blas);
+    return st;
+}
+
+enum llmq_status llmq_qblocks_gather(struct llmq_qblocks *q, int64_t l, unsigned slots, struct llmq_calib_stats *s) {
+    enum llmq_status st = passes(q, slots, false);
+    return st ? st : llmq_calib_take_block_sums(q->b, q->d, l, slots, s);
+}
+
+enum llmq_status llmq_qblocks_advance(struct llmq_qblocks *q, int64_t l, struct llmq_calib_stats *s) {
+    enum llmq_status st = passes(q, s ? LLMQ_BLOCK_INPUTS_ALL : 0u, true);
+    return st || !s ? st : llmq_calib_take_block_sums(q->b, q->d, l, LLMQ_BLOCK_INPUTS_ALL, s);
+}

@@ -1,0 +1,229 @@
+"""`llmq quantize`'s block path (quant/quantize.h "Decoder blocks", quant/qblocks.h: rtn's and gptq's passes through
+kernels/block.h, the calibration activations resident where the block computes, llmq_block_gather for the
+true-sequential statistics passes) against the forward.c path, on the CPU backend through the test hook
+LLMQ_QUANT_BLOCK=cpu, so that the wiring --device cuda uses (the resident activations, the weights uploaded once per
+block, the solved linears' decodings uploaded after each group, the one-input gathers, the output pass, the
+checkpoint's download of the activations) runs without a GPU.
+
+Agreement, as measured (OpenBLAS 0.3.21): with --threads 1 BIT FOR BIT — every output file and every report row but
+its seconds — for gptq (true-sequential and --no-true-sequential) into fake / gptq directories and into GGUF
+(Q4_K_M: GPTQ onto ggml blocks, with its gptq:rtn fallbacks), and for rtn --calib into a directory, on stories260K
+(llama, D 64), SmolLM2-135M's first 4 blocks (D 576, 9 / 3 heads), a random qwen3 (q/k norms, head_dim 32 with 4 heads on D 64, so Dq != D) and a random qwen2 (q/k/v
+biases): the CPU block repeats forward.c's operations (kernels/block.h), its gathers stop where forward.c's
+sub-block passes stop (calib/model/forward.h), its sums are calib/calib.c's. A run killed at checkpoint events on
+the block path and resumed writes the same bytes as the uninterrupted run (the checkpoint's activations are
+downloaded after each block and uploaded again on --resume).
+Fallbacks (one info line naming the reason, the bytes unchanged): awq / awq+gptq (the search is forward.c's), GPTAQ,
+a family kernels/block.h does not cover (gemma2), LLMQ_QUANT_BLOCK=off; a bad LLMQ_QUANT_BLOCK is an error that
+writes nothing. Non-finite activations: both paths fail naming the same block and input, and write nothing.
+"""
+import hashlib
+import json
+import os
+import pathlib
+import re
+import signal
+
+import numpy as np
+import pytest
+
+from conftest import gguf_first_blocks, plant_f32, run, tiny_gemma2
+
+HOOK = "quantize: decoder blocks on cpu through kernels/block.h (LLMQ_QUANT_BLOCK=cpu, the test hook)"
+FALLBACK = "quantize: decoder blocks through calib/model/forward.c (on the CPU): "
+CAL = ["--calib", "wikitext-2-valid", "--nsamples", "5", "--seqlen", "32", "--seed", "3", "--micro-batch", "2",
+       "--threads", "1"]
+
+
+def env_with(block, data_dir, **extra):
+    """The environment with LLMQ_QUANT_BLOCK set to block (None: unset), LLMQ_DATA and extra."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLMQ_QUANT_BLOCK", "LLMQ_CKPT_KILL_AT")}
+    env["LLMQ_DATA"] = str(data_dir)
+    if block:
+        env["LLMQ_QUANT_BLOCK"] = block
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def digest(p):
+    p = pathlib.Path(p)
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.is_file())
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def rows(report):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads(pathlib.Path(report).read_text())["layers"]]
+
+
+def tiny_family(llmq_bin, stories_v3, work, family):
+    """A random 2-block qwen3 (q/k norms, head_dim 32: Dq 128 != D 64) or qwen2 (q/k/v biases) checkpoint with
+    stories260K's tokenizer in work/<family>. Returns its directory."""
+    if not (work / "st").exists():
+        run([llmq_bin, "convert", "--model", stories_v3, "--out", work / "st"])
+    d = work / family
+    d.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).write_bytes((work / "st" / f).read_bytes())
+    D, F, H, Hkv = 64, 128, 4, 2
+    Dh = 32 if family == "qwen3" else D // H
+    arch = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}[family]
+    (d / "config.json").write_text(json.dumps(dict(
+        model_type=family, architectures=[arch], hidden_size=D, intermediate_size=F, num_hidden_layers=2,
+        num_attention_heads=H, num_key_value_heads=Hkv, head_dim=Dh, vocab_size=512, rms_norm_eps=1e-6,
+        rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)))
+    rng = np.random.default_rng(1)
+    t = {"model.embed_tokens.weight": rng.normal(0, 0.5, (512, D)), "model.norm.weight": 1 + rng.normal(0, 0.1, D),
+         "lm_head.weight": rng.normal(0, 0.1, (512, D))}
+    for l in range(2):
+        p = f"model.layers.{l}."
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            t[p + n + ".weight"] = 1 + rng.normal(0, 0.1, D)
+        for n, s in (("q", (H * Dh, D)), ("k", (Hkv * Dh, D)), ("v", (Hkv * Dh, D)), ("o", (D, H * Dh)),
+                     ("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
+            t[p + ("self_attn." if n in "qkvo" else "mlp.") + f"{n}_proj.weight"] = rng.normal(0, 0.1, s)
+            if family == "qwen2" and n in "qkv":
+                t[p + f"self_attn.{n}_proj.bias"] = rng.normal(0, 0.1, s[0])
+        if family == "qwen3":
+            for n in ("q_norm", "k_norm"):
+                t[p + f"self_attn.{n}.weight"] = 1 + rng.normal(0, 0.1, Dh)
+    from safetensors.numpy import save_file
+    save_file({k: v.astype(np.float32) for k, v in t.items()}, str(d / "model.safetensors"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("qblocks")
+
+
+@pytest.fixture(scope="module")
+def small(tool, llmq_bin, stories_v3, work):
+    """tests/tools/synth_ckpt.c's "small" shape (D 256, FF 512, 2 blocks) with stories260K's tokenizer: Q4_K_M's
+    256-blocks tile it."""
+    run([llmq_bin, "convert", "--model", stories_v3, "--out", work / "tok", "--to", "hf", "--quiet"])
+    run([tool("synth_ckpt"), "--shape", "small", "--layers", "2", "--out", work / "small", "--tokenizer",
+         work / "tok"])
+    return work / "small"
+
+
+@pytest.fixture
+def quantize(llmq_bin, data_dir, tmp_path):
+    """quantize(name, model, out_name, *flags, block=None) -> (output digest, report rows, stderr)."""
+    def go(name, model, out_name, *flags, block=None):
+        d = tmp_path / name
+        d.mkdir()
+        hook = "cpu" if block == "fallback" else block  # fallback: the hook set on a run the block path refuses
+        r = run([llmq_bin, "quantize", "--model", model, *CAL, *flags, "--out", d / out_name, "--json", d / "r.json",
+                 "--no-checkpoint"], env=env_with(hook, data_dir))
+        if block == "cpu":
+            assert HOOK in r.stderr, r.stderr[-3000:]
+        return digest(d / out_name), rows(d / "r.json"), r.stderr
+    return go
+
+
+# ---- bit for bit with one thread ---------------------------------------------------------------------------------
+
+RUNS = {  # name -> (flags, output name)
+    "gptq-fake": (["--method", "gptq", "--format", "fake"], "out"),
+    "gptq-nts-gptq": (["--method", "gptq", "--format", "gptq", "--no-true-sequential"], "out"),
+    "rtn-calib-fake": (["--method", "rtn", "--format", "fake"], "out"),
+}
+
+
+@pytest.mark.parametrize("family", ["stories260K", "qwen3", "qwen2"])
+def test_one_thread_bit_for_bit(quantize, llmq_bin, stories_v3, work, family):
+    model = stories_v3 if family == "stories260K" else tiny_family(llmq_bin, stories_v3, work, family)
+    group = ["--group-size", "4"] if family == "stories260K" else ["--group-size", "32"]  # stories: C 172
+    for name, (flags, out) in RUNS.items():
+        if family == "stories260K" and "--format" in flags and flags[flags.index("--format") + 1] == "gptq":
+            continue  # the gptq format packs 8 rows of codes: stories260K's 172-wide down does not tile
+        a = quantize(f"{family}-{name}-fwd", model, out, *flags, *group)
+        b = quantize(f"{family}-{name}-blk", model, out, *flags, *group, block="cpu")
+        assert a[0] == b[0], f"{family} {name}: the outputs differ"
+        assert a[1] == b[1], f"{family} {name}: the report rows differ"
+
+
+def test_smollm2_bit_for_bit(quantize, smollm2, work):
+    """SmolLM2-135M cut to its first 4 blocks (D 576, 9 / 3 heads of 64, F 1536; its Q4_1 linears requantized)."""
+    smol4 = gguf_first_blocks(smollm2, work / "smol4.gguf", 4)
+    flags = ["--method", "gptq", "--format", "gptq", "--group-size", "64", "--allow-requantize"]
+    a = quantize("smol4-fwd", smol4, "out", *flags)
+    b = quantize("smol4-blk", smol4, "out", *flags, block="cpu")
+    assert a[0] == b[0] and a[1] == b[1]
+
+
+def test_gptq_gguf_bit_for_bit(quantize, small):
+    flags = ["--method", "gptq", "--format", "gguf", "--gguf-type", "Q4_K_M", "--no-provenance"]
+    a = quantize("gguf-fwd", small, "out.gguf", *flags)
+    b = quantize("gguf-blk", small, "out.gguf", *flags, block="cpu")
+    assert a[0] == b[0] and a[1] == b[1]
+    assert any(r["method"].startswith("gptq") for r in b[1])
+
+
+# ---- checkpoint and resume on the block path ---------------------------------------------------------------------
+
+def test_resume_on_the_block_path(llmq_bin, small, data_dir, tmp_path):
+    """Killed (SIGKILL) at three checkpoint events (quant/checkpoint.h "Fault injection": within block 0, after block
+    0's activations, within block 1), each resumed on the block path: the bytes of the uninterrupted run."""
+    args = ["quantize", "--model", small, *CAL, "--method", "gptq", "--format", "gptq", "--group-size", "64"]
+    ref = tmp_path / "ref"
+    run([llmq_bin, *args, "--out", ref], env=env_with("cpu", data_dir))
+    for k in (3, 11, 15):
+        out = tmp_path / f"k{k}"
+        r = run([llmq_bin, *args, "--out", out], check=False, env=env_with("cpu", data_dir, LLMQ_CKPT_KILL_AT=k))
+        assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr[-2000:])
+        r = run([llmq_bin, *args, "--out", out, "--resume"], env=env_with("cpu", data_dir))
+        assert HOOK in r.stderr and "resum" in r.stderr.lower(), r.stderr[-2000:]
+        assert digest(out) == digest(ref), k
+        assert not pathlib.Path(str(out) + ".partial").exists()
+
+
+# ---- fallbacks and errors ----------------------------------------------------------------------------------------
+
+def test_awq_and_gptaq_take_forward_c(quantize, stories_v3):
+    for flags, why in ((["--method", "awq"], "AWQ's scale and clip search runs on calib/model/forward.c"),
+                       (["--method", "awq+gptq"], "AWQ's scale and clip search runs on calib/model/forward.c"),
+                       (["--method", "gptq", "--gptaq"], "GPTAQ's full-precision stream is not on the block path")):
+        name = "-".join(f.strip("-").replace("+", "") for f in flags)
+        flags = [*flags, "--format", "fake", "--group-size", "4"]
+        a = quantize(f"{name}-fwd", stories_v3, "out", *flags)
+        b = quantize(f"{name}-hook", stories_v3, "out", *flags, block="fallback")
+        c = quantize(f"{name}-off", stories_v3, "out", *flags, block="off")
+        assert "decoder blocks" not in a[2]
+        assert FALLBACK + why in b[2], b[2][-2000:]
+        assert "quantize: decoder blocks through calib/model/forward.c: LLMQ_QUANT_BLOCK=off" in c[2], c[2][-2000:]
+        assert a[0] == b[0] == c[0], name
+
+
+def test_gemma2_takes_forward_c(quantize, llmq_bin, stories_v3, work):
+    (work / "g").mkdir(exist_ok=True)
+    d = tiny_gemma2(llmq_bin, stories_v3, work / "g")
+    flags = ["--method", "gptq", "--format", "fake", "--group-size", "32"]
+    a = quantize("g2-fwd", d, "out", *flags)
+    b = quantize("g2-hook", d, "out", *flags, block="fallback")
+    assert FALLBACK + f"{d}: the backend block forward covers llama, mistral, qwen2 and qwen3, not gemma2" in b[2]
+    assert a[0] == b[0]
+
+
+def test_bad_hook_value(llmq_bin, stories_v3, data_dir, tmp_path):
+    out = tmp_path / "out"
+    r = run([llmq_bin, "quantize", "--model", stories_v3, *CAL, "--method", "gptq", "--format", "fake", "--group-size",
+             "4", "--out", out], check=False, env=env_with("gpu", data_dir))
+    assert r.returncode == 1 and "LLMQ_QUANT_BLOCK=gpu: must be cpu or off" in r.stderr, r.stderr[-2000:]
+    assert not out.exists() and not pathlib.Path(str(out) + ".partial").exists()
+
+
+def test_non_finite_named_alike(llmq_bin, stories_v3, data_dir, tmp_path):
+    """An Inf in blk.1.attn_norm.weight (element 5): blk.1's q/k/v input is non-finite in channel 5 of every token;
+    both paths fail naming that block, input and channel (the block path also names the sequence and position), and
+    write no output (--no-checkpoint: a failed run otherwise keeps its checkpoint, as on forward.c)."""
+    p = plant_f32(stories_v3, tmp_path / "inf.gguf", "blk.1.attn_norm.weight", 5, np.inf)
+    want = {None: r"blk\.1 attn_in \(q/k/v\): non-finite activation -?inf at token 0, channel 5",
+            "cpu": r"blk\.1 attn_in \(q/k/v\): non-finite activation \(NaN or Inf\) at token 0 \(sequence 0, "
+                   r"position 0\), channel 5"}
+    for block, msg in want.items():
+        out = tmp_path / f"out-{block}"
+        r = run([llmq_bin, "quantize", "--model", p, *CAL, "--method", "gptq", "--format", "fake", "--group-size",
+                 "4", "--out", out, "--no-checkpoint"], check=False, env=env_with(block, data_dir))
+        assert r.returncode == 1 and re.search(msg, r.stderr), r.stderr[-2000:]
+        assert not out.exists()

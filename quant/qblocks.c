@@ -16,6 +16,7 @@ struct llmq_qblocks {
     const struct llmq_calib_data *d;
     int64_t D, mb; // n_embd, sequences per block call
     bool cpu;      // the CPU backend (the test hook): its products run single-threaded, as inside a forward pass
+    double load_s, pass_s, sums_s; // llmq_qblocks_times
 };
 
 static const unsigned SUMS = LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS;
@@ -88,8 +89,8 @@ enum llmq_status llmq_qblocks_open(const struct llmq_model *m, const struct llmq
         if (!st)
             llmq_info("quantize: decoder blocks on %s through kernels/block.h%s: %lld sequences resident, "
                       "micro-batches of %lld, %.0f MiB where the blocks compute",
-                      llmq_backend_name(be), hook ? " (LLMQ_QUANT_BLOCK=cpu, the test hook)" : "",
-                      (long long)d->n_seq, (long long)q->mb, (double)llmq_qblocks_bytes(m, o, d->n_seq, d->seqlen) / 1048576.0);
+                      llmq_backend_name(be), hook ? " (LLMQ_QUANT_BLOCK=cpu, the test hook)" : "", (long long)d->n_seq,
+                      (long long)q->mb, (double)llmq_qblocks_bytes(m, o, d->n_seq, d->seqlen) / 1048576.0);
     }
     free(ff);
     if (st) {
@@ -117,17 +118,30 @@ enum llmq_status llmq_qblocks_get_x(struct llmq_qblocks *q, float *x) {
 }
 
 enum llmq_status llmq_qblocks_load(struct llmq_qblocks *q, const struct llmq_layer *ly, int n_threads) {
-    return llmq_devblock_load(q->b, ly, n_threads);
+    const double t0 = llmq_now_s();
+    enum llmq_status st = llmq_devblock_load(q->b, ly, n_threads);
+    q->load_s += llmq_now_s() - t0;
+    return st;
 }
 
 enum llmq_status llmq_qblocks_set_linear(struct llmq_qblocks *q, enum llmq_linear k, const float *w) {
-    return llmq_block_set_weight(q->b, (enum llmq_block_weight)k, w);
+    const double t0 = llmq_now_s();
+    enum llmq_status st = llmq_block_set_weight(q->b, (enum llmq_block_weight)k, w);
+    q->load_s += llmq_now_s() - t0;
+    return st;
+}
+
+void llmq_qblocks_times(const struct llmq_qblocks *q, double *load, double *passes, double *sums) {
+    *load += q->load_s;
+    *passes += q->pass_s;
+    *sums += q->sums_s;
 }
 
 // Every micro-batch of the resident sequences through the block: gathering the sums of `inputs` (x unchanged), or
 // (inputs 0, or advance) the whole block in place, with the sums of every input when inputs is not 0.
 static enum llmq_status passes(struct llmq_qblocks *q, unsigned inputs, bool advance) {
     const int64_t S = q->d->seqlen, n_seq = q->d->n_seq;
+    const double t0 = llmq_now_s();
     const int blas = q->cpu ? openblas_get_num_threads() : 1;
     if (blas != 1) openblas_set_num_threads(1);
     enum llmq_status st = inputs ? llmq_block_sums_zero(q->b) : LLMQ_OK;
@@ -136,17 +150,26 @@ static enum llmq_status passes(struct llmq_qblocks *q, unsigned inputs, bool adv
         const struct llmq_ops_buf v = llmq_ops_buf_view(&q->x, s0 * S * q->D, ns * S * q->D);
         st = advance ? llmq_block_forward(q->b, &v, ns, S, inputs != 0) : llmq_block_gather(q->b, &v, ns, S, inputs);
     }
-    if (!st) st = llmq_ops_sync(llmq_block_ops(q->b));
+    if (!st) st = llmq_ops_sync(llmq_block_ops(q->b)); // the device's time is the pass's
     if (blas != 1) openblas_set_num_threads(blas);
+    q->pass_s += llmq_now_s() - t0;
+    return st;
+}
+
+// The sums of `inputs` of block l into s, timed.
+static enum llmq_status take(struct llmq_qblocks *q, int64_t l, unsigned inputs, struct llmq_calib_stats *s) {
+    const double t0 = llmq_now_s();
+    enum llmq_status st = llmq_calib_take_block_sums(q->b, q->d, l, inputs, s);
+    q->sums_s += llmq_now_s() - t0;
     return st;
 }
 
 enum llmq_status llmq_qblocks_gather(struct llmq_qblocks *q, int64_t l, unsigned slots, struct llmq_calib_stats *s) {
     enum llmq_status st = passes(q, slots, false);
-    return st ? st : llmq_calib_take_block_sums(q->b, q->d, l, slots, s);
+    return st ? st : take(q, l, slots, s);
 }
 
 enum llmq_status llmq_qblocks_advance(struct llmq_qblocks *q, int64_t l, struct llmq_calib_stats *s) {
     enum llmq_status st = passes(q, s ? LLMQ_BLOCK_INPUTS_ALL : 0u, true);
-    return st || !s ? st : llmq_calib_take_block_sums(q->b, q->d, l, LLMQ_BLOCK_INPUTS_ALL, s);
+    return st || !s ? st : take(q, l, LLMQ_BLOCK_INPUTS_ALL, s);
 }

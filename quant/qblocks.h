@@ -63,4 +63,8 @@ enum llmq_status llmq_qblocks_gather(struct llmq_qblocks *q, int64_t l, unsigned
 // into s's block l as llmq_qblocks_gather does (rtn: the full-precision inputs of its report).
 enum llmq_status llmq_qblocks_advance(struct llmq_qblocks *q, int64_t l, struct llmq_calib_stats *s);
 
+// Seconds spent so far, added to *load (weights converted and uploaded: llmq_qblocks_load, _set_linear), *passes
+// (the passes, each waited for: the device's time) and *sums (the sums downloaded into the statistics).
+void llmq_qblocks_times(const struct llmq_qblocks *q, double *load, double *passes, double *sums);
+
 #endif // LLMQ_QUANT_QBLOCKS_H

@@ -77,6 +77,12 @@ static const struct llmq_tensor_view *block_weight(const struct llmq_model *m, i
 
 // ---- the run's state -------------------------------------------------------------------------------
 
+// The stages the run's wall time is split into (the "profile" of the report, quant/quantize.h "Profile").
+enum stage { S_CALIB, S_UPLOAD, S_PASSES, S_SUMS, S_HESSIAN, S_SEARCH, S_SOLVE, S_WRITE, S_CKPT, S_COUNT };
+static const char *const stage_names[S_COUNT] = {"calibration",   "weight_uploads", "block_passes",
+                                                 "sums_download", "hessians",       "awq_search",
+                                                 "solvers",       "writer",         "checkpoint"};
+
 struct run {
     const struct llmq_model *m; // only read: each block runs on its own weight set (ly)
     const struct llmq_quantize_opts *o;
@@ -137,13 +143,27 @@ struct run {
     json_t *layers;
     double t0;
     int64_t params_total;
-    struct llmq_eta eta;    // over the block loop; work units: cost_data + cost_solve per linear
-    bool eta_data_early;    // the method credits cost_data after its block passes, not per report
-    double eta_data_weight; // block passes per linear's data work: 1, AWQ 1 + n_grid (its scale search)
-    double eta_other;       // work of the other tensors (embeddings, output head: their elements), which
-                            // the writer streams out before block 0's linears; credited at the first report
-    double bits_total;      // Σ bits of codes + scales (f16) + zeros
+    struct llmq_eta eta;     // over the block loop; work units: cost_data + cost_solve per linear
+    bool eta_data_early;     // the method credits cost_data after its block passes, not per report
+    double eta_data_weight;  // block passes per linear's data work: 1, AWQ 1 + n_grid (its scale search)
+    double eta_other;        // work of the other tensors (embeddings, output head: their elements), which
+                             // the writer streams out before block 0's linears; credited at the first report
+    double bits_total;       // Σ bits of codes + scales (f16) + zeros
+    double stage_s[S_COUNT]; // seconds per stage (the report's "profile")
 };
+
+// Adds the seconds since t0 to stage k; returns st (so that a timed call reads st = timed(r, k, t0, call(...))).
+static enum llmq_status timed(struct run *r, enum stage k, double t0, enum llmq_status st) {
+    r->stage_s[k] += llmq_now_s() - t0;
+    return st;
+}
+
+// H (C, C) of block l's input slot from the current statistics (calib/calib.h llmq_calib_hessian; take: _take).
+static enum llmq_status hessian(struct run *r, int l, int slot, float *H, bool take) {
+    const double t0 = llmq_now_s();
+    return timed(r, S_HESSIAN, t0,
+                 take ? llmq_calib_hessian_take(&r->s, l, slot, H) : llmq_calib_hessian(&r->s, l, slot, H));
+}
 
 // GPTAQ: dxx[slot] += ΔXᵀX̃ of the n tokens xq (n, C) from r->tok0 on, ΔX = their fp inputs - xq.
 static enum llmq_status dxx_add(struct run *r, int slot, const float *xq, int64_t n) {
@@ -195,7 +215,7 @@ static void expert_hook(void *user, int layer, int expert, enum llmq_linear whic
 // Runs block l (its weight set r->ly) over buf (N, D) in micro-batches (in place), statistics for want_slot
 // (-2: none) and, in a moe block, for the experts' inputs want_eslot (-1 both, -2 none). A pass that gathers the
 // experts' gate/up input also counts the routing (s.routed of block l, the coverage report).
-static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_slot, int want_eslot) {
+static enum llmq_status block_pass_run(struct run *r, int l, float *buf, int want_slot, int want_eslot) {
     int64_t D = r->m->hp.n_embd, mb = r->o->micro_batch, L = r->d.seqlen;
     const bool moe = r->m->hp.moe, routing = moe && (want_eslot == -1 || want_eslot == LLMQ_CALIB_EXP_GATE);
     r->want_slot = want_slot;
@@ -217,12 +237,17 @@ static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_sl
     return LLMQ_OK;
 }
 
+static enum llmq_status block_pass(struct run *r, int l, float *buf, int want_slot, int want_eslot) {
+    const double t0 = llmq_now_s();
+    return timed(r, S_PASSES, t0, block_pass_run(r, l, buf, want_slot, want_eslot));
+}
+
 // The statistics of a normed block input without running the whole block (same micro-batches as
 // block_pass, same numbers: calib/model/forward.h's sub-block functions reproduce llmq_forward_block bit for bit):
 //   ffn == false: RMSNorm(x) * attn_norm, the q/k/v input;
 //   ffn == true:  RMSNorm(h) * ffn_norm with h = x + attn(RMSNorm(x) * attn_norm), the gate/up input
 //                 (the attention runs with this block's quantized q/k/v/o already in place).
-static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
+static enum llmq_status norm_pass_run(struct run *r, int l, bool ffn) {
     int64_t D = r->m->hp.n_embd, mb = r->o->micro_batch, L = r->d.seqlen;
     float *a = r->xt, *b = r->xt + mb * L * D; // (mb*L, D) each, inside the (N, D) scratch when it fits
     float *own = NULL, *wn = malloc((size_t)(2 * D) * sizeof(float)); // (2, D) attn_norm, ffn_norm
@@ -252,6 +277,11 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
     free(own);
     free(wn);
     return st;
+}
+
+static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
+    const double t0 = llmq_now_s();
+    return timed(r, S_PASSES, t0, norm_pass_run(r, l, ffn));
 }
 
 // Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double. On the CPU T = Δ H is formed QF_ROWS rows at a time,
@@ -617,7 +647,9 @@ static enum llmq_status quantize_linear(struct run *r, int l, int k, int64_t x, 
         if ((st = round_onto(r, &t, name, W, R, C, imp, !plain && method == LLMQ_QMETHOD_AWQ, &ql, r->Q))) goto done;
         err = rel_err(r, W, r->Q, Hx, R, C, NULL);
     }
-    if ((st = hand_over(r, l, k, x, &t, &ql, R, C, W))) goto done;
+    const double t_hand = llmq_now_s();
+    r->stage_s[S_SOLVE] += t_hand - t0; // the solve and its errors; the hand-over is the writer's
+    if ((st = timed(r, S_WRITE, t_hand, hand_over(r, l, k, x, &t, &ql, R, C, W)))) goto done;
     report_linear(r, l, k, x, R, C, result_bits(&t, &ql, R, rb), how,
                   t.kind == LLMQ_QPAYLOAD_CODES ? LLMQ_DTYPE_INVALID : t.type, err, Hx == NULL, loss, rtn_err,
                   llmq_now_s() - t0);
@@ -636,9 +668,10 @@ done:
 
 // Block l's weight set to the writer (and to the checkpoint, which replays it on --resume).
 static enum llmq_status put_block(struct run *r, int l, const struct llmq_layer *ly) {
+    const double t0 = llmq_now_s();
     enum llmq_status st = llmq_qwriter_put_block(r->w, l, ly);
     if (!st && r->ck) st = llmq_ckpt_put_block(r->ck, l, ly);
-    return st;
+    return timed(r, S_WRITE, t0, st);
 }
 
 // The pages of the per-linear work buffers (W, Q, T, H, Hx: every one is rewritten before it is read), so
@@ -802,7 +835,7 @@ static enum llmq_status block_rtn(struct run *r, int l) {
     for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
         if (!r->m->layers[l].w[k]) continue; // a moe block's: its experts above
         if ((st = load_weight(r, l, k))) break;
-        if (r->have_calib && (st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->Hx))) break;
+        if (r->have_calib && (st = hessian(r, l, llmq_calib_slot_of((enum llmq_linear)k), r->Hx, false))) break;
         st = quantize_linear(r, l, k, -1, r->W, r->have_calib ? r->Hx : NULL, NULL, false);
     }
     return st;
@@ -832,7 +865,7 @@ static void held_release(struct run *r) {
 }
 
 // GPTAQ: x_fp <- fp block l (x_fp) with the model's weights, its linears' inputs into r->fpin, the sums of D zeroed.
-static enum llmq_status fp_pass(struct run *r, int l) {
+static enum llmq_status fp_pass_run(struct run *r, int l) {
     int64_t D = r->m->hp.n_embd, mb = r->o->micro_batch, L = r->d.seqlen;
     for (int k = 0; k < LLMQ_CALIB_N_SLOTS; k++) memset(r->dxx[k], 0, (size_t)(r->cin[k] * r->cin[k]) * sizeof(double));
     for (int64_t s0 = 0; s0 < r->d.n_seq; s0 += mb) {
@@ -843,6 +876,11 @@ static enum llmq_status fp_pass(struct run *r, int l) {
         if (st) return st;
     }
     return LLMQ_OK;
+}
+
+static enum llmq_status fp_pass(struct run *r, int l) {
+    const double t0 = llmq_now_s();
+    return timed(r, S_PASSES, t0, fp_pass_run(r, l));
 }
 
 // GPTAQ: r->Dcur (C, C) := 2/n_seq · dxx[slot], the scale of H (llmq_calib_hessian).
@@ -864,7 +902,7 @@ static enum llmq_status gptq_group(struct run *r, int l, int g, int slot) {
         if ((st = load_weight(r, l, k))) break;
         llmq_mmap_release(v->data, v->nbytes); // W holds it; the passes left in this block read the quantized copy
         const bool last = j == 2 || seq_groups[g][j + 1] < 0; // the input's last linear: its sums are dropped
-        st = last ? llmq_calib_hessian_take(&r->s, l, slot, r->H) : llmq_calib_hessian(&r->s, l, slot, r->H);
+        st = last ? hessian(r, l, slot, r->H, true) : hessian(r, l, slot, r->H, false);
         if (st) break;
         if (r->fpin) gptaq_cross(r, slot);
         r->hold = true;
@@ -1048,7 +1086,8 @@ static enum llmq_status block_awq(struct run *r, int l) {
     ao.n_threads = r->o->n_threads;
     ao.backend = r->o->backend;
     if (!st) awq_quantizer(r, l, &ao, &fq);
-    if (!st) st = llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao);
+    const double t_search = llmq_now_s();
+    if (!st) st = timed(r, S_SEARCH, t_search, llmq_awq_search(b, r->fbig, r->xt, r->d.n_seq, r->d.seqlen, &ao));
     if (!st) credit_data(r, l, -1);
     if (!st && fq.st) st = fq.st;
     if (!st) st = put_block(r, l, &b->ly);
@@ -1061,7 +1100,7 @@ static enum llmq_status block_awq(struct run *r, int l) {
         if (!v) continue; // a moe block's: its experts above
         int64_t R = v->shape[0], C = v->shape[1];
         memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
-        if ((st = llmq_calib_hessian(&r->s, l, llmq_calib_slot_of((enum llmq_linear)k), r->H))) break;
+        if ((st = hessian(r, l, llmq_calib_slot_of((enum llmq_linear)k), r->H, false))) break;
         llmq_awq_scale_hessian(b, (enum llmq_linear)k, r->H);
         const float *s = llmq_awq_input_scales(b, (enum llmq_linear)k), *imp = NULL;
         if (fq.imp[k]) {
@@ -1633,6 +1672,25 @@ static void init_eta(struct run *r) {
     llmq_eta_init(&r->eta, work, llmq_now_s()); // the setup (calibration text, embeddings) is not in the rate
 }
 
+// The run's wall time by stage (quant/quantize.h "Profile"): a stderr line (the stages the run had) and the report's
+// "profile" object (every stage).
+static json_t *profile(struct run *r, double secs) {
+    double *t = r->stage_s, sum = 0;
+    if (r->qb) llmq_qblocks_times(r->qb, &t[S_UPLOAD], &t[S_PASSES], &t[S_SUMS]); // its own, added in
+    json_t *j = json_object();
+    char line[512];
+    size_t n = 0;
+    for (int k = 0; k < S_COUNT; k++) {
+        sum += t[k];
+        json_object_set_new(j, stage_names[k], json_real(t[k]));
+        if (t[k] > 0) n += (size_t)snprintf(line + n, sizeof line - n, "%s %.1f s, ", stage_names[k], t[k]);
+    }
+    json_object_set_new(j, "other", json_real(secs - sum));
+    json_object_set_new(j, "total", json_real(secs));
+    llmq_info("quantize: time by stage: %sother %.1f s (total %.1f s)", line, secs - sum, secs);
+    return j;
+}
+
 // The run's report (the totals line on stderr too).
 static json_t *make_report(struct run *r, json_t *prov, json_t *gguf_rep) {
     const struct llmq_quantize_opts *o = r->o;
@@ -1668,6 +1726,7 @@ static json_t *make_report(struct run *r, json_t *prov, json_t *gguf_rep) {
             if (json_object_get(gt, keys[i])) json_object_set(tot, keys[i], json_object_get(gt, keys[i]));
     }
     json_object_set_new(rep, "totals", tot);
+    json_object_set_new(rep, "profile", profile(r, secs));
     if (gguf_rep) json_object_set(rep, "gguf", gguf_rep);
     if (r->moe && r->have_calib) json_object_set(rep, "moe", r->moe);
     return rep;
@@ -1764,11 +1823,15 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         cs.backend = o->backend;
         if ((st = llmq_calib_run(m, &r.d, o->n_threads, o->micro_batch, &cs))) goto done;
     }
-    if ((st = begin_writer(&r, imat, cs.in ? &cs : NULL, prov, &gguf_rep))) goto done;
+    r.stage_s[S_CALIB] += llmq_now_s() - r.t0; // the windows, the embeddings, the type choice's statistics
+    double t0 = llmq_now_s();
+    if ((st = timed(&r, S_WRITE, t0, begin_writer(&r, imat, cs.in ? &cs : NULL, prov, &gguf_rep)))) goto done;
     init_eta(&r);
     int64_t l0 = 0;
-    if (o->checkpoint && (st = open_checkpoint(&r, prov, N, &l0))) goto done;
-    if (r.qb && (st = llmq_qblocks_put_x(r.qb, r.x))) goto done; // the embeddings, or the resumed activations
+    t0 = llmq_now_s();
+    if (o->checkpoint && (st = timed(&r, S_CKPT, t0, open_checkpoint(&r, prov, N, &l0)))) goto done;
+    t0 = llmq_now_s();
+    if (r.qb && (st = timed(&r, S_CALIB, t0, llmq_qblocks_put_x(r.qb, r.x)))) goto done; // the embeddings, or resumed
     for (int l = (int)l0; l < m->hp.n_layer && !st; l++) {
         size_t row0 = json_array_size(r.layers), moe0 = json_array_size(json_object_get(r.moe, "layers"));
         if (r.have_calib) {
@@ -1784,17 +1847,20 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         default: st = block_awq(&r, l); break;
         }
         if (!st && r.gemm_st) st = r.gemm_st;
+        t0 = llmq_now_s();
         if (!st && r.ck && r.qb) st = llmq_qblocks_get_x(r.qb, r.x); // the activations the checkpoint keeps
         if (!st && r.ck)
             st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.moe, moe0, r.have_calib ? r.x : NULL,
                                         (r.xfp ? 2 : 1) * N * D);
+        if (r.ck) st = timed(&r, S_CKPT, t0, st);
         for (int64_t k = 0; !st && k < LLMQ_LIN_COUNT + (m->hp.moe ? 3 * m->hp.n_expert : 0); k++) {
             const struct llmq_tensor_view *v = block_weight(m, l, k); // done: release their file pages
             if (v) llmq_mmap_release(v->data, v->nbytes);
         }
     }
     if (st) goto done;
-    st = llmq_qwriter_finish(r.w);
+    t0 = llmq_now_s();
+    st = timed(&r, S_WRITE, t0, llmq_qwriter_finish(r.w));
     r.w = NULL;
     if (!st) llmq_ckpt_done(r.ck); // the output is in place: the checkpoint has done its job
     if (!st) r.ck = NULL;

@@ -139,6 +139,18 @@
  *   the same W on the same H (so the JSON proves GPTQ < RTN per layer). Without calibration (rtn):
  *   err = ‖W - Q‖² / ‖W‖² (weight error), marked "werr".
  *
+ * ---- Profile (the report's "profile", a stderr line at the end) -------------------------------------
+ *   The run's wall seconds split by stage: calibration (the windows, the embeddings, the type choice's statistics
+ *   pass, the block path's upload of the activations), weight_uploads (the block path: each block's weights
+ *   converted and uploaded, the solved linears' decodings), block_passes (every statistics and output pass; on the
+ *   block path each waited for, so the device's time), sums_download (the block path: the gathered sums into the
+ *   host's statistics), hessians (H from the sums, calib/calib.h), awq_search (llmq_awq_search), solvers (each
+ *   linear's solve and its reported errors: the rows' seconds less the hand-over), writer (begin, the hand-overs,
+ *   finish), checkpoint (open / replay and each block's commit), other (the rest: allocation, the ETA, the
+ *   report), total; the stderr line names the stages the run had (a time above 0). Timings vary from run to run: the
+ profile is the one part of the report that is not
+ *   deterministic (with the rows' "seconds" and "totals.seconds").
+ *
  * ---- Determinism ------------------------------------------------------------------------------------
  *   Same model, sources, seed, options and n_threads -> byte-identical output directory and JSON
  *   (except "seconds" fields). OpenBLAS is set to n_threads.

@@ -190,6 +190,7 @@ static enum llmq_status run_blocks(const struct llmq_model *m, const struct llmq
     enum llmq_status st = xe ? LLMQ_OK : llmq_errorf(LLMQ_ERR_NOMEM, "calib: out of memory");
     if (!st) st = llmq_forward_init(m, mb_tokens, n_threads, &f);
     if (!st) st = llmq_block_init(be, sh, mb_tokens, d->seqlen, block_sums(s), &b);
+    if (!st) st = llmq_devblock_math(b, "calib");
     if (!st) st = llmq_ops_buf_alloc(llmq_block_ops(b), N * D, &xd);
     for (int64_t t0 = 0; !st && t0 < N; t0 += mb_tokens) {
         const int64_t n = N - t0 < mb_tokens ? N - t0 : mb_tokens;

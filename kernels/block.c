@@ -189,6 +189,8 @@ void llmq_block_free(struct llmq_block *b) {
     free(b);
 }
 
+enum llmq_status llmq_block_set_tf32(struct llmq_block *b, bool on) { return llmq_gemm_dev_set_tf32(b->gemm, on); }
+
 enum llmq_status llmq_block_set_weight(struct llmq_block *b, enum llmq_block_weight w, const float *host) {
     if ((unsigned)w >= LLMQ_BLOCK_WEIGHT_COUNT || weight_size(&b->s, w) == 0 || !host)
         return llmq_errorf(LLMQ_ERR_ARG, "block: weight %s is not part of this block's shape",

@@ -20,7 +20,8 @@
  * llmq_block_gather for the true-sequential statistics passes).
  * What it is not (yet): NOT used by AWQ's search (it runs calib/model/forward.c); no gemma, phi3, moe, sliding window,
  * softcap, linear RoPE scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging
- * or prefetch of the next block's weights; FP32 only (no BF16 / TF32: issue 17 asks for each to be measured first).
+ * or prefetch of the next block's weights; FP32 by default, TF32 for the linears as an unmeasured experiment
+ * (llmq_block_set_tf32), no BF16 (issue 17 asks for each to be measured first).
  *
  * Agreement:
  *   LLMQ_BACKEND_CPU gives the SAME BITS as llmq_forward_block (calib/model/forward.c, n_threads 1, OpenBLAS on one
@@ -143,6 +144,12 @@ int64_t llmq_block_bytes(enum llmq_backend be, const struct llmq_block_shape *s,
 
 // The block's ops context: allocate x there (llmq_ops_buf_alloc), upload / download it, wait for the block's work.
 struct llmq_ops *llmq_block_ops(struct llmq_block *b);
+
+// on: the block's linears (not the Gram sums) on TF32 tensor cores from the next pass on (kernels/gemm.h
+// llmq_gemm_dev_set_tf32); off (the default): FP32. LLMQ_ERR_UNSUPPORTED for on with a CPU block. EXPERIMENTAL:
+// NOT RUN ON A GPU, its effect on perplexity unmeasured (issue 17 asks for the measurement before any default);
+// the tolerances of tests/gpu/test_block_cuda.c are FP32's and do not hold for it.
+enum llmq_status llmq_block_set_tf32(struct llmq_block *b, bool on);
 
 // Floats of weight w for the block's shape (0 for a bias or q/k norm the shape does not have).
 int64_t llmq_block_weight_size(const struct llmq_block *b, enum llmq_block_weight w);

@@ -150,6 +150,10 @@ enum llmq_status llmq_syrk_dev_cuda_f32(void *handle, int64_t N, int64_t K, floa
     (void)handle, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)beta, (void)C, (void)ldc;
     return no_cuda("syrk_dev_f32");
 }
+enum llmq_status llmq_gemm_dev_cuda_math(void *handle, bool tf32) {
+    (void)handle, (void)tf32;
+    return no_cuda("gemm_dev_math");
+}
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -159,7 +163,17 @@ enum llmq_status llmq_syrk_dev_cuda_f32(void *handle, int64_t N, int64_t K, floa
 struct llmq_gemm_dev {
     enum llmq_backend be;
     void *handle; // CUDA: the cublasHandle_t bound to the stream; NULL on the CPU
+    bool tf32;    // llmq_gemm_dev_set_tf32
 };
+
+enum llmq_status llmq_gemm_dev_set_tf32(struct llmq_gemm_dev *g, bool on) {
+    if (on && g->be != LLMQ_BACKEND_CUDA)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "gemm_dev: TF32 products need a CUDA context (this one is on %s)",
+                           llmq_backend_name(g->be));
+    enum llmq_status st = g->be == LLMQ_BACKEND_CUDA ? llmq_gemm_dev_cuda_math(g->handle, on) : LLMQ_OK;
+    if (!st) g->tf32 = on;
+    return st;
+}
 
 enum llmq_status llmq_gemm_dev_init(enum llmq_backend be, void *stream, struct llmq_gemm_dev **out) {
     *out = NULL;
@@ -202,5 +216,9 @@ enum llmq_status llmq_syrk_dev_f32(struct llmq_gemm_dev *g, int64_t N, int64_t K
         ldc < (N > 1 ? N : 1))
         return llmq_errorf(LLMQ_ERR_ARG, "syrk_dev_f32: bad shape N %lld K %lld lda %lld ldc %lld", (long long)N,
                            (long long)K, (long long)lda, (long long)ldc);
-    return N == 0 ? LLMQ_OK : llmq_syrk_dev_cuda_f32(g->handle, N, K, alpha, A, lda, beta, C, ldc);
+    if (N == 0) return LLMQ_OK;
+    enum llmq_status st = g->tf32 ? llmq_gemm_dev_cuda_math(g->handle, false) : LLMQ_OK; // the Gram: plain FP32
+    if (!st) st = llmq_syrk_dev_cuda_f32(g->handle, N, K, alpha, A, lda, beta, C, ldc);
+    enum llmq_status back = g->tf32 ? llmq_gemm_dev_cuda_math(g->handle, true) : LLMQ_OK;
+    return st ? st : back;
 }

@@ -95,11 +95,16 @@ struct llmq_gemm_dev;
 // *out = a context (NULL on error: LLMQ_ERR_DEVICE without CUDA / a device, or when cuBLAS fails to start).
 enum llmq_status llmq_gemm_dev_init(enum llmq_backend be, void *stream, struct llmq_gemm_dev **out);
 void llmq_gemm_dev_free(struct llmq_gemm_dev *g); // NULL is a no-op
+// on: llmq_gemm_dev_f32's products from now on on TF32 tensor cores (inputs rounded to TF32's 10-bit mantissa, FP32
+// accumulation: cuBLAS CUBLAS_TF32_TENSOR_OP_MATH); off (the default): plain FP32. LLMQ_ERR_UNSUPPORTED for on with
+// a CPU context (no TF32 there). EXPERIMENTAL: never run on a GPU, its effect on perplexity not yet measured.
+enum llmq_status llmq_gemm_dev_set_tf32(struct llmq_gemm_dev *g, bool on);
 // As llmq_gemm_f32 (same legend, same checks and errors) on the context's pointers.
 enum llmq_status llmq_gemm_dev_f32(struct llmq_gemm_dev *g, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                                    float *C, int64_t ldc);
 // As llmq_syrk_f32_acc on the context's pointers (the upper triangle of row-major C; the strict lower one is left).
+// Always plain FP32, whatever llmq_gemm_dev_set_tf32 says (the Gram sums' bound assumes it: kernels/block.h).
 enum llmq_status llmq_syrk_dev_f32(struct llmq_gemm_dev *g, int64_t N, int64_t K, float alpha, const float *A,
                                    int64_t lda, float beta, float *C, int64_t ldc);
 
@@ -126,5 +131,6 @@ enum llmq_status llmq_gemm_dev_cuda_f32(void *handle, bool transA, bool transB, 
                                         float beta, float *C, int64_t ldc);
 enum llmq_status llmq_syrk_dev_cuda_f32(void *handle, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                                         float beta, float *C, int64_t ldc);
+enum llmq_status llmq_gemm_dev_cuda_math(void *handle, bool tf32); // the handle's math mode: TF32 or pedantic FP32
 
 #endif // LLMQ_KERNELS_GEMM_H

@@ -214,6 +214,13 @@ done:
     return st;
 }
 
+extern "C" enum llmq_status llmq_gemm_dev_cuda_math(void *handle, bool tf32) {
+    enum llmq_status st = LLMQ_OK;
+    TRY_CUBLAS(cublasSetMathMode((cublasHandle_t)handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+done:
+    return st;
+}
+
 // As llmq_syrk_cuda_f32: the row-major upper triangle is cuBLAS's column-major lower one.
 extern "C" enum llmq_status llmq_syrk_dev_cuda_f32(void *handle, int64_t N, int64_t K, float alpha, const float *A,
                                                    int64_t lda, float beta, float *C, int64_t ldc) {

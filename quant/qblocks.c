@@ -85,6 +85,7 @@ enum llmq_status llmq_qblocks_open(const struct llmq_model *m, const struct llmq
         q->mb = micro_batch(d->n_seq, o->micro_batch);
         q->cpu = be == LLMQ_BACKEND_CPU;
         st = llmq_block_init(be, &sh, q->mb * d->seqlen, d->seqlen, SUMS, &q->b);
+        if (!st) st = llmq_devblock_math(q->b, "quantize");
         if (!st) st = llmq_ops_buf_alloc(llmq_block_ops(q->b), d->n_seq * d->seqlen * q->D, &q->x);
         if (!st)
             llmq_info("quantize: decoder blocks on %s through kernels/block.h%s: %lld sequences resident, "

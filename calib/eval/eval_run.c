@@ -108,6 +108,7 @@ static enum llmq_status side_init(struct side *s, const struct llmq_model *m, in
     if (!ff) return llmq_errorf(LLMQ_ERR_NOMEM, "eval: out of memory");
     st = llmq_devblock_shape(m, ff, &sh);
     if (!st) st = llmq_block_init(be, &sh, B * n, n, 0, &s->blk);
+    if (!st) st = llmq_devblock_math(s->blk, "eval");
     free(ff);
     if (!st) st = llmq_ops_buf_alloc(llmq_block_ops(s->blk), B * n * D, &s->xd);
     return st;

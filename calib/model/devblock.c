@@ -71,6 +71,18 @@ enum llmq_status llmq_devblock_want(const char *var, const char *who, enum llmq_
     return LLMQ_OK;
 }
 
+enum llmq_status llmq_devblock_math(struct llmq_block *b, const char *who) {
+    const char *env = getenv("LLMQ_BLOCK_MATH");
+    if (!env || !*env || strcmp(env, "fp32") == 0) return LLMQ_OK;
+    if (strcmp(env, "tf32") != 0)
+        return llmq_errorf(LLMQ_ERR_ARG, "%s: LLMQ_BLOCK_MATH=%s: must be fp32 or tf32", who, env);
+    enum llmq_status st = llmq_block_set_tf32(b, true);
+    if (!st)
+        llmq_info("%s: the block's linears on TF32 tensor cores (LLMQ_BLOCK_MATH=tf32, experimental: not measured)",
+                  who);
+    return st;
+}
+
 void llmq_devblock_info_fallback(const char *who, enum llmq_backend be, const char *why) {
     llmq_info("%s: decoder blocks through calib/model/forward.c (%s): %s", who,
               be == LLMQ_BACKEND_CUDA ? "its linears' products on cuda" : "on the CPU", why);

@@ -38,6 +38,13 @@ bool llmq_devblock_supported(const struct llmq_model *m, float *ff, struct llmq_
 enum llmq_status llmq_devblock_want(const char *var, const char *who, enum llmq_backend backend, bool *want, bool *hook,
                                     enum llmq_backend *be);
 
+// The arithmetic of block b's linears by the environment variable LLMQ_BLOCK_MATH (unset, empty or "fp32": FP32, the
+// default; "tf32": TF32 tensor cores, kernels/block.h llmq_block_set_tf32, with the info line "<who>: the block's
+// linears on TF32 tensor cores (LLMQ_BLOCK_MATH=tf32, experimental: not measured)"). Anything else is LLMQ_ERR_ARG;
+// tf32 on a CPU block LLMQ_ERR_UNSUPPORTED. An experiment switch for the GPU run's measurement, not a product option
+// (issue 17: each reduced-precision choice is measured before it becomes one).
+enum llmq_status llmq_devblock_math(struct llmq_block *b, const char *who);
+
 // Logs the info line of a fallback: "<who>: decoder blocks through calib/model/forward.c (its linears' products on
 // cuda | on the CPU, by be): <why>".
 void llmq_devblock_info_fallback(const char *who, enum llmq_backend be, const char *why);

@@ -14,6 +14,9 @@
 //      rounding boundary may flip, which GPTQ then compensates on the columns after it;
 //   2. the perplexity of both outputs (llmq eval on the CPU, wiki.test.raw, 4 chunks of 512) within 0.5%;
 //   3. cuda again: the same model.safetensors bytes (each device is deterministic on its own).
+// Then a MEASUREMENT, not a check: gptq on cuda with the block's linears on TF32 tensor cores (LLMQ_BLOCK_MATH=tf32,
+// calib/model/devblock.h), its codes against the cpu run's and its perplexity, printed for issue 17's record of each
+// reduced-precision choice's effect.
 // NEVER RUN ON A GPU YET (written without one): its first run is tests/gpu/run.sh's.
 #include "cli_util.h"
 
@@ -73,11 +76,29 @@ static bool same_file(const char *a, const char *b) {
     return same;
 }
 
-static void check_method(const char *bin, const char *model, const char *calib, const char *test, const char *method,
-                         const char *format) {
-    const char *q = "%s quantize --model %s --method %s --bits 4 --group-size 64 --format %s --allow-requantize "
-                    "--calib %s --nsamples 8 --seqlen 128 --seed 1 --threads 8 --device %s --no-checkpoint "
-                    "--out %s/%s-%s 2>%s/%s-%s.err";
+static const char *const quantize_fmt =
+    "%s quantize --model %s --method %s --bits 4 --group-size 64 --format %s --allow-requantize --calib %s --nsamples "
+    "8 "
+    "--seqlen 128 --seed 1 --threads 8 --device %s --no-checkpoint --out %s/%s-%s 2>%s/%s-%s.err";
+
+// gptq on cuda with TF32 linears (LLMQ_BLOCK_MATH=tf32): its codes against the cpu run's and its perplexity, printed.
+static void measure_tf32(const char *bin, const char *model, const char *calib, const char *test, double ppl_cpu) {
+    char cmd[4096], dc[1200], dt[1200];
+    snprintf(cmd, sizeof cmd, "LLMQ_BLOCK_MATH=tf32 %s", quantize_fmt);
+    if (test_run(cmd, bin, model, "gptq", "gptq", calib, "cuda", tmp, "gptq", "tf32", tmp, "gptq", "tf32") != 0) {
+        printf("gptq tf32: the run failed (see %s/gptq-tf32.err)\n", tmp);
+        return;
+    }
+    snprintf(dc, sizeof dc, "%s/gptq-cpu", tmp);
+    snprintf(dt, sizeof dt, "%s/gptq-tf32", tmp);
+    const double eq = codes_equal(dc, dt), p = ppl_of(bin, dt, test, "gptq-tf32");
+    printf("gptq tf32 (measured, not checked): codes equal to cpu %.5f, ppl %.6g (cpu %.6g, rel %.3g)\n", eq, p,
+           ppl_cpu, fabs(p - ppl_cpu) / ppl_cpu);
+}
+
+static double check_method(const char *bin, const char *model, const char *calib, const char *test, const char *method,
+                           const char *format) {
+    const char *q = quantize_fmt;
     CHECK(test_run(q, bin, model, method, format, calib, "cpu", tmp, method, "cpu", tmp, method, "cpu") == 0);
     CHECK(test_run(q, bin, model, method, format, calib, "cuda", tmp, method, "cuda", tmp, method, "cuda") == 0);
     CHECK(test_run(q, bin, model, method, format, calib, "cuda", tmp, method, "cuda2", tmp, method, "cuda2") == 0);
@@ -106,14 +127,16 @@ static void check_method(const char *bin, const char *model, const char *calib, 
            "%s\n",
            method, format, eq, pc, pg, fabs(pg - pc) / pc, rerun ? "the same bytes" : "DIFFERS", ok ? "ok" : "FAIL");
     failures += !ok;
+    return pc;
 }
 
 int main(void) {
     char model[1024], calib[1024], test[1024];
     const char *bin = test_smollm2_gpu_inputs("wiki.valid.raw", model, sizeof model, calib, sizeof calib, tmp);
     snprintf(test, sizeof test, "%s/wikitext-2-raw/wiki.test.raw", test_data_dir());
-    check_method(bin, model, calib, test, "gptq", "gptq");
+    const double ppl_gptq = check_method(bin, model, calib, test, "gptq", "gptq");
     check_method(bin, model, calib, test, "awq", "awq");
+    measure_tf32(bin, model, calib, test, ppl_gptq);
     if (failures)
         fprintf(stderr, "%d checks failed (outputs kept in %s)\n", failures, tmp);
     else

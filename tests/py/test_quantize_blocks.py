@@ -7,15 +7,16 @@ checkpoint's download of the activations) runs without a GPU.
 
 Agreement, as measured (OpenBLAS 0.3.21): with --threads 1 BIT FOR BIT — every output file and every report row but
 its seconds — for gptq (true-sequential and --no-true-sequential) into fake / gptq directories and into GGUF
-(Q4_K_M: GPTQ onto ggml blocks, with its gptq:rtn fallbacks), and for rtn --calib into a directory, on stories260K
-(llama, D 64), SmolLM2-135M's first 4 blocks (D 576, 9 / 3 heads), a random qwen3 (q/k norms, head_dim 32 with 4 heads on D 64, so Dq != D) and a random qwen2 (q/k/v
-biases): the CPU block repeats forward.c's operations (kernels/block.h), its gathers stop where forward.c's
-sub-block passes stop (calib/model/forward.h), its sums are calib/calib.c's. A run killed at checkpoint events on
-the block path and resumed writes the same bytes as the uninterrupted run (the checkpoint's activations are
+(Q4_K_M: GPTQ onto ggml blocks), and for rtn --calib into a directory, on stories260K (llama, D 64), SmolLM2-135M's
+first 4 blocks (D 576, 9 / 3 heads), a random qwen3 (q/k norms, head_dim 32 with 4 heads on D 64, so Dq != D) and a
+random qwen2 (q/k/v biases): the CPU block repeats forward.c's operations (kernels/block.h), its gathers stop where
+forward.c's sub-block passes stop (calib/model/forward.h), its sums are calib/calib.c's. A run killed at checkpoint
+events on the block path and resumed writes the same bytes as the uninterrupted run (the checkpoint's activations are
 downloaded after each block and uploaded again on --resume).
 Fallbacks (one info line naming the reason, the bytes unchanged): awq / awq+gptq (the search is forward.c's), GPTAQ,
 a family kernels/block.h does not cover (gemma2), LLMQ_QUANT_BLOCK=off; a bad LLMQ_QUANT_BLOCK is an error that
-writes nothing. Non-finite activations: both paths fail naming the same block and input, and write nothing.
+writes nothing; so are LLMQ_BLOCK_MATH=tf32 on the CPU hook (TF32 needs a CUDA block) and an unknown LLMQ_BLOCK_MATH.
+Non-finite activations: both paths fail naming the same block and input, and write nothing.
 """
 import hashlib
 import json
@@ -52,7 +53,8 @@ def digest(p):
 
 
 def rows(report):
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads(pathlib.Path(report).read_text())["layers"]]
+    layers = json.loads(pathlib.Path(report).read_text())["layers"]
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in layers]
 
 
 def tiny_family(llmq_bin, stories_v3, work, family):
@@ -211,6 +213,22 @@ def test_bad_hook_value(llmq_bin, stories_v3, data_dir, tmp_path):
              "4", "--out", out], check=False, env=env_with("gpu", data_dir))
     assert r.returncode == 1 and "LLMQ_QUANT_BLOCK=gpu: must be cpu or off" in r.stderr, r.stderr[-2000:]
     assert not out.exists() and not pathlib.Path(str(out) + ".partial").exists()
+
+
+def test_block_math_switch(llmq_bin, stories_v3, data_dir, tmp_path):
+    """LLMQ_BLOCK_MATH (calib/model/devblock.h llmq_devblock_math): fp32 is the default's bytes; tf32 needs a CUDA block
+    (refused on the CPU hook, nothing written); another value is refused by name."""
+    args = [llmq_bin, "quantize", "--model", stories_v3, *CAL, "--method", "gptq", "--format", "fake", "--group-size",
+            "4", "--no-checkpoint"]
+    run([*args, "--out", tmp_path / "a"], env=env_with("cpu", data_dir))
+    run([*args, "--out", tmp_path / "b"], env=env_with("cpu", data_dir, LLMQ_BLOCK_MATH="fp32"))
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    for value, msg in (("tf32", "gemm_dev: TF32 products need a CUDA context (this one is on cpu)"),
+                       ("bf16", "quantize: LLMQ_BLOCK_MATH=bf16: must be fp32 or tf32")):
+        out = tmp_path / value
+        r = run([*args, "--out", out], check=False, env=env_with("cpu", data_dir, LLMQ_BLOCK_MATH=value))
+        assert r.returncode != 0 and msg in r.stderr, r.stderr[-2000:]
+        assert not out.exists()
 
 
 def test_non_finite_named_alike(llmq_bin, stories_v3, data_dir, tmp_path):

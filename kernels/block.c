@@ -318,13 +318,12 @@ static enum llmq_status attn_half(struct llmq_block *b, const struct llmq_ops_bu
     return st;
 }
 
-// x += Wdown · (SiLU(Wgate·xn) · (Wup·xn)), xn = RMSNorm(h) · ffn_norm, h = x; the inputs in acc summed on the way.
-// gather: h = a[A_OUT] (attn_half's), x is not written, the pass stops after the last input acc needs.
-static enum llmq_status mlp_half(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n, unsigned acc,
-                                 bool gather) {
+// x = h + Wdown · (SiLU(Wgate·xn) · (Wup·xn)), xn = RMSNorm(h) · ffn_norm (h is x, or the gather's a[A_OUT]); the
+// inputs in acc summed on the way. gather: x is not written, the pass stops after the last input acc needs.
+static enum llmq_status mlp_half(struct llmq_block *b, const struct llmq_ops_buf *h, const struct llmq_ops_buf *x,
+                                 int64_t n, unsigned acc, bool gather) {
     const int64_t D = b->s.n_embd, F = b->s.n_ff;
     struct llmq_ops_buf *a = b->act;
-    const struct llmq_ops_buf *h = gather ? &a[A_OUT] : x;
     enum llmq_status st = llmq_ops_rmsnorm(b->ops, h, &b->w[LLMQ_BLOCK_FFN_NORM], &a[A_XN], n, D, b->s.rms_eps, false);
     if (!st && (acc & IN(LLMQ_BLOCK_GRAM_GATE))) st = sums_acc(b, LLMQ_BLOCK_GRAM_GATE, a[A_XN].data, n);
     if (st || (gather && !(acc & IN(LLMQ_BLOCK_GRAM_DOWN)))) return st;
@@ -343,8 +342,29 @@ enum llmq_status llmq_block_forward(struct llmq_block *b, const struct llmq_ops_
     const unsigned acc = accumulate ? LLMQ_BLOCK_INPUTS_ALL : 0u;
     enum llmq_status st = check_pass(b, x, n_seq, seqlen, accumulate);
     if (!st) st = attn_half(b, x, n_seq, seqlen, acc, false);
-    if (!st) st = mlp_half(b, x, n_seq * seqlen, acc, false);
+    if (!st) st = mlp_half(b, x, x, n_seq * seqlen, acc, false);
     if (!st && accumulate) b->rows += n_seq * seqlen;
+    return st;
+}
+
+enum llmq_status llmq_block_attn(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                 unsigned inputs) {
+    if (inputs & ~(IN(LLMQ_BLOCK_GRAM_QKV) | IN(LLMQ_BLOCK_GRAM_O)))
+        return llmq_errorf(LLMQ_ERR_ARG, "block: attn: inputs %#x are not the attention half's", inputs);
+    enum llmq_status st = check_pass(b, x, n_seq, seqlen, inputs != 0);
+    if (!st) st = attn_half(b, x, n_seq, seqlen, inputs, false);
+    if (!st && inputs) b->rows += n_seq * seqlen;
+    return st;
+}
+
+enum llmq_status llmq_block_ffn(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                unsigned inputs, bool apply) {
+    if ((inputs & ~(IN(LLMQ_BLOCK_GRAM_GATE) | IN(LLMQ_BLOCK_GRAM_DOWN))) || (!apply && !inputs))
+        return llmq_errorf(LLMQ_ERR_ARG, "block: ffn: inputs %#x (apply %d): not the feed-forward half's", inputs,
+                           (int)apply);
+    enum llmq_status st = check_pass(b, x, n_seq, seqlen, inputs != 0);
+    if (!st) st = mlp_half(b, x, x, n_seq * seqlen, inputs, !apply);
+    if (!st && inputs) b->rows += n_seq * seqlen;
     return st;
 }
 
@@ -355,7 +375,7 @@ enum llmq_status llmq_block_gather(struct llmq_block *b, const struct llmq_ops_b
     enum llmq_status st = check_pass(b, x, n_seq, seqlen, true);
     if (!st) st = attn_half(b, x, n_seq, seqlen, inputs, true);
     if (!st && (inputs & (IN(LLMQ_BLOCK_GRAM_GATE) | IN(LLMQ_BLOCK_GRAM_DOWN))))
-        st = mlp_half(b, x, n_seq * seqlen, inputs, true);
+        st = mlp_half(b, &b->act[A_OUT], x, n_seq * seqlen, inputs, true);
     if (!st) b->rows += n_seq * seqlen;
     return st;
 }

@@ -175,6 +175,18 @@ enum llmq_status llmq_block_forward(struct llmq_block *b, const struct llmq_ops_
 enum llmq_status llmq_block_gather(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
                                    unsigned inputs);
 
+// The block's two halves on their own, in place on x (n_seq · seqlen, D) as llmq_block_forward runs them one after the
+// other (the same bits): llmq_block_attn x += Wo · Attn(...) with the sums of its inputs in the mask (q/k/v's, o's;
+// 0: none); llmq_block_ffn with apply x += MLP(x), without it x is only read and the half stops after the last input
+// of the mask (gate/up's, down's), summing them. What quantize's true-sequential passes use after the attention is
+// solved (quant/qblocks.h): x replaced by the attention half's output once, then the feed-forward inputs gathered
+// from it and the output pass only the feed-forward half (the attention is not computed again). LLMQ_ERR_ARG for
+// inputs of the other half, for llmq_block_ffn without apply or inputs, and as llmq_block_forward.
+enum llmq_status llmq_block_attn(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                 unsigned inputs);
+enum llmq_status llmq_block_ffn(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                unsigned inputs, bool apply);
+
 // The width C of Gram matrix g (D, Dq, D, F).
 int64_t llmq_block_gram_dim(const struct llmq_block *b, enum llmq_block_gram g);
 // acc (C, C) f64 on the host += the block's sum g, upper triangle (j >= i) only (the strict lower triangle is left).

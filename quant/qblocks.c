@@ -17,6 +17,16 @@ struct llmq_qblocks {
     int64_t D, mb; // n_embd, sequences per block call
     bool cpu;      // the CPU backend (the test hook): its products run single-threaded, as inside a forward pass
     double load_s, pass_s, sums_s; // llmq_qblocks_times
+    bool x_is_h; // x holds the attention half's output h (llmq_qblocks_apply_attn), not the block input
+};
+
+// The ways passes() runs a micro-batch.
+enum pass_kind {
+    GATHER,  // llmq_block_gather (x read; from the block input)
+    FORWARD, // llmq_block_forward (x <- block(x), sums of every input when any)
+    ATTN,    // llmq_block_attn (x <- h), then the ffn inputs' sums from h
+    FFN,     // llmq_block_ffn without apply (x = h read)
+    FFN_OUT, // llmq_block_ffn with apply (x <- h + MLP(h))
 };
 
 static const unsigned SUMS = LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS;
@@ -138,9 +148,22 @@ void llmq_qblocks_times(const struct llmq_qblocks *q, double *load, double *pass
     *sums += q->sums_s;
 }
 
-// Every micro-batch of the resident sequences through the block: gathering the sums of `inputs` (x unchanged), or
-// (inputs 0, or advance) the whole block in place, with the sums of every input when inputs is not 0.
-static enum llmq_status passes(struct llmq_qblocks *q, unsigned inputs, bool advance) {
+// Every micro-batch of the resident sequences through the block as `kind` says, the sums of `inputs` gathered.
+static enum llmq_status run_one(struct llmq_qblocks *q, enum pass_kind kind, const struct llmq_ops_buf *v, int64_t ns,
+                                int64_t S, unsigned inputs) {
+    switch (kind) {
+    case GATHER: return llmq_block_gather(q->b, v, ns, S, inputs);
+    case FORWARD: return llmq_block_forward(q->b, v, ns, S, inputs != 0);
+    case ATTN: {
+        enum llmq_status st = llmq_block_attn(q->b, v, ns, S, 0u);
+        return st || !inputs ? st : llmq_block_ffn(q->b, v, ns, S, inputs, false);
+    }
+    case FFN: return llmq_block_ffn(q->b, v, ns, S, inputs, false);
+    default: return llmq_block_ffn(q->b, v, ns, S, inputs, true);
+    }
+}
+
+static enum llmq_status passes(struct llmq_qblocks *q, unsigned inputs, enum pass_kind kind) {
     const int64_t S = q->d->seqlen, n_seq = q->d->n_seq;
     const double t0 = llmq_now_s();
     const int blas = q->cpu ? openblas_get_num_threads() : 1;
@@ -149,7 +172,7 @@ static enum llmq_status passes(struct llmq_qblocks *q, unsigned inputs, bool adv
     for (int64_t s0 = 0; !st && s0 < n_seq; s0 += q->mb) {
         const int64_t ns = n_seq - s0 < q->mb ? n_seq - s0 : q->mb;
         const struct llmq_ops_buf v = llmq_ops_buf_view(&q->x, s0 * S * q->D, ns * S * q->D);
-        st = advance ? llmq_block_forward(q->b, &v, ns, S, inputs != 0) : llmq_block_gather(q->b, &v, ns, S, inputs);
+        st = run_one(q, kind, &v, ns, S, inputs);
     }
     if (!st) st = llmq_ops_sync(llmq_block_ops(q->b)); // the device's time is the pass's
     if (blas != 1) openblas_set_num_threads(blas);
@@ -165,12 +188,28 @@ static enum llmq_status take(struct llmq_qblocks *q, int64_t l, unsigned inputs,
     return st;
 }
 
+static const unsigned FFN_INPUTS = (1u << LLMQ_CALIB_SLOT_GATE) | (1u << LLMQ_CALIB_SLOT_DOWN);
+
 enum llmq_status llmq_qblocks_gather(struct llmq_qblocks *q, int64_t l, unsigned slots, struct llmq_calib_stats *s) {
-    enum llmq_status st = passes(q, slots, false);
+    if (q->x_is_h && (slots & ~FFN_INPUTS))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: blk.%lld: the attention inputs are gone (x holds its output)",
+                           (long long)l);
+    enum llmq_status st = passes(q, slots, q->x_is_h ? FFN : GATHER);
     return st ? st : take(q, l, slots, s);
 }
 
+enum llmq_status llmq_qblocks_apply_attn(struct llmq_qblocks *q, int64_t l, unsigned slots,
+                                         struct llmq_calib_stats *s) {
+    if (q->x_is_h || (slots & ~FFN_INPUTS))
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: blk.%lld: apply_attn twice, or of inputs %#x", (long long)l, slots);
+    enum llmq_status st = passes(q, slots, ATTN);
+    q->x_is_h = true; // whatever happened: x is no longer the block input
+    return st || !slots ? st : take(q, l, slots, s);
+}
+
 enum llmq_status llmq_qblocks_advance(struct llmq_qblocks *q, int64_t l, struct llmq_calib_stats *s) {
-    enum llmq_status st = passes(q, s ? LLMQ_BLOCK_INPUTS_ALL : 0u, true);
-    return st || !s ? st : take(q, l, LLMQ_BLOCK_INPUTS_ALL, s);
+    const unsigned inputs = s ? (q->x_is_h ? FFN_INPUTS : LLMQ_BLOCK_INPUTS_ALL) : 0u;
+    enum llmq_status st = passes(q, inputs, q->x_is_h ? FFN_OUT : FORWARD);
+    q->x_is_h = false;
+    return st || !s ? st : take(q, l, inputs, s);
 }

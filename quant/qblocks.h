@@ -55,11 +55,20 @@ enum llmq_status llmq_qblocks_set_linear(struct llmq_qblocks *q, enum llmq_linea
 
 // The statistics of the block inputs in `slots` (bits 1u << LLMQ_CALIB_SLOT_*) with the block's weights as they are,
 // over every calibration sequence in micro-batches, added to s's block l (allocated for it, those slots still zero, as
-// calib/calib.h's hook adds): kernels/block.h llmq_block_gather (the block input is not changed). Not mirrored
+// calib/calib.h's hook adds): kernels/block.h llmq_block_gather (the block input is not changed); after
+// llmq_qblocks_apply_attn only the ffn inputs, from h (llmq_block_ffn; another input is LLMQ_ERR_ARG). Not mirrored
 // (llmq_calib_stats_finish). LLMQ_ERR_NUMERIC for a non-finite input, naming block, input, sequence, position.
 enum llmq_status llmq_qblocks_gather(struct llmq_qblocks *q, int64_t l, unsigned slots, struct llmq_calib_stats *s);
 
-// The block's output pass: x <- block(x) with the block's weights as they are; with s, also every input's statistics
+// x <- h = x + the block's attention half (kernels/block.h llmq_block_attn) with the weights as they are, once the
+// attention's linears are final (gptq: after [o]), and the statistics of the ffn inputs in `slots` (gate/up's, 0:
+// none) from h as llmq_qblocks_gather does. From then on llmq_qblocks_gather takes only the ffn inputs (from h, no
+// attention computed again) and llmq_qblocks_advance applies only the ffn half. LLMQ_ERR_ARG when x already holds h
+// or for an attention input.
+enum llmq_status llmq_qblocks_apply_attn(struct llmq_qblocks *q, int64_t l, unsigned slots, struct llmq_calib_stats *s);
+
+// The block's output pass: x <- block(x) (after llmq_qblocks_apply_attn: x <- h + MLP(h)) with the block's weights
+// as they are; with s, also the statistics of every input the pass computes (all four; after apply_attn the ffn's)
 // into s's block l as llmq_qblocks_gather does (rtn: the full-precision inputs of its report).
 enum llmq_status llmq_qblocks_advance(struct llmq_qblocks *q, int64_t l, struct llmq_calib_stats *s);
 

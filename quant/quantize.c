@@ -976,7 +976,9 @@ static enum llmq_status dev_put_held(struct run *r, int l, int k) {
 
 // GPTQ on the block path (quant/quantize.h "Decoder blocks"): block_gptq's groups and solves, each group's
 // statistics gathered where the blocks compute with the linears solved so far in place (their decodings uploaded
-// after each group), then x_q <- quantized block(x_q) there.
+// after each group), then x_q <- quantized block(x_q) there. True-sequential: once [o] is solved the attention half
+// is applied to x_q in place (h), [gate, up]'s and [down]'s inputs come from h and the output pass is the ffn half
+// alone: the attention runs twice per block ([o]'s pass and h), not four times.
 static enum llmq_status block_gptq_dev(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly);
     if (!st) st = llmq_qblocks_load(r->qb, &r->ly, r->o->n_threads);
@@ -986,9 +988,12 @@ static enum llmq_status block_gptq_dev(struct run *r, int l) {
     }
     for (int g = 0; g < 4 && !st; g++) {
         const int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
-        if (r->o->true_sequential) {
+        if (r->o->true_sequential) { // [gate, up]: x <- h once the attention is solved (quant/qblocks.h)
             release_work(r);
-            if ((st = dev_gather(r, l, 1u << slot))) break;
+            st = g == 2 ? llmq_qblocks_apply_attn(r->qb, l, 1u << slot, &r->s)
+                        : llmq_qblocks_gather(r->qb, l, 1u << slot, &r->s);
+            if (!st) llmq_calib_stats_finish(&r->s, l);
+            if (st) break;
             for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
         }
         st = gptq_group(r, l, g, slot);

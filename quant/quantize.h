@@ -188,12 +188,13 @@
  *               calib/model/devblock.h covers (llama, mistral, qwen2, qwen3 without sliding window, softcap,
  *               linear RoPE scaling, partial RoPE; no moe): kernels/block.h. The activations are uploaded once
  *               after the embedding (or the resume) and stay where the block computes for every block; each block's
- *               weights are converted and uploaded once; gptq's true-sequential statistics passes are
- *               llmq_block_gather of the group's one input (the q/k/v input: the attention RMSNorm alone, as
- *               forward.c's norm pass; o's: up to the attention; gate/up's: the attention half and the ffn norm;
- *               down's: all but the down projection), so x_q is never copied; after each group its solved linears'
- *               decodings replace the block's weights; the output pass x_q <- block(x_q) runs there too (rtn: one
- *               pass with every input's sums). Per pass the host downloads the gathered input's column sums and its
+ *               weights are converted and uploaded once; gptq's true-sequential statistics passes gather the group's
+ *               one input: q/k/v's (the attention RMSNorm alone, as forward.c's norm pass) and o's (up to the
+ *               attention) with llmq_block_gather, x_q only read; once [o] is solved x_q <- h = x_q + the attention
+ *               half in place (kernels/block.h llmq_block_attn, gate/up's input gathered on the way), then down's
+ *               input from h and the output pass x_q <- h + MLP(h) (llmq_block_ffn): the attention runs twice per block
+ *               (forward.c's path: four times), x_q is never copied; after each group its solved linears' decodings
+ *               replace the block's weights (rtn: one pass with every input's sums). Per pass the host downloads the gathered input's column sums and its
  *               (C, C) f64 XᵀX triangle (calib/calib.h llmq_calib_take_block_sums), takes H from it and solves as
  *               above (GPTQ's CUDA steps upload H again: quant/gptq.h); with a checkpoint, the activations come
  *               back to the host after each block for it. No (N, D) host copy is allocated for the passes.

@@ -23,8 +23,9 @@
  *     so |ΔΣ|x|| <= 10 u Σ|x| and |ΔΣx²| <= (20 u + 100 u²) Σx² <= 21 u Σx² (|x'² - x²| = |x' - x| |x' + x|), plus
  *     the f64 sums' rounding (n 2^-53 relative: the 1e-12 term). The other inputs' column sums: 1e-3 of the value,
  *     a SMOKE CHECK as their Gram sums.
- *   llmq_block_gather against the device's own forward with sums on the same x: BIT FOR BIT (the same kernels and
- *     cuBLAS calls in the same order), the inputs outside the mask zero, x unchanged.
+ *   llmq_block_gather, and llmq_block_attn then llmq_block_ffn, against the device's own forward with sums on the
+ *     same x: BIT FOR BIT (the same kernels and cuBLAS calls in the same order), the inputs outside the mask zero, x
+ *     unchanged by the gathers.
  *   The column-sum kernel alone (kernels/block.h llmq_block_cuda_colsums against llmq_block_colsums_cpu on the same
  *     input: odd sizes, two calls accumulating, a NaN and an Inf planted): BIT FOR BIT, and the same first
  *     non-finite index (the device adds the rows of a column in the reference's order, without FMA contraction).
@@ -251,8 +252,19 @@ static void check_gather(struct fix_model *fm, const char *name, int64_t n_seq, 
         bad += memcmp(back, x, (size_t)(n * D) * sizeof(float)) != 0;
         bad += fix_sums_differ(fb, gb, masks[mi]);
     }
-    printf("%-64s %s: gather of 1, 2, 4, 8, o+down vs the device forward's sums: %s\n", name, bad ? "FAIL" : "ok",
-           bad ? "DIFFER" : "bit-identical, the others zero, x unchanged");
+    // the halves: llmq_block_attn then llmq_block_ffn (apply) against the forward, bits and sums
+    float *fwd = host(n * D);
+    CHECK_OK(llmq_ops_download(llmq_block_ops(fb), fwd, &fx, 0, n * D));
+    CHECK_OK(llmq_block_sums_zero(gb));
+    CHECK_OK(llmq_ops_upload(llmq_block_ops(gb), &gx, 0, x, n * D));
+    CHECK_OK(llmq_block_attn(gb, &gx, n_seq, S, 1u | 2u));
+    CHECK_OK(llmq_block_ffn(gb, &gx, n_seq, S, 4u | 8u, true));
+    CHECK_OK(llmq_ops_download(llmq_block_ops(gb), back, &gx, 0, n * D));
+    bad += memcmp(back, fwd, (size_t)(n * D) * sizeof(float)) != 0;
+    bad += fix_sums_differ(fb, gb, 0xfu);
+    free(fwd);
+    printf("%-64s %s: gather of 1, 2, 4, 8, o+down and attn + ffn vs the device forward: %s\n", name,
+           bad ? "FAIL" : "ok", bad ? "DIFFER" : "bit-identical sums and output, the others zero, x unchanged");
     if (bad) failures++;
     free(x), free(back);
     llmq_ops_buf_free(&fx), llmq_ops_buf_free(&gx);

@@ -16,7 +16,9 @@
  *  5. Refusals: other families by name, partial RoPE (n_rot < head_dim), a weight never set, too many tokens, sums
  *     of a block without, an unknown sums flag, a CUDA block without a device.
  *  6. llmq_block_gather (quantize's one-input statistics passes): the sums of each input it is asked for equal the
- *     whole forward's bit for bit, the others stay zero, x is not changed; empty or unknown masks are refused.
+ *     whole forward's bit for bit, the others stay zero, x is not changed; llmq_block_attn then llmq_block_ffn (apply)
+ *     give the forward's bits and sums, and the ffn's gathers from h = the attention half's output its sums without
+ *     changing h; empty, unknown or other-half masks are refused.
  */
 #include "harness.h"
 
@@ -324,13 +326,35 @@ static void check_gather(struct fix_model *fm, const char *label, int64_t n_seq,
             CHECK(bits_differ(x0, xg.data, n * D) == 0);
             CHECK(fix_sums_differ(bf, bg, masks[mi]) == 0);
         }
+        // the halves: llmq_block_attn then llmq_block_ffn with apply is the forward, bits and sums
+        CHECK_OK(llmq_block_sums_zero(bg));
+        memcpy(xg.data, x0, (size_t)(n * D) * sizeof(float));
+        CHECK_OK(llmq_block_attn(bg, &xg, n_seq, S, 1u | 2u));
+        CHECK_OK(llmq_block_ffn(bg, &xg, n_seq, S, 4u | 8u, true));
+        CHECK(bits_differ(xf.data, xg.data, n * D) == 0);
+        CHECK(fix_sums_differ(bf, bg, 0xfu) == 0);
+        // h = the attention half's output in place, then the ffn inputs gathered from it without applying it
+        CHECK_OK(llmq_block_sums_zero(bg));
+        memcpy(xg.data, x0, (size_t)(n * D) * sizeof(float));
+        CHECK_OK(llmq_block_attn(bg, &xg, n_seq, S, 0u));
+        float *h = malloc((size_t)(n * D) * sizeof(float));
+        CHECK(h);
+        memcpy(h, xg.data, (size_t)(n * D) * sizeof(float));
+        CHECK_OK(llmq_block_ffn(bg, &xg, n_seq, S, 4u | 8u, false));
+        CHECK(bits_differ(h, xg.data, n * D) == 0);
+        CHECK(fix_sums_differ(bf, bg, 4u | 8u) == 0);
+        free(h);
     }
     llmq_log_set_level(LLMQ_LOG_SILENT);
     CHECK(llmq_block_gather(bg, &xg, n_seq, S, 0u) == LLMQ_ERR_ARG);
     CHECK(llmq_block_gather(bg, &xg, n_seq, S, 0x10u) == LLMQ_ERR_ARG);
+    CHECK(llmq_block_attn(bg, &xg, n_seq, S, 4u) == LLMQ_ERR_ARG);
+    CHECK(llmq_block_ffn(bg, &xg, n_seq, S, 1u, true) == LLMQ_ERR_ARG);
+    CHECK(llmq_block_ffn(bg, &xg, n_seq, S, 0u, false) == LLMQ_ERR_ARG);
     llmq_log_set_level(LLMQ_LOG_INFO);
     printf("%s: llmq_block_gather of 1, 2, 4, 8 and o+down: sums bit-identical to the forward's, the others zero, "
-           "x unchanged; an empty or unknown mask refused\n",
+           "x unchanged; llmq_block_attn + llmq_block_ffn: the forward's bits and sums, the ffn gathers from h; "
+           "wrong masks refused\n",
            label);
     free(x0);
     llmq_ops_buf_free(&xf), llmq_ops_buf_free(&xg);

@@ -194,7 +194,8 @@
  *               half in place (kernels/block.h llmq_block_attn, gate/up's input gathered on the way), then down's
  *               input from h and the output pass x_q <- h + MLP(h) (llmq_block_ffn): the attention runs twice per block
  *               (forward.c's path: four times), x_q is never copied; after each group its solved linears' decodings
- *               replace the block's weights (rtn: one pass with every input's sums). Per pass the host downloads the gathered input's column sums and its
+ *               replace the block's weights (rtn: one pass with every input's sums). Per pass the host downloads the
+ gathered input's column sums and its
  *               (C, C) f64 XᵀX triangle (calib/calib.h llmq_calib_take_block_sums), takes H from it and solves as
  *               above (GPTQ's CUDA steps upload H again: quant/gptq.h); with a checkpoint, the activations come
  *               back to the host after each block for it. No (N, D) host copy is allocated for the passes.

@@ -145,6 +145,7 @@ def test_one_thread_bit_for_bit(quantize, llmq_bin, stories_v3, work, family):
         assert a[1] == b[1], f"{family} {name}: the report rows differ"
 
 
+@pytest.mark.heavy
 def test_smollm2_bit_for_bit(quantize, smollm2, work):
     """SmolLM2-135M cut to its first 4 blocks (D 576, 9 / 3 heads of 64, F 1536; its Q4_1 linears requantized)."""
     smol4 = gguf_first_blocks(smollm2, work / "smol4.gguf", 4)

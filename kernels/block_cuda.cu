@@ -72,6 +72,20 @@ extern "C" enum llmq_status llmq_block_cuda_colsums(void *stream, const float *x
     return CU(cudaGetLastError());
 }
 
+// H[i][j] = (float)(scale · acc[min(i, j)][max(i, j)]): one f64 product rounded to f32, as calib/calib.c's Hessian.
+__global__ void hessian_kernel(const double *acc, int64_t C, double scale, float *H) {
+    for (int64_t idx = (int64_t)blockIdx.x * THREADS + threadIdx.x; idx < C * C; idx += (int64_t)gridDim.x * THREADS) {
+        const int64_t i = idx / C, j = idx - i * C;
+        H[idx] = __double2float_rn(__dmul_rn(scale, j >= i ? acc[idx] : acc[j * C + i]));
+    }
+}
+
+extern "C" enum llmq_status llmq_block_cuda_hessian(void *stream, const double *acc, int64_t C, double scale,
+                                                    float *H) {
+    hessian_kernel<<<blocks_for(C * C), THREADS, 0, (cudaStream_t)stream>>>(acc, C, scale, H);
+    return CU(cudaGetLastError());
+}
+
 extern "C" enum llmq_status llmq_block_cuda_zero(void *stream, double *acc, int64_t n) {
     zero_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(acc, n);
     return CU(cudaGetLastError());

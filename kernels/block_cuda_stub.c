@@ -16,6 +16,10 @@ enum llmq_status llmq_block_cuda_zero(void *stream, double *acc, int64_t n) {
     (void)stream, (void)acc, (void)n;
     return llmq_errorf(LLMQ_ERR_DEVICE, "block Gram sums on cuda: this llmq was built without CUDA");
 }
+enum llmq_status llmq_block_cuda_hessian(void *stream, const double *acc, int64_t C, double scale, float *H) {
+    (void)stream, (void)acc, (void)C, (void)scale, (void)H;
+    return llmq_errorf(LLMQ_ERR_DEVICE, "block Hessian on cuda: this llmq was built without CUDA");
+}
 #else
 typedef int llmq_block_cuda_stub_unused; // ISO C: a translation unit is not empty
 #endif

@@ -142,6 +142,14 @@ enum llmq_status llmq_qblocks_set_linear(struct llmq_qblocks *q, enum llmq_linea
     return st;
 }
 
+enum llmq_status llmq_qblocks_hessian(struct llmq_qblocks *q, int slot, float *H) {
+    const double t0 = llmq_now_s();
+    enum llmq_status st =
+        llmq_block_hessian_download(q->b, (enum llmq_block_gram)slot, 2.0 / (double)q->d->n_seq, H); // calib.h's H
+    q->sums_s += llmq_now_s() - t0;
+    return st;
+}
+
 void llmq_qblocks_times(const struct llmq_qblocks *q, double *load, double *passes, double *sums) {
     *load += q->load_s;
     *passes += q->pass_s;

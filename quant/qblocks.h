@@ -72,8 +72,15 @@ enum llmq_status llmq_qblocks_apply_attn(struct llmq_qblocks *q, int64_t l, unsi
 // into s's block l as llmq_qblocks_gather does (rtn: the full-precision inputs of its report).
 enum llmq_status llmq_qblocks_advance(struct llmq_qblocks *q, int64_t l, struct llmq_calib_stats *s);
 
+// H (C, C) f32 = 2 / n_seq · XᵀX of block input `slot` from the last pass that gathered it (kernels/block.h
+// llmq_block_hessian_download: converted where the block computes, only the f32 matrix downloaded): the bits of
+// calib/calib.h llmq_calib_hessian on the same sums. Valid until the next gather or advance with statistics (which
+// zero the sums); the statistics' own XᵀX is not needed (quantize allocates them without it on this path).
+enum llmq_status llmq_qblocks_hessian(struct llmq_qblocks *q, int slot, float *H);
+
 // Seconds spent so far, added to *load (weights converted and uploaded: llmq_qblocks_load, _set_linear), *passes
-// (the passes, each waited for: the device's time) and *sums (the sums downloaded into the statistics).
+// (the passes, each waited for: the device's time) and *sums (the sums downloaded into the statistics, the
+// Hessians converted and downloaded).
 void llmq_qblocks_times(const struct llmq_qblocks *q, double *load, double *passes, double *sums);
 
 #endif // LLMQ_QUANT_QBLOCKS_H

@@ -158,8 +158,10 @@ static enum llmq_status timed(struct run *r, enum stage k, double t0, enum llmq_
     return st;
 }
 
-// H (C, C) of block l's input slot from the current statistics (calib/calib.h llmq_calib_hessian; take: _take).
+// H (C, C) of block l's input slot from the current statistics (calib/calib.h llmq_calib_hessian; take: _take), or on
+// the block path from the block's own sums (quant/qblocks.h llmq_qblocks_hessian: the same bits).
 static enum llmq_status hessian(struct run *r, int l, int slot, float *H, bool take) {
+    if (r->qb) return llmq_qblocks_hessian(r->qb, slot, H); // the block path: from the block's sums (timed there)
     const double t0 = llmq_now_s();
     return timed(r, S_HESSIAN, t0,
                  take ? llmq_calib_hessian_take(&r->s, l, slot, H) : llmq_calib_hessian(&r->s, l, slot, H));
@@ -1841,7 +1843,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         size_t row0 = json_array_size(r.layers), moe0 = json_array_size(json_object_get(r.moe, "layers"));
         if (r.have_calib) {
             llmq_calib_stats_free(&r.s);
-            if ((st = llmq_calib_stats_init(m, true, l, l + 1, &r.s))) break;
+            if ((st = llmq_calib_stats_init(m, !r.qb, l, l + 1, &r.s))) break; // the block path: H from the block
             r.s.backend = o->backend;
         }
         r.ly = m->layers[l]; // the block's weight set: the model's until a method rebinds it

@@ -195,10 +195,11 @@
  *               input from h and the output pass x_q <- h + MLP(h) (llmq_block_ffn): the attention runs twice per block
  *               (forward.c's path: four times), x_q is never copied; after each group its solved linears' decodings
  *               replace the block's weights (rtn: one pass with every input's sums). Per pass the host downloads the
- gathered input's column sums and its
- *               (C, C) f64 XᵀX triangle (calib/calib.h llmq_calib_take_block_sums), takes H from it and solves as
- *               above (GPTQ's CUDA steps upload H again: quant/gptq.h); with a checkpoint, the activations come
- *               back to the host after each block for it. No (N, D) host copy is allocated for the passes.
+ *               gathered input's column sums (calib/calib.h llmq_calib_take_block_sums: the finite check) and, per
+ *               linear, its H converted from the f64 sums where the block computes (f32, the bits of
+ *               llmq_calib_hessian: quant/qblocks.h llmq_qblocks_hessian; the statistics keep no XᵀX on this path),
+ *               and solves as above (GPTQ's CUDA steps upload H again: quant/gptq.h); with a checkpoint, the
+ *               activations come back to the host after each block for it. No (N, D) host copy is allocated.
  *               Memory bound: the activations plus the block's buffers for a micro-batch with its Gram and column
  *               sums (llmq_qblocks_bytes) within half of the device's free memory, else forward.c.
  *   The choice is one info line ("quantize: decoder blocks on cuda through kernels/block.h ..." or "... through

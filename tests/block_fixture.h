@@ -147,6 +147,25 @@ static inline void fix_load(const struct fix_model *fm, int l, struct llmq_block
         if (fm->w[l][w]) CHECK_OK(llmq_block_set_weight(b, (enum llmq_block_weight)w, fm->w[l][w]));
 }
 
+// llmq_block_hessian_download's check (both tests): how many elements of block b's H of input g at scale differ from
+// (float)(scale · G_ij), G its own Gram sum (gram_download) made symmetric: the bits calib/calib.c's Hessian gives.
+static inline int64_t fix_hessian_differ(struct llmq_block *b, enum llmq_block_gram g, double scale) {
+    const int64_t C = llmq_block_gram_dim(b, g);
+    double *G = calloc((size_t)(C * C), sizeof(double));
+    float *H = malloc((size_t)(C * C) * sizeof(float));
+    CHECK(G && H);
+    CHECK_OK(llmq_block_gram_download(b, g, G));
+    CHECK_OK(llmq_block_hessian_download(b, g, scale, H));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < C; i++)
+        for (int64_t j = 0; j < C; j++) {
+            const float want = (float)(scale * (j >= i ? G[i * C + j] : G[j * C + i]));
+            bad += memcmp(&want, &H[i * C + j], sizeof(float)) != 0;
+        }
+    free(G), free(H);
+    return bad;
+}
+
 // llmq_block_gather's check (both tests): how many of the sums of block got differ from those of block ref for the
 // inputs in mask (the Gram upper triangles and the column sums, bit for bit; a non-finite mark counts too), plus how
 // many of got's sums outside mask are not zero. Both blocks made with LLMQ_BLOCK_SUM_GRAM | LLMQ_BLOCK_SUM_COLS.

@@ -23,6 +23,8 @@
  *     so |ΔΣ|x|| <= 10 u Σ|x| and |ΔΣx²| <= (20 u + 100 u²) Σx² <= 21 u Σx² (|x'² - x²| = |x' - x| |x' + x|), plus
  *     the f64 sums' rounding (n 2^-53 relative: the 1e-12 term). The other inputs' column sums: 1e-3 of the value,
  *     a SMOKE CHECK as their Gram sums.
+ *   The device Hessian (llmq_block_hessian_download, converted on the device) against (float)(scale · G) of the
+ *     device's own Gram sum on the host: BIT FOR BIT (one f64 product rounded to f32 on both sides).
  *   llmq_block_gather, and llmq_block_attn then llmq_block_ffn, against the device's own forward with sums on the
  *     same x: BIT FOR BIT (the same kernels and cuBLAS calls in the same order), the inputs outside the mask zero, x
  *     unchanged by the gathers.
@@ -136,6 +138,12 @@ static void check_family(struct fix_model *fm, const char *name, int64_t n_seq, 
             snprintf(label, sizeof label, "%s layer %d Gram sum of %s's input (C %lld)%s", name, l, gname[k],
                      (long long)C, k ? " [smoke]" : "");
             compare_gram(label, gg, gc, C, k ? 1e-3 : 2.0 * bt_gamma(256) + 20.0 * BT_U);
+            const int64_t hbad = fix_hessian_differ(gb, (enum llmq_block_gram)k, 2.0 / 3.0);
+            if (hbad) {
+                printf("%s layer %d: the device Hessian of input %d differs from its Gram's in %lld elements: FAIL\n",
+                       name, l, k, (long long)hbad);
+                failures++;
+            }
             memset(gc, 0, (size_t)(2 * C) * sizeof(double));
             memset(gg, 0, (size_t)(2 * C) * sizeof(double));
             int64_t bc = 0, bg = 0;

@@ -6,7 +6,8 @@
  *     on x: the result equals llmq_forward_block (calib/model/forward.c, one thread, OpenBLAS on one thread) BIT FOR
  *     BIT, block after block, for several sequences with partial attention tiles (seqlen 70 and 150 > 64 rows), and
  *     twice on the same block (the weights stay loaded; x stays in the block's buffer across the layers).
- *  2. The Gram sums equal llmq_gram_acc_f64 (kernels/gemm.h) on the inputs forward.c's hook sees, and the column
+ *  2. The Gram sums equal llmq_gram_acc_f64 (kernels/gemm.h) on the inputs forward.c's hook sees (and
+ *     llmq_block_hessian_download is (float)(scale · G) of them made symmetric, bit for bit), and the column
  *     sums (Σ|x|, Σx²) the calibration statistics' (calib/calib.h llmq_calib_stats_add) on them, bit for bit,
  *     accumulated over two passes; a NaN planted in the second pass's input is reported at its row (counted over
  *     both passes) and column.
@@ -122,6 +123,7 @@ static void check_model(struct fix_model *fm, const char *label, int64_t n_seq, 
             CHECK_OK(llmq_block_gram_download(b, (enum llmq_block_gram)k, got));
             CHECK(llmq_block_gram_dim(b, (enum llmq_block_gram)k) == g.C[k]);
             CHECK(upper_differ(got, g.acc[k], g.C[k]) == 0);
+            CHECK(fix_hessian_differ(b, (enum llmq_block_gram)k, 2.0 / 3.0) == 0);
             const struct llmq_calib_input *in = &g.cs.in[il * LLMQ_CALIB_N_SLOTS + k];
             int64_t bad = 0;
             memset(cols, 0, (size_t)(2 * g.C[k]) * sizeof(double));

@@ -436,17 +436,19 @@ enum llmq_status llmq_block_gram_download(struct llmq_block *b, enum llmq_block_
     return st;
 }
 
-enum llmq_status llmq_block_hessian_download(struct llmq_block *b, enum llmq_block_gram g, double scale, float *H) {
-    if (!(b->sums & LLMQ_BLOCK_SUM_GRAM) || (unsigned)g >= LLMQ_BLOCK_GRAM_COUNT || !H)
+enum llmq_status llmq_block_hessian(struct llmq_block *b, enum llmq_block_gram g, double scale,
+                                    const struct llmq_ops_buf *H) {
+    if (!(b->sums & LLMQ_BLOCK_SUM_GRAM) || (unsigned)g >= LLMQ_BLOCK_GRAM_COUNT)
         return llmq_errorf(LLMQ_ERR_ARG, "block: no Gram sum %d (made without, or out of range)", (int)g);
     const int64_t C = gram_dim(&b->s, g);
+    if (!H || !H->data || H->be != b->be || H->n < C * C)
+        return llmq_errorf(LLMQ_ERR_ARG, "block: the Hessian of input %d needs %lld floats on %s", (int)g,
+                           (long long)(C * C), llmq_backend_name(b->be));
     const double *acc = (const double *)(void *)b->gsum[g].data;
-    if (b->be == LLMQ_BACKEND_CUDA) { // converted where the sums are, into the (cmax, cmax) f32 scratch
-        enum llmq_status st = llmq_block_cuda_hessian(llmq_ops_stream(b->ops), acc, C, scale, b->gscratch.data);
-        return st ? st : llmq_ops_download(b->ops, H, &b->gscratch, 0, C * C);
-    }
+    if (b->be == LLMQ_BACKEND_CUDA) return llmq_block_cuda_hessian(llmq_ops_stream(b->ops), acc, C, scale, H->data);
     for (int64_t i = 0; i < C; i++)
-        for (int64_t j = 0; j < C; j++) H[i * C + j] = (float)(scale * (j >= i ? acc[i * C + j] : acc[j * C + i]));
+        for (int64_t j = 0; j < C; j++)
+            H->data[i * C + j] = (float)(scale * (j >= i ? acc[i * C + j] : acc[j * C + i]));
     return LLMQ_OK;
 }
 

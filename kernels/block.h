@@ -192,12 +192,15 @@ int64_t llmq_block_gram_dim(const struct llmq_block *b, enum llmq_block_gram g);
 // acc (C, C) f64 on the host += the block's sum g, upper triangle (j >= i) only (the strict lower triangle is left).
 // Waits for the block's work. LLMQ_ERR_ARG on a block without LLMQ_BLOCK_SUM_GRAM.
 enum llmq_status llmq_block_gram_download(struct llmq_block *b, enum llmq_block_gram g, double *acc);
-// H (C, C) f32 on the host, every element = (float)(scale · G_ij) with G the block's Gram sum g made symmetric (the
-// upper triangle's G_min(i,j),max(i,j)): calib/calib.h llmq_calib_hessian's arithmetic (scale 2 / n_seq, one f64
-// product rounded to f32), so the same bits as gram_download + llmq_calib_stats_finish + llmq_calib_hessian. On CUDA
-// the conversion runs on the device and only the f32 matrix is downloaded (half the bytes of the f64 sums, no host
-// pass over them). Waits for the block's work. LLMQ_ERR_ARG on a block without LLMQ_BLOCK_SUM_GRAM.
-enum llmq_status llmq_block_hessian_download(struct llmq_block *b, enum llmq_block_gram g, double scale, float *H);
+// H (C, C) f32, a buffer where the block computes (llmq_ops_buf_alloc on llmq_block_ops, at least C² floats), every
+// element = (float)(scale · G_ij) with G the block's Gram sum g made symmetric (the upper triangle's
+// G_min(i,j),max(i,j)): calib/calib.h llmq_calib_hessian's arithmetic (scale 2 / n_seq, one f64 product rounded to
+// f32), so the same bits as gram_download + llmq_calib_stats_finish + llmq_calib_hessian. On CUDA the conversion runs
+// on the device (queued): a caller downloads only the f32 matrix (half the bytes of the f64 sums, no host pass over
+// them) and can keep it there for products (quant/qblocks.h's error sums). LLMQ_ERR_ARG on a block without
+// LLMQ_BLOCK_SUM_GRAM or for H too small or on another backend.
+enum llmq_status llmq_block_hessian(struct llmq_block *b, enum llmq_block_gram g, double scale,
+                                    const struct llmq_ops_buf *H);
 // Input g's column sums onto the host: sum_abs (C) += Σ|x|, sum_sq (C) += Σx² (f64), and *bad = t·C + c of its
 // first non-finite value in row-major order (t: the row counted over every pass since the last
 // llmq_block_sums_zero), -1 when all were finite. Waits for the block's work. LLMQ_ERR_ARG on a block without

@@ -364,6 +364,22 @@ enum llmq_status llmq_ops_add(struct llmq_ops *ops, const struct llmq_ops_buf *x
     return LLMQ_OK;
 }
 
+enum llmq_status llmq_ops_dot_f64(struct llmq_ops *ops, const struct llmq_ops_buf *a, const struct llmq_ops_buf *b,
+                                  int64_t n, double *acc) {
+    enum llmq_status st = check_elementwise(ops, "dot", n, a, b, NULL);
+    if (st || n == 0) return st;
+    if (ops->be == LLMQ_BACKEND_CUDA) {
+        double part[LLMQ_OPS_DOT_BLOCKS];
+        if ((st = llmq_ops_cuda_dot(ops->cuda, a->data, b->data, n, part))) return st;
+        for (int i = 0; i < LLMQ_OPS_DOT_BLOCKS; i++) *acc += part[i];
+        return LLMQ_OK;
+    }
+    double s = *acc;
+    for (int64_t i = 0; i < n; i++) s += (double)a->data[i] * (double)b->data[i];
+    *acc = s;
+    return LLMQ_OK;
+}
+
 enum llmq_status llmq_ops_repeat_rows(struct llmq_ops *ops, const struct llmq_ops_buf *row,
                                       const struct llmq_ops_buf *y, int64_t n, int64_t C) {
     int64_t nc = 0;

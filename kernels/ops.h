@@ -168,6 +168,15 @@ enum llmq_status llmq_ops_swiglu(struct llmq_ops *ops, const struct llmq_ops_buf
 enum llmq_status llmq_ops_add(struct llmq_ops *ops, const struct llmq_ops_buf *x, const struct llmq_ops_buf *y,
                               int64_t n);
 
+// *acc += Σ_i (double)a_i · (double)b_i over n floats of a and b, f64 products and sums (quant/quantize.c's error
+// sums, tr(Δ H Δᵀ), on the block path: quant/qblocks.h). CPU: one running sum from *acc in index order (the same
+// bits as that loop). CUDA: LLMQ_OPS_DOT_BLOCKS partial sums, each a fixed tree over a fixed stride, added to *acc in
+// block order on the host: deterministic, another order than the CPU's (both within n · 2^-53 · Σ|a_i b_i| of the
+// exact sum). Waits for the context's work.
+#define LLMQ_OPS_DOT_BLOCKS 256
+enum llmq_status llmq_ops_dot_f64(struct llmq_ops *ops, const struct llmq_ops_buf *a, const struct llmq_ops_buf *b,
+                                  int64_t n, double *acc);
+
 // ---- internal: the device half (kernels/ops_cuda.cu; kernels/ops_cuda_stub.c returns LLMQ_ERR_DEVICE without
 // CUDA). Arguments already checked by the dispatch in kernels/ops.c; every size > 0.
 struct llmq_ops_cuda; // device 0, one non-blocking stream
@@ -186,6 +195,8 @@ enum llmq_status llmq_ops_cuda_attention(struct llmq_ops_cuda *c, const struct l
 enum llmq_status llmq_ops_cuda_swiglu(struct llmq_ops_cuda *c, const float *gate, const float *up, float *out,
                                       int64_t n);
 enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x, const float *y, int64_t n);
+enum llmq_status llmq_ops_cuda_dot(struct llmq_ops_cuda *c, const float *a, const float *b, int64_t n,
+                                   double partial[LLMQ_OPS_DOT_BLOCKS]); // waits
 enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n, int64_t C);
 void *llmq_ops_cuda_stream(struct llmq_ops_cuda *c);
 

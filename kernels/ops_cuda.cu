@@ -29,6 +29,7 @@ extern "C" {
 
 struct llmq_ops_cuda {
     cudaStream_t stream;
+    double *dot; // (LLMQ_OPS_DOT_BLOCKS) llmq_ops_cuda_dot's partial sums, allocated once with the context
 };
 
 static enum llmq_status cuda_check(cudaError_t e, const char *stmt, const char *file, int line) {
@@ -68,6 +69,17 @@ __device__ static double block_sum(double v, double *red) {
     }
     __syncthreads();
     return red[0];
+}
+
+// Block b's partial sum of a_i · b_i (f64) over i = b·THREADS + t + k·DOT_BLOCKS·THREADS: a fixed stride per thread and
+// a fixed tree per block (block_sum), so the same inputs give the same partials.
+__global__ void dot_kernel(const float *a, const float *b, int64_t n, double *partial) {
+    __shared__ double red[THREADS / 32];
+    double s = 0.0;
+    for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += (int64_t)LLMQ_OPS_DOT_BLOCKS * THREADS)
+        s = __dadd_rn(s, __dmul_rn((double)a[i], (double)b[i]));
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 // One block per row r of x (rows, D): kernels/ops.c rmsnorm_cpu with the double sum reduced as a tree.
@@ -213,10 +225,17 @@ extern "C" enum llmq_status llmq_ops_cuda_init(struct llmq_ops_cuda **out) {
         free(c);
         return st;
     }
+    st = CU(cudaMalloc((void **)&c->dot, LLMQ_OPS_DOT_BLOCKS * sizeof(double)));
+    if (st) {
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return st;
+    }
     // Above 48 KiB of dynamic shared memory a kernel must opt in (Dh 256: 72 KiB).
     st = CU(cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)attn_smem(LLMQ_OPS_CUDA_MAX_HEAD)));
     if (st) {
+        cudaFree(c->dot);
         cudaStreamDestroy(c->stream);
         free(c);
         return st;
@@ -228,6 +247,7 @@ extern "C" enum llmq_status llmq_ops_cuda_init(struct llmq_ops_cuda **out) {
 extern "C" void llmq_ops_cuda_free(struct llmq_ops_cuda *c) {
     if (!c) return;
     cudaStreamSynchronize(c->stream);
+    cudaFree(c->dot);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -303,6 +323,16 @@ extern "C" enum llmq_status llmq_ops_cuda_swiglu(struct llmq_ops_cuda *c, const 
 extern "C" enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x, const float *y, int64_t n) {
     add_kernel<<<blocks_for(n), THREADS, 0, c->stream>>>(x, y, n);
     return CU(cudaGetLastError());
+}
+
+extern "C" enum llmq_status llmq_ops_cuda_dot(struct llmq_ops_cuda *c, const float *a, const float *b, int64_t n,
+                                              double partial[LLMQ_OPS_DOT_BLOCKS]) {
+    dot_kernel<<<LLMQ_OPS_DOT_BLOCKS, THREADS, 0, c->stream>>>(a, b, n, c->dot);
+    enum llmq_status st = CU(cudaGetLastError());
+    if (!st)
+        st = CU(
+            cudaMemcpyAsync(partial, c->dot, LLMQ_OPS_DOT_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost, c->stream));
+    return st ? st : CU(cudaStreamSynchronize(c->stream));
 }
 
 extern "C" enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n,

@@ -51,6 +51,11 @@ enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x, const floa
     (void)c, (void)x, (void)y, (void)n;
     return no_cuda("add");
 }
+enum llmq_status llmq_ops_cuda_dot(struct llmq_ops_cuda *c, const float *a, const float *b, int64_t n,
+                                   double partial[LLMQ_OPS_DOT_BLOCKS]) {
+    (void)c, (void)a, (void)b, (void)n, (void)partial;
+    return no_cuda("dot");
+}
 enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n, int64_t C) {
     (void)c, (void)row, (void)y, (void)n, (void)C;
     return no_cuda("repeat_rows");

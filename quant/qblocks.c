@@ -5,6 +5,7 @@
 #include "calib/model/devblock.h"
 #include "common/log.h"
 #include "kernels/block.h"
+#include "kernels/gemm.h"
 
 #include <cblas.h>
 #include <stdio.h>
@@ -18,7 +19,22 @@ struct llmq_qblocks {
     bool cpu;      // the CPU backend (the test hook): its products run single-threaded, as inside a forward pass
     double load_s, pass_s, sums_s; // llmq_qblocks_times
     bool x_is_h; // x holds the attention half's output h (llmq_qblocks_apply_attn), not the block input
+    // the error sums (llmq_qblocks_quad_form): the last Hessian where the block computes, row chunks of D and D·H
+    struct llmq_ops_buf h, dl, t; // (Cmax, Cmax), (QF_ROWS, Cmax) x 2
+    int64_t h_C;                  // the width of the Hessian in h; 0: none yet
+    struct llmq_gemm_dev *gemm;   // its own products, plain FP32 (whatever LLMQ_BLOCK_MATH says of the block's)
 };
+
+// Rows of D per product of the error sums: quant/quantize.c quad_form's 256 on the CPU (the same products, so the
+// same bits), larger chunks on the device.
+static int64_t qf_rows(enum llmq_backend be) { return be == LLMQ_BACKEND_CUDA ? 2048 : 256; }
+
+// The widest block input (the Hessians' C).
+static int64_t c_max(const struct llmq_block_shape *sh) {
+    const int64_t Dq = sh->n_head * sh->head_dim;
+    int64_t c = sh->n_embd > sh->n_ff ? sh->n_embd : sh->n_ff;
+    return c > Dq ? c : Dq;
+}
 
 // The ways passes() runs a micro-batch.
 enum pass_kind {
@@ -50,7 +66,8 @@ int64_t llmq_qblocks_bytes(const struct llmq_model *m, const struct llmq_quantiz
     if (ff && n_seq >= 1 && seqlen >= 1 && !method_refusal(o)[0] &&
         llmq_devblock_supported(m, ff, &sh, why, sizeof why))
         bytes = llmq_block_bytes(LLMQ_BACKEND_CUDA, &sh, micro_batch(n_seq, o->micro_batch) * seqlen, seqlen, SUMS) +
-                n_seq * seqlen * m->hp.n_embd * (int64_t)sizeof(float);
+                (n_seq * seqlen * m->hp.n_embd + c_max(&sh) * (c_max(&sh) + 2 * qf_rows(LLMQ_BACKEND_CUDA))) *
+                    (int64_t)sizeof(float); // x; the Hessian and the error sums' chunks
     free(ff);
     return bytes;
 }
@@ -96,7 +113,13 @@ enum llmq_status llmq_qblocks_open(const struct llmq_model *m, const struct llmq
         q->cpu = be == LLMQ_BACKEND_CPU;
         st = llmq_block_init(be, &sh, q->mb * d->seqlen, d->seqlen, SUMS, &q->b);
         if (!st) st = llmq_devblock_math(q->b, "quantize");
-        if (!st) st = llmq_ops_buf_alloc(llmq_block_ops(q->b), d->n_seq * d->seqlen * q->D, &q->x);
+        struct llmq_ops *ops = st ? NULL : llmq_block_ops(q->b);
+        const int64_t cm = c_max(&sh);
+        if (!st) st = llmq_ops_buf_alloc(ops, d->n_seq * d->seqlen * q->D, &q->x);
+        if (!st) st = llmq_ops_buf_alloc(ops, cm * cm, &q->h);
+        if (!st) st = llmq_ops_buf_alloc(ops, qf_rows(be) * cm, &q->dl);
+        if (!st) st = llmq_ops_buf_alloc(ops, qf_rows(be) * cm, &q->t);
+        if (!st) st = llmq_gemm_dev_init(be, llmq_ops_stream(ops), &q->gemm);
         if (!st)
             llmq_info("quantize: decoder blocks on %s through kernels/block.h%s: %lld sequences resident, "
                       "micro-batches of %lld, %.0f MiB where the blocks compute",
@@ -114,8 +137,12 @@ enum llmq_status llmq_qblocks_open(const struct llmq_model *m, const struct llmq
 
 void llmq_qblocks_free(struct llmq_qblocks *q) {
     if (!q) return;
-    llmq_block_free(q->b); // waits for its queued work: x is free to go
+    llmq_block_free(q->b); // waits for its queued work: the buffers are free to go
     llmq_ops_buf_free(&q->x);
+    llmq_ops_buf_free(&q->h);
+    llmq_ops_buf_free(&q->dl);
+    llmq_ops_buf_free(&q->t);
+    llmq_gemm_dev_free(q->gemm);
     free(q);
 }
 
@@ -144,9 +171,32 @@ enum llmq_status llmq_qblocks_set_linear(struct llmq_qblocks *q, enum llmq_linea
 
 enum llmq_status llmq_qblocks_hessian(struct llmq_qblocks *q, int slot, float *H) {
     const double t0 = llmq_now_s();
-    enum llmq_status st =
-        llmq_block_hessian_download(q->b, (enum llmq_block_gram)slot, 2.0 / (double)q->d->n_seq, H); // calib.h's H
+    const int64_t C = llmq_block_gram_dim(q->b, (enum llmq_block_gram)slot);
+    q->h_C = 0;
+    enum llmq_status st = llmq_block_hessian(q->b, (enum llmq_block_gram)slot, 2.0 / (double)q->d->n_seq, &q->h);
+    if (!st) st = llmq_ops_download(llmq_block_ops(q->b), H, &q->h, 0, C * C);
+    if (!st) q->h_C = C;
     q->sums_s += llmq_now_s() - t0;
+    return st;
+}
+
+enum llmq_status llmq_qblocks_quad_form(struct llmq_qblocks *q, const float *Dl, int64_t R, int64_t C, double *out) {
+    if (C != q->h_C)
+        return llmq_errorf(LLMQ_ERR_ARG, "quantize: an error sum of width %lld without its Hessian (%lld)",
+                           (long long)C, (long long)q->h_C);
+    struct llmq_ops *ops = llmq_block_ops(q->b);
+    const int64_t step = qf_rows(llmq_ops_backend(ops));
+    double s = 0;
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t r0 = 0; r0 < R && !st; r0 += step) {
+        const int64_t n = R - r0 < step ? R - r0 : step;
+        st = llmq_ops_upload(ops, &q->dl, 0, Dl + r0 * C, n * C);
+        if (!st)
+            st = llmq_gemm_dev_f32(q->gemm, false, false, n, C, C, 1.0f, q->dl.data, C, q->h.data, C, 0.0f, q->t.data,
+                                   C);
+        if (!st) st = llmq_ops_dot_f64(ops, &q->dl, &q->t, n * C, &s);
+    }
+    if (!st) *out = s;
     return st;
 }
 

@@ -73,10 +73,18 @@ enum llmq_status llmq_qblocks_apply_attn(struct llmq_qblocks *q, int64_t l, unsi
 enum llmq_status llmq_qblocks_advance(struct llmq_qblocks *q, int64_t l, struct llmq_calib_stats *s);
 
 // H (C, C) f32 = 2 / n_seq · XᵀX of block input `slot` from the last pass that gathered it (kernels/block.h
-// llmq_block_hessian_download: converted where the block computes, only the f32 matrix downloaded): the bits of
-// calib/calib.h llmq_calib_hessian on the same sums. Valid until the next gather or advance with statistics (which
-// zero the sums); the statistics' own XᵀX is not needed (quantize allocates them without it on this path).
+// llmq_block_hessian: converted where the block computes and kept there for llmq_qblocks_quad_form, only the f32
+// matrix downloaded): the bits of calib/calib.h llmq_calib_hessian on the same sums. Valid until the next gather or
+// advance with statistics (which zero the sums); the statistics' own XᵀX is not needed (quantize allocates them
+// without it on this path).
 enum llmq_status llmq_qblocks_hessian(struct llmq_qblocks *q, int slot, float *H);
+
+// *out = Σ_r d_r H d_rᵀ (f64) for Dl (R, C) on the host and H the last llmq_qblocks_hessian's, kept where the block
+// computes (quant/quantize.c's error sums: only Dl goes to the device, in row chunks, instead of H and Dl per product
+// and D·H back). The CPU backend repeats quantize.c quad_form's products and sum (chunks of 256 rows, one running sum
+// in order: the same bits); CUDA sums each chunk as kernels/ops.h llmq_ops_dot_f64 does. LLMQ_ERR_ARG when C is not
+// the width of that Hessian.
+enum llmq_status llmq_qblocks_quad_form(struct llmq_qblocks *q, const float *Dl, int64_t R, int64_t C, double *out);
 
 // Seconds spent so far, added to *load (weights converted and uploaded: llmq_qblocks_load, _set_linear), *passes
 // (the passes, each waited for: the device's time) and *sums (the sums downloaded into the statistics, the

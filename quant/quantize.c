@@ -293,6 +293,11 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
 static int64_t qf_rows(const struct run *r, int64_t R) { return r->o->backend == LLMQ_BACKEND_CUDA ? R : QF_ROWS; }
 static double quad_form(struct run *r, const float *Dl, const float *H, int64_t R, int64_t C) {
     double s = 0;
+    if (r->qb) { // the block path: H is the linear's, kept where the block computes (quant/qblocks.h)
+        enum llmq_status st = llmq_qblocks_quad_form(r->qb, Dl, R, C, &s);
+        if (st && !r->gemm_st) r->gemm_st = st;
+        return st ? NAN : s;
+    }
     const int64_t step = qf_rows(r, R);
     for (int64_t r0 = 0; r0 < R; r0 += step) {
         const int64_t n = R - r0 < step ? R - r0 : step;

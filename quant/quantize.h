@@ -198,8 +198,9 @@
  *               gathered input's column sums (calib/calib.h llmq_calib_take_block_sums: the finite check) and, per
  *               linear, its H converted from the f64 sums where the block computes (f32, the bits of
  *               llmq_calib_hessian: quant/qblocks.h llmq_qblocks_hessian; the statistics keep no XᵀX on this path),
- *               and solves as above (GPTQ's CUDA steps upload H again: quant/gptq.h); with a checkpoint, the
- *               activations come back to the host after each block for it. No (N, D) host copy is allocated.
+ *               and solves as above (GPTQ's CUDA steps upload H again: quant/gptq.h); the reported errors'
+ *               tr(Δ H Δᵀ) use that H where it was made (llmq_qblocks_quad_form: only Δ goes up). With a
+ *               checkpoint the activations come back to the host after each block. No (N, D) host copy is made.
  *               Memory bound: the activations plus the block's buffers for a micro-batch with its Gram and column
  *               sums (llmq_qblocks_bytes) within half of the device's free memory, else forward.c.
  *   The choice is one info line ("quantize: decoder blocks on cuda through kernels/block.h ..." or "... through

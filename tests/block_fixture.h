@@ -147,15 +147,19 @@ static inline void fix_load(const struct fix_model *fm, int l, struct llmq_block
         if (fm->w[l][w]) CHECK_OK(llmq_block_set_weight(b, (enum llmq_block_weight)w, fm->w[l][w]));
 }
 
-// llmq_block_hessian_download's check (both tests): how many elements of block b's H of input g at scale differ from
+// llmq_block_hessian's check (both tests): how many elements of block b's H of input g at scale differ from
 // (float)(scale · G_ij), G its own Gram sum (gram_download) made symmetric: the bits calib/calib.c's Hessian gives.
 static inline int64_t fix_hessian_differ(struct llmq_block *b, enum llmq_block_gram g, double scale) {
     const int64_t C = llmq_block_gram_dim(b, g);
     double *G = calloc((size_t)(C * C), sizeof(double));
     float *H = malloc((size_t)(C * C) * sizeof(float));
+    struct llmq_ops_buf hb;
     CHECK(G && H);
     CHECK_OK(llmq_block_gram_download(b, g, G));
-    CHECK_OK(llmq_block_hessian_download(b, g, scale, H));
+    CHECK_OK(llmq_ops_buf_alloc(llmq_block_ops(b), C * C, &hb));
+    CHECK_OK(llmq_block_hessian(b, g, scale, &hb));
+    CHECK_OK(llmq_ops_download(llmq_block_ops(b), H, &hb, 0, C * C));
+    llmq_ops_buf_free(&hb);
     int64_t bad = 0;
     for (int64_t i = 0; i < C; i++)
         for (int64_t j = 0; j < C; j++) {

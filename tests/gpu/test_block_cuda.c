@@ -23,7 +23,7 @@
  *     so |ΔΣ|x|| <= 10 u Σ|x| and |ΔΣx²| <= (20 u + 100 u²) Σx² <= 21 u Σx² (|x'² - x²| = |x' - x| |x' + x|), plus
  *     the f64 sums' rounding (n 2^-53 relative: the 1e-12 term). The other inputs' column sums: 1e-3 of the value,
  *     a SMOKE CHECK as their Gram sums.
- *   The device Hessian (llmq_block_hessian_download, converted on the device) against (float)(scale · G) of the
+ *   The device Hessian (llmq_block_hessian, converted on the device) against (float)(scale · G) of the
  *     device's own Gram sum on the host: BIT FOR BIT (one f64 product rounded to f32 on both sides).
  *   llmq_block_gather, and llmq_block_attn then llmq_block_ffn, against the device's own forward with sums on the
  *     same x: BIT FOR BIT (the same kernels and cuBLAS calls in the same order), the inputs outside the mask zero, x

@@ -173,6 +173,32 @@ static void test_swiglu_add(int64_t n) {
     llmq_ops_buf_free(&gg), llmq_ops_buf_free(&ug), llmq_ops_buf_free(&xg);
 }
 
+// The dot (kernels/ops.h llmq_ops_dot_f64) of n floats: the device's fixed-tree partial sums against the CPU's running
+// sum, |gpu - cpu| <= 2 n 2^-53 Σ|a_i b_i| + 1e-300 (two f64 summations of the same exact products in different
+// orders, each within n 2^-53 Σ|a_i b_i|); the device twice: the same bits.
+static void test_dot(int64_t n) {
+    float *a = host(n), *b = host(n);
+    double mag = 0;
+    for (int64_t i = 0; i < n; i++) {
+        a[i] = 4.0f * test_frand(&rng);
+        b[i] = 4.0f * test_frand(&rng);
+        mag += fabs((double)a[i] * (double)b[i]);
+    }
+    struct llmq_ops_buf ac = llmq_ops_buf_host(a, n), bc = llmq_ops_buf_host(b, n);
+    struct llmq_ops_buf ag = dev_from(a, n), bg = dev_from(b, n);
+    double c = 1.0, g = 1.0, g2 = 1.0;
+    CHECK_OK(llmq_ops_dot_f64(cpu, &ac, &bc, n, &c));
+    CHECK_OK(llmq_ops_dot_f64(gpu, &ag, &bg, n, &g));
+    CHECK_OK(llmq_ops_dot_f64(gpu, &ag, &bg, n, &g2));
+    const double tol = 2.0 * (double)n * 0x1p-53 * (mag + 1.0) + 1e-300;
+    const bool ok = fabs(g - c) <= tol && memcmp(&g, &g2, sizeof g) == 0;
+    printf("%-60s %s: |gpu - cpu| %.3g (bound %.3g), rerun %s\n", "dot", ok ? "ok" : "FAIL", fabs(g - c), tol,
+           memcmp(&g, &g2, sizeof g) == 0 ? "bit-identical" : "DIFFERS");
+    if (!ok) failures++;
+    free(a), free(b);
+    llmq_ops_buf_free(&ag), llmq_ops_buf_free(&bg);
+}
+
 // Buffers on the device: offsets, views, the wrong backend, an unsupported head_dim.
 static void test_buffers(void) {
     struct llmq_ops_buf b;
@@ -225,6 +251,9 @@ int main(void) {
     test_swiglu_add(7);
     test_swiglu_add(4097);
     test_swiglu_add(1 << 20);
+    test_dot(1);
+    test_dot(4097);
+    test_dot(3 << 20);
     llmq_ops_free(gpu);
     llmq_ops_free(cpu);
     if (failures) fprintf(stderr, "%d checks failed\n", failures);

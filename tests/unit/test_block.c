@@ -7,7 +7,7 @@
  *     BIT, block after block, for several sequences with partial attention tiles (seqlen 70 and 150 > 64 rows), and
  *     twice on the same block (the weights stay loaded; x stays in the block's buffer across the layers).
  *  2. The Gram sums equal llmq_gram_acc_f64 (kernels/gemm.h) on the inputs forward.c's hook sees (and
- *     llmq_block_hessian_download is (float)(scale · G) of them made symmetric, bit for bit), and the column
+ *     llmq_block_hessian is (float)(scale · G) of them made symmetric, bit for bit), and the column
  *     sums (Σ|x|, Σx²) the calibration statistics' (calib/calib.h llmq_calib_stats_add) on them, bit for bit,
  *     accumulated over two passes; a NaN planted in the second pass's input is reported at its row (counted over
  *     both passes) and column.

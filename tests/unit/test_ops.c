@@ -255,9 +255,17 @@ static void test_buffers_and_errors(void) {
     CHECK_OK(llmq_ops_download(ops, dst, &view, 1, 3));
     CHECK(dst[0] == 1 && dst[1] == 2 && dst[2] == 3);
     CHECK_OK(llmq_ops_sync(ops));
+    // the dot: a running f64 sum from *acc in index order (quant/quantize.c quad_form's loop, bit for bit)
+    const float da[5] = {1.5f, -2.25f, 3e-8f, 7.0f, 0.1f}, db[5] = {0.3f, 1e7f, -4.0f, 0.125f, -0.7f};
+    struct llmq_ops_buf ba = llmq_ops_buf_host((float *)da, 5), bb = llmq_ops_buf_host((float *)db, 5);
+    double got = 0.5, want = 0.5;
+    for (int i = 0; i < 5; i++) want += (double)da[i] * (double)db[i];
+    CHECK_OK(llmq_ops_dot_f64(ops, &ba, &bb, 5, &got));
+    CHECK(memcmp(&got, &want, sizeof got) == 0);
 
     llmq_log_set_level(LLMQ_LOG_SILENT);
-    CHECK(llmq_ops_upload(ops, &b, 7, src, 4) == LLMQ_ERR_ARG); // past the end
+    CHECK(llmq_ops_dot_f64(ops, &ba, &bb, 6, &got) == LLMQ_ERR_ARG); // past the end
+    CHECK(llmq_ops_upload(ops, &b, 7, src, 4) == LLMQ_ERR_ARG);      // past the end
     CHECK_CONTAINS(llmq_last_error(), "holds 10 floats");
     CHECK(llmq_ops_download(ops, dst, &b, -1, 1) == LLMQ_ERR_ARG);
     struct llmq_ops_buf none = {0}, fake_dev = {.data = b.data, .n = 10, .be = LLMQ_BACKEND_CUDA};

@@ -76,17 +76,21 @@
  *               diagonal (f32 products of a micro-batch rounded before the f64 sum: other bits than sum_sq's).
  *               The non-finite check is the block's (its first NaN / Inf per input, reported per layer in slot
  *               order, naming the sequence, position and channel: LLMQ_ERR_NUMERIC as above).
+ *               The engine is calib/blocks.h: when the activations (N · D floats; a 128 × 2048-token calibration of
+ *               an 8B model: 4 GiB) do not fit in s->max_vram (--max-vram; default half of the device's free memory)
+ *               with the block's buffers, they stay in a page-locked host array and stream through the device a
+ *               micro-batch at a time.
  *   Otherwise forward.c, with one info line naming why: devblock's refusal (the family or the feature, e.g. a
- *   mixture of experts), or the memory bound: the activations (N · D floats) plus llmq_block_bytes for a micro-batch
- *   must fit in half of the device's free memory (a 128 × 2048-token calibration of an 8B model: 4 GiB of
- *   activations). llmq calib has no emulation mode, so none is refused. Who takes the block path: `llmq calib
+ *   mixture of experts), or the block's buffers alone over the budget. llmq calib has no emulation mode, so none is
+ *   refused. Who takes the block path: `llmq calib
  *   --device cuda`, and quantize's importance statistics (gguf type choice, rtn with --calib) on --device cuda.
  *   Agreement: the block on the CPU backend repeats forward.c's operations (kernels/block.h), its Gram sums are
  *   llmq_gram_acc_f64's and its column sums the loop above, so with --threads 1 the statistics file is the SAME
  *   BYTES as forward.c's (tests/py/test_calib_blocks.py). On CUDA the inputs differ by float rounding and the Gram
  *   products by summation order: tests/gpu/test_calib_cuda.c bounds the difference; it has NEVER RUN ON A GPU.
  *   Test hook: LLMQ_CALIB_BLOCK=cpu runs the block path on the CPU backend whatever the device (so its wiring is
- *   tested without a GPU; no memory bound there); LLMQ_CALIB_BLOCK=off keeps forward.c with --device cuda; any other
+ *   tested without a GPU; no memory bound there but --max-vram, which the tests use to force streaming);
+ *   LLMQ_CALIB_BLOCK=off keeps forward.c with --device cuda; any other
  *   value is LLMQ_ERR_ARG.
  *
  * ---- Stats file (.lcs), little-endian ------------------------------------------------------------
@@ -274,6 +278,8 @@ struct llmq_calib_stats {
     int64_t scratch_n;            // its floats
     enum llmq_backend backend;    // of the XᵀX syrk and of llmq_calib_run's forward (kernels/gemm.h); CPU
                                   // after init / load: set it after llmq_calib_stats_init
+    uint64_t max_vram;            // llmq_calib_run's block path budget (calib/blocks.h; --max-vram), 0: half of
+                                  // the device's free memory; set it after llmq_calib_stats_init
     int64_t n_seq_hint;           // sequences per block call (for n_seq counting in the hook)
     enum llmq_status err;         // first error seen by the hook
     int64_t n_seq, seqlen;        // of the calibration data (for the file header)
@@ -343,7 +349,7 @@ void llmq_calib_moe_coverage(const struct llmq_calib_stats *s, int64_t layer, in
 // by llmq_calib_stats_reset; not mirrored: llmq_calib_stats_finish does it): the column sums, the finite check in slot
 // order (the first non-finite value named by sequence, position and channel: LLMQ_ERR_NUMERIC), XᵀX's upper triangle
 // when s keeps it (with_xtx and a block made with LLMQ_BLOCK_SUM_GRAM), count and n_seq. The block path of
-// llmq_calib_run and of quantize's passes (quant/qblocks.h). LLMQ_ERR_ARG when s was not allocated for the layer.
+// llmq_calib_run and of quantize's passes (calib/blocks.h). LLMQ_ERR_ARG when s was not allocated for the layer.
 struct llmq_block;
 enum llmq_status llmq_calib_take_block_sums(struct llmq_block *b, const struct llmq_calib_data *d, int64_t layer,
                                             unsigned inputs, struct llmq_calib_stats *s);

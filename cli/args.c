@@ -161,6 +161,8 @@ const char *cli_calib_args_check(struct cli_calib_args *a) {
     if (a->threads < 1 || a->threads > 256) return "--threads must be between 1 and 256";
     if (a->max_memory && !llmq_parse_bytes(a->max_memory, &a->max_mem_bytes))
         return "--max-memory must be a size such as 4G, 512M or 1073741824";
+    if (a->max_vram && (!llmq_parse_bytes(a->max_vram, &a->max_vram_bytes) || a->max_vram_bytes == 0))
+        return "--max-vram must be a size such as 20G, 512M or 1073741824";
     return NULL;
 }
 

@@ -62,8 +62,10 @@ struct cli_calib_args {
     int n_sources;
     const char *calib_help_dummy; // the --calib table entry's destination; the values are in sources
     long nsamples, seqlen, seed, micro, threads;
-    const char *max_memory; // --max-memory as given (NULL: unlimited)
-    uint64_t max_mem_bytes; // parsed by cli_calib_args_check (0: unlimited)
+    const char *max_memory;  // --max-memory as given (NULL: unlimited)
+    uint64_t max_mem_bytes;  // parsed by cli_calib_args_check (0: unlimited)
+    const char *max_vram;    // --max-vram as given (NULL: half of the device's free memory)
+    uint64_t max_vram_bytes; // parsed by cli_calib_args_check (0: the default)
 };
 
 // Defaults: 128 x 512 tokens, seed 0, micro-batch 8, threads = online CPUs, no memory limit.
@@ -82,10 +84,16 @@ const char *cli_calib_args_check(struct cli_calib_args *a);
     {"nsamples", CLI_INT, &(a)->nsamples, "128", "calibration sequences"},                                             \
         {"seqlen", CLI_INT, &(a)->seqlen, "512", "tokens per calibration sequence"},                                   \
         {"seed", CLI_INT, &(a)->seed, "0", "seed of the window sampling (and of --calib self)"},                       \
-        {"micro-batch", CLI_INT, &(a)->micro, "8", "sequences per forward call of the calibration passes"}, {          \
-        "max-memory", CLI_STR, &(a)->max_memory, "unlimited",                                                          \
-            "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file "         \
-            "in $LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"                                      \
+        {"micro-batch", CLI_INT, &(a)->micro, "8", "sequences per forward call of the calibration passes"},            \
+        {"max-memory", CLI_STR, &(a)->max_memory, "unlimited",                                                         \
+         "RAM for the calibration activations (e.g. 4G, 512M); beyond it they go to an unlinked temp file "            \
+         "in $LLMQ_SPILL_DIR / $TMPDIR (weights and Hessians are not counted)"},                                       \
+    {                                                                                                                  \
+        "max-vram", CLI_STR, &(a)->max_vram, "half of the device's free memory",                                       \
+            "--device cuda: device memory for the decoder blocks' passes (e.g. 20G); when the calibration "            \
+            "activations do not fit in it with the block's buffers they stream from page-locked host memory a "        \
+            "micro-batch at a time, and when the buffers alone do not fit the passes run on the host (with a log "     \
+            "line saying so)"                                                                                          \
     }
 
 #endif // LLMQ_CLI_ARGS_H

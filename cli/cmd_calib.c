@@ -125,6 +125,7 @@ int cmd_calib(int argc, char **argv) {
         if (!(st = llmq_calib_data_load(m, &co, &d)) &&
             !(st = llmq_calib_stats_init(m, !no_xtx, 0, m->hp.n_layer, &s))) {
             s.backend = backend;
+            s.max_vram = ca.max_vram_bytes;
             st = llmq_calib_run(m, &d, (int)ca.threads, ca.micro, &s);
         }
         if (!st)

@@ -425,6 +425,7 @@ static void fill_opts(const struct qargs *q, bool gguf, struct llmq_quantize_opt
     o->calib.seqlen = q->ca.seqlen;
     o->calib.seed = (uint64_t)q->ca.seed;
     o->micro_batch = q->ca.micro;
+    o->max_vram = q->ca.max_vram_bytes;
     o->n_threads = (int)q->ca.threads;
     o->percdamp = isnan(q->damp) ? 0.01f : (float)q->damp;
     o->true_sequential = !q->no_tseq;

@@ -16,7 +16,7 @@
  * with --device cuda (calib/calib_run.c, calib/calib.h "Decoder blocks": every calibration sequence resident, each
  * layer's Gram and column sums downloaded once; `llmq calib`, and quantize's importance statistics);
  * calib/model/devblock.h fills it from a model; and the tests.
- * `llmq quantize` with --device cuda (quant/qblocks.h: rtn's and gptq's passes, the calibration activations resident;
+ * `llmq quantize` with --device cuda (calib/blocks.h: rtn's and gptq's passes, the calibration activations resident;
  * llmq_block_gather for the true-sequential statistics passes).
  * What it is not (yet): NOT used by AWQ's search (it runs calib/model/forward.c); no gemma, phi3, moe, sliding window,
  * softcap, linear RoPE scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging
@@ -179,7 +179,7 @@ enum llmq_status llmq_block_gather(struct llmq_block *b, const struct llmq_ops_b
 // other (the same bits): llmq_block_attn x += Wo · Attn(...) with the sums of its inputs in the mask (q/k/v's, o's;
 // 0: none); llmq_block_ffn with apply x += MLP(x), without it x is only read and the half stops after the last input
 // of the mask (gate/up's, down's), summing them. What quantize's true-sequential passes use after the attention is
-// solved (quant/qblocks.h): x replaced by the attention half's output once, then the feed-forward inputs gathered
+// solved (calib/blocks.h): x replaced by the attention half's output once, then the feed-forward inputs gathered
 // from it and the output pass only the feed-forward half (the attention is not computed again). LLMQ_ERR_ARG for
 // inputs of the other half, for llmq_block_ffn without apply or inputs, and as llmq_block_forward.
 enum llmq_status llmq_block_attn(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
@@ -197,7 +197,7 @@ enum llmq_status llmq_block_gram_download(struct llmq_block *b, enum llmq_block_
 // G_min(i,j),max(i,j)): calib/calib.h llmq_calib_hessian's arithmetic (scale 2 / n_seq, one f64 product rounded to
 // f32), so the same bits as gram_download + llmq_calib_stats_finish + llmq_calib_hessian. On CUDA the conversion runs
 // on the device (queued): a caller downloads only the f32 matrix (half the bytes of the f64 sums, no host pass over
-// them) and can keep it there for products (quant/qblocks.h's error sums). LLMQ_ERR_ARG on a block without
+// them) and can keep it there for products (calib/blocks.h's error sums). LLMQ_ERR_ARG on a block without
 // LLMQ_BLOCK_SUM_GRAM or for H too small or on another backend.
 enum llmq_status llmq_block_hessian(struct llmq_block *b, enum llmq_block_gram g, double scale,
                                     const struct llmq_ops_buf *H);

@@ -122,6 +122,15 @@ enum llmq_status llmq_ops_upload(struct llmq_ops *ops, const struct llmq_ops_buf
     return LLMQ_OK;
 }
 
+enum llmq_status llmq_ops_pin(struct llmq_ops *ops, void *p, size_t bytes, bool *pinned) {
+    *pinned = ops->be == LLMQ_BACKEND_CUDA && p && bytes > 0 && llmq_ops_cuda_pin(p, bytes);
+    return LLMQ_OK;
+}
+
+void llmq_ops_unpin(struct llmq_ops *ops, void *p) {
+    if (p && ops->be == LLMQ_BACKEND_CUDA) llmq_ops_cuda_unpin(p);
+}
+
 enum llmq_status llmq_ops_download(struct llmq_ops *ops, float *dst, const struct llmq_ops_buf *src, int64_t off,
                                    int64_t n) {
     enum llmq_status st = copy_args(ops, "download", dst, src, off, n);

@@ -107,6 +107,12 @@ enum llmq_status llmq_ops_upload(struct llmq_ops *ops, const struct llmq_ops_buf
 enum llmq_status llmq_ops_download(struct llmq_ops *ops, float *dst, const struct llmq_ops_buf *src, int64_t off,
                                    int64_t n);
 
+// Page-locks the host range [p, p + bytes) for faster copies on a CUDA context (cudaHostRegister): *pinned true when
+// done (then llmq_ops_unpin before the memory is freed); false, and LLMQ_OK, when the range could not be locked (the
+// copies stay pageable: e.g. a file-backed mapping the driver refuses) or on the CPU (nothing to do).
+enum llmq_status llmq_ops_pin(struct llmq_ops *ops, void *p, size_t bytes, bool *pinned);
+void llmq_ops_unpin(struct llmq_ops *ops, void *p); // a range llmq_ops_pin locked; NULL is a no-op
+
 // The context's stream as a void * (a cudaStream_t: for kernels/gemm.h llmq_gemm_dev_init, so that products and ops
 // queue in order); NULL on the CPU.
 void *llmq_ops_stream(const struct llmq_ops *ops);
@@ -169,7 +175,7 @@ enum llmq_status llmq_ops_add(struct llmq_ops *ops, const struct llmq_ops_buf *x
                               int64_t n);
 
 // *acc += Σ_i (double)a_i · (double)b_i over n floats of a and b, f64 products and sums (quant/quantize.c's error
-// sums, tr(Δ H Δᵀ), on the block path: quant/qblocks.h). CPU: one running sum from *acc in index order (the same
+// sums, tr(Δ H Δᵀ), on the block path: calib/blocks.h). CPU: one running sum from *acc in index order (the same
 // bits as that loop). CUDA: LLMQ_OPS_DOT_BLOCKS partial sums, each a fixed tree over a fixed stride, added to *acc in
 // block order on the host: deterministic, another order than the CPU's (both within n · 2^-53 · Σ|a_i b_i| of the
 // exact sum). Waits for the context's work.
@@ -195,6 +201,8 @@ enum llmq_status llmq_ops_cuda_attention(struct llmq_ops_cuda *c, const struct l
 enum llmq_status llmq_ops_cuda_swiglu(struct llmq_ops_cuda *c, const float *gate, const float *up, float *out,
                                       int64_t n);
 enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x, const float *y, int64_t n);
+bool llmq_ops_cuda_pin(void *p, size_t bytes); // cudaHostRegister; false when it fails (the error is cleared)
+void llmq_ops_cuda_unpin(void *p);
 enum llmq_status llmq_ops_cuda_dot(struct llmq_ops_cuda *c, const float *a, const float *b, int64_t n,
                                    double partial[LLMQ_OPS_DOT_BLOCKS]); // waits
 enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n, int64_t C);

@@ -271,6 +271,16 @@ extern "C" enum llmq_status llmq_ops_cuda_copy(struct llmq_ops_cuda *c, void *ds
     return st;
 }
 
+extern "C" bool llmq_ops_cuda_pin(void *p, size_t bytes) {
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+    (void)cudaGetLastError(); // a refused range is not a sticky error: the copies stay pageable
+    return false;
+}
+
+extern "C" void llmq_ops_cuda_unpin(void *p) {
+    if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 extern "C" enum llmq_status llmq_ops_cuda_sync(struct llmq_ops_cuda *c) { return CU(cudaStreamSynchronize(c->stream)); }
 
 // ---------------------------------------------------------------------------------------------

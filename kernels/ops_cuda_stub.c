@@ -51,6 +51,11 @@ enum llmq_status llmq_ops_cuda_add(struct llmq_ops_cuda *c, float *x, const floa
     (void)c, (void)x, (void)y, (void)n;
     return no_cuda("add");
 }
+bool llmq_ops_cuda_pin(void *p, size_t bytes) {
+    (void)p, (void)bytes;
+    return false;
+}
+void llmq_ops_cuda_unpin(void *p) { (void)p; }
 enum llmq_status llmq_ops_cuda_dot(struct llmq_ops_cuda *c, const float *a, const float *b, int64_t n,
                                    double partial[LLMQ_OPS_DOT_BLOCKS]) {
     (void)c, (void)a, (void)b, (void)n, (void)partial;

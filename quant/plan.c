@@ -6,6 +6,7 @@
  */
 #include "quant/plan.h"
 
+#include "calib/blocks.h"
 #include "calib/tokenizer/tokenizer.h"
 #include "common/io.h"
 #include "common/log.h"
@@ -15,7 +16,6 @@
 #include "kernels/gemm.h"
 #include "quant/awq.h"
 #include "quant/gguf_export.h"
-#include "quant/qblocks.h"
 #include "quant/quantizer.h"
 
 #include <libgen.h>
@@ -575,11 +575,15 @@ static void phases_writer(struct mem *mm) {
     phase(mm, mm->writer, mm->writer / 6.0 * worst_src, "writing (one chunk of rows)");
 }
 
-// quant/qblocks.h: the bytes where the blocks compute when the run takes the block path (--device cuda, its method
-// and family; the run's memory bound is not applied here), else -1.
+// calib/blocks.h: the bytes where the blocks compute when the run takes the block path (--device cuda, its method
+// and family), else -1: the activations resident, or streamed when they exceed --max-vram (without it the device's
+// free memory, which the run checks, is not known here).
 static int64_t block_path(const struct shape *s) {
     if (s->o->backend != LLMQ_BACKEND_CUDA || !s->calib || s->seqlen < 1) return -1;
-    return llmq_qblocks_bytes(s->m, s->o, s->N / s->seqlen, s->seqlen);
+    const struct llmq_blocks_opts bo = llmq_quantize_block_opts(s->o);
+    if (bo.refusal && bo.refusal[0]) return -1;
+    const int64_t n_seq = s->N / s->seqlen, res = llmq_blocks_bytes(s->m, &bo, n_seq, s->seqlen, false);
+    return bo.max_vram && res > (int64_t)bo.max_vram ? llmq_blocks_bytes(s->m, &bo, n_seq, s->seqlen, true) : res;
 }
 
 static void plan_memory(struct shape *s, struct llmq_plan *p) {

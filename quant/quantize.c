@@ -4,6 +4,7 @@
  */
 #include "quant/quantize.h"
 
+#include "calib/blocks.h"
 #include "calib/model/forward.h"
 #include "common/eta.h"
 #include "common/io.h"
@@ -18,7 +19,6 @@
 #include "quant/gptq.h"
 #include "quant/gptq_gguf.h"
 #include "quant/plan.h"
-#include "quant/qblocks.h"
 #include "quant/writer.h"
 
 #include <cblas.h>
@@ -90,7 +90,7 @@ struct run {
     struct llmq_ckpt *ck;      // its checkpoint (quant/checkpoint.h), or NULL
     struct llmq_forward *f;    // micro-batch forward (micro_batch * seqlen tokens)
     struct llmq_forward *fbig; // AWQ: all N tokens
-    struct llmq_qblocks *qb;   // the block path (quant/qblocks.h: x resident where the blocks compute), or NULL
+    struct llmq_blocks *qb;    // the block path (calib/blocks.h: x resident where the blocks compute), or NULL
     struct llmq_calib_data d;
     struct llmq_calib_stats s; // statistics of the current block only
     bool have_calib;
@@ -159,9 +159,9 @@ static enum llmq_status timed(struct run *r, enum stage k, double t0, enum llmq_
 }
 
 // H (C, C) of block l's input slot from the current statistics (calib/calib.h llmq_calib_hessian; take: _take), or on
-// the block path from the block's own sums (quant/qblocks.h llmq_qblocks_hessian: the same bits).
+// the block path from the block's own sums (calib/blocks.h llmq_blocks_hessian: the same bits).
 static enum llmq_status hessian(struct run *r, int l, int slot, float *H, bool take) {
-    if (r->qb) return llmq_qblocks_hessian(r->qb, slot, H); // the block path: from the block's sums (timed there)
+    if (r->qb) return llmq_blocks_hessian(r->qb, slot, H); // the block path: from the block's sums (timed there)
     const double t0 = llmq_now_s();
     return timed(r, S_HESSIAN, t0,
                  take ? llmq_calib_hessian_take(&r->s, l, slot, H) : llmq_calib_hessian(&r->s, l, slot, H));
@@ -293,8 +293,8 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
 static int64_t qf_rows(const struct run *r, int64_t R) { return r->o->backend == LLMQ_BACKEND_CUDA ? R : QF_ROWS; }
 static double quad_form(struct run *r, const float *Dl, const float *H, int64_t R, int64_t C) {
     double s = 0;
-    if (r->qb) { // the block path: H is the linear's, kept where the block computes (quant/qblocks.h)
-        enum llmq_status st = llmq_qblocks_quad_form(r->qb, Dl, R, C, &s);
+    if (r->qb) { // the block path: H is the linear's, kept where the block computes (calib/blocks.h)
+        enum llmq_status st = llmq_blocks_quad_form(r->qb, Dl, R, C, &s);
         if (st && !r->gemm_st) r->gemm_st = st;
         return st ? NAN : s;
     }
@@ -823,7 +823,7 @@ static enum llmq_status moe_group(struct run *r, int l, int eslot, bool gather) 
 
 // The block path's statistics of the inputs in slots (bits 1u << slot) with the block's weights as they are, mirrored.
 static enum llmq_status dev_gather(struct run *r, int l, unsigned slots) {
-    enum llmq_status st = llmq_qblocks_gather(r->qb, l, slots, &r->s);
+    enum llmq_status st = llmq_blocks_gather(r->qb, l, slots, &r->s);
     if (!st) llmq_calib_stats_finish(&r->s, l);
     return st;
 }
@@ -831,7 +831,7 @@ static enum llmq_status dev_gather(struct run *r, int l, unsigned slots) {
 static enum llmq_status block_rtn(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly);
     if (!st && r->have_calib && r->qb) { // fp inputs, only for the reported error
-        if (!(st = llmq_qblocks_load(r->qb, &r->ly, r->o->n_threads))) st = llmq_qblocks_advance(r->qb, l, &r->s);
+        if (!(st = llmq_blocks_load(r->qb, &r->ly, r->o->n_threads))) st = llmq_blocks_advance(r->qb, l, &r->s);
         if (!st) llmq_calib_stats_finish(&r->s, l);
     } else if (!st && r->have_calib) {
         st = block_pass(r, l, r->x, -1, -1);
@@ -978,7 +978,7 @@ static enum llmq_status dev_put_held(struct run *r, int l, int k) {
     const struct llmq_tensor_view *v = r->m->layers[l].w[k];
     if (!h->on || !v) return llmq_errorf(LLMQ_ERR_ARG, "quantize: blk.%d: linear %d was not solved", l, k);
     enum llmq_status st = decode_payload(h->kind, h->type, &h->ql, h->rows, v->shape[0], v->shape[1], r->Q);
-    return st ? st : llmq_qblocks_set_linear(r->qb, (enum llmq_linear)k, r->Q);
+    return st ? st : llmq_blocks_set_linear(r->qb, (enum llmq_linear)k, r->Q);
 }
 
 // GPTQ on the block path (quant/quantize.h "Decoder blocks"): block_gptq's groups and solves, each group's
@@ -988,17 +988,17 @@ static enum llmq_status dev_put_held(struct run *r, int l, int k) {
 // alone: the attention runs twice per block ([o]'s pass and h), not four times.
 static enum llmq_status block_gptq_dev(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly);
-    if (!st) st = llmq_qblocks_load(r->qb, &r->ly, r->o->n_threads);
+    if (!st) st = llmq_blocks_load(r->qb, &r->ly, r->o->n_threads);
     if (!st && !r->o->true_sequential) {
         release_work(r);
         if (!(st = dev_gather(r, l, LLMQ_BLOCK_INPUTS_ALL))) credit_data(r, l, -1);
     }
     for (int g = 0; g < 4 && !st; g++) {
         const int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
-        if (r->o->true_sequential) { // [gate, up]: x <- h once the attention is solved (quant/qblocks.h)
+        if (r->o->true_sequential) { // [gate, up]: x <- h once the attention is solved (calib/blocks.h)
             release_work(r);
-            st = g == 2 ? llmq_qblocks_apply_attn(r->qb, l, 1u << slot, &r->s)
-                        : llmq_qblocks_gather(r->qb, l, 1u << slot, &r->s);
+            st = g == 2 ? llmq_blocks_apply_attn(r->qb, l, 1u << slot, &r->s)
+                        : llmq_blocks_gather(r->qb, l, 1u << slot, &r->s);
             if (!st) llmq_calib_stats_finish(&r->s, l);
             if (st) break;
             for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
@@ -1007,7 +1007,7 @@ static enum llmq_status block_gptq_dev(struct run *r, int l) {
         for (int j = 0; j < 3 && seq_groups[g][j] >= 0 && !st; j++) st = dev_put_held(r, l, seq_groups[g][j]);
     }
     release_work(r);
-    if (!st) st = llmq_qblocks_advance(r->qb, l, NULL); // x_q <- quantized block(x_q)
+    if (!st) st = llmq_blocks_advance(r->qb, l, NULL); // x_q <- quantized block(x_q)
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) held_free(&r->held[k]);
     return st;
 }
@@ -1336,6 +1336,7 @@ static enum llmq_status gather_stats(const struct llmq_model *m, const struct ll
     if (!st) st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, s);
     if (st) return st;
     s->backend = o->backend;
+    s->max_vram = o->max_vram;
     return llmq_calib_run(m, d, o->n_threads, o->micro_batch, s);
 }
 
@@ -1688,7 +1689,7 @@ static void init_eta(struct run *r) {
 // "profile" object (every stage).
 static json_t *profile(struct run *r, double secs) {
     double *t = r->stage_s, sum = 0;
-    if (r->qb) llmq_qblocks_times(r->qb, &t[S_UPLOAD], &t[S_PASSES], &t[S_SUMS]); // its own, added in
+    if (r->qb) llmq_blocks_times(r->qb, &t[S_UPLOAD], &t[S_PASSES], &t[S_SUMS]); // its own, added in
     json_t *j = json_object();
     char line[512];
     size_t n = 0;
@@ -1752,7 +1753,7 @@ static void run_free(struct run *r) {
     llmq_calib_data_free(&r->d);
     llmq_forward_free(r->fbig);
     llmq_forward_free(r->f);
-    llmq_qblocks_free(r->qb);
+    llmq_blocks_free(r->qb);
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
         free(r->wq[k]);
         held_free(&r->held[k]);
@@ -1804,6 +1805,24 @@ static enum llmq_status open_checkpoint(struct run *r, const json_t *prov, int64
     return st;
 }
 
+const char *llmq_quantize_block_refusal(const struct llmq_quantize_opts *o) {
+    if (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ)
+        return "AWQ's scale and clip search runs on calib/model/forward.c (quant/quantize.h \"Decoder blocks\")";
+    if (o->method == LLMQ_QMETHOD_GPTQ && o->gptaq) return "GPTAQ's full-precision stream is not on the block path";
+    return "";
+}
+
+struct llmq_blocks_opts llmq_quantize_block_opts(const struct llmq_quantize_opts *o) {
+    return (struct llmq_blocks_opts){.who = "quantize",
+                                     .env = "LLMQ_QUANT_BLOCK",
+                                     .backend = o->backend,
+                                     .micro_batch = o->micro_batch,
+                                     .max_vram = o->max_vram,
+                                     .gram = true,
+                                     .hessians = true,
+                                     .refusal = llmq_quantize_block_refusal(o)};
+}
+
 // The solvers' run: block by block, each linear through its method and into the writer.
 static enum llmq_status run_solvers(const struct llmq_model *m, const struct llmq_quantize_opts *o,
                                     const struct llmq_calib_stats *imat, const json_t *imat_rec, json_t **report) {
@@ -1825,7 +1844,8 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         llmq_info("quantize: calibration %lld x %lld tokens (sha256 %s)", (long long)r.d.n_seq, (long long)r.d.seqlen,
                   r.d.tokens_sha256);
     }
-    if (r.have_calib && (st = llmq_qblocks_open(m, o, &r.d, &r.qb))) goto done;
+    const struct llmq_blocks_opts bo = llmq_quantize_block_opts(o);
+    if (r.have_calib && (st = llmq_blocks_open(m, &r.d, &bo, &r.qb))) goto done;
     if ((st = alloc_buffers(&r, Rmax, Cmax, N, D))) goto done;
     if (r.have_calib && (st = embed_inputs(&r, N, D))) goto done;
     prov = provenance(o, &r.d, imat_rec, true);
@@ -1833,6 +1853,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         // the type choice weighs each tensor's error with the full-precision model's importance
         if ((st = llmq_calib_stats_init(m, false, 0, m->hp.n_layer, &cs))) goto done;
         cs.backend = o->backend;
+        cs.max_vram = o->max_vram;
         if ((st = llmq_calib_run(m, &r.d, o->n_threads, o->micro_batch, &cs))) goto done;
     }
     r.stage_s[S_CALIB] += llmq_now_s() - r.t0; // the windows, the embeddings, the type choice's statistics
@@ -1843,7 +1864,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
     t0 = llmq_now_s();
     if (o->checkpoint && (st = timed(&r, S_CKPT, t0, open_checkpoint(&r, prov, N, &l0)))) goto done;
     t0 = llmq_now_s();
-    if (r.qb && (st = timed(&r, S_CALIB, t0, llmq_qblocks_put_x(r.qb, r.x)))) goto done; // the embeddings, or resumed
+    if (r.qb && (st = timed(&r, S_CALIB, t0, llmq_blocks_put_x(r.qb, r.x)))) goto done; // the embeddings, or resumed
     for (int l = (int)l0; l < m->hp.n_layer && !st; l++) {
         size_t row0 = json_array_size(r.layers), moe0 = json_array_size(json_object_get(r.moe, "layers"));
         if (r.have_calib) {
@@ -1860,7 +1881,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         }
         if (!st && r.gemm_st) st = r.gemm_st;
         t0 = llmq_now_s();
-        if (!st && r.ck && r.qb) st = llmq_qblocks_get_x(r.qb, r.x); // the activations the checkpoint keeps
+        if (!st && r.ck && r.qb) st = llmq_blocks_get_x(r.qb, r.x); // the activations the checkpoint keeps
         if (!st && r.ck)
             st = llmq_ckpt_commit_block(r.ck, l, r.layers, row0, r.bits_total, r.moe, moe0, r.have_calib ? r.x : NULL,
                                         (r.xfp ? 2 : 1) * N * D);

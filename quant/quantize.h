@@ -179,7 +179,7 @@
  *   forward's per-token buffers) come from common/spill.h: beyond --max-memory they live in an unlinked
  *   temporary file instead of RAM.
  *
- * ---- Decoder blocks (quant/qblocks.h) ----------------------------------------------------------------
+ * ---- Decoder blocks (calib/blocks.h) ----------------------------------------------------------------
  *   The passes above run one of two ways:
  *   forward.c   calib/model/forward.h block by block over the (N, D) activations on the host, a micro-batch at a
  *               time, the statistics summed on the host as the hook sees them (their products on o->backend).
@@ -197,15 +197,18 @@
  *               replace the block's weights (rtn: one pass with every input's sums). Per pass the host downloads the
  *               gathered input's column sums (calib/calib.h llmq_calib_take_block_sums: the finite check) and, per
  *               linear, its H converted from the f64 sums where the block computes (f32, the bits of
- *               llmq_calib_hessian: quant/qblocks.h llmq_qblocks_hessian; the statistics keep no XᵀX on this path),
+ *               llmq_calib_hessian: calib/blocks.h llmq_blocks_hessian; the statistics keep no XᵀX on this path),
  *               and solves as above (GPTQ's CUDA steps upload H again: quant/gptq.h); the reported errors'
- *               tr(Δ H Δᵀ) use that H where it was made (llmq_qblocks_quad_form: only Δ goes up). With a
+ *               tr(Δ H Δᵀ) use that H where it was made (llmq_blocks_quad_form: only Δ goes up). With a
  *               checkpoint the activations come back to the host after each block. No (N, D) host copy is made.
- *               Memory bound: the activations plus the block's buffers for a micro-batch with its Gram and column
- *               sums (llmq_qblocks_bytes) within half of the device's free memory, else forward.c.
+ *               Placement (calib/blocks.h): resident when the activations with the block's buffers (a micro-batch
+ *               with its Gram and column sums, one Hessian and the error sums' chunks: llmq_blocks_bytes) fit in
+ *               o->max_vram (--max-vram; default half of the device's free memory), else streamed from r->x
+ *               (page-locked) a micro-batch at a time; when the buffers alone do not fit, forward.c.
  *   The choice is one info line ("quantize: decoder blocks on cuda through kernels/block.h ..." or "... through
  *   calib/model/forward.c (...): <why>"): awq and awq+gptq (the scale and clip search runs forward.c's sub-block
- *   functions on the host), GPTAQ (its second stream), devblock's refusal of the family, or the memory bound.
+ *   functions on the host), GPTAQ (its second stream), devblock's refusal of the family, or the budget
+ *   (llmq_quantize_block_refusal gives the first two).
  *   Agreement: on the CPU backend (the test hook LLMQ_QUANT_BLOCK=cpu; off keeps forward.c with --device cuda,
  *   another value is LLMQ_ERR_ARG) the block path writes the SAME BYTES as forward.c with --threads 1, for every
  *   format (tests/py/test_quantize_blocks.py: llama, qwen2, qwen3, true-sequential or not, GGUF, resume). On CUDA
@@ -227,6 +230,7 @@
 #ifndef LLMQ_QUANT_QUANTIZE_H
 #define LLMQ_QUANT_QUANTIZE_H
 
+#include "calib/blocks.h"
 #include "calib/calib.h"
 #include "calib/model/model.h"
 #include "common/status.h"
@@ -286,6 +290,8 @@ struct llmq_quantize_opts {
                                          // (gguf.dry_run, which to_gguf's CLI sets too, means the same)
     FILE *plan;                          // dry runs: where the plan table and the preflight go (NULL: stdout)
     struct llmq_quantize_shared *shared; // a sweep's statistics shared between runs (see "Sweeps"); NULL: none
+    uint64_t max_vram;                   // the block path's device budget in bytes (--max-vram; "Decoder blocks"),
+                                         // 0: half of the device's free memory
     bool moe_calib_all;                  // moe: every calibration token through every expert for the statistics
                                          // (--moe-calib all), else only the routed ones (see "Mixture of experts")
     int64_t moe_token_floor;             // moe, --moe-calib routed: an expert the router sends fewer tokens is
@@ -293,6 +299,11 @@ struct llmq_quantize_opts {
     bool checkpoint;                     // keep "<out_dir>.partial" after each block (see "Checkpoint and resume")
     bool resume;                         // continue from that checkpoint when there is one
 };
+
+// Why a run of o keeps calib/model/forward.c for its passes ("" when it may take the block path: see "Decoder blocks"),
+// and the block path's options for it (calib/blocks.h: quantize's hook LLMQ_QUANT_BLOCK, XᵀX and Hessians).
+const char *llmq_quantize_block_refusal(const struct llmq_quantize_opts *o);
+struct llmq_blocks_opts llmq_quantize_block_opts(const struct llmq_quantize_opts *o);
 
 // What a sweep's runs share (see "Sweeps"): zero-initialise, pass the same one to every run of the sweep,
 // free after the last. The model and the calibration options must not change between those runs.

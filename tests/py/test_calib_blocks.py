@@ -17,6 +17,8 @@ Agreement, as measured (OpenBLAS 0.3.21, Haswell kernels):
   Tolerance for --threads 2: REORDER_RTOL = 1e-4 is NOT derived from an error analysis: it is 30x the largest
   reordering difference measured above and far under what a wiring error moves (a lost micro-batch changes every
   sum of a layer by a third, a block run on another layer's weights or a shifted sequence by O(1)).
+Streamed (--max-vram a byte short of the resident activations: calib/blocks.h streams them from the host a
+micro-batch at a time): the same bytes as forward.c's with one thread, with XᵀX and without.
 Fallbacks (one info line naming the reason): a family kernels/block.h does not cover (a random gemma2 checkpoint),
 LLMQ_CALIB_BLOCK=off; a bad LLMQ_CALIB_BLOCK value is an error. Non-finite activations: both paths fail naming the
 same block and input, and write no file.
@@ -114,6 +116,23 @@ def test_one_thread_bit_for_bit(calib, stories_v3, smol4, xtx):
         assert "micro-batches of 2" in err
         assert a_lcs == b_lcs, f"{name}: the statistics files differ: {max_rel(b_lcs, a_lcs)}"
         assert a_imat == b_imat, name
+
+
+# ---- the activations streamed from the host (--max-vram; calib/blocks.h) -------------------------------------------
+
+@pytest.mark.parametrize("xtx", [True, False], ids=["xtx", "no-xtx"])
+def test_streamed_bit_for_bit(calib, stories_v3, xtx):
+    """--max-vram a byte short of what the resident activations need: streamed a micro-batch at a time, the same
+    bytes as forward.c's with one thread."""
+    flags = ["--nsamples", "5", "--seqlen", "64", "--micro-batch", "2", "--threads", "1",
+             *([] if xtx else ["--no-xtx"])]
+    a_lcs, a_imat, _ = calib("fwd", stories_v3, *flags)
+    _, _, err = calib("res", stories_v3, *flags, block=True)
+    m = re.search(r"5 sequences resident, micro-batches of 2, [\d.]+ MiB \((\d+) bytes\)", err)
+    assert m, err[-2000:]
+    b_lcs, b_imat, err = calib("str", stories_v3, *flags, "--max-vram", str(int(m.group(1)) - 1), block=True)
+    assert "5 sequences streamed from the host, micro-batches of 2" in err, err[-2000:]
+    assert a_lcs == b_lcs and a_imat == b_imat
 
 
 # ---- two threads: the block path is thread-independent, forward.c reorders --------------------------------------

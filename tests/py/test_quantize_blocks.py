@@ -59,10 +59,12 @@ def rows(report):
 
 def tiny_family(llmq_bin, stories_v3, work, family):
     """A random 2-block qwen3 (q/k norms, head_dim 32: Dq 128 != D 64) or qwen2 (q/k/v biases) checkpoint with
-    stories260K's tokenizer in work/<family>. Returns its directory."""
+    stories260K's tokenizer in work/<family> (made once per module). Returns its directory."""
     if not (work / "st").exists():
         run([llmq_bin, "convert", "--model", stories_v3, "--out", work / "st"])
     d = work / family
+    if (d / "model.safetensors").exists():  # made by an earlier test of the module
+        return d
     d.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (d / f).write_bytes((work / "st" / f).read_bytes())
@@ -163,20 +165,56 @@ def test_gptq_gguf_bit_for_bit(quantize, small):
     assert any(r["method"].startswith("gptq") for r in b[1])
 
 
+# ---- the activations streamed from the host (--max-vram) -------------------------------------------------------------
+
+def block_bytes(stderr):
+    """The bytes the info line says the blocks take."""
+    m = re.search(r"decoder blocks on cpu through kernels/block\.h .*?: \d+ sequences (resident|streamed from the host), "
+                  r"micro-batches of (\d+), [\d.]+ MiB \((\d+) bytes\)", stderr)
+    assert m, stderr[-2000:]
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+@pytest.mark.parametrize("family", ["stories260K", "qwen3"])
+def test_streamed_bit_for_bit(quantize, llmq_bin, stories_v3, work, family):
+    """--max-vram one byte below what the resident activations need: they stream from the host a micro-batch at a time
+    (calib/blocks.h), and the bytes are forward.c's; below what streaming needs (the resident bytes less the N - mb
+    sequences' activations): forward.c, with the line saying why."""
+    model = stories_v3 if family == "stories260K" else tiny_family(llmq_bin, stories_v3, work, family)
+    group = ["--group-size", "4"] if family == "stories260K" else ["--group-size", "32"]
+    flags = ["--method", "gptq", "--format", "fake", *group]
+    ref = quantize(f"s-{family}-fwd", model, "out", *flags)
+    res = quantize(f"s-{family}-res", model, "out", *flags, block="cpu")
+    place, mb, need = block_bytes(res[2])
+    assert place == "resident" and mb == 2
+    D = 64
+    stream_need = need - (5 - mb) * 32 * D * 4  # CAL: 5 sequences of 32 tokens, micro-batches of 2
+    st = quantize(f"s-{family}-str", model, "out", *flags, "--max-vram", str(need - 1), block="cpu")
+    assert block_bytes(st[2])[0] == "streamed from the host" and block_bytes(st[2])[2] == stream_need
+    assert st[0] == ref[0] and st[1] == ref[1]
+    fb = quantize(f"s-{family}-fb", model, "out", *flags, "--max-vram", str(stream_need - 1), block="fallback")
+    assert FALLBACK + "even with the activations streamed from the host the block buffers" in fb[2], fb[2][-2000:]
+    assert fb[0] == ref[0]
+
+
 # ---- checkpoint and resume on the block path ---------------------------------------------------------------------
 
 def test_resume_on_the_block_path(llmq_bin, small, data_dir, tmp_path):
     """Killed (SIGKILL) at three checkpoint events (quant/checkpoint.h "Fault injection": within block 0, after block
-    0's activations, within block 1), each resumed on the block path: the bytes of the uninterrupted run."""
+    0's activations, within block 1), each resumed on the block path, and once with the activations streamed
+    (--max-vram a byte short of resident): the bytes of the uninterrupted run."""
     args = ["quantize", "--model", small, *CAL, "--method", "gptq", "--format", "gptq", "--group-size", "64"]
     ref = tmp_path / "ref"
-    run([llmq_bin, *args, "--out", ref], env=env_with("cpu", data_dir))
-    for k in (3, 11, 15):
-        out = tmp_path / f"k{k}"
-        r = run([llmq_bin, *args, "--out", out], check=False, env=env_with("cpu", data_dir, LLMQ_CKPT_KILL_AT=k))
+    r = run([llmq_bin, *args, "--out", ref], env=env_with("cpu", data_dir))
+    stream = ["--max-vram", str(block_bytes(r.stderr)[2] - 1)]  # a byte short of resident: streamed
+    for k, vram in ((3, []), (11, []), (15, []), (11, stream)):
+        out = tmp_path / f"k{k}{'s' if vram else ''}"
+        r = run([llmq_bin, *args, *vram, "--out", out], check=False,
+                env=env_with("cpu", data_dir, LLMQ_CKPT_KILL_AT=k))
         assert r.returncode == -signal.SIGKILL, (k, r.returncode, r.stderr[-2000:])
-        r = run([llmq_bin, *args, "--out", out, "--resume"], env=env_with("cpu", data_dir))
+        r = run([llmq_bin, *args, *vram, "--out", out, "--resume"], env=env_with("cpu", data_dir))
         assert HOOK in r.stderr and "resum" in r.stderr.lower(), r.stderr[-2000:]
+        assert ("streamed from the host" in r.stderr) == bool(vram), r.stderr[-2000:]
         assert digest(out) == digest(ref), k
         assert not pathlib.Path(str(out) + ".partial").exists()
 

@@ -20,8 +20,8 @@ _Static_assert((int)LLMQ_BLOCK_GRAM_QKV == LLMQ_CALIB_SLOT_Q && (int)LLMQ_BLOCK_
 struct llmq_blocks {
     struct llmq_block *b;
     const struct llmq_calib_data *d;
-    int64_t D, mb; // n_embd, sequences per block call
-    bool cpu;      // the CPU backend (a test hook): its products run single-threaded, as inside a forward pass
+    int64_t D, mb;         // n_embd, sequences per block call
+    bool cpu;              // the CPU backend (a test hook): its products run single-threaded, as inside a forward pass
     struct llmq_ops_buf x; // resident: (N, D) the activations; streamed: (mb · seqlen, D) the staging buffer
     bool streamed;         // the activations are host (the caller's array), see calib/blocks.h
     float *host;           // streamed: the caller's (N, D) array (llmq_blocks_put_x)
@@ -89,7 +89,8 @@ static enum llmq_status plan(const struct llmq_model *m, const struct llmq_calib
                   str = bytes_for(be, sh, o, d->n_seq, d->seqlen, D, true);
     *streamed = res > budget;
     if (str > budget)
-        snprintf(why, cap, "even with the activations streamed from the host the block buffers (%.0f MiB) exceed %s (%.0f MiB)",
+        snprintf(why, cap,
+                 "even with the activations streamed from the host the block buffers (%.0f MiB) exceed %s (%.0f MiB)",
                  (double)str / 1048576.0, o->max_vram ? "--max-vram" : "half of the device's free memory",
                  (double)budget / 1048576.0);
     return LLMQ_OK;
@@ -140,8 +141,11 @@ enum llmq_status llmq_blocks_open(const struct llmq_model *m, const struct llmq_
     struct llmq_blocks *q = NULL;
     if (!st && !why[0] && !(q = calloc(1, sizeof *q))) st = llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", o->who);
     if (q) {
-        *q = (struct llmq_blocks){.d = d, .D = m->hp.n_embd, .mb = micro_batch(d->n_seq, o->micro_batch),
-                                  .cpu = be == LLMQ_BACKEND_CPU, .streamed = streamed};
+        *q = (struct llmq_blocks){.d = d,
+                                  .D = m->hp.n_embd,
+                                  .mb = micro_batch(d->n_seq, o->micro_batch),
+                                  .cpu = be == LLMQ_BACKEND_CPU,
+                                  .streamed = streamed};
         st = alloc_blocks(q, o, be, &sh, hook);
     }
     free(ff);
@@ -246,8 +250,8 @@ static enum llmq_status passes(struct llmq_blocks *q, unsigned inputs, enum pass
     const int blas = q->cpu ? openblas_get_num_threads() : 1;
     if (blas != 1) openblas_set_num_threads(1);
     enum llmq_status st = q->streamed && !q->host ? llmq_errorf(LLMQ_ERR_ARG, "blocks: no activations (put_x)")
-                          : inputs                 ? llmq_block_sums_zero(q->b)
-                                                   : LLMQ_OK;
+                          : inputs                ? llmq_block_sums_zero(q->b)
+                                                  : LLMQ_OK;
     for (int64_t s0 = 0; !st && s0 < n_seq; s0 += q->mb) {
         const int64_t ns = n_seq - s0 < q->mb ? n_seq - s0 : q->mb, n = ns * S * D;
         const struct llmq_ops_buf v = llmq_ops_buf_view(&q->x, q->streamed ? 0 : s0 * S * D, n);
@@ -310,8 +314,8 @@ enum llmq_status llmq_blocks_hessian(struct llmq_blocks *q, int slot, float *H) 
 
 enum llmq_status llmq_blocks_quad_form(struct llmq_blocks *q, const float *Dl, int64_t R, int64_t C, double *out) {
     if (C != q->h_C || !q->gemm)
-        return llmq_errorf(LLMQ_ERR_ARG, "blocks: an error sum of width %lld without its Hessian (%lld)",
-                           (long long)C, (long long)q->h_C);
+        return llmq_errorf(LLMQ_ERR_ARG, "blocks: an error sum of width %lld without its Hessian (%lld)", (long long)C,
+                           (long long)q->h_C);
     struct llmq_ops *ops = llmq_block_ops(q->b);
     const int64_t step = qf_rows(llmq_ops_backend(ops));
     double s = 0;

@@ -38,14 +38,14 @@
 struct llmq_blocks;
 
 struct llmq_blocks_opts {
-    const char *who;          // the command's name in messages ("calib", "quantize")
-    const char *env;          // its test hook's variable ("LLMQ_CALIB_BLOCK", "LLMQ_QUANT_BLOCK")
+    const char *who;           // the command's name in messages ("calib", "quantize")
+    const char *env;           // its test hook's variable ("LLMQ_CALIB_BLOCK", "LLMQ_QUANT_BLOCK")
     enum llmq_backend backend; // the run's backend (CUDA asks for the block path)
-    int64_t micro_batch;      // sequences per block call (clamped to 1 .. n_seq)
-    uint64_t max_vram;        // the budget in bytes; 0: half of the device's free memory (CPU: none)
-    bool gram;                // gather XᵀX (LLMQ_BLOCK_SUM_GRAM) besides the column sums
-    bool hessians;            // keep a Hessian and the error sums' buffers (llmq_blocks_hessian, _quad_form)
-    const char *refusal;      // NULL / "": the run may take the block path; else why not (the info line's reason)
+    int64_t micro_batch;       // sequences per block call (clamped to 1 .. n_seq)
+    uint64_t max_vram;         // the budget in bytes; 0: half of the device's free memory (CPU: none)
+    bool gram;                 // gather XᵀX (LLMQ_BLOCK_SUM_GRAM) besides the column sums
+    bool hessians;             // keep a Hessian and the error sums' buffers (llmq_blocks_hessian, _quad_form)
+    const char *refusal;       // NULL / "": the run may take the block path; else why not (the info line's reason)
 };
 
 // The blocks for m and d, or *out NULL for calib/model/forward.c (one info line: the path and placement taken, or

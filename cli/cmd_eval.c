@@ -31,6 +31,7 @@
 #include "common/io.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "common/spill.h"
 #include "datasets/datasets.h"
 
 #include <jansson.h>
@@ -203,7 +204,7 @@ static json_t *report_json(const struct llmq_eval_report *rep) {
 // Eval's flags as parsed (NULL / 0 / -1: not given).
 struct eargs {
     const char *model_path, *text_arg, *protocol_name, *kld_base, *save_logits, *kld_file, *json_path, *base_path,
-        *logits_dtype, *rows, *device, *emulate_name, *gates_dummy, *tasks;
+        *logits_dtype, *rows, *device, *emulate_name, *gates_dummy, *tasks, *max_vram;
     long ctx, chunks, threads, limit, seed, lc_parallel; // ctx LONG_MIN: not given
     bool force, json_items, no_prefix_reuse;
 };
@@ -224,6 +225,9 @@ static const char *check_task_flags(const struct eargs *a, enum llmq_eval_protoc
     if (a->seed < -1) return "--seed must be at least 0";
     if (a->lc_parallel < 1 || a->lc_parallel > 256) return "--llamacpp-parallel must be between 1 and 256";
     if (a->json_items && !a->json_path) return "--json-items needs --json FILE";
+    uint64_t vram = 0;
+    if (a->max_vram && (!llmq_parse_bytes(a->max_vram, &vram) || vram == 0))
+        return "--max-vram must be a size such as 20G, 512M or 1073741824";
     if (a->tasks && !eval_tasks_list_ok(a->tasks)) return "--tasks: not a task list (the line above says why)";
     return NULL;
 }
@@ -233,6 +237,12 @@ static enum llmq_task_protocol task_protocol(const struct eargs *a) {
     enum llmq_task_protocol tp = LLMQ_TASK_PROTOCOL_LMEVAL;
     if (a->protocol_name) llmq_task_protocol_from_name(a->protocol_name, &tp);
     return tp;
+}
+
+// --max-vram in bytes (0: not given; check_task_flags refused a bad one).
+static uint64_t max_vram_bytes(const struct eargs *a) {
+    uint64_t v = 0;
+    return a->max_vram && llmq_parse_bytes(a->max_vram, &v) ? v : 0;
 }
 
 // The flag combinations that are wrong whatever the files: NULL, or the usage message.
@@ -454,6 +464,9 @@ static int parse_flags(int argc, char **argv, struct eargs *a) {
         {"chunks", CLI_INT, &a->chunks, "-1 (all)", "evaluate only the first N chunks"},
         {"threads", CLI_INT, &a->threads, "the number of CPUs", "threads for the forward pass and the scoring"},
         {"device", CLI_STR, &a->device, "auto", CLI_DEVICE_HELP},
+        {"max-vram", CLI_STR, &a->max_vram, "half of the device's free memory",
+         "--device cuda, --ppl / --kld: device memory for the decoder blocks' batches of chunks (e.g. 20G); fewer "
+         "chunks per batch when they would pass it, the forward pass on the host when one chunk does"},
         {"base", CLI_STR, &a->base_path, NULL,
          "also evaluate this base model on the same tokens and print both PPLs and the difference (absolute, %)"},
         {"kld-base", CLI_STR, &a->kld_base, NULL, "KL divergence mode: run this base model next to --model"},
@@ -565,6 +578,7 @@ int cmd_eval(int argc, char **argv) {
         .max_chunks = a.chunks,
         .n_threads = (int)a.threads,
         .backend = backend,
+        .max_vram = max_vram_bytes(&a),
         .emulate = emulate,
         .save_logits = a.save_logits,
         .logits_dtype = dtype,

@@ -82,20 +82,19 @@
  *     threads) and llmq_block_forward runs the B sequences; after the last layer x comes back once for the head.
  *     B = min(chunks, LLMQ_EVAL_BATCH_TOKENS / n) (at least 1), lowered until the block buffers of every model of
  *     the run (kernels/block.h llmq_block_bytes for B·n tokens plus x: about 4·(3 D + 2 Dq + 2 Dkv + 2 F) bytes a
- *     token and one layer's weights in f32) fit in half of the device's free memory at the start (the other half
- *     is left to the head's per-call device buffers, cuBLAS and other users); if not even one chunk fits, the
- *     forward.c path runs. Host memory grows to (B·n, D) floats of x per model. The progress callback still comes
- *     after every chunk, but B at a time (the head and the scores of a batch's chunks follow its last block).
- *   Which one ran is logged once (info) whenever the block path was asked for (LLMQ_BACKEND_CUDA or the hook
- *   below), with the reason when it is not the block path ("--emulate ...", devblock's refusal naming the
- *   family or feature, the memory bound).
- *   The finite check: forward.c checks the hidden state on the host after every block. The block path downloads
- *   only the last block's output and checks that: a NaN or Inf in a row of the residual stream stays non-finite
- *   through every later block (x + NaN is NaN; RMSNorm of a row holding Inf is NaN), so a finite final state means
- *   every block's output was finite; a non-finite one reruns the batch with a download and check after every block,
- *   which names the first non-finite layer with the same message (within the batch: the first layer at which any
- *   of its chunks breaks, where forward.c names the first chunk's).
- *   Agreement (tests/py/test_eval_blocks.py, on the CPU block): with one chunk per batch and n_threads 1 the
+ *     token and one layer's weights in f32) fit in opts->max_vram (--max-vram), else in half of the device's free
+ *     memory at the start (the other half is left to the head's per-call device buffers, cuBLAS and other users;
+ *     the CPU hook: no bound unless max_vram is given); if not even one chunk fits, the forward.c path runs. Host
+ * memory grows to (B·n, D) floats of x per model. The progress callback still comes after every chunk, but B at a time
+ * (the head and the scores of a batch's chunks follow its last block). Which one ran is logged once (info) whenever the
+ * block path was asked for (LLMQ_BACKEND_CUDA or the hook below), with the reason when it is not the block path
+ * ("--emulate ...", devblock's refusal naming the family or feature, the memory bound). The finite check: forward.c
+ * checks the hidden state on the host after every block. The block path downloads only the last block's output and
+ * checks that: a NaN or Inf in a row of the residual stream stays non-finite through every later block (x + NaN is NaN;
+ * RMSNorm of a row holding Inf is NaN), so a finite final state means every block's output was finite; a non-finite one
+ * reruns the batch with a download and check after every block, which names the first non-finite layer with the same
+ * message (within the batch: the first layer at which any of its chunks breaks, where forward.c names the first
+ * chunk's). Agreement (tests/py/test_eval_blocks.py, on the CPU block): with one chunk per batch and n_threads 1 the
  *   block path gives forward.c's bits (kernels/block.h: the same cblas calls and op code paths), so the logits,
  *   PPL and KLD figures are identical. A batch of B > 1 chunks runs the block's products over B·n tokens instead
  *   of n, and forward.c on n_threads > 1 splits W's rows over its threads: OpenBLAS then sums some dot products in
@@ -342,6 +341,8 @@ struct llmq_eval_opts {
     int64_t max_chunks;           // < 0: all
     int n_threads;                // forward pass and scoring threads (>= 1)
     enum llmq_backend backend;    // of the forward passes: CUDA takes the block path ("Decoder blocks"); 0 = CPU
+    uint64_t max_vram;            // the block path's budget in bytes (--max-vram), 0: half of the device's free
+                                  // memory (the CPU test hook: no bound unless given)
     enum llmq_emulate emulate;    // arithmetic of the forward passes (calib/model/actq.h); 0: llmq's f32
     const char *save_logits;      // llmq_eval_ppl only: write the logits file here (NULL: no)
     enum llmq_dtype logits_dtype; // F32 or F16 for save_logits

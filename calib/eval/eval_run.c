@@ -211,15 +211,14 @@ static enum llmq_status plan_blocks(const struct llmq_model *const ms[2], const 
     int64_t b = n_chunks < LLMQ_EVAL_BATCH_TOKENS / n ? n_chunks : LLMQ_EVAL_BATCH_TOKENS / n;
     if (b < 1) b = 1;
     struct llmq_device_info dev = {0};
-    if (!why[0] && *be == LLMQ_BACKEND_CUDA) {
-        if ((st = llmq_cuda_device_info(0, &dev))) return st;
-        const int64_t budget = (int64_t)(dev.free_mem / 2);
+    if (!why[0] && (*be == LLMQ_BACKEND_CUDA || o->max_vram)) {
+        if (!o->max_vram && (st = llmq_cuda_device_info(0, &dev))) return st;
+        const int64_t budget = o->max_vram ? (int64_t)o->max_vram : (int64_t)(dev.free_mem / 2);
         while (b > 0 && batch_bytes(ms, sh, *be, b, n) > budget) b--;
         if (b == 0)
-            snprintf(why, sizeof why,
-                     "the block buffers of one %lld-token chunk (%.0f MiB) exceed half of the device's free memory "
-                     "(%.0f MiB)",
-                     (long long)n, (double)batch_bytes(ms, sh, *be, 1, n) / 1048576.0, (double)budget / 1048576.0);
+            snprintf(why, sizeof why, "the block buffers of one %lld-token chunk (%.0f MiB) exceed %s (%.0f MiB)",
+                     (long long)n, (double)batch_bytes(ms, sh, *be, 1, n) / 1048576.0,
+                     o->max_vram ? "--max-vram" : "half of the device's free memory", (double)budget / 1048576.0);
     }
     if (why[0]) {
         llmq_devblock_info_fallback("eval", o->backend, why);

@@ -20,6 +20,7 @@ Agreement, as measured (OpenBLAS 0.3.21, Haswell kernels):
   |q/p - 1| <= e^(2 max |Δz|) - 1), which bounds the block path's KLD against forward.c's saved logits (plus
   KLD_FLOOR, the rounding of llmq's own KLD sum, which can be slightly negative for near-equal logits).
 
+--max-vram bounds the batch (fewer chunks per batch; below one chunk's buffers: forward.c).
 Fallbacks (one info line naming the reason): --emulate, a family kernels/block.h does not cover (a random gemma2
 checkpoint on stories260K's tokenizer), a bad LLMQ_EVAL_BLOCK value (an error). Non-finite hidden states: the block
 path names the same layer, position and chunk as forward.c.
@@ -143,6 +144,22 @@ def test_stories260k_batches(ev, data_dir, wiki, protocol, ctx, chunks, batches)
     b, lb, err = ev("blk", *args, save=True, block=True)
     assert batches in err and a["tokens_scored"] == b["tokens_scored"]
     check_close(a, b, la, lb, f"stories260K {protocol} ctx {ctx} x {chunks}")
+
+
+def test_max_vram_bounds_the_batch(ev, llmq_bin, data_dir, wiki):
+    """--max-vram 1000K / 1500K (stories260K's buffers: about 0.55 MB per 128-token chunk): batches of 2 / 3 chunks, the
+    logits within LOGIT_RTOL of the 8-chunk run's (the same reordering bound as above); 1K, below one chunk's
+    buffers: forward.c, with the line saying why."""
+    stories = data_dir / "models" / "stories260K" / "tinyllamas-stories-260k-f32.gguf"
+    args = ["--model", stories, "--ppl", wiki, "--ctx", "128", "--chunks", "8"]
+    a, la, err = ev("full", *args, save=True, block=True)
+    assert "batches of 8 chunks" in err
+    r = run([llmq_bin, "eval", *args, "--max-vram", "1K"], env=env_with("cpu"))
+    assert FALLBACK in r.stderr and "exceed --max-vram (0 MiB)" in r.stderr, r.stderr[-2000:]
+    for vram, want in (("1000K", "batches of 2 chunks"), ("1500K", "batches of 3 chunks")):
+        b, lb, err = ev(f"v{vram}", *args, "--max-vram", vram, save=True, block=True)
+        assert want in err, err[-2000:]
+        check_close(a, b, la, lb, f"--max-vram {vram}")
 
 
 @pytest.mark.heavy

@@ -10,6 +10,8 @@
 # with a device), the GPTQ speed benchmark on the CPU (all cores) and the GPU next to the numpy port,
 # an end-to-end eval / quantize of stories260K on both devices, and (SKIP_8B=1 skips it) the 8B-shaped quantize
 # timings of tests/gpu/scale_gpu.sh (a synthetic llama-3-8b written on the machine). Logs go to $OUT (or ./gpu-out).
+# The whole run passes one device call's 10 minutes: make it two, `SKIP_8B=1 tests/gpu/run.sh` (the tests, the
+# benchmark, stories260K) and `ONLY_8B=1 tests/gpu/run.sh` (the bundle unpacked again, then only the 8B shape).
 # test_eval_cuda and test_calib_cuda (eval's and calib's device block paths against the CPU on SmolLM2; a few
 # seconds each) read $LLMQ_EVAL_GPU_MODEL: the bundle's SmolLM2 cut to its first 4 blocks, else
 # $LLMQ_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf (~/.cache/llmq).
@@ -45,30 +47,31 @@ fi
 export LLMQ_BIN="$BIN/llmq" LLMQ_SRC="$PWD" LLMQ_BUILD="$BIN"
 echo "== device"; nvidia-smi -L || true; "$BIN/llmq" devices
 
-echo "== gpu tests"
 pass=0; fail=0; failed=""
-for t in tests/gpu/test_*.c; do
-  n=$(basename "$t" .c)
-  t0=$(date +%s%N)
-  timeout 300 "$BIN/$n" >"$OUT/$n.log" 2>&1; rc=$?
-  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  if [[ $rc == 0 ]]; then pass=$((pass + 1)); s=PASS; else fail=$((fail + 1)); failed="$failed $n"; s="FAIL (rc $rc)"; fi
-  printf '%-28s %s  %d ms\n' "$n" "$s" "$ms"
-  [[ $rc == 0 ]] || tail -20 "$OUT/$n.log"
-done
-echo "gpu tests: $pass passed, $fail failed:$failed"
+if [[ "${ONLY_8B:-0}" != 1 ]]; then
+  echo "== gpu tests"
+  for t in tests/gpu/test_*.c; do
+    n=$(basename "$t" .c)
+    t0=$(date +%s%N)
+    timeout 300 "$BIN/$n" >"$OUT/$n.log" 2>&1; rc=$?
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    if [[ $rc == 0 ]]; then pass=$((pass + 1)); s=PASS; else fail=$((fail + 1)); failed="$failed $n"; s="FAIL (rc $rc)"; fi
+    printf '%-28s %s  %d ms\n' "$n" "$s" "$ms"
+    [[ $rc == 0 ]] || tail -20 "$OUT/$n.log"
+  done
+  echo "gpu tests: $pass passed, $fail failed:$failed"
 
-if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
-  echo "== bench gptq_speed (group 128, CPU threads $(nproc))"
-  W=$(mktemp -d)
-  export OPENBLAS_NUM_THREADS=$(nproc) OMP_NUM_THREADS=$(nproc)
-  for shape in 4096x4096 4096x11008; do
-    R=${shape%x*}; C=${shape#*x}
-    c=$("$BIN/bench_gptq_speed" --R "$R" --C "$C" --group 128 --device cpu --dump "$W/p")
-    g=$("$BIN/bench_gptq_speed" --R "$R" --C "$C" --group 128 --device cuda --dump "$W/g")
-    n=$(timeout 240 "$PY" "$REF" --bench "$R" "$C" --in "$W/p" --group 128 --save || echo '{"seconds": 0}')
-    echo "$shape cpu $c"; echo "$shape cuda $g"; echo "$shape numpy $n"
-    "$PY" - "$W" "$shape" "$c" "$g" "$n" <<'PYEOF'
+  if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
+    echo "== bench gptq_speed (group 128, CPU threads $(nproc))"
+    W=$(mktemp -d)
+    export OPENBLAS_NUM_THREADS=$(nproc) OMP_NUM_THREADS=$(nproc)
+    for shape in 4096x4096 4096x11008; do
+      R=${shape%x*}; C=${shape#*x}
+      c=$("$BIN/bench_gptq_speed" --R "$R" --C "$C" --group 128 --device cpu --dump "$W/p")
+      g=$("$BIN/bench_gptq_speed" --R "$R" --C "$C" --group 128 --device cuda --dump "$W/g")
+      n=$(timeout 240 "$PY" "$REF" --bench "$R" "$C" --in "$W/p" --group 128 --save || echo '{"seconds": 0}')
+      echo "$shape cpu $c"; echo "$shape cuda $g"; echo "$shape numpy $n"
+      "$PY" - "$W" "$shape" "$c" "$g" "$n" <<'PYEOF'
 import json, os, sys
 import numpy as np
 w, shape, c, g, n = sys.argv[1:]
@@ -80,20 +83,21 @@ print(f"{shape}: cpu {c['seconds']:.3f} s, cuda {g['seconds']:.3f} s, numpy {n['
       f"cpu/cuda {c['seconds'] / g['seconds']:.1f}x, numpy/cuda {n['seconds'] / max(g['seconds'], 1e-9):.1f}x; "
       f"codes equal cuda=cpu {eq('g.llmq.q', 'p.llmq.q'):.5f}, cpu=numpy {eq('p.llmq.q', 'p.ref.q'):.5f}")
 PYEOF
-    rm -f "$W"/*
-  done
-  rm -rf "$W"
-fi
+      rm -f "$W"/*
+    done
+    rm -rf "$W"
+  fi
 
-echo "== end to end: stories260K"
-M="$LLMQ_DATA/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf"
-T="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
-# cuda: the decoder blocks on the device (eval's block path), the head's product forced onto it too (stories260K's
-# products are all under the CUDA threshold)
-for d in cpu cuda; do
-  LLMQ_GEMM_CUDA_MIN_WORK=0 "$BIN/llmq" eval --model "$M" --ppl "$T" --protocol llamacpp --ctx 128 --chunks 40 --device $d 2>"$OUT/e2e_eval_$d.err" | grep -i "final" | sed "s/^/$d: /"
-  grep "decoder blocks" "$OUT/e2e_eval_$d.err" | sed "s/^/$d: /"
-done
+  echo "== end to end: stories260K"
+  M="$LLMQ_DATA/models/stories260K/tinyllamas-stories-260k-f32.v3.gguf"
+  T="$LLMQ_DATA/wikitext-2-raw/wiki.test.raw"
+  # cuda: the decoder blocks on the device (eval's block path), the head's product forced onto it too (stories260K's
+  # products are all under the CUDA threshold)
+  for d in cpu cuda; do
+    LLMQ_GEMM_CUDA_MIN_WORK=0 "$BIN/llmq" eval --model "$M" --ppl "$T" --protocol llamacpp --ctx 128 --chunks 40 --device $d 2>"$OUT/e2e_eval_$d.err" | grep -i "final" | sed "s/^/$d: /"
+    grep "decoder blocks" "$OUT/e2e_eval_$d.err" | sed "s/^/$d: /"
+  done
+fi
 if [[ "${SKIP_8B:-0}" != 1 ]]; then
   echo "== 8B shape: llmq quantize --device cuda, 128 x 2048 calibration tokens (tests/gpu/scale_gpu.sh)"
   BIN="$BIN" OUT="$OUT" bash tests/gpu/scale_gpu.sh

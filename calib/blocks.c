@@ -159,7 +159,10 @@ enum llmq_status llmq_blocks_open(const struct llmq_model *m, const struct llmq_
 
 void llmq_blocks_free(struct llmq_blocks *q) {
     if (!q) return;
-    if (q->pinned) llmq_ops_unpin(llmq_block_ops(q->b), q->host);
+    if (q->pinned) { // no copy from the array may still be queued when it is unlocked
+        (void)llmq_ops_sync(llmq_block_ops(q->b));
+        llmq_ops_unpin(llmq_block_ops(q->b), q->host);
+    }
     llmq_block_free(q->b); // waits for its queued work: the buffers are free to go
     llmq_ops_buf_free(&q->x);
     llmq_ops_buf_free(&q->h);

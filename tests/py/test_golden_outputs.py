@@ -9,7 +9,7 @@ requantizes an already quantized tensor), small calibration (a few windows of wi
 The commands run in a temporary directory with relative output paths (provenance records the paths of
 some inputs, e.g. an imatrix file). What is hashed: every file of an output (a directory: each file by its relative name). A JSON report is
 hashed after dropping the fields that depend on the machine or the run rather than on the computation:
-timings (`seconds`, `tokens_per_s`), paths (`model`, `base_model`, `output`, `text`) and the device
+timings (`seconds`, `tokens_per_s`, quantize's `profile`: seconds by stage), paths (`model`, `base_model`, `output`, `text`) and the device
 description; every other key stays, so a changed figure or a renamed key fails the test.
 
 Determinism: llmq's own arithmetic is fixed by its sources (no -march=native, no fast-math, fixed thread
@@ -33,7 +33,7 @@ from conftest import SRC
 
 GOLDEN = SRC / "tests" / "golden" / "outputs.sha256"
 CORETYPE = "Sandybridge"
-DROP_KEYS = {"seconds", "tokens_per_s", "model", "base_model", "output", "text", "device"}
+DROP_KEYS = {"seconds", "tokens_per_s", "profile", "model", "base_model", "output", "text", "device"}
 
 CAL = ["--calib", "wikitext-2-valid", "--nsamples", "4", "--seqlen", "64", "--seed", "1"]
 CAL_M = ["--calib", "wikitext-2-valid", "--nsamples", "2", "--seqlen", "64", "--seed", "1"]

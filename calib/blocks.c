@@ -36,7 +36,7 @@ struct llmq_blocks {
 
 // Rows of D per product of the error sums: quant/quantize.c quad_form's 256 on the CPU (the same products, so the
 // same bits), larger chunks on the device.
-static int64_t qf_rows(enum llmq_backend be) { return be == LLMQ_BACKEND_CUDA ? 2048 : 256; }
+static int64_t qf_rows(enum llmq_backend be) { return be == LLMQ_BACKEND_CUDA ? 2048 : LLMQ_BLOCKS_QF_ROWS_CPU; }
 
 // The widest block input (the Hessians' C).
 static int64_t c_max(const struct llmq_block_shape *sh) {

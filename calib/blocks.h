@@ -104,6 +104,7 @@ enum llmq_status llmq_blocks_hessian(struct llmq_blocks *q, int slot, float *H);
 // computes (quant/quantize.c's error sums: only Dl goes to the device, in row chunks). The CPU backend repeats
 // quant/quantize.c quad_form's products and sum (chunks of 256 rows, one running sum in order: the same bits); CUDA
 // sums each chunk as kernels/ops.h llmq_ops_dot_f64 does. LLMQ_ERR_ARG when C is not the width of that Hessian.
+#define LLMQ_BLOCKS_QF_ROWS_CPU 256 // rows of Dl per product on the CPU: quant/quantize.c quad_form's chunk
 enum llmq_status llmq_blocks_quad_form(struct llmq_blocks *q, const float *Dl, int64_t R, int64_t C, double *out);
 
 // Seconds spent so far, added to *load (weights converted and uploaded: llmq_blocks_load, _set_linear), *passes

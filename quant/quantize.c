@@ -289,7 +289,7 @@ static enum llmq_status norm_pass(struct run *r, int l, bool ffn) {
 // Σ_r Δ_r H Δ_rᵀ for Δ (R, C), H (C, C) symmetric, in double. On the CPU T = Δ H is formed QF_ROWS rows at a time,
 // so r->T holds (QF_ROWS, C) however large R is; on CUDA in one product (each call uploads H: kernels/gemm.h), into
 // a T of (Rmax, Cmax).
-#define QF_ROWS 256
+#define QF_ROWS LLMQ_BLOCKS_QF_ROWS_CPU // calib/blocks.h repeats these products on the CPU hook
 static int64_t qf_rows(const struct run *r, int64_t R) { return r->o->backend == LLMQ_BACKEND_CUDA ? R : QF_ROWS; }
 static double quad_form(struct run *r, const float *Dl, const float *H, int64_t R, int64_t C) {
     double s = 0;
@@ -821,9 +821,11 @@ static enum llmq_status moe_group(struct run *r, int l, int eslot, bool gather) 
     return st;
 }
 
-// The block path's statistics of the inputs in slots (bits 1u << slot) with the block's weights as they are, mirrored.
-static enum llmq_status dev_gather(struct run *r, int l, unsigned slots) {
-    enum llmq_status st = llmq_blocks_gather(r->qb, l, slots, &r->s);
+// The block path's statistics of the inputs in slots (bits 1u << slot) with the block's weights as they are, mirrored;
+// apply_attn: x <- h first (llmq_blocks_apply_attn, the ffn inputs only).
+static enum llmq_status dev_gather(struct run *r, int l, unsigned slots, bool apply_attn) {
+    enum llmq_status st =
+        apply_attn ? llmq_blocks_apply_attn(r->qb, l, slots, &r->s) : llmq_blocks_gather(r->qb, l, slots, &r->s);
     if (!st) llmq_calib_stats_finish(&r->s, l);
     return st;
 }
@@ -912,9 +914,10 @@ static enum llmq_status gptq_group(struct run *r, int l, int g, int slot) {
         st = last ? hessian(r, l, slot, r->H, true) : hessian(r, l, slot, r->H, false);
         if (st) break;
         if (r->fpin) gptaq_cross(r, slot);
-        r->hold = true;
+        r->hold = !r->qb; // forward.c's passes decode the held result; the block path takes W's decoding at once
         st = quantize_linear(r, l, k, -1, r->W, r->H, NULL, false);
         r->hold = false;
+        if (!st && r->qb) st = llmq_blocks_set_linear(r->qb, (enum llmq_linear)k, r->W); // W: what was handed over
         if (st) break;
         r->ov[k] = *v;
         r->ov[k].dtype = LLMQ_DTYPE_F32;
@@ -972,39 +975,26 @@ static enum llmq_status block_gptq(struct run *r, int l) {
     return st;
 }
 
-// Linear k's held result decoded (into r->Q) and uploaded in place of the block path's weights.
-static enum llmq_status dev_put_held(struct run *r, int l, int k) {
-    const struct held *h = &r->held[k];
-    const struct llmq_tensor_view *v = r->m->layers[l].w[k];
-    if (!h->on || !v) return llmq_errorf(LLMQ_ERR_ARG, "quantize: blk.%d: linear %d was not solved", l, k);
-    enum llmq_status st = decode_payload(h->kind, h->type, &h->ql, h->rows, v->shape[0], v->shape[1], r->Q);
-    return st ? st : llmq_blocks_set_linear(r->qb, (enum llmq_linear)k, r->Q);
-}
-
 // GPTQ on the block path (quant/quantize.h "Decoder blocks"): block_gptq's groups and solves, each group's
-// statistics gathered where the blocks compute with the linears solved so far in place (their decodings uploaded
-// after each group), then x_q <- quantized block(x_q) there. True-sequential: once [o] is solved the attention half
-// is applied to x_q in place (h), [gate, up]'s and [down]'s inputs come from h and the output pass is the ffn half
+// statistics gathered where the blocks compute with the linears solved so far in place (each decoding uploaded as
+// it is solved, gptq_group), then x_q <- quantized block(x_q) there. True-sequential: once [o] is solved the attention
+// half is applied to x_q in place (h), [gate, up]'s and [down]'s inputs come from h and the output pass is the ffn half
 // alone: the attention runs twice per block ([o]'s pass and h), not four times.
 static enum llmq_status block_gptq_dev(struct run *r, int l) {
     enum llmq_status st = put_block(r, l, &r->ly);
     if (!st) st = llmq_blocks_load(r->qb, &r->ly, r->o->n_threads);
     if (!st && !r->o->true_sequential) {
         release_work(r);
-        if (!(st = dev_gather(r, l, LLMQ_BLOCK_INPUTS_ALL))) credit_data(r, l, -1);
+        if (!(st = dev_gather(r, l, LLMQ_BLOCK_INPUTS_ALL, false))) credit_data(r, l, -1);
     }
     for (int g = 0; g < 4 && !st; g++) {
         const int slot = llmq_calib_slot_of((enum llmq_linear)seq_groups[g][0]);
         if (r->o->true_sequential) { // [gate, up]: x <- h once the attention is solved (calib/blocks.h)
             release_work(r);
-            st = g == 2 ? llmq_blocks_apply_attn(r->qb, l, 1u << slot, &r->s)
-                        : llmq_blocks_gather(r->qb, l, 1u << slot, &r->s);
-            if (!st) llmq_calib_stats_finish(&r->s, l);
-            if (st) break;
+            if ((st = dev_gather(r, l, 1u << slot, g == 2))) break;
             for (int j = 0; j < 3 && seq_groups[g][j] >= 0; j++) credit_data(r, l, seq_groups[g][j]);
         }
         st = gptq_group(r, l, g, slot);
-        for (int j = 0; j < 3 && seq_groups[g][j] >= 0 && !st; j++) st = dev_put_held(r, l, seq_groups[g][j]);
     }
     release_work(r);
     if (!st) st = llmq_blocks_advance(r->qb, l, NULL); // x_q <- quantized block(x_q)
@@ -1582,7 +1572,7 @@ static enum llmq_status alloc_buffers(struct run *r, int64_t Rmax, int64_t Cmax,
         if (!r->qb) // the block path's passes never copy x on the host
             ok = ok && (r->xt = llmq_big_alloc((size_t)(N * D) * sizeof(float), "quantize: block inputs (copy)"));
     }
-    if (o->method == LLMQ_QMETHOD_GPTQ)
+    if (o->method == LLMQ_QMETHOD_GPTQ && !r->qb) // forward.c's passes decode the held results into them
         for (int k = 0; k < LLMQ_LIN_COUNT; k++) ALLOC(r->wq[k], Rmax * Cmax);
     if (r->m->hp.moe) {
         const int64_t E = r->m->hp.n_expert;

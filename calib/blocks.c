@@ -31,7 +31,13 @@ struct llmq_blocks {
     // quantize's Hessians (opts.hessians): the last one where the block computes, row chunks of D and D·H
     struct llmq_ops_buf h, dl, t; // (Cmax, Cmax), (qf_rows, Cmax) x 2
     int64_t h_C;                  // the width of the Hessian in h; 0: none yet
+    int h_gram;                   // AWQ: h holds input h_gram's XᵀX unscaled (the Gram-form loss's G); -1: not
     struct llmq_gemm_dev *gemm;   // its own products, plain FP32 (whatever LLMQ_BLOCK_MATH says of the block's)
+    // AWQ's search (opts.awq): the fp pass's outputs, a micro-batch's h and candidate output, the saved originals of a
+    // scale group's linears (at their offsets in wsave), the Gram-form Δ, a candidate's scales
+    struct llmq_ops_buf afp, mfp, hs, cout, wsave, delta, sc;
+    int64_t wsave_off[LLMQ_LIN_COUNT];
+    unsigned saved; // the linears whose originals wsave holds
 };
 
 // Rows of D per product of the error sums: quant/quantize.c quad_form's 256 on the CPU (the same products, so the
@@ -51,12 +57,21 @@ static unsigned block_sums(const struct llmq_blocks_opts *o) {
     return LLMQ_BLOCK_SUM_COLS | (o->gram ? LLMQ_BLOCK_SUM_GRAM : 0u);
 }
 
+// Floats of AWQ's buffers for shape sh: afp, mfp (N, D), hs, cout (mb·S, D), wsave (q, k, v or gate, up), delta (the
+// widest single linear), sc (the widest input).
+static int64_t awq_floats(const struct llmq_block_shape *sh, int64_t N, int64_t mbS) {
+    const int64_t D = sh->n_embd, F = sh->n_ff, Dq = sh->n_head * sh->head_dim, Dkv = sh->n_head_kv * sh->head_dim;
+    const int64_t qkv = (Dq + 2 * Dkv) * D, gu = 2 * F * D, single = D * (Dq > F ? Dq : F);
+    return 2 * N * D + 2 * mbS * D + (qkv > gu ? qkv : gu) + single + c_max(sh);
+}
+
 // Bytes on backend be for shape sh (see llmq_blocks_bytes).
 static int64_t bytes_for(enum llmq_backend be, const struct llmq_block_shape *sh, const struct llmq_blocks_opts *o,
                          int64_t n_seq, int64_t seqlen, int64_t D, bool streamed) {
     const int64_t mb = micro_batch(n_seq, o->micro_batch), cm = c_max(sh);
     const int64_t x = (streamed ? mb : n_seq) * seqlen * D;
-    const int64_t extra = o->hessians ? cm * (cm + 2 * qf_rows(be)) : 0; // the Hessian, the error sums' chunks
+    int64_t extra = o->hessians ? cm * (cm + 2 * qf_rows(be)) : 0; // the Hessian, the error sums' chunks
+    if (o->awq) extra += awq_floats(sh, n_seq * seqlen, mb * seqlen);
     return llmq_block_bytes(be, sh, mb * seqlen, seqlen, block_sums(o)) + (x + extra) * (int64_t)sizeof(float);
 }
 
@@ -88,12 +103,33 @@ static enum llmq_status plan(const struct llmq_model *m, const struct llmq_calib
     const int64_t D = m->hp.n_embd, res = bytes_for(be, sh, o, d->n_seq, d->seqlen, D, false),
                   str = bytes_for(be, sh, o, d->n_seq, d->seqlen, D, true);
     *streamed = res > budget;
-    if (str > budget)
+    if (o->awq && *streamed)
+        snprintf(why, cap,
+                 "AWQ's search needs the activations and its outputs resident (%.0f MiB), more than %s (%.0f MiB)",
+                 (double)res / 1048576.0, o->max_vram ? "--max-vram" : "half of the device's free memory",
+                 (double)budget / 1048576.0);
+    else if (str > budget)
         snprintf(why, cap,
                  "even with the activations streamed from the host the block buffers (%.0f MiB) exceed %s (%.0f MiB)",
                  (double)str / 1048576.0, o->max_vram ? "--max-vram" : "half of the device's free memory",
                  (double)budget / 1048576.0);
     return LLMQ_OK;
+}
+
+// AWQ's buffers (awq_floats), each on its own.
+static enum llmq_status alloc_awq(struct llmq_blocks *q, const struct llmq_block_shape *sh) {
+    struct llmq_ops *ops = llmq_block_ops(q->b);
+    const int64_t D = sh->n_embd, F = sh->n_ff, Dq = sh->n_head * sh->head_dim, Dkv = sh->n_head_kv * sh->head_dim;
+    const int64_t N = q->d->n_seq * q->d->seqlen, mbS = q->mb * q->d->seqlen;
+    const int64_t qkv = (Dq + 2 * Dkv) * D, gu = 2 * F * D;
+    enum llmq_status st = llmq_ops_buf_alloc(ops, N * D, &q->afp);
+    if (!st) st = llmq_ops_buf_alloc(ops, N * D, &q->mfp);
+    if (!st) st = llmq_ops_buf_alloc(ops, mbS * D, &q->hs);
+    if (!st) st = llmq_ops_buf_alloc(ops, mbS * D, &q->cout);
+    if (!st) st = llmq_ops_buf_alloc(ops, qkv > gu ? qkv : gu, &q->wsave);
+    if (!st) st = llmq_ops_buf_alloc(ops, D * (Dq > F ? Dq : F), &q->delta);
+    if (!st) st = llmq_ops_buf_alloc(ops, c_max(sh), &q->sc);
+    return st;
 }
 
 // The buffers of q (opened on be with shape sh) and the info line.
@@ -109,6 +145,7 @@ static enum llmq_status alloc_blocks(struct llmq_blocks *q, const struct llmq_bl
     if (!st && o->hessians) st = llmq_ops_buf_alloc(ops, qf_rows(be) * cm, &q->dl);
     if (!st && o->hessians) st = llmq_ops_buf_alloc(ops, qf_rows(be) * cm, &q->t);
     if (!st && o->hessians) st = llmq_gemm_dev_init(be, llmq_ops_stream(ops), &q->gemm);
+    if (!st && o->awq) st = alloc_awq(q, sh);
     char hk[96] = "";
     if (hook) snprintf(hk, sizeof hk, " (%s=cpu, the test hook)", o->env);
     const int64_t bytes = bytes_for(be, sh, o, d->n_seq, d->seqlen, q->D, q->streamed);
@@ -145,6 +182,7 @@ enum llmq_status llmq_blocks_open(const struct llmq_model *m, const struct llmq_
                                   .D = m->hp.n_embd,
                                   .mb = micro_batch(d->n_seq, o->micro_batch),
                                   .cpu = be == LLMQ_BACKEND_CPU,
+                                  .h_gram = -1,
                                   .streamed = streamed};
         st = alloc_blocks(q, o, be, &sh, hook);
     }
@@ -168,6 +206,8 @@ void llmq_blocks_free(struct llmq_blocks *q) {
     llmq_ops_buf_free(&q->h);
     llmq_ops_buf_free(&q->dl);
     llmq_ops_buf_free(&q->t);
+    struct llmq_ops_buf *awq[] = {&q->afp, &q->mfp, &q->hs, &q->cout, &q->wsave, &q->delta, &q->sc};
+    for (size_t i = 0; i < sizeof awq / sizeof awq[0]; i++) llmq_ops_buf_free(awq[i]);
     llmq_gemm_dev_free(q->gemm);
     free(q);
 }
@@ -308,6 +348,7 @@ enum llmq_status llmq_blocks_hessian(struct llmq_blocks *q, int slot, float *H) 
     const double t0 = llmq_now_s();
     const int64_t C = llmq_block_gram_dim(q->b, (enum llmq_block_gram)slot);
     q->h_C = 0;
+    q->h_gram = -1;
     enum llmq_status st = llmq_block_hessian(q->b, (enum llmq_block_gram)slot, 2.0 / (double)q->d->n_seq, &q->h);
     if (!st) st = llmq_ops_download(llmq_block_ops(q->b), H, &q->h, 0, C * C);
     if (!st) q->h_C = C;
@@ -315,7 +356,10 @@ enum llmq_status llmq_blocks_hessian(struct llmq_blocks *q, int slot, float *H) 
     return st;
 }
 
-enum llmq_status llmq_blocks_quad_form(struct llmq_blocks *q, const float *Dl, int64_t R, int64_t C, double *out) {
+// Σ_r d_r H d_rᵀ for Δ (R, C) with H = q->h: Δ from the host (Dl, uploaded in row chunks into q->dl) or, Dl NULL,
+// where the block computes (dev, multiplied chunk by chunk in place).
+static enum llmq_status quad_form(struct llmq_blocks *q, const float *Dl, const struct llmq_ops_buf *dev, int64_t R,
+                                  int64_t C, double *out) {
     if (C != q->h_C || !q->gemm)
         return llmq_errorf(LLMQ_ERR_ARG, "blocks: an error sum of width %lld without its Hessian (%lld)", (long long)C,
                            (long long)q->h_C);
@@ -325,12 +369,218 @@ enum llmq_status llmq_blocks_quad_form(struct llmq_blocks *q, const float *Dl, i
     enum llmq_status st = LLMQ_OK;
     for (int64_t r0 = 0; r0 < R && !st; r0 += step) {
         const int64_t n = R - r0 < step ? R - r0 : step;
-        st = llmq_ops_upload(ops, &q->dl, 0, Dl + r0 * C, n * C);
+        const struct llmq_ops_buf d = Dl ? llmq_ops_buf_view(&q->dl, 0, n * C) : llmq_ops_buf_view(dev, r0 * C, n * C);
+        if (Dl) st = llmq_ops_upload(ops, &q->dl, 0, Dl + r0 * C, n * C);
         if (!st)
-            st = llmq_gemm_dev_f32(q->gemm, false, false, n, C, C, 1.0f, q->dl.data, C, q->h.data, C, 0.0f, q->t.data,
-                                   C);
-        if (!st) st = llmq_ops_dot_f64(ops, &q->dl, &q->t, n * C, &s);
+            st = llmq_gemm_dev_f32(q->gemm, false, false, n, C, C, 1.0f, d.data, C, q->h.data, C, 0.0f, q->t.data, C);
+        if (!st) st = llmq_ops_dot_f64(ops, &d, &q->t, n * C, &s);
     }
     if (!st) *out = s;
+    return st;
+}
+
+enum llmq_status llmq_blocks_quad_form(struct llmq_blocks *q, const float *Dl, int64_t R, int64_t C, double *out) {
+    return quad_form(q, Dl, NULL, R, C, out);
+}
+
+enum llmq_status llmq_blocks_set_hessian(struct llmq_blocks *q, const float *H, int64_t C) {
+    if (!q->h.data || C < 1 || C * C > q->h.n)
+        return llmq_errorf(LLMQ_ERR_ARG, "blocks: a Hessian of width %lld (opened without, or too wide)", (long long)C);
+    q->h_C = 0;
+    q->h_gram = -1;
+    enum llmq_status st = llmq_ops_upload(llmq_block_ops(q->b), &q->h, 0, H, C * C);
+    if (!st) q->h_C = C;
+    return st;
+}
+
+// ---- AWQ's scale search
+// ----------------------------------------------------------------------------------------------
+
+// (R, C) of linear k.
+static void lin_shape(struct llmq_blocks *q, enum llmq_linear k, int64_t *R, int64_t *C) {
+    const enum llmq_block_gram in = k == LLMQ_LIN_O      ? LLMQ_BLOCK_GRAM_O
+                                    : k == LLMQ_LIN_DOWN ? LLMQ_BLOCK_GRAM_DOWN
+                                                         : LLMQ_BLOCK_GRAM_QKV; // gate/up's width is D too
+    *C = llmq_block_gram_dim(q->b, in);
+    *R = llmq_block_weight_size(q->b, (enum llmq_block_weight)k) / *C;
+}
+
+static enum llmq_status awq_ready(const struct llmq_blocks *q, const char *what) {
+    if (!q->afp.data || q->streamed || q->x_is_h)
+        return llmq_errorf(LLMQ_ERR_ARG, "blocks: %s: not opened for AWQ, streamed, or x holds h", what);
+    return LLMQ_OK;
+}
+
+// Micro-batch s0 (ns sequences): its attention output into afp and MLP output into mfp with the sums of every input,
+// and the rows t = k·step (k = 0, 1, ...) it holds of each input asked for into rows[g] + (t / step)·C_g.
+static enum llmq_status awq_fp_batch(struct llmq_blocks *q, int64_t s0, int64_t ns, int64_t step,
+                                     float *const rows[4]) {
+    const int64_t S = q->d->seqlen, D = q->D, n = ns * S, lo = s0 * S, hi = lo + n;
+    struct llmq_ops *ops = llmq_block_ops(q->b);
+    const struct llmq_ops_buf x = llmq_ops_buf_view(&q->x, lo * D, n * D),
+                              a = llmq_ops_buf_view(&q->afp, lo * D, n * D),
+                              m = llmq_ops_buf_view(&q->mfp, lo * D, n * D);
+    const unsigned attn_in = (1u << LLMQ_BLOCK_GRAM_QKV) | (1u << LLMQ_BLOCK_GRAM_O);
+    enum llmq_status st = llmq_block_attn_out(q->b, &x, ns, S, attn_in, &a);
+    for (int half = 0; half < 2 && !st; half++) {
+        if (half == 1) { // h = x + attn (forward.c's x += attn), then the MLP of it
+            if (!(st = llmq_ops_copy(ops, &q->hs, &x, n * D))) st = llmq_ops_add(ops, &q->hs, &a, n * D);
+            if (!st) st = llmq_block_mlp_out(q->b, &q->hs, ns, S, FFN_INPUTS, &m);
+        }
+        int64_t idx[64];
+        for (int64_t t0 = (lo + step - 1) / step * step; !st && t0 < hi; t0 += 64 * step) {
+            int64_t nb = 0;
+            for (int64_t t = t0; nb < 64 && t < hi; t += step) idx[nb++] = t - lo;
+            for (int g = 2 * half; g < 2 * half + 2 && !st; g++)
+                if (rows[g]) {
+                    const int64_t C = llmq_block_gram_dim(q->b, (enum llmq_block_gram)g);
+                    st = llmq_block_input_rows(q->b, (enum llmq_block_gram)g, idx, nb, rows[g] + t0 / step * C);
+                }
+        }
+    }
+    return st;
+}
+
+enum llmq_status llmq_blocks_awq_fp(struct llmq_blocks *q, int64_t l, int64_t step, float *const rows[4],
+                                    struct llmq_calib_stats *s) {
+    enum llmq_status st = awq_ready(q, "awq_fp");
+    if (st) return st;
+    if (step < 1) return llmq_errorf(LLMQ_ERR_ARG, "blocks: awq_fp: step %lld", (long long)step);
+    const double t0 = llmq_now_s();
+    const int blas = q->cpu ? openblas_get_num_threads() : 1;
+    if (blas != 1) openblas_set_num_threads(1);
+    st = llmq_block_sums_zero(q->b);
+    q->h_gram = -1; // new sums: the Gram-form loss's G is made again
+    for (int64_t s0 = 0; !st && s0 < q->d->n_seq; s0 += q->mb) {
+        const int64_t ns = q->d->n_seq - s0 < q->mb ? q->d->n_seq - s0 : q->mb;
+        st = awq_fp_batch(q, s0, ns, step, rows);
+    }
+    if (!st) st = llmq_ops_sync(llmq_block_ops(q->b));
+    if (blas != 1) openblas_set_num_threads(blas);
+    q->pass_s += llmq_now_s() - t0;
+    return st ? st : take(q, l, LLMQ_BLOCK_INPUTS_ALL, s);
+}
+
+enum llmq_status llmq_blocks_awq_save(struct llmq_blocks *q, unsigned mask) {
+    enum llmq_status st = awq_ready(q, "awq_save");
+    int64_t off = 0;
+    q->saved = 0;
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        if (!(mask & (1u << k))) continue;
+        const int64_t n = llmq_block_weight_size(q->b, (enum llmq_block_weight)k);
+        if (off + n > q->wsave.n)
+            return llmq_errorf(LLMQ_ERR_ARG, "blocks: awq_save: linears %#x do not fit the saved buffer", mask);
+        const struct llmq_ops_buf w = llmq_block_weight_buf(q->b, (enum llmq_block_weight)k),
+                                  dst = llmq_ops_buf_view(&q->wsave, off, n);
+        st = llmq_ops_copy(llmq_block_ops(q->b), &dst, &w, n);
+        q->wsave_off[k] = off;
+        off += n;
+        if (!st) q->saved |= 1u << k;
+    }
+    return st;
+}
+
+enum llmq_status llmq_blocks_awq_restore(struct llmq_blocks *q, unsigned mask) {
+    enum llmq_status st = LLMQ_OK;
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        if (!(mask & (1u << k))) continue;
+        if (!(q->saved & (1u << k)))
+            return llmq_errorf(LLMQ_ERR_ARG, "blocks: awq_restore: %s was not saved", llmq_linear_name(k));
+        const int64_t n = llmq_block_weight_size(q->b, (enum llmq_block_weight)k);
+        const struct llmq_ops_buf w = llmq_block_weight_buf(q->b, (enum llmq_block_weight)k),
+                                  src = llmq_ops_buf_view(&q->wsave, q->wsave_off[k], n);
+        st = llmq_ops_copy(llmq_block_ops(q->b), &w, &src, n);
+    }
+    return st;
+}
+
+// dst (R, C) := the AutoAWQ-grid candidate of W with the scales s (C) from the host (minus_w: its Δ from W).
+static enum llmq_status grid_candidate(struct llmq_blocks *q, const struct llmq_ops_buf *W, const float *s, int64_t R,
+                                       int64_t C, int bits, int64_t G, bool minus_w, const struct llmq_ops_buf *dst) {
+    struct llmq_ops *ops = llmq_block_ops(q->b);
+    enum llmq_status st = llmq_ops_upload(ops, &q->sc, 0, s, C);
+    return st ? st : llmq_ops_awq_candidate(ops, W, &q->sc, R, C, G, bits, minus_w, dst);
+}
+
+enum llmq_status llmq_blocks_awq_candidate(struct llmq_blocks *q, enum llmq_linear k, const float *s, int bits,
+                                           int64_t G, const float *wc) {
+    const double t0 = llmq_now_s();
+    int64_t R, C;
+    lin_shape(q, k, &R, &C);
+    enum llmq_status st = LLMQ_OK;
+    if (wc) {
+        st = llmq_block_set_weight(q->b, (enum llmq_block_weight)k, wc);
+    } else if (!(q->saved & (1u << k))) {
+        st = llmq_errorf(LLMQ_ERR_ARG, "blocks: awq_candidate: %s was not saved", llmq_linear_name(k));
+    } else {
+        const struct llmq_ops_buf src = llmq_ops_buf_view(&q->wsave, q->wsave_off[k], R * C),
+                                  w = llmq_block_weight_buf(q->b, (enum llmq_block_weight)k);
+        st = grid_candidate(q, &src, s, R, C, bits, G, false, &w);
+    }
+    q->load_s += llmq_now_s() - t0;
+    return st;
+}
+
+enum llmq_status llmq_blocks_awq_loss(struct llmq_blocks *q, bool mlp, double *loss) {
+    enum llmq_status st = awq_ready(q, "awq_loss");
+    if (st) return st;
+    const int64_t S = q->d->seqlen, D = q->D, N = q->d->n_seq * S;
+    struct llmq_ops *ops = llmq_block_ops(q->b);
+    const double t0 = llmq_now_s();
+    const int blas = q->cpu ? openblas_get_num_threads() : 1;
+    if (blas != 1) openblas_set_num_threads(1);
+    double sum = 0.0;
+    for (int64_t s0 = 0; !st && s0 < q->d->n_seq; s0 += q->mb) {
+        const int64_t ns = q->d->n_seq - s0 < q->mb ? q->d->n_seq - s0 : q->mb, n = ns * S * D, off = s0 * S * D;
+        const struct llmq_ops_buf x = llmq_ops_buf_view(&q->x, off, n), a = llmq_ops_buf_view(&q->afp, off, n),
+                                  fp = mlp ? llmq_ops_buf_view(&q->mfp, off, n) : a;
+        if (!mlp) {
+            st = llmq_block_attn_out(q->b, &x, ns, S, 0u, &q->cout);
+        } else {
+            if (!(st = llmq_ops_copy(ops, &q->hs, &x, n))) st = llmq_ops_add(ops, &q->hs, &a, n);
+            if (!st) st = llmq_block_mlp_out(q->b, &q->hs, ns, S, 0u, &q->cout);
+        }
+        if (!st) st = llmq_ops_sqdiff_f64(ops, &fp, &q->cout, n, &sum);
+    }
+    if (blas != 1) openblas_set_num_threads(blas);
+    q->pass_s += llmq_now_s() - t0;
+    if (!st) *loss = sum / (double)(N * D);
+    return st;
+}
+
+enum llmq_status llmq_blocks_awq_gram_loss(struct llmq_blocks *q, enum llmq_linear k, const float *s, int bits,
+                                           int64_t G, const float *dw, double *loss) {
+    enum llmq_status st = awq_ready(q, "awq_gram_loss");
+    if (st) return st;
+    if (k != LLMQ_LIN_O && k != LLMQ_LIN_DOWN)
+        return llmq_errorf(LLMQ_ERR_ARG, "blocks: awq_gram_loss of %s (o or down only)", llmq_linear_name(k));
+    const double t0 = llmq_now_s();
+    int64_t R, C;
+    lin_shape(q, k, &R, &C);
+    const enum llmq_block_gram in = k == LLMQ_LIN_O ? LLMQ_BLOCK_GRAM_O : LLMQ_BLOCK_GRAM_DOWN;
+    const struct llmq_ops_buf w = llmq_block_weight_buf(q->b, (enum llmq_block_weight)k),
+                              dl = llmq_ops_buf_view(&q->delta, 0, R * C);
+    if (q->h_gram != (int)in) { // G = XᵀX of the input (f32), as quant/awq.c gram(); kept for the group's ratios
+        q->h_C = 0;
+        q->h_gram = -1;
+        if (!(st = llmq_block_hessian(q->b, in, 1.0, &q->h))) q->h_C = C, q->h_gram = (int)in;
+    }
+    if (!st && !dw) st = grid_candidate(q, &w, s, R, C, bits, G, true, &dl);
+    double sum = 0.0;
+    if (!st) st = quad_form(q, dw, dw ? NULL : &dl, R, C, &sum);
+    q->sums_s += llmq_now_s() - t0;
+    if (!st) *loss = sum / ((double)(q->d->n_seq * q->d->seqlen) * (double)R);
+    return st;
+}
+
+enum llmq_status llmq_blocks_awq_advance(struct llmq_blocks *q) {
+    enum llmq_status st = awq_ready(q, "awq_advance");
+    if (st) return st;
+    const double t0 = llmq_now_s();
+    struct llmq_ops *ops = llmq_block_ops(q->b);
+    const int64_t n = q->d->n_seq * q->d->seqlen * q->D;
+    if (!(st = llmq_ops_add(ops, &q->x, &q->afp, n))) st = llmq_ops_add(ops, &q->x, &q->mfp, n);
+    if (!st) st = llmq_ops_sync(ops);
+    q->pass_s += llmq_now_s() - t0;
     return st;
 }

@@ -1,7 +1,8 @@
 /*
  * calib/blocks.h — the calibration set's passes through kernels/block.h, block by block: the engine behind the block
  * paths of `llmq calib` (calib/calib_run.c, calib/calib.h "Decoder blocks") and of `llmq quantize`'s rtn / gptq
- * passes (quant/quantize.c, quant/quantize.h "Decoder blocks").
+ * passes and AWQ's scale search (quant/quantize.c, quant/quantize.h "Decoder blocks", quant/awq.h "On the block
+ * path").
  *
  * What it does: the block's buffers for micro-batches of mb sequences with the sums asked for, each block's weights
  * converted and uploaded once (calib/model/devblock.h) and single linears replaced in place, the statistics passes
@@ -45,6 +46,7 @@ struct llmq_blocks_opts {
     uint64_t max_vram;         // the budget in bytes; 0: half of the device's free memory (CPU: none)
     bool gram;                 // gather XᵀX (LLMQ_BLOCK_SUM_GRAM) besides the column sums
     bool hessians;             // keep a Hessian and the error sums' buffers (llmq_blocks_hessian, _quad_form)
+    bool awq;                  // AWQ's search buffers ("AWQ's scale search" below); needs the activations resident
     const char *refusal;       // NULL / "": the run may take the block path; else why not (the info line's reason)
 };
 
@@ -106,6 +108,41 @@ enum llmq_status llmq_blocks_hessian(struct llmq_blocks *q, int slot, float *H);
 // sums each chunk as kernels/ops.h llmq_ops_dot_f64 does. LLMQ_ERR_ARG when C is not the width of that Hessian.
 #define LLMQ_BLOCKS_QF_ROWS_CPU 256 // rows of Dl per product on the CPU: quant/quantize.c quad_form's chunk
 enum llmq_status llmq_blocks_quad_form(struct llmq_blocks *q, const float *Dl, int64_t R, int64_t C, double *out);
+
+// H (C, C) f32 from the host as the Hessian llmq_blocks_quad_form uses (AWQ: the scaled H' = H / (s_i s_j) its
+// reported errors are measured on, quant/awq.h llmq_awq_scale_hessian). LLMQ_ERR_ARG for C wider than the buffer.
+enum llmq_status llmq_blocks_set_hessian(struct llmq_blocks *q, const float *H, int64_t C);
+
+// ---- AWQ's scale search (quant/awq.h "On the block path"; blocks opened with opts.awq, activations resident)
+// ---------- The full-precision pass of block l with the block's weights (the model's, llmq_blocks_load): each
+// micro-batch's attention output Wo·Attn(...) and MLP output kept where the block computes for the losses below, the
+// sums of all four inputs into s's block l (as llmq_blocks_gather; XᵀX kept in the block for llmq_blocks_hessian and
+// the Gram-form losses), and rows t = 0, step, 2·step, ... (t < N) of each input g into rows[g] (T, C_g) on the host
+// where rows[g] is not NULL (the clip search's samples). x is not changed until llmq_blocks_awq_advance.
+enum llmq_status llmq_blocks_awq_fp(struct llmq_blocks *q, int64_t l, int64_t step, float *const rows[4],
+                                    struct llmq_calib_stats *s);
+// The current weights of the linears in mask (bits 1u << k) saved where the block computes: the originals that
+// llmq_blocks_awq_candidate scales and llmq_blocks_awq_restore puts back. At most q, k, v or gate, up at once.
+enum llmq_status llmq_blocks_awq_save(struct llmq_blocks *q, unsigned mask);
+enum llmq_status llmq_blocks_awq_restore(struct llmq_blocks *q, unsigned mask);
+// Linear k := Q(W_k · s) / s from its saved weights, s (C) from the host, Q AutoAWQ's grid of bits over groups of G
+// (kernels/ops.h llmq_ops_awq_candidate, computed where the block is); or, with wc (R, C) on the host (a plugged-in
+// quantizer's candidate, made there), wc uploaded.
+enum llmq_status llmq_blocks_awq_candidate(struct llmq_blocks *q, enum llmq_linear k, const float *s, int bits,
+                                           int64_t G, const float *wc);
+// *loss = Σ over every token and channel of (out - out_fp)² / (N·D), out the attention half's output of x (mlp false)
+// or the MLP's of h = x + attn_fp (mlp true) with the block's weights as they are (the candidates in place);
+// quant/awq.c mse's loop over the micro-batches in order on the CPU backend (the same bits).
+enum llmq_status llmq_blocks_awq_loss(struct llmq_blocks *q, bool mlp, double *loss);
+// The single-linear loss in Gram form for linear k (O or DOWN, its block weight the original): Σ_r Δ_r G Δ_rᵀ / (N·R),
+// G = XᵀX of its input from llmq_blocks_awq_fp (f32), Δ = Q(W·s)/s - W made where the block is (AutoAWQ's grid as
+// llmq_blocks_awq_candidate), or dw (R, C) from the host as Δ (a plugged-in quantizer's candidate minus W, made there).
+// CPU: quant/awq.c gram_loss's products (row chunks of LLMQ_BLOCKS_QF_ROWS_CPU) and sum. Replaces the Hessian of
+// llmq_blocks_quad_form (G stays for the next ratios of the same input).
+enum llmq_status llmq_blocks_awq_gram_loss(struct llmq_blocks *q, enum llmq_linear k, const float *s, int bits,
+                                           int64_t G, const float *dw, double *loss);
+// x <- x + attn_fp, then + mlp_fp: the full-precision block output (llmq_block_forward's bits), the next block's input.
+enum llmq_status llmq_blocks_awq_advance(struct llmq_blocks *q);
 
 // Seconds spent so far, added to *load (weights converted and uploaded: llmq_blocks_load, _set_linear), *passes
 // (the passes with their micro-batches' copies when streamed, each waited for: the device's time) and *sums (the

@@ -368,6 +368,68 @@ enum llmq_status llmq_block_ffn(struct llmq_block *b, const struct llmq_ops_buf 
     return st;
 }
 
+enum llmq_status llmq_block_attn_out(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                     unsigned inputs, const struct llmq_ops_buf *out) {
+    const int64_t D = b->s.n_embd, n = n_seq * seqlen;
+    struct llmq_ops_buf *a = b->act;
+    if (inputs & ~(IN(LLMQ_BLOCK_GRAM_QKV) | IN(LLMQ_BLOCK_GRAM_O)))
+        return llmq_errorf(LLMQ_ERR_ARG, "block: attn_out: inputs %#x are not the attention half's", inputs);
+    enum llmq_status st = check_pass(b, x, n_seq, seqlen, inputs != 0);
+    if (!st && (!out || !out->data || out->be != b->be || out->n < n * D))
+        st = llmq_errorf(LLMQ_ERR_ARG, "block: attn_out: out is not a buffer of %lld floats", (long long)(n * D));
+    if (!st) st = llmq_ops_rmsnorm(b->ops, x, &b->w[LLMQ_BLOCK_ATTN_NORM], &a[A_XN], n, D, b->s.rms_eps, false);
+    if (!st && (inputs & IN(LLMQ_BLOCK_GRAM_QKV))) st = sums_acc(b, LLMQ_BLOCK_GRAM_QKV, a[A_XN].data, n);
+    if (!st) st = attention(b, n_seq, seqlen);
+    if (!st && (inputs & IN(LLMQ_BLOCK_GRAM_O))) st = sums_acc(b, LLMQ_BLOCK_GRAM_O, a[A_ATT].data, n);
+    if (!st) st = linear(b, LLMQ_BLOCK_WO, &a[A_ATT], n, out, 0.0f);
+    if (!st && inputs) b->rows += n;
+    return st;
+}
+
+enum llmq_status llmq_block_mlp_out(struct llmq_block *b, const struct llmq_ops_buf *h, int64_t n_seq, int64_t seqlen,
+                                    unsigned inputs, const struct llmq_ops_buf *out) {
+    const int64_t D = b->s.n_embd, F = b->s.n_ff, n = n_seq * seqlen;
+    struct llmq_ops_buf *a = b->act;
+    if (inputs & ~(IN(LLMQ_BLOCK_GRAM_GATE) | IN(LLMQ_BLOCK_GRAM_DOWN)))
+        return llmq_errorf(LLMQ_ERR_ARG, "block: mlp_out: inputs %#x are not the feed-forward half's", inputs);
+    enum llmq_status st = check_pass(b, h, n_seq, seqlen, inputs != 0);
+    if (!st && (!out || !out->data || out->be != b->be || out->n < n * D))
+        st = llmq_errorf(LLMQ_ERR_ARG, "block: mlp_out: out is not a buffer of %lld floats", (long long)(n * D));
+    if (!st) st = llmq_ops_rmsnorm(b->ops, h, &b->w[LLMQ_BLOCK_FFN_NORM], &a[A_XN], n, D, b->s.rms_eps, false);
+    if (!st && (inputs & IN(LLMQ_BLOCK_GRAM_GATE))) st = sums_acc(b, LLMQ_BLOCK_GRAM_GATE, a[A_XN].data, n);
+    if (!st) st = linear(b, LLMQ_BLOCK_WGATE, &a[A_XN], n, &a[A_GATE], 0.0f);
+    if (!st) st = linear(b, LLMQ_BLOCK_WUP, &a[A_XN], n, &a[A_UP], 0.0f);
+    if (!st) st = llmq_ops_swiglu(b->ops, &a[A_GATE], &a[A_UP], &a[A_GATE], n * F);
+    if (!st && (inputs & IN(LLMQ_BLOCK_GRAM_DOWN))) st = sums_acc(b, LLMQ_BLOCK_GRAM_DOWN, a[A_GATE].data, n);
+    if (!st) st = linear(b, LLMQ_BLOCK_WDOWN, &a[A_GATE], n, out, 0.0f);
+    if (!st && inputs) b->rows += n;
+    return st;
+}
+
+enum llmq_status llmq_block_input_rows(struct llmq_block *b, enum llmq_block_gram g, const int64_t *rows, int64_t n,
+                                       float *host) {
+    if ((unsigned)g >= LLMQ_BLOCK_GRAM_COUNT || n < 0 || (n > 0 && (!rows || !host)))
+        return llmq_errorf(LLMQ_ERR_ARG, "block: input_rows: input %d, %lld rows", (int)g, (long long)n);
+    const int64_t C = gram_dim(&b->s, g);
+    const struct llmq_ops_buf *src = &b->act[g == LLMQ_BLOCK_GRAM_O      ? A_ATT
+                                             : g == LLMQ_BLOCK_GRAM_DOWN ? A_GATE
+                                                                         : A_XN];
+    enum llmq_status st = LLMQ_OK;
+    for (int64_t i = 0; i < n && !st; i++) {
+        if (rows[i] < 0 || rows[i] >= b->max_tokens)
+            return llmq_errorf(LLMQ_ERR_ARG, "block: input_rows: row %lld of %lld", (long long)rows[i],
+                               (long long)b->max_tokens);
+        st = llmq_ops_download(b->ops, host + i * C, src, rows[i] * C, C);
+    }
+    return st;
+}
+
+struct llmq_ops_buf llmq_block_weight_buf(struct llmq_block *b, enum llmq_block_weight w) {
+    if ((unsigned)w >= LLMQ_BLOCK_WEIGHT_COUNT || weight_size(&b->s, w) == 0) return (struct llmq_ops_buf){0};
+    b->loaded[w] = true;
+    return b->w[w];
+}
+
 enum llmq_status llmq_block_gather(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
                                    unsigned inputs) {
     if (inputs == 0 || (inputs & ~LLMQ_BLOCK_INPUTS_ALL))

@@ -18,10 +18,11 @@
  * calib/model/devblock.h fills it from a model; and the tests.
  * `llmq quantize` with --device cuda (calib/blocks.h: rtn's and gptq's passes, the calibration activations resident;
  * llmq_block_gather for the true-sequential statistics passes).
- * What it is not (yet): NOT used by AWQ's search (it runs calib/model/forward.c); no gemma, phi3, moe, sliding window,
- * softcap, linear RoPE scaling or llama.cpp emulation (calib/model/devblock.h refuses those by name); no pinned staging
- * or prefetch of the next block's weights; FP32 by default, TF32 for the linears as an unmeasured experiment
- * (llmq_block_set_tf32), no BF16 (issue 17 asks for each to be measured first).
+ * AWQ's scale search on the block path (calib/blocks.h, quant/awq.h "On the block path": llmq_block_attn_out /
+ * _mlp_out). What it is not (yet): no gemma, phi3, moe, sliding window, softcap, linear RoPE scaling or llama.cpp
+ * emulation (calib/model/devblock.h refuses those by name); no pinned staging or prefetch of the next block's weights;
+ * FP32 by default, TF32 for the linears as an unmeasured experiment (llmq_block_set_tf32), no BF16 (issue 17 asks for
+ * each to be measured first).
  *
  * Agreement:
  *   LLMQ_BACKEND_CPU gives the SAME BITS as llmq_forward_block (calib/model/forward.c, n_threads 1, OpenBLAS on one
@@ -186,6 +187,29 @@ enum llmq_status llmq_block_attn(struct llmq_block *b, const struct llmq_ops_buf
                                  unsigned inputs);
 enum llmq_status llmq_block_ffn(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
                                 unsigned inputs, bool apply);
+
+// The two halves' outputs without the residual (what AWQ's scale search compares, quant/awq.h): llmq_block_attn_out
+// out (T, D) = Wo · Attn(RMSNorm(x) · attn_norm, ...) with x (T, D) only read; llmq_block_mlp_out out (T, D) =
+// Wdown · (SiLU(Wgate·xn) · (Wup·xn)), xn = RMSNorm(h) · ffn_norm, with h (T, D) only read. The sums of the half's
+// inputs in the mask are gathered on the way (0: none). The same bits as calib/model/forward.h llmq_forward_attn /
+// llmq_forward_mlp on the normalised input (the CPU backend), and as the values llmq_block_forward adds to x. out is a
+// buffer on the block's backend of at least T · D floats, overlapping nothing. Errors as llmq_block_attn / _ffn.
+enum llmq_status llmq_block_attn_out(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t seqlen,
+                                     unsigned inputs, const struct llmq_ops_buf *out);
+enum llmq_status llmq_block_mlp_out(struct llmq_block *b, const struct llmq_ops_buf *h, int64_t n_seq, int64_t seqlen,
+                                    unsigned inputs, const struct llmq_ops_buf *out);
+
+// n rows (indices rows[], each < the last pass's T) of input g (C wide) as the last pass left it, into host (n, C):
+// the q/k/v input after an attention half (llmq_block_attn_out, _attn, _forward's ffn half overwrites it with the
+// gate/up input), o's after an attention half, gate/up's and down's after a feed-forward half (llmq_block_mlp_out,
+// _ffn, _forward). Waits for the block's work. AWQ's clip search samples its tokens so.
+enum llmq_status llmq_block_input_rows(struct llmq_block *b, enum llmq_block_gram g, const int64_t *rows, int64_t n,
+                                       float *host);
+
+// Weight w's buffer where the block computes (llmq_block_weight_size floats), marked loaded: for a caller that writes
+// it with ops of its own (AWQ's candidates, kernels/ops.h llmq_ops_awq_candidate) instead of llmq_block_set_weight.
+// An empty buffer for a weight the shape does not have.
+struct llmq_ops_buf llmq_block_weight_buf(struct llmq_block *b, enum llmq_block_weight w);
 
 // The width C of Gram matrix g (D, Dq, D, F).
 int64_t llmq_block_gram_dim(const struct llmq_block *b, enum llmq_block_gram g);

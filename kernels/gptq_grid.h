@@ -48,6 +48,20 @@ LLMQ_GRID_FN void llmq_gptq_grid_params(float xmin, float xmax, int bits, bool s
     *zero = sym ? LLMQ_GRID_DIV(LLMQ_GRID_ADD(maxq, 1.0f), 2.0f) : rintf(LLMQ_GRID_DIV(-xmin, *scale));
 }
 
+// AutoAWQ's zero-point grid (awq/quantize/quantizer.py pseudo_quantize_tensor, zero_point=True) of a group spanning
+// [xmin, xmax] (its own min and max, 0 not forced in): scale = max(xmax - xmin, 1e-5) / maxq, zero = clamp(-round(xmin
+// / scale), 0, maxq). The codes are llmq_gptq_grid_code's; the value (code - zero) · scale.
+LLMQ_GRID_FN void llmq_awq_grid_params(float xmin, float xmax, int bits, float *scale, float *zero) {
+    const float maxq = (float)((1 << bits) - 1);
+    float range = LLMQ_GRID_SUB(xmax, xmin);
+    if (range < 1e-5f) range = 1e-5f;
+    *scale = LLMQ_GRID_DIV(range, maxq);
+    float z = -rintf(LLMQ_GRID_DIV(xmin, *scale));
+    if (z < 0.0f) z = 0.0f;
+    if (z > maxq) z = maxq;
+    *zero = z;
+}
+
 // The code of w on the grid: clamp(round(w / scale) + zero, 0, maxq).
 LLMQ_GRID_FN uint8_t llmq_gptq_grid_code(float w, float scale, float zero, int maxq) {
     float q = LLMQ_GRID_ADD(rintf(LLMQ_GRID_DIV(w, scale)), zero);

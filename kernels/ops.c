@@ -3,6 +3,8 @@
 // shapes, same compile flags), so that both give the same bits. The device half is kernels/ops_cuda.cu.
 #include "kernels/ops.h"
 
+#include "kernels/gptq_grid.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -386,6 +388,73 @@ enum llmq_status llmq_ops_dot_f64(struct llmq_ops *ops, const struct llmq_ops_bu
     double s = *acc;
     for (int64_t i = 0; i < n; i++) s += (double)a->data[i] * (double)b->data[i];
     *acc = s;
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_ops_copy(struct llmq_ops *ops, const struct llmq_ops_buf *dst, const struct llmq_ops_buf *src,
+                               int64_t n) {
+    enum llmq_status st = check_elementwise(ops, "copy", n, src, src, dst);
+    if (st || n == 0) return st;
+    if (ops->be == LLMQ_BACKEND_CUDA) return llmq_ops_cuda_copy_d2d(ops->cuda, dst->data, src->data, n);
+    memcpy(dst->data, src->data, (size_t)n * sizeof(float));
+    return LLMQ_OK;
+}
+
+enum llmq_status llmq_ops_sqdiff_f64(struct llmq_ops *ops, const struct llmq_ops_buf *a, const struct llmq_ops_buf *b,
+                                     int64_t n, double *acc) {
+    enum llmq_status st = check_elementwise(ops, "sqdiff", n, a, b, NULL);
+    if (st || n == 0) return st;
+    if (ops->be == LLMQ_BACKEND_CUDA) {
+        double part[LLMQ_OPS_DOT_BLOCKS];
+        if ((st = llmq_ops_cuda_sqdiff(ops->cuda, a->data, b->data, n, part))) return st;
+        for (int i = 0; i < LLMQ_OPS_DOT_BLOCKS; i++) *acc += part[i];
+        return LLMQ_OK;
+    }
+    double s = *acc;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a->data[i] - (double)b->data[i];
+        s += d * d;
+    }
+    *acc = s;
+    return LLMQ_OK;
+}
+
+void llmq_ops_awq_candidate_cpu(const float *W, const float *s, int64_t R, int64_t C, int64_t G, int bits, bool minus_w,
+                                float *out) {
+    const int maxq = (1 << bits) - 1;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c0 = 0; c0 < C; c0 += G) {
+            const float *w = W + r * C + c0;
+            float *o = out + r * C + c0;
+            float mn = w[0] * s[c0], mx = mn;
+            for (int64_t j = 0; j < G; j++) {
+                o[j] = w[j] * s[c0 + j];
+                if (o[j] < mn) mn = o[j];
+                if (o[j] > mx) mx = o[j];
+            }
+            float scale, zero;
+            llmq_awq_grid_params(mn, mx, bits, &scale, &zero);
+            for (int64_t j = 0; j < G; j++) {
+                const float q = ((float)llmq_gptq_grid_code(o[j], scale, zero, maxq) - zero) * scale;
+                o[j] = minus_w ? q / s[c0 + j] - w[j] : q / s[c0 + j];
+            }
+        }
+}
+
+enum llmq_status llmq_ops_awq_candidate(struct llmq_ops *ops, const struct llmq_ops_buf *W,
+                                        const struct llmq_ops_buf *s, int64_t R, int64_t C, int64_t G, int bits,
+                                        bool minus_w, const struct llmq_ops_buf *out) {
+    int64_t n = 0;
+    if (R < 1 || C < 1 || G < 1 || C % G || bits < 2 || bits > 8 || !mul_ok(R, C, &n) || !count_ok(n))
+        return llmq_errorf(LLMQ_ERR_ARG, "ops awq_candidate: R %lld C %lld G %lld bits %d", (long long)R, (long long)C,
+                           (long long)G, bits);
+    enum llmq_status st;
+    if ((st = check_buf(ops, "awq_candidate", "W", W, n)) || (st = check_buf(ops, "awq_candidate", "s", s, C)) ||
+        (st = check_buf(ops, "awq_candidate", "out", out, n)))
+        return st;
+    if (ops->be == LLMQ_BACKEND_CUDA)
+        return llmq_ops_cuda_awq_candidate(ops->cuda, W->data, s->data, R, C, G, bits, minus_w, out->data);
+    llmq_ops_awq_candidate_cpu(W->data, s->data, R, C, G, bits, minus_w, out->data);
     return LLMQ_OK;
 }
 

@@ -183,6 +183,29 @@ enum llmq_status llmq_ops_add(struct llmq_ops *ops, const struct llmq_ops_buf *x
 enum llmq_status llmq_ops_dot_f64(struct llmq_ops *ops, const struct llmq_ops_buf *a, const struct llmq_ops_buf *b,
                                   int64_t n, double *acc);
 
+// dst (n) = src (n), an exact copy where the context computes (the block path's saved weights: calib/blocks.h). No
+// overlap.
+enum llmq_status llmq_ops_copy(struct llmq_ops *ops, const struct llmq_ops_buf *dst, const struct llmq_ops_buf *src,
+                               int64_t n);
+
+// *acc += Σ_i d_i², d_i = (double)a_i - (double)b_i, over n floats (AWQ's losses on the block path: the squared error
+// of a candidate's output). CPU: one running sum from *acc in index order (quant/awq.c's mse loop, so a loss summed
+// micro-batch after micro-batch has its bits). CUDA: LLMQ_OPS_DOT_BLOCKS partial sums as llmq_ops_dot_f64, added to
+// *acc in block order on the host. Waits for the context's work.
+enum llmq_status llmq_ops_sqdiff_f64(struct llmq_ops *ops, const struct llmq_ops_buf *a, const struct llmq_ops_buf *b,
+                                     int64_t n, double *acc);
+
+// AWQ's scale candidate (quant/awq.h "_search_best_scale"): out (R, C) = Q(W · s) / s, columns scaled by s (C), Q
+// AutoAWQ's zero-point grid of `bits` over groups of G columns (kernels/gptq_grid.h llmq_awq_grid_params); with
+// minus_w, out = that - W (the Δ of the Gram-form loss). G tiles C. Every step one IEEE f32 operation (the device's
+// __f*_rn intrinsics): the SAME BITS on both backends, and as quant/awq.c's own candidates (which call the CPU half,
+// llmq_ops_awq_candidate_cpu). out must not overlap W or s.
+enum llmq_status llmq_ops_awq_candidate(struct llmq_ops *ops, const struct llmq_ops_buf *W,
+                                        const struct llmq_ops_buf *s, int64_t R, int64_t C, int64_t G, int bits,
+                                        bool minus_w, const struct llmq_ops_buf *out);
+void llmq_ops_awq_candidate_cpu(const float *W, const float *s, int64_t R, int64_t C, int64_t G, int bits, bool minus_w,
+                                float *out);
+
 // ---- internal: the device half (kernels/ops_cuda.cu; kernels/ops_cuda_stub.c returns LLMQ_ERR_DEVICE without
 // CUDA). Arguments already checked by the dispatch in kernels/ops.c; every size > 0.
 struct llmq_ops_cuda; // device 0, one non-blocking stream
@@ -207,5 +230,10 @@ enum llmq_status llmq_ops_cuda_dot(struct llmq_ops_cuda *c, const float *a, cons
                                    double partial[LLMQ_OPS_DOT_BLOCKS]); // waits
 enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, const float *row, float *y, int64_t n, int64_t C);
 void *llmq_ops_cuda_stream(struct llmq_ops_cuda *c);
+enum llmq_status llmq_ops_cuda_copy_d2d(struct llmq_ops_cuda *c, float *dst, const float *src, int64_t n);
+enum llmq_status llmq_ops_cuda_sqdiff(struct llmq_ops_cuda *c, const float *a, const float *b, int64_t n,
+                                      double partial[LLMQ_OPS_DOT_BLOCKS]); // waits
+enum llmq_status llmq_ops_cuda_awq_candidate(struct llmq_ops_cuda *c, const float *W, const float *s, int64_t R,
+                                             int64_t C, int64_t G, int bits, bool minus_w, float *out);
 
 #endif // LLMQ_KERNELS_OPS_H

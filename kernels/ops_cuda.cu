@@ -11,6 +11,8 @@
 // NOT YET RUN ON A GPU: compiled and linked only (see kernels/ops.h).
 extern "C" {
 #include "kernels/ops.h"
+
+#include "kernels/gptq_grid.h"
 }
 
 #include <cuda_runtime.h>
@@ -124,6 +126,44 @@ __global__ void swiglu_kernel(const float *g, const float *u, float *out, int64_
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += (int64_t)gridDim.x * THREADS)
         x[i] = __fadd_rn(x[i], y[i]);
+}
+
+// Block b's partial sum of (a_i - b_i)² (f64) over dot_kernel's indices, in its order.
+__global__ void sqdiff_kernel(const float *a, const float *b, int64_t n, double *partial) {
+    __shared__ double red[THREADS / 32];
+    double s = 0.0;
+    for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += (int64_t)LLMQ_OPS_DOT_BLOCKS * THREADS) {
+        const double d = __dsub_rn((double)a[i], (double)b[i]);
+        s = __dadd_rn(s, __dmul_rn(d, d));
+    }
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One thread per (row, group of G columns) of W (R, C): kernels/ops.c llmq_ops_awq_candidate_cpu's operations.
+__global__ void awq_candidate_kernel(const float *W, const float *s, int64_t n_groups, int64_t C, int64_t G, int bits,
+                                     bool minus_w, float *out) {
+    const int maxq = (1 << bits) - 1;
+    for (int64_t idx = (int64_t)blockIdx.x * THREADS + threadIdx.x; idx < n_groups;
+         idx += (int64_t)gridDim.x * THREADS) {
+        const int64_t r = idx / (C / G), c0 = (idx % (C / G)) * G;
+        const float *w = W + r * C + c0;
+        float *o = out + r * C + c0;
+        float mn = __fmul_rn(w[0], s[c0]), mx = mn;
+        for (int64_t j = 0; j < G; j++) {
+            const float v = __fmul_rn(w[j], s[c0 + j]);
+            o[j] = v;
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+        }
+        float scale, zero;
+        llmq_awq_grid_params(mn, mx, bits, &scale, &zero);
+        for (int64_t j = 0; j < G; j++) {
+            const float q = __fmul_rn(__fsub_rn((float)llmq_gptq_grid_code(o[j], scale, zero, maxq), zero), scale);
+            const float v = __fdiv_rn(q, s[c0 + j]);
+            o[j] = minus_w ? __fsub_rn(v, w[j]) : v;
+        }
+    }
 }
 
 __global__ void repeat_rows_kernel(const float *row, float *y, int64_t n, int64_t C) {
@@ -352,3 +392,25 @@ extern "C" enum llmq_status llmq_ops_cuda_repeat_rows(struct llmq_ops_cuda *c, c
 }
 
 extern "C" void *llmq_ops_cuda_stream(struct llmq_ops_cuda *c) { return (void *)c->stream; }
+
+extern "C" enum llmq_status llmq_ops_cuda_copy_d2d(struct llmq_ops_cuda *c, float *dst, const float *src, int64_t n) {
+    return CU(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+}
+
+extern "C" enum llmq_status llmq_ops_cuda_sqdiff(struct llmq_ops_cuda *c, const float *a, const float *b, int64_t n,
+                                                 double partial[LLMQ_OPS_DOT_BLOCKS]) {
+    sqdiff_kernel<<<LLMQ_OPS_DOT_BLOCKS, THREADS, 0, c->stream>>>(a, b, n, c->dot);
+    enum llmq_status st = CU(cudaGetLastError());
+    if (!st)
+        st = CU(
+            cudaMemcpyAsync(partial, c->dot, LLMQ_OPS_DOT_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost, c->stream));
+    return st ? st : CU(cudaStreamSynchronize(c->stream));
+}
+
+extern "C" enum llmq_status llmq_ops_cuda_awq_candidate(struct llmq_ops_cuda *c, const float *W, const float *s,
+                                                        int64_t R, int64_t C, int64_t G, int bits, bool minus_w,
+                                                        float *out) {
+    const int64_t n_groups = R * (C / G);
+    awq_candidate_kernel<<<blocks_for(n_groups), THREADS, 0, c->stream>>>(W, s, n_groups, C, G, bits, minus_w, out);
+    return CU(cudaGetLastError());
+}

@@ -69,6 +69,20 @@ void *llmq_ops_cuda_stream(struct llmq_ops_cuda *c) {
     (void)c;
     return NULL;
 }
+enum llmq_status llmq_ops_cuda_copy_d2d(struct llmq_ops_cuda *c, float *dst, const float *src, int64_t n) {
+    (void)c, (void)dst, (void)src, (void)n;
+    return no_cuda("copy");
+}
+enum llmq_status llmq_ops_cuda_sqdiff(struct llmq_ops_cuda *c, const float *a, const float *b, int64_t n,
+                                      double partial[LLMQ_OPS_DOT_BLOCKS]) {
+    (void)c, (void)a, (void)b, (void)n, (void)partial;
+    return no_cuda("sqdiff");
+}
+enum llmq_status llmq_ops_cuda_awq_candidate(struct llmq_ops_cuda *c, const float *W, const float *s, int64_t R,
+                                             int64_t C, int64_t G, int bits, bool minus_w, float *out) {
+    (void)c, (void)W, (void)s, (void)R, (void)C, (void)G, (void)bits, (void)minus_w, (void)out;
+    return no_cuda("awq_candidate");
+}
 #else
 typedef int llmq_ops_cuda_stub_unused; // ISO C: a translation unit is not empty
 #endif

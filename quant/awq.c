@@ -16,8 +16,10 @@
  */
 #include "quant/awq.h"
 
+#include "calib/blocks.h"
 #include "common/log.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "quant/quantizer.h"
 
 #include <math.h>
@@ -311,16 +313,16 @@ static void ratio_scales(const float *x_mean, const float *w_mean, int64_t C, fl
 
 // Wc (R, C) = Q(W * s) / s for linear l of b, columns scaled. tmp: (R, C) scratch for a plugged-in Q.
 // The same for any (R, C) weight of linear kind l of block `layer` with group G.
+// AutoAWQ's grid: kernels/ops.h llmq_ops_awq_candidate's CPU half, whose device half the block path runs.
 static void candidate_of(int layer, enum llmq_linear l, const float *W, int64_t R, int64_t C, int64_t G, const float *s,
                          const struct llmq_awq_opts *opt, float *tmp, float *Wc) {
-    float *o = opt->fake_quant ? tmp : Wc; // W * s
+    if (!opt->fake_quant) {
+        llmq_ops_awq_candidate_cpu(W, s, R, C, G, opt->bits, false, Wc);
+        return;
+    }
     for (int64_t r = 0; r < R; r++)
-        for (int64_t c = 0; c < C; c++) o[r * C + c] = W[r * C + c] * s[c];
-    if (opt->fake_quant)
-        opt->fake_quant(opt->fake_quant_user, layer, l, R, 0, C, s, tmp, Wc);
-    else
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t c0 = 0; c0 < C; c0 += G) pseudo_quantize_group(Wc + r * C + c0, G, opt->bits, Wc + r * C + c0);
+        for (int64_t c = 0; c < C; c++) tmp[r * C + c] = W[r * C + c] * s[c];
+    opt->fake_quant(opt->fake_quant_user, layer, l, R, 0, C, s, tmp, Wc);
     for (int64_t r = 0; r < R; r++)
         for (int64_t c = 0; c < C; c++) Wc[r * C + c] = Wc[r * C + c] / s[c];
 }
@@ -347,6 +349,9 @@ struct scale_job {
     float *cand[3]; // candidate weights of the group's linears, each (R_i, C)
     float *tmp;     // (largest R * C) scratch of a plugged-in quantizer
     float *out;     // (N, D) candidate output
+    // the block path ("On the block path"): the candidates' losses where the blocks compute, the group input's Σ|x|
+    struct llmq_blocks *qb;
+    const double *sum_abs; // (C)
 };
 
 // G (C, C), full symmetric = XᵀX of X (N, C), accumulated as calibration does (llmq_gram_acc_f64).
@@ -359,15 +364,49 @@ static enum llmq_status gram(enum llmq_backend be, const float *X, int64_t N, in
     return st;
 }
 
-// The single-linear loss in Gram form: Σ_r ΔW[r]·G·ΔW[r]ᵀ / (N·R), ΔW = Wc - W; dW and T are (R, C) scratch.
+// The single-linear loss in Gram form: Σ_r ΔW[r]·G·ΔW[r]ᵀ / (N·R), ΔW = Wc - W; dW and T are (R, C) scratch. T = ΔW·G
+// is formed LLMQ_BLOCKS_QF_ROWS_CPU rows at a time into one running sum, as calib/blocks.h llmq_blocks_awq_gram_loss
+// does on the CPU hook (the same products, so the same bits).
 static enum llmq_status gram_loss(enum llmq_backend be, const float *Wc, const float *W, const float *G, int64_t N,
                                   int64_t R, int64_t C, float *dW, float *T, double *loss) {
     for (int64_t i = 0; i < R * C; i++) dW[i] = Wc[i] - W[i];
-    enum llmq_status st = llmq_gemm_f32(be, false, false, R, C, C, 1.0f, dW, C, G, C, 0.0f, T, C);
+    enum llmq_status st = LLMQ_OK;
     double sum = 0.0;
-    for (int64_t i = 0; i < R * C; i++) sum += (double)T[i] * (double)dW[i];
+    for (int64_t r0 = 0; r0 < R && !st; r0 += LLMQ_BLOCKS_QF_ROWS_CPU) {
+        const int64_t n = R - r0 < LLMQ_BLOCKS_QF_ROWS_CPU ? R - r0 : LLMQ_BLOCKS_QF_ROWS_CPU;
+        const float *d = dW + r0 * C;
+        st = llmq_gemm_f32(be, false, false, n, C, C, 1.0f, d, C, G, C, 0.0f, T, C);
+        for (int64_t i = 0; i < n * C && !st; i++) sum += (double)d[i] * (double)T[i];
+    }
     *loss = sum / ((double)N * (double)R);
     return st;
+}
+
+// The loss of ratio i's candidates (scales s) on the block path: a single linear's in Gram form there (its Δ made there
+// for AutoAWQ's grid, on the host from cand - W for a plugged-in quantizer), else the inspected half's with the
+// candidates in place of the group's linears (saved before the ratios, restored after them).
+static enum llmq_status block_loss(struct scale_job *j, const struct llmq_awq_group *g, const float *s, double *loss) {
+    struct llmq_awq_block *b = j->b;
+    const struct llmq_awq_opts *o = j->o;
+    enum llmq_status st = LLMQ_OK;
+    for (int k = 0; k < g->n_lin && !st; k++) {
+        const enum llmq_linear l = g->lin[k];
+        const int bits = o->bits;
+        const int64_t G = lin_group(o, b, l), R = lin_rows(b, l), C = lin_cols(b, l);
+        float *wc = NULL;
+        if (o->fake_quant) {
+            scaled_candidate(b, l, b->w[l], s, o, j->tmp, j->cand[k]);
+            wc = j->cand[k];
+        }
+        if (g->n_lin > 1) {
+            st = llmq_blocks_awq_candidate(j->qb, l, s, bits, G, wc);
+            continue;
+        }
+        if (wc)
+            for (int64_t i = 0; i < R * C; i++) wc[i] = wc[i] - b->w[l][i]; // gram_loss's dW
+        return llmq_blocks_awq_gram_loss(j->qb, l, s, bits, G, wc, loss);
+    }
+    return st ? st : llmq_blocks_awq_loss(j->qb, g->prev == LLMQ_AWQ_PREV_FFN_NORM, loss);
 }
 
 static bool use_gram(const struct llmq_awq_opts *o, const struct llmq_awq_group *g, int64_t N, int64_t R) {
@@ -377,15 +416,44 @@ static bool use_gram(const struct llmq_awq_opts *o, const struct llmq_awq_group 
     return C * C * (double)N / 2.0 + (double)o->n_grid * (double)R * C * C < 0.5 * direct;
 }
 
+// The loss of ratio i's candidates (scales s) with forward.c and the host's products: the Gram form (G, dW and T its
+// scratch), or the inspected module's output against fp_out.
+static enum llmq_status host_loss(struct scale_job *j, const struct llmq_awq_group *g, const float *s, bool by_gram,
+                                  const float *G, float *dW, float *T, const float *fp_out, double *loss) {
+    struct llmq_awq_block *b = j->b;
+    const struct llmq_awq_opts *o = j->o;
+    const int64_t C = g->C, N = j->N, D = b->D, R1 = lin_rows(b, g->lin[0]);
+    for (int k = 0; k < g->n_lin; k++) {
+        const enum llmq_linear l = g->lin[k];
+        scaled_candidate(b, l, b->w[l], s, o, j->tmp, j->cand[k]);
+        b->vw[l].data = j->cand[k];
+    }
+    enum llmq_status st;
+    if (by_gram)
+        st = gram_loss(o->backend, j->cand[0], b->w[g->lin[0]], G, N, R1, C, dW, T, loss);
+    else if (g->prev == LLMQ_AWQ_PREV_ATTN_NORM)
+        st = llmq_forward_attn(j->f, b->layer, &b->ly, j->in, j->n_seq, j->seqlen, j->out);
+    else if (g->prev == LLMQ_AWQ_PREV_FFN_NORM)
+        st = llmq_forward_mlp(j->f, b->layer, &b->ly, j->in, N, j->out);
+    else
+        st = gemm_nt(o->backend, j->in, j->cand[0], N, D, C, j->out);
+    for (int k = 0; k < g->n_lin; k++) b->vw[g->lin[k]].data = b->w[g->lin[k]];
+    if (!st && !by_gram) *loss = mse(fp_out, j->out, N * D);
+    return st;
+}
+
 static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group *g) {
     struct llmq_awq_block *b = j->b;
     const struct llmq_awq_opts *o = j->o;
     const int64_t C = g->C, N = j->N, D = b->D;
     enum llmq_status st = LLMQ_OK;
     const int64_t R1 = lin_rows(b, g->lin[0]);
-    const bool by_gram = use_gram(o, g, N, R1);
-    float *G = NULL, *Gt = NULL, *dW = NULL, *T = NULL; // Gram form: (C, C) twice, (R1, C) twice
-    double *acc = NULL;                                 // (C, C)
+    const bool single = g->prev == LLMQ_AWQ_PREV_V || g->prev == LLMQ_AWQ_PREV_UP;
+    const bool by_gram = j->qb ? single : use_gram(o, g, N, R1); // the block path: the Gram form always
+    float *G = NULL, *Gt = NULL, *dW = NULL, *T = NULL;          // Gram form: (C, C) twice, (R1, C) twice
+    double *acc = NULL;                                          // (C, C)
+    unsigned mask = 0; // the block path: the group's linears, saved for candidates
+    bool saved = false;
     float *x_mean = alloc_f32(C), *w_mean = alloc_f32(C), *s = alloc_f32(C);
     g->loss = malloc((size_t)o->n_grid * sizeof(double));
     g->scales = alloc_f32(C);
@@ -393,9 +461,17 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory (layer %d)", b->layer);
         goto done;
     }
-    compute_x_mean(j->in, N, C, x_mean);
+    if (j->qb)
+        for (int64_t c = 0; c < C; c++) x_mean[c] = (float)(j->sum_abs[c] / (double)N); // compute_x_mean's bits
+    else
+        compute_x_mean(j->in, N, C, x_mean);
     compute_w_mean(b, g, o, w_mean);
-    if (by_gram) {
+    for (int k = 0; k < g->n_lin; k++) mask |= 1u << g->lin[k];
+    if (j->qb && !single) {
+        if ((st = llmq_blocks_awq_save(j->qb, mask))) goto done;
+        saved = true;
+    }
+    if (by_gram && !j->qb) {
         G = alloc_f32(C * C), dW = alloc_f32(R1 * C), T = alloc_f32(R1 * C), Gt = alloc_f32(C * C);
         acc = malloc((size_t)(C * C) * sizeof *acc);
         if (!G || !dW || !T || !Gt || !acc) {
@@ -407,7 +483,7 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
     // The output form of a single-linear group compares with the linear's own fp output, computed
     // here with our sgemm exactly as its candidates are (the Gram form does not need it).
     const float *fp_out = j->fp_out;
-    if (!fp_out && !by_gram) {
+    if (!fp_out && !by_gram && !j->qb) {
         if ((st = gemm_nt(o->backend, j->in, b->w[g->lin[0]], N, D, C, j->fp_scratch))) goto done;
         fp_out = j->fp_scratch;
     }
@@ -417,23 +493,12 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
     for (int i = 0; i < o->n_grid; i++) {
         const float ratio = (float)((double)i / (double)o->n_grid);
         ratio_scales(x_mean, w_mean, C, ratio, o->duo_scaling, s);
-        for (int k = 0; k < g->n_lin; k++) {
-            const enum llmq_linear l = g->lin[k];
-            scaled_candidate(b, l, b->w[l], s, o, j->tmp, j->cand[k]);
-            b->vw[l].data = j->cand[k];
-        }
         double loss = 0.0;
-        if (by_gram)
-            st = gram_loss(o->backend, j->cand[0], b->w[g->lin[0]], G, N, R1, C, dW, T, &loss);
-        else if (g->prev == LLMQ_AWQ_PREV_ATTN_NORM)
-            st = llmq_forward_attn(j->f, b->layer, &b->ly, j->in, j->n_seq, j->seqlen, j->out);
-        else if (g->prev == LLMQ_AWQ_PREV_FFN_NORM)
-            st = llmq_forward_mlp(j->f, b->layer, &b->ly, j->in, N, j->out);
-        else
-            st = gemm_nt(o->backend, j->in, j->cand[0], N, D, C, j->out);
-        for (int k = 0; k < g->n_lin; k++) b->vw[g->lin[k]].data = b->w[g->lin[k]];
-        if (st) goto done;
-        if (!by_gram) loss = mse(fp_out, j->out, N * D);
+        if (j->qb) {
+            if ((st = block_loss(j, g, s, &loss))) goto done;
+        } else if ((st = host_loss(j, g, s, by_gram, G, dW, T, fp_out, &loss))) {
+            goto done;
+        }
         g->loss[i] = loss;
         if (!isfinite(loss)) {
             st = llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d, scale group of %s: loss %g at ratio %g", b->layer,
@@ -454,6 +519,10 @@ static enum llmq_status search_group(struct scale_job *j, struct llmq_awq_group 
                                                   : "up->down",
               (double)g->ratio, g->loss[g->best], g->loss[0]);
 done:
+    if (saved) {
+        enum llmq_status rs = llmq_blocks_awq_restore(j->qb, mask); // the originals back for the next group's passes
+        if (!st) st = rs;
+    }
     free(T);
     free(dW);
     free(Gt);
@@ -943,22 +1012,111 @@ static enum llmq_status moe_search(struct llmq_awq_block *b, struct llmq_forward
     return st;
 }
 
+// The job's candidate weights (the largest group's) and a plugged-in quantizer's scratch.
+static enum llmq_status job_alloc(struct scale_job *job) {
+    const struct llmq_awq_block *b = job->b;
+    int64_t cand_n = 0;
+    for (int l = 0; l < LLMQ_LIN_COUNT; l++)
+        if (b->w[l] && lin_rows(b, l) * lin_cols(b, l) > cand_n) cand_n = lin_rows(b, l) * lin_cols(b, l);
+    for (int k = 0; k < 3; k++) job->cand[k] = alloc_f32(cand_n);
+    job->tmp = job->o->fake_quant ? alloc_f32(cand_n) : alloc_f32(1);
+    if (!job->cand[0] || !job->cand[1] || !job->cand[2] || !job->tmp)
+        return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the candidates (layer %d)", b->layer);
+    return LLMQ_OK;
+}
+
+static void job_free(struct scale_job *job) {
+    for (int k = 0; k < 3; k++) free(job->cand[k]);
+    free(job->tmp);
+}
+
+// The scale groups (get_layers_for_scaling) searched on the original weights: group input g (the four block inputs,
+// ins[g] (N, C) on the host or NULL on the block path) and the inspected module's fp output fps[g] (NULL: none kept).
+static enum llmq_status search_scales(struct scale_job *job, const float *const ins[4], const float *const fps[4],
+                                      const double *const sum_abs[4], bool moe) {
+    struct llmq_awq_block *b = job->b;
+    const bool has_vo =
+        lin_rows(b, LLMQ_LIN_V) == lin_rows(b, LLMQ_LIN_O) && lin_cols(b, LLMQ_LIN_V) == lin_cols(b, LLMQ_LIN_O);
+    const struct {
+        enum llmq_awq_prev prev;
+        int n_lin;
+        enum llmq_linear lin[3];
+        int64_t C;
+    } defs[4] = {
+        {LLMQ_AWQ_PREV_ATTN_NORM, 3, {LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V}, b->D},
+        {LLMQ_AWQ_PREV_V, 1, {LLMQ_LIN_O}, b->Dq},
+        {LLMQ_AWQ_PREV_FFN_NORM, 2, {LLMQ_LIN_GATE, LLMQ_LIN_UP}, b->D},
+        {LLMQ_AWQ_PREV_UP, 1, {LLMQ_LIN_DOWN}, b->F},
+    };
+    enum llmq_status st = LLMQ_OK;
+    for (int d = 0; d < 4 && !st; d++) {
+        // moe: ffn_norm's group is the experts' (moe_search: qwen2_moe's shared gate / up among them), up -> down
+        // only the shared expert's (qwen2_moe; the experts' in moe_search)
+        if ((defs[d].prev == LLMQ_AWQ_PREV_V && !has_vo) || (moe && d == 2) || (moe && d == 3 && !b->w[LLMQ_LIN_DOWN]))
+            continue;
+        struct llmq_awq_group *g = &b->groups[b->n_groups++];
+        g->prev = defs[d].prev;
+        g->n_lin = defs[d].n_lin;
+        memcpy(g->lin, defs[d].lin, sizeof g->lin);
+        g->C = defs[d].C;
+        job->in = ins[d];
+        job->fp_out = fps[d];
+        job->sum_abs = sum_abs ? sum_abs[d] : NULL;
+        st = search_group(job, g);
+    }
+    return st;
+}
+
+// The clip search on the scaled weights with the scaled inputs: input g's rows t = 0, step, ... of ins[g] (N, C_g),
+// step = max(1, N / n_sample) (the block path passes its samples with n_sample = N: every row).
+static enum llmq_status search_clips(struct llmq_awq_block *b, const float *const ins[4], int64_t N, int64_t n_sample,
+                                     bool moe, const struct llmq_awq_opts *o) {
+    const int64_t D = b->D, F = b->F, Dq = b->Dq;
+    int64_t Cmax = D > F ? D : F;
+    if (Dq > Cmax) Cmax = Dq;
+    int64_t step = N / n_sample;
+    if (step < 1) step = 1;
+    const int64_t T = (N + step - 1) / step;
+    float *S = alloc_f32(T * Cmax);
+    if (!S) return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search (layer %d)", b->layer);
+    enum llmq_status st = LLMQ_OK;
+    const enum llmq_linear clip_lins[5] = {LLMQ_LIN_V, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_UP, LLMQ_LIN_DOWN};
+    const bool dense_mlp = !moe || b->w[LLMQ_LIN_DOWN];    // qwen2_moe: its shared expert
+    for (int k = 0; k < (dense_mlp ? 5 : 2) && !st; k++) { // moe: the experts' gate / up / down in moe_search
+        const enum llmq_linear l = clip_lins[k];
+        const float *in = ins[l == LLMQ_LIN_V ? 0 : l == LLMQ_LIN_O ? 1 : l == LLMQ_LIN_DOWN ? 3 : 2];
+        if (l != LLMQ_LIN_UP) // gate and up share the sampled input S
+            sample_scaled(in, N, lin_cols(b, l), n_sample, llmq_awq_input_scales(b, l), S);
+        const int64_t G = lin_group(o, b, l);
+        if (G != o->group_size && G != o->lin_group_size[l] && o->group_size > 0)
+            llmq_warn("awq: layer %d %s: group size %d does not tile its %lld input channels: searched per channel",
+                      b->layer, llmq_linear_name(l), o->group_size, (long long)lin_cols(b, l));
+        st = search_clip(b, l, S, T, o, G);
+    }
+    free(S);
+    return st;
+}
+
+// The checks both searches start with.
+static enum llmq_status search_start(const struct llmq_awq_block *b, const struct llmq_awq_opts *o) {
+    enum llmq_status st = check_opts(o);
+    if (!st && b->n_groups)
+        st = llmq_errorf(LLMQ_ERR_ARG, "awq: layer %d was searched already (use a fresh block)", b->layer);
+    return st;
+}
+
 enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *f, const float *x, int64_t n_seq,
                                  int64_t seqlen, const struct llmq_awq_opts *o) {
     const int64_t D = b->D, F = b->F, Dq = b->Dq, N = n_seq * seqlen;
-    enum llmq_status st = check_opts(o);
+    enum llmq_status st = search_start(b, o);
     if (st) return st;
-    if (b->n_groups)
-        return llmq_errorf(LLMQ_ERR_ARG, "awq: layer %d was searched already (use a fresh block)", b->layer);
     for (int64_t i = 0; i < N * D; i++)
         if (!isfinite(x[i]))
             return llmq_errorf(LLMQ_ERR_NUMERIC, "awq: layer %d: block input (%lld, %lld) is %g", b->layer,
                                (long long)(i / D), (long long)(i % D), (double)x[i]);
-    const bool has_vo =
-        lin_rows(b, LLMQ_LIN_V) == lin_rows(b, LLMQ_LIN_O) && lin_cols(b, LLMQ_LIN_V) == lin_cols(b, LLMQ_LIN_O);
     const bool moe = b->s_down != NULL; // the MLP's groups are the experts' (moe_search)
     struct captured cap = {.N = N};
-    float *h = NULL, *attn_fp = NULL, *mlp_fp = NULL, *cand_out = NULL, *S = NULL;
+    float *h = NULL, *attn_fp = NULL, *mlp_fp = NULL, *cand_out = NULL;
     struct scale_job job = {.b = b, .f = f, .o = o, .n_seq = n_seq, .seqlen = seqlen, .N = N};
     double t0 = llmq_now_s();
 
@@ -970,16 +1128,10 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     attn_fp = alloc_f32(N * D);
     mlp_fp = alloc_f32(N * D);
     cand_out = alloc_f32(N * D);
-    int64_t cand_n = 0; // the largest group's candidate weights
-    for (int l = 0; l < LLMQ_LIN_COUNT; l++)
-        if (b->w[l] && lin_rows(b, l) * lin_cols(b, l) > cand_n) cand_n = lin_rows(b, l) * lin_cols(b, l);
-    for (int k = 0; k < 3; k++) job.cand[k] = alloc_f32(cand_n);
-    job.tmp = o->fake_quant ? alloc_f32(cand_n) : alloc_f32(1);
-    if (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !cand_out || !job.cand[0] ||
-        !job.cand[1] || !job.cand[2] || !job.tmp) {
+    if ((st = job_alloc(&job)) == LLMQ_OK &&
+        (!cap.n1 || !cap.att || !cap.n2 || !cap.act || !h || !attn_fp || !mlp_fp || !cand_out))
         st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for %lld tokens (layer %d)", (long long)N, b->layer);
-        goto done;
-    }
+    if (st) goto done;
 
     // The fp pass: every linear's input, the attention and MLP outputs.
     memcpy(h, x, (size_t)(N * D) * sizeof(float));
@@ -989,34 +1141,8 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     job.out = cand_out;
     job.fp_scratch = h; // free now: o's and down's fp outputs when their loss takes the output form
 
-    // The scale groups (get_layers_for_scaling), searched on the original weights.
-    const struct {
-        enum llmq_awq_prev prev;
-        int n_lin;
-        enum llmq_linear lin[3];
-        const float *in, *fp;
-        int64_t C;
-    } defs[4] = {
-        {LLMQ_AWQ_PREV_ATTN_NORM, 3, {LLMQ_LIN_Q, LLMQ_LIN_K, LLMQ_LIN_V}, cap.n1, attn_fp, D},
-        {LLMQ_AWQ_PREV_V, 1, {LLMQ_LIN_O}, cap.att, NULL, Dq},
-        {LLMQ_AWQ_PREV_FFN_NORM, 2, {LLMQ_LIN_GATE, LLMQ_LIN_UP}, cap.n2, mlp_fp, D},
-        {LLMQ_AWQ_PREV_UP, 1, {LLMQ_LIN_DOWN}, cap.act, NULL, F},
-    };
-    for (int d = 0; d < 4 && !st; d++) {
-        // moe: ffn_norm's group is the experts' (moe_search: qwen2_moe's shared gate / up among them), up -> down
-        // only the shared expert's (qwen2_moe; the experts' in moe_search)
-        if ((defs[d].prev == LLMQ_AWQ_PREV_V && !has_vo) || (moe && d == 2) || (moe && d == 3 && !b->w[LLMQ_LIN_DOWN]))
-            continue;
-        struct llmq_awq_group *g = &b->groups[b->n_groups++];
-        g->prev = defs[d].prev;
-        g->n_lin = defs[d].n_lin;
-        memcpy(g->lin, defs[d].lin, sizeof g->lin);
-        g->C = defs[d].C;
-        job.in = defs[d].in;
-        job.fp_out = defs[d].fp;
-        st = search_group(&job, g);
-    }
-    if (st) goto done;
+    const float *const ins[4] = {cap.n1, cap.att, cap.n2, cap.act}, *const fps[4] = {attn_fp, NULL, mlp_fp, NULL};
+    if ((st = search_scales(&job, ins, fps, NULL, moe))) goto done;
     b->seconds_scale = llmq_now_s() - t0;
     t0 = llmq_now_s();
 
@@ -1024,40 +1150,7 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
     for (int k = 0; k < b->n_groups; k++) apply_scale(b, &b->groups[k]);
     // the experts: searched on the original weights too (their clip search included), then applied
     if (moe && (st = moe_search(b, f, cap.n2, N, mlp_fp, cand_out, o))) goto done;
-
-    // Clip search on the scaled weights with the scaled inputs.
-    if (o->clip) {
-        int64_t Cmax = D > F ? D : F;
-        if (Dq > Cmax) Cmax = Dq;
-        int64_t step = N / o->n_sample_token;
-        if (step < 1) step = 1;
-        const int64_t Tmax = (N + step - 1) / step;
-        if (!(S = alloc_f32(Tmax * Cmax))) {
-            st = llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search (layer %d)", b->layer);
-            goto done;
-        }
-        const enum llmq_linear clip_lins[5] = {LLMQ_LIN_V, LLMQ_LIN_O, LLMQ_LIN_GATE, LLMQ_LIN_UP, LLMQ_LIN_DOWN};
-        const bool dense_mlp = !moe || b->w[LLMQ_LIN_DOWN];    // qwen2_moe: its shared expert
-        for (int k = 0; k < (dense_mlp ? 5 : 2) && !st; k++) { // moe: the experts' gate / up / down in moe_search
-            const enum llmq_linear l = clip_lins[k];
-            const float *in = l == LLMQ_LIN_V      ? cap.n1
-                              : l == LLMQ_LIN_O    ? cap.att
-                              : l == LLMQ_LIN_DOWN ? cap.act
-                                                   : cap.n2;
-            if (l == LLMQ_LIN_UP && k > 0 && clip_lins[k - 1] == LLMQ_LIN_GATE) {
-                // gate and up share the sampled input S
-            } else {
-                sample_scaled(in, N, lin_cols(b, l), o->n_sample_token, llmq_awq_input_scales(b, l), S);
-            }
-            const int64_t T = (N + step - 1) / step;
-            const int64_t G = lin_group(o, b, l);
-            if (G != o->group_size && G != o->lin_group_size[l] && o->group_size > 0)
-                llmq_warn("awq: layer %d %s: group size %d does not tile its %lld input channels: searched per "
-                          "channel",
-                          b->layer, llmq_linear_name(l), o->group_size, (long long)lin_cols(b, l));
-            st = search_clip(b, l, S, T, o, G);
-        }
-    }
+    if (o->clip) st = search_clips(b, ins, N, o->n_sample_token, moe, o);
     b->seconds_clip = llmq_now_s() - t0;
 
 done:
@@ -1069,8 +1162,35 @@ done:
     free(attn_fp);
     free(mlp_fp);
     free(cand_out);
-    free(S);
-    for (int k = 0; k < 3; k++) free(job.cand[k]);
-    free(job.tmp);
+    job_free(&job);
+    return st;
+}
+
+int64_t llmq_awq_sample_step(int64_t N, const struct llmq_awq_opts *o) {
+    const int64_t step = N / o->n_sample_token;
+    return step < 1 ? 1 : step;
+}
+
+enum llmq_status llmq_awq_search_blocks(struct llmq_awq_block *b, struct llmq_blocks *qb, int64_t n_seq, int64_t seqlen,
+                                        const double *const sum_abs[4], const float *const rows[4],
+                                        const struct llmq_awq_opts *o) {
+    const int64_t N = n_seq * seqlen;
+    enum llmq_status st = search_start(b, o);
+    if (st) return st;
+    if (b->s_down)
+        return llmq_errorf(LLMQ_ERR_UNSUPPORTED, "awq: layer %d: a mixture of experts is not on the block path",
+                           b->layer);
+    struct scale_job job = {.b = b, .o = o, .n_seq = n_seq, .seqlen = seqlen, .N = N, .qb = qb};
+    double t0 = llmq_now_s();
+    if (!(st = job_alloc(&job)))
+        st = search_scales(&job, (const float *const[4]){0}, (const float *const[4]){0}, sum_abs, false);
+    b->seconds_scale = llmq_now_s() - t0;
+    t0 = llmq_now_s();
+    if (!st)
+        for (int k = 0; k < b->n_groups; k++) apply_scale(b, &b->groups[k]);
+    const int64_t T = (N + llmq_awq_sample_step(N, o) - 1) / llmq_awq_sample_step(N, o);
+    if (!st && o->clip) st = search_clips(b, rows, T, T, false, o);
+    b->seconds_clip = llmq_now_s() - t0;
+    job_free(&job);
     return st;
 }

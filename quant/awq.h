@@ -241,6 +241,30 @@ void llmq_awq_block_free(struct llmq_awq_block *b);
 enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *f, const float *x, int64_t n_seq,
                                  int64_t seqlen, const struct llmq_awq_opts *o);
 
+// ---- On the block path (quant/quantize.h "Decoder blocks"; calib/blocks.h "AWQ's scale search")
+// ---------------------- The same search with the candidates' losses computed where the blocks compute (a CUDA device,
+// or the CPU hook), the block's full-precision input resident there: the caller has run calib/blocks.h
+// llmq_blocks_awq_fp over block b->layer (its fp attention and MLP outputs kept there, the sums of the four inputs
+// taken) with step = llmq_awq_sample_step(N, o), and passes each input's Σ|x| (sum_abs[g], C_g; x_mean = Σ|x| / N,
+// compute_x_mean's bits) and its sampled rows (rows[g], (T, C_g), T = ceil(N / step): the clip search's tokens,
+// unscaled).
+//   attn_norm -> [q, k, v], ffn_norm -> [gate, up]: each ratio's candidates made there from the saved originals
+//       (AutoAWQ's grid: kernels/ops.h llmq_ops_awq_candidate; a plugged-in fake_quant: made on the host and
+//       uploaded), the half's output over every micro-batch compared with the fp one (llmq_blocks_awq_loss);
+//   v -> [o], up -> [down]: ALWAYS the Gram form (gram_loss = 1 whatever o->gram_loss says: the block keeps XᵀX of
+//       their inputs, not the inputs), Δ made there (llmq_blocks_awq_gram_loss);
+//   apply_scale and the clip search as above, on the host (the search's dgemm through o->backend), from the samples.
+// The CPU hook gives the same bits as llmq_awq_search at one thread when that search takes the Gram form too (N well
+// above C, its default rule) and every micro-batch is a multiple of LLMQ_GRAM_MICRO_BATCH tokens (the Gram sums are
+// then summed in the same batches); tests/py/test_quantize_blocks.py checks it. Not a mixture of experts
+// (LLMQ_ERR_UNSUPPORTED; calib/model/devblock.h keeps those on forward.c). The clip search's candidates are made on the
+// host: NOT YET device work (issue 17), nor is any of this RUN ON A GPU yet.
+int64_t llmq_awq_sample_step(int64_t N, const struct llmq_awq_opts *o); // max(1, N / n_sample_token)
+struct llmq_blocks;
+enum llmq_status llmq_awq_search_blocks(struct llmq_awq_block *b, struct llmq_blocks *qb, int64_t n_seq, int64_t seqlen,
+                                        const double *const sum_abs[4], const float *const rows[4],
+                                        const struct llmq_awq_opts *o);
+
 // The per-column scale applied to linear `lin` of b (its input was divided by it): the (C) scales of
 // the group that contains lin, or NULL when lin is in no group (o under GQA) or before the search.
 // For awq+gptq: the Hessian of the scaled layer is H'[i, j] = H[i, j] / (s[i] * s[j]) where H is

@@ -1072,6 +1072,30 @@ static void awq_quantizer(struct run *r, int l, struct llmq_awq_opts *ao, struct
     }
 }
 
+// The scaled and clipped linears of b (block l) through quantize_linear with H' = H / (s_i s_j) and, for a ggml type,
+// the importance of the scaled input (block_awq's loop; on the block path H' is also the error sums' Hessian there).
+static enum llmq_status awq_quantize_linears(struct run *r, int l, const struct llmq_awq_block *b,
+                                             const struct gguf_fq *fq) {
+    enum llmq_status st = LLMQ_OK;
+    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
+        const struct llmq_tensor_view *v = r->m->layers[l].w[k];
+        if (!v) continue; // a moe block's: its experts
+        int64_t R = v->shape[0], C = v->shape[1];
+        memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
+        if ((st = hessian(r, l, llmq_calib_slot_of((enum llmq_linear)k), r->H, false))) break;
+        llmq_awq_scale_hessian(b, (enum llmq_linear)k, r->H);
+        if (r->qb && (st = llmq_blocks_set_hessian(r->qb, r->H, C))) break;
+        const float *s = llmq_awq_input_scales(b, (enum llmq_linear)k), *imp = NULL;
+        if (fq->imp[k]) {
+            for (int64_t c = 0; c < C; c++) r->fq_qw[c] = s ? fq->imp[k][c] / (s[c] * s[c]) : fq->imp[k][c];
+            imp = r->fq_qw;
+        }
+        r->awq_s = s;
+        st = quantize_linear(r, l, k, -1, r->W, r->H, imp, false);
+    }
+    return st;
+}
+
 // AWQ (and AWQ+GPTQ): the block's fp inputs, the scale and clip search with the quantizer of the writer's
 // targets, then every scaled and clipped linear through quantize_linear with H' = H / (s_i s_j) and, for a
 // ggml type, the importance of the scaled input. The search's weight set b->ly (the folded norms and v bias
@@ -1097,22 +1121,49 @@ static enum llmq_status block_awq(struct run *r, int l) {
     for (int64_t x = 0; x < r->m->hp.n_expert && r->m->hp.moe && !st; x++) // the scaled, clipped experts
         for (int k = LLMQ_LIN_GATE; k <= LLMQ_LIN_DOWN && !st; k++)
             st = quantize_expert(r, l, k, x, b, llmq_awq_expert_input_scales(b, (enum llmq_linear)k, x));
-    for (int k = 0; k < LLMQ_LIN_COUNT && !st; k++) {
-        const struct llmq_tensor_view *v = r->m->layers[l].w[k];
-        if (!v) continue; // a moe block's: its experts above
-        int64_t R = v->shape[0], C = v->shape[1];
-        memcpy(r->W, b->w[k], (size_t)(R * C) * sizeof(float));
-        if ((st = hessian(r, l, llmq_calib_slot_of((enum llmq_linear)k), r->H, false))) break;
-        llmq_awq_scale_hessian(b, (enum llmq_linear)k, r->H);
-        const float *s = llmq_awq_input_scales(b, (enum llmq_linear)k), *imp = NULL;
-        if (fq.imp[k]) {
-            for (int64_t c = 0; c < C; c++) r->fq_qw[c] = s ? fq.imp[k][c] / (s[c] * s[c]) : fq.imp[k][c];
-            imp = r->fq_qw;
-        }
-        r->awq_s = s;
-        st = quantize_linear(r, l, k, -1, r->W, r->H, imp, false);
-    }
+    if (!st) st = awq_quantize_linears(r, l, b, &fq);
     llmq_awq_block_free(b);
+    return st;
+}
+
+// AWQ on the block path (quant/awq.h "On the block path"): the fp pass there (its outputs kept, the sums of the four
+// inputs, the clip search's sampled rows), the search with its losses there, the linears as block_awq's, then x <- the
+// fp block output. The search's own seconds exclude the blocks' (counted as their passes / uploads / sums).
+static enum llmq_status block_awq_dev(struct run *r, int l) {
+    const int64_t N = r->d.n_seq * r->d.seqlen;
+    struct llmq_awq_block *b = NULL;
+    struct gguf_fq fq = {.qw = r->fq_qw, .blk = r->blk, .n_threads = r->o->n_threads};
+    struct llmq_awq_opts ao;
+    llmq_awq_opts_default(&ao);
+    ao.n_threads = r->o->n_threads;
+    ao.backend = r->o->backend;
+    const int64_t step = llmq_awq_sample_step(N, &ao), T = (N + step - 1) / step;
+    float *rows[4] = {0};
+    const double *sum_abs[4];
+    enum llmq_status st = llmq_blocks_load(r->qb, &r->ly, r->o->n_threads);
+    for (int g = 0; g < 4 && !st; g++) {
+        const int64_t C = r->s.in[(int64_t)l * LLMQ_CALIB_N_SLOTS + g].n_in;
+        if (!(rows[g] = malloc((size_t)(T * C) * sizeof(float))))
+            st = llmq_errorf(LLMQ_ERR_NOMEM, "quantize: out of memory for AWQ's clip samples (blk.%d)", l);
+        sum_abs[g] = r->s.in[(int64_t)l * LLMQ_CALIB_N_SLOTS + g].sum_abs;
+    }
+    if (!st) st = llmq_blocks_awq_fp(r->qb, l, step, rows, &r->s);
+    if (!st) llmq_calib_stats_finish(&r->s, l);
+    if (!st) st = llmq_awq_block_init(r->m, l, r->o->n_threads, &b);
+    if (!st) awq_quantizer(r, l, &ao, &fq);
+    double dev0[3] = {0}, dev1[3] = {0};
+    llmq_blocks_times(r->qb, &dev0[0], &dev0[1], &dev0[2]);
+    const double t_search = llmq_now_s();
+    if (!st) st = llmq_awq_search_blocks(b, r->qb, r->d.n_seq, r->d.seqlen, sum_abs, (const float *const *)rows, &ao);
+    llmq_blocks_times(r->qb, &dev1[0], &dev1[1], &dev1[2]);
+    r->stage_s[S_SEARCH] += llmq_now_s() - t_search - (dev1[0] + dev1[1] + dev1[2] - dev0[0] - dev0[1] - dev0[2]);
+    if (!st) credit_data(r, l, -1);
+    if (!st && fq.st) st = fq.st;
+    if (!st) st = put_block(r, l, &b->ly);
+    if (!st) st = awq_quantize_linears(r, l, b, &fq);
+    if (!st) st = llmq_blocks_awq_advance(r->qb); // x <- the fp block output, the next block's input
+    llmq_awq_block_free(b);
+    for (int g = 0; g < 4; g++) free(rows[g]);
     return st;
 }
 
@@ -1628,7 +1679,7 @@ static enum llmq_status embed_inputs(struct run *r, int64_t N, int64_t D) {
     }
     if (st) return st;
     if (r->xfp) memcpy(r->xfp, r->x, (size_t)(N * D) * sizeof(float)); // GPTAQ: both streams start equal
-    if ((o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) &&
+    if ((o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ) && !r->qb && // the block path: none
         (st = llmq_forward_init(r->m, N, o->n_threads, &r->fbig)))
         return st;
     if (r->fbig) llmq_forward_set_backend(r->fbig, o->backend);
@@ -1796,8 +1847,6 @@ static enum llmq_status open_checkpoint(struct run *r, const json_t *prov, int64
 }
 
 const char *llmq_quantize_block_refusal(const struct llmq_quantize_opts *o) {
-    if (o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ)
-        return "AWQ's scale and clip search runs on calib/model/forward.c (quant/quantize.h \"Decoder blocks\")";
     if (o->method == LLMQ_QMETHOD_GPTQ && o->gptaq) return "GPTAQ's full-precision stream is not on the block path";
     return "";
 }
@@ -1810,6 +1859,7 @@ struct llmq_blocks_opts llmq_quantize_block_opts(const struct llmq_quantize_opts
                                      .max_vram = o->max_vram,
                                      .gram = true,
                                      .hessians = true,
+                                     .awq = o->method == LLMQ_QMETHOD_AWQ || o->method == LLMQ_QMETHOD_AWQ_GPTQ,
                                      .refusal = llmq_quantize_block_refusal(o)};
 }
 
@@ -1867,7 +1917,7 @@ static enum llmq_status run_solvers(const struct llmq_model *m, const struct llm
         switch (o->method) {
         case LLMQ_QMETHOD_RTN: st = block_rtn(&r, l); break;
         case LLMQ_QMETHOD_GPTQ: st = r.qb ? block_gptq_dev(&r, l) : block_gptq(&r, l); break;
-        default: st = block_awq(&r, l); break;
+        default: st = r.qb ? block_awq_dev(&r, l) : block_awq(&r, l); break;
         }
         if (!st && r.gemm_st) st = r.gemm_st;
         t0 = llmq_now_s();

@@ -121,20 +121,13 @@ void llmq_quant_params_awq(const float *x, int64_t n, int64_t stride, int bits, 
         *zero = (float)(1 << (bits - 1));
         return;
     }
-    const float maxq = (float)((1 << bits) - 1);
     float mn = x[0], mx = x[0];
     for (int64_t i = 1; i < n; i++) {
         float v = x[i * stride];
         if (v < mn) mn = v;
         if (v > mx) mx = v;
     }
-    float range = mx - mn;
-    if (range < 1e-5f) range = 1e-5f;
-    *scale = range / maxq;
-    float z = -rintf(mn / *scale);
-    if (z < 0.0f) z = 0.0f;
-    if (z > maxq) z = maxq;
-    *zero = z;
+    llmq_awq_grid_params(mn, mx, bits, scale, zero); // kernels/gptq_grid.h: the device's AWQ candidates too
 }
 
 enum llmq_status llmq_rtn_quantize(const char *name, const float *W, int64_t R, int64_t C,

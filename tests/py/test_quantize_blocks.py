@@ -58,7 +58,7 @@ def rows(report):
 
 
 def tiny_family(llmq_bin, stories_v3, work, family):
-    """A random 2-block qwen3 (q/k norms, head_dim 32: Dq 128 != D 64) or qwen2 (q/k/v biases) checkpoint with
+    """A random 2-block qwen3 (q/k norms, head_dim 32: Dq 128 != D 64), qwen2 (q/k/v biases) or llama (4 / 4 heads) with
     stories260K's tokenizer in work/<family> (made once per module). Returns its directory."""
     if not (work / "st").exists():
         run([llmq_bin, "convert", "--model", stories_v3, "--out", work / "st"])
@@ -68,9 +68,9 @@ def tiny_family(llmq_bin, stories_v3, work, family):
     d.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (d / f).write_bytes((work / "st" / f).read_bytes())
-    D, F, H, Hkv = 64, 128, 4, 2
+    D, F, H, Hkv = 64, 128, 4, 4 if family == "llama" else 2  # llama: no GQA (AWQ's v -> o group)
     Dh = 32 if family == "qwen3" else D // H
-    arch = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}[family]
+    arch = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[family]
     (d / "config.json").write_text(json.dumps(dict(
         model_type=family, architectures=[arch], hidden_size=D, intermediate_size=F, num_hidden_layers=2,
         num_attention_heads=H, num_key_value_heads=Hkv, head_dim=Dh, vocab_size=512, rms_norm_eps=1e-6,
@@ -165,6 +165,46 @@ def test_gptq_gguf_bit_for_bit(quantize, small):
     assert any(r["method"].startswith("gptq") for r in b[1])
 
 
+# ---- AWQ's search on the block path (quant/awq.h "On the block path") ---------------------------------------------
+
+# 4 x 256 tokens in one micro-batch: forward.c's AWQ runs every sequence in one call (its products' row count, which
+# OpenBLAS's results can depend on, is then the block's), and its default rule takes the Gram form for v -> o and
+# up -> down at these shapes, as the block path always does.
+AWQ_CAL = ["--nsamples", "4", "--seqlen", "256", "--micro-batch", "4"]
+
+
+@pytest.mark.parametrize("family", ["stories260K", "qwen3", "qwen2", "llama"])
+def test_awq_bit_for_bit(quantize, llmq_bin, stories_v3, work, family):
+    """awq and awq+gptq into a fake directory, awq into GGUF Q4_0 (a plugged-in quantizer: the candidates made on the
+    host and uploaded): the block path's search gives forward.c's bytes and report rows. llama has no GQA, so its
+    v -> o group is searched too; qwen2 folds the scales into the v bias, qwen3 has q/k norms."""
+    model = stories_v3 if family == "stories260K" else tiny_family(llmq_bin, stories_v3, work, family)
+    group = ["--group-size", "4"] if family == "stories260K" else ["--group-size", "32"]
+    runs = [(["--method", "awq", "--format", "fake", *group], "out"),
+            (["--method", "awq+gptq", "--format", "fake", *group], "out")]
+    if family != "stories260K":  # its 172-wide down tiles no ggml block
+        runs.append((["--method", "awq", "--format", "gguf", "--gguf-type", "Q4_0", "--no-provenance"], "o.gguf"))
+    for flags, out in runs:
+        name = f"awq-{family}-{flags[1].replace('+', '')}-{flags[3]}"
+        a = quantize(f"{name}-fwd", model, out, *flags, *AWQ_CAL)
+        b = quantize(f"{name}-blk", model, out, *flags, *AWQ_CAL, block="cpu")
+        assert "awq: layer 0 attn_norm->q,k,v" in b[2]
+        assert ("v->o" in b[2]) == (family == "llama"), b[2][-2000:]
+        assert a[0] == b[0], f"{name}: the outputs differ"
+        assert a[1] == b[1], f"{name}: the report rows differ"
+
+
+def test_awq_needs_resident(quantize, stories_v3):
+    """AWQ's search keeps its fp outputs with the activations: with --max-vram below that, forward.c, saying why."""
+    flags = ["--method", "awq", "--format", "fake", "--group-size", "4", *AWQ_CAL]
+    res = quantize("awq-res", stories_v3, "out", *flags, block="cpu")
+    place, _, need = block_bytes(res[2])
+    assert place == "resident"
+    fb = quantize("awq-fb", stories_v3, "out", *flags, "--max-vram", str(need - 1), block="fallback")
+    assert FALLBACK + "AWQ's search needs the activations and its outputs resident" in fb[2], fb[2][-2000:]
+    assert fb[0] == res[0]
+
+
 # ---- the activations streamed from the host (--max-vram) -------------------------------------------------------------
 
 def block_bytes(stderr):
@@ -221,10 +261,8 @@ def test_resume_on_the_block_path(llmq_bin, small, data_dir, tmp_path):
 
 # ---- fallbacks and errors ----------------------------------------------------------------------------------------
 
-def test_awq_and_gptaq_take_forward_c(quantize, stories_v3):
-    for flags, why in ((["--method", "awq"], "AWQ's scale and clip search runs on calib/model/forward.c"),
-                       (["--method", "awq+gptq"], "AWQ's scale and clip search runs on calib/model/forward.c"),
-                       (["--method", "gptq", "--gptaq"], "GPTAQ's full-precision stream is not on the block path")):
+def test_gptaq_takes_forward_c(quantize, stories_v3):
+    for flags, why in ((["--method", "gptq", "--gptaq"], "GPTAQ's full-precision stream is not on the block path"),):
         name = "-".join(f.strip("-").replace("+", "") for f in flags)
         flags = [*flags, "--format", "fake", "--group-size", "4"]
         a = quantize(f"{name}-fwd", stories_v3, "out", *flags)

@@ -16,7 +16,8 @@
  * with --device cuda (calib/calib_run.c, calib/calib.h "Decoder blocks": every calibration sequence resident, each
  * layer's Gram and column sums downloaded once; `llmq calib`, and quantize's importance statistics);
  * calib/model/devblock.h fills it from a model; and the tests.
- * `llmq quantize` with --device cuda (calib/blocks.h: rtn's and gptq's passes, the calibration activations resident;
+ * `llmq quantize` with --device cuda (calib/blocks.h: rtn's and gptq's passes and AWQ's scale search, the calibration
+ * activations resident;
  * llmq_block_gather for the true-sequential statistics passes).
  * AWQ's scale search on the block path (calib/blocks.h, quant/awq.h "On the block path": llmq_block_attn_out /
  * _mlp_out). What it is not (yet): no gemma, phi3, moe, sliding window, softcap, linear RoPE scaling or llama.cpp

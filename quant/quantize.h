@@ -184,7 +184,7 @@
  *   forward.c   calib/model/forward.h block by block over the (N, D) activations on the host, a micro-batch at a
  *               time, the statistics summed on the host as the hook sees them (their products on o->backend).
  *               Every method, family and option, and the only path with --device cpu.
- *   block.h     with --device cuda, for rtn (with calibration) and gptq without GPTAQ, on the families
+ *   block.h     with --device cuda, for rtn (with calibration), gptq without GPTAQ, awq and awq+gptq, on the families
  *               calib/model/devblock.h covers (llama, mistral, qwen2, qwen3 without sliding window, softcap,
  *               linear RoPE scaling, partial RoPE; no moe): kernels/block.h. The activations are uploaded once
  *               after the embedding (or the resume) and stay where the block computes for every block; each block's
@@ -205,13 +205,19 @@
  *               with its Gram and column sums, one Hessian and the error sums' chunks: llmq_blocks_bytes) fit in
  *               o->max_vram (--max-vram; default half of the device's free memory), else streamed from r->x
  *               (page-locked) a micro-batch at a time; when the buffers alone do not fit, forward.c.
+ *               awq / awq+gptq (quant/awq.h "On the block path"): one fp pass keeps each micro-batch's attention and
+ *               MLP outputs there (2 N·D floats more, plus a scale group's saved weights and one Δ: needs the
+ *               resident placement, else forward.c with the line saying so) with the four inputs' sums and the clip
+ *               search's sampled rows; each ratio's candidates are made there and the inspected half run over every
+ *               micro-batch; the linears then as on forward.c (H from the block's sums, scaled by 1/(s_i s_j) on the
+ *               host and uploaded again for the error sums); x <- x + attn + mlp (the fp block output).
  *   The choice is one info line ("quantize: decoder blocks on cuda through kernels/block.h ..." or "... through
- *   calib/model/forward.c (...): <why>"): awq and awq+gptq (the scale and clip search runs forward.c's sub-block
- *   functions on the host), GPTAQ (its second stream), devblock's refusal of the family, or the budget
- *   (llmq_quantize_block_refusal gives the first two).
+ *   calib/model/forward.c (...): <why>"): GPTAQ (its second stream), devblock's refusal of the family (moe among
+ *   them), or the budget (llmq_quantize_block_refusal gives the first).
  *   Agreement: on the CPU backend (the test hook LLMQ_QUANT_BLOCK=cpu; off keeps forward.c with --device cuda,
  *   another value is LLMQ_ERR_ARG) the block path writes the SAME BYTES as forward.c with --threads 1, for every
- *   format (tests/py/test_quantize_blocks.py: llama, qwen2, qwen3, true-sequential or not, GGUF, resume). On CUDA
+ *   format (tests/py/test_quantize_blocks.py: llama, qwen2, qwen3, true-sequential or not, GGUF, resume; awq and
+ *   awq+gptq when forward.c's search takes the Gram form and runs every sequence in one micro-batch). On CUDA
  *   the statistics differ by float rounding (kernels/block.h): NOT YET RUN ON A GPU.
  *
  * ---- Checkpoint and resume (o->checkpoint, o->resume; quant/checkpoint.h) ------------------------------------

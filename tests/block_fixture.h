@@ -193,4 +193,66 @@ static inline int64_t fix_sums_differ(struct llmq_block *ref, struct llmq_block 
     return bad;
 }
 
+// Input g's rows 0 .. n-1 as the last pass left them (llmq_block_input_rows), summed by the column sums' reference:
+// how many of Σ|x|, Σx² differ from the block's own column sums of g (bit for bit: the same rows in the same order).
+static inline int64_t fix_rows_differ(struct llmq_block *b, enum llmq_block_gram g, int64_t n) {
+    const int64_t C = llmq_block_gram_dim(b, g);
+    float *rows = malloc((size_t)(n * C) * sizeof(float));
+    int64_t *idx = malloc((size_t)n * sizeof(int64_t)), bad = 0, mark = 0;
+    double *ref = calloc((size_t)(2 * C), sizeof(double)), *got = calloc((size_t)(2 * C), sizeof(double));
+    uint64_t first = UINT64_MAX;
+    CHECK(rows && idx && ref && got);
+    for (int64_t t = 0; t < n; t++) idx[t] = t;
+    CHECK_OK(llmq_block_input_rows(b, g, idx, n, rows));
+    llmq_block_colsums_cpu(rows, n, C, 0, ref, &first);
+    CHECK_OK(llmq_block_colsums_download(b, g, got, got + C, &mark));
+    for (int64_t i = 0; i < 2 * C; i++) bad += memcmp(&ref[i], &got[i], sizeof(double)) != 0;
+    free(rows), free(idx), free(ref), free(got);
+    return bad;
+}
+
+// llmq_block_attn_out / _mlp_out's check (both tests), on block b (made with LLMQ_BLOCK_SUM_COLS, layer loaded) and x
+// (n_seq · S, D) on b's backend (left unchanged): x + attn_out(x) is llmq_block_attn's x bit for bit, h + mlp_out(h)
+// llmq_block_ffn's (apply) on that h, and each pass's input rows (llmq_block_input_rows) sum to its column sums.
+// Returns how many checks failed.
+static inline int64_t fix_outs_differ(struct llmq_block *b, const struct llmq_ops_buf *x, int64_t n_seq, int64_t S) {
+    struct llmq_ops *ops = llmq_block_ops(b);
+    const int64_t D = llmq_block_gram_dim(b, LLMQ_BLOCK_GRAM_QKV), n = n_seq * S;
+    float *x0 = malloc((size_t)(n * D) * sizeof(float)), *want = malloc((size_t)(n * D) * sizeof(float));
+    float *got = malloc((size_t)(n * D) * sizeof(float));
+    struct llmq_ops_buf o, h;
+    CHECK(x0 && want && got);
+    CHECK_OK(llmq_ops_buf_alloc(ops, n * D, &o));
+    CHECK_OK(llmq_ops_buf_alloc(ops, n * D, &h));
+    CHECK_OK(llmq_ops_download(ops, x0, x, 0, n * D));
+    int64_t bad = 0;
+    for (int half = 0; half < 2; half++) {
+        CHECK_OK(llmq_ops_upload(ops, &h, 0, x0, n * D)); // h = x, then (the ffn) x + attn
+        if (half == 1) CHECK_OK(llmq_block_attn(b, &h, n_seq, S, 0u));
+        CHECK_OK(llmq_ops_download(ops, got, &h, 0, n * D));
+        CHECK_OK(llmq_block_sums_zero(b));
+        if (half == 0) {
+            CHECK_OK(llmq_block_attn_out(b, &h, n_seq, S, 3u, &o));
+            bad += fix_rows_differ(b, LLMQ_BLOCK_GRAM_QKV, n) + fix_rows_differ(b, LLMQ_BLOCK_GRAM_O, n);
+        } else {
+            CHECK_OK(llmq_block_mlp_out(b, &h, n_seq, S, 12u, &o));
+            bad += fix_rows_differ(b, LLMQ_BLOCK_GRAM_GATE, n) + fix_rows_differ(b, LLMQ_BLOCK_GRAM_DOWN, n);
+        }
+        CHECK_OK(llmq_ops_add(ops, &h, &o, n * D)); // h + out
+        CHECK_OK(llmq_ops_download(ops, want, &h, 0, n * D));
+        CHECK_OK(llmq_ops_upload(ops, &h, 0, got, n * D));
+        if (half == 0)
+            CHECK_OK(llmq_block_attn(b, &h, n_seq, S, 0u));
+        else
+            CHECK_OK(llmq_block_ffn(b, &h, n_seq, S, 4u, true));
+        CHECK_OK(llmq_ops_download(ops, got, &h, 0, n * D));
+        bad += memcmp(want, got, (size_t)(n * D) * sizeof(float)) != 0;
+    }
+    CHECK_OK(llmq_ops_download(ops, got, x, 0, n * D));
+    bad += memcmp(x0, got, (size_t)(n * D) * sizeof(float)) != 0;
+    free(x0), free(want), free(got);
+    llmq_ops_buf_free(&o), llmq_ops_buf_free(&h);
+    return bad;
+}
+
 #endif // LLMQ_TEST_BLOCK_FIXTURE_H

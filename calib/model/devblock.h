@@ -6,9 +6,9 @@
  * covers (llama, mistral, qwen2, qwen3). Used by `llmq eval`'s block path (calib/eval/eval_run.c: the decoder
  * blocks with --device cuda, or on the CPU through the LLMQ_EVAL_BLOCK=cpu test hook; calib/eval/eval.h "Decoder
  * blocks"), the calibration pass's (calib/calib_run.c, likewise with LLMQ_CALIB_BLOCK=cpu; calib/calib.h "Decoder
- * blocks"), quantize's rtn / gptq passes (calib/blocks.h, LLMQ_QUANT_BLOCK=cpu likewise; quant/quantize.h "Decoder
- * blocks") and tests/unit/test_block.c. What it is not: not used by AWQ's search (calib/model/forward.c). The CUDA
- * block behind it has never run on a GPU (kernels/block.h).
+ * blocks"), quantize's rtn / gptq passes and AWQ's scale search (calib/blocks.h, LLMQ_QUANT_BLOCK=cpu likewise;
+ * quant/quantize.h "Decoder blocks", quant/awq.h "On the block path") and tests/unit/test_block.c. The CUDA block
+ * behind it has never run on a GPU (kernels/block.h).
  */
 #ifndef LLMQ_CALIB_DEVBLOCK_H
 #define LLMQ_CALIB_DEVBLOCK_H

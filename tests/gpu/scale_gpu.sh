@@ -9,8 +9,8 @@
 #   awq-w4g128    --method awq  --bits 4 --group-size 128 --format awq,  the first AWQ_LAYERS layers (4);
 #   gptq-q4km     --method gptq --format gguf --gguf-type Q4_K_M,        the first Q4KM_LAYERS layers (4), TF32;
 # (AWQ_LAYERS / Q4KM_LAYERS: synth_ckpt --layers, the first blocks, the embedding and head of the full shape.)
-# awq and gptq into Q4_K_M run on fewer layers because their searches / solves are CPU-bound today (quant/qblocks.h:
-# AWQ's search is calib/model/forward.c's, GPTQ onto ggml blocks runs on the CPU): their per-block time times 32 is
+# awq and gptq into Q4_K_M run on fewer layers because parts of them are CPU-bound today (AWQ's clip search runs on the
+# host from sampled rows, its scale search on the block path; GPTQ onto ggml blocks runs on the CPU): per-block time x 32 is
 # an EXTRAPOLATION, printed as such. Each job: wall seconds (timeout JOB_TIMEOUT, 150), peak host RSS (/proc, every
 # 0.5 s), peak device memory in use (nvidia-smi, every 0.5 s, minus what was in use before), the "decoder blocks"
 # line and quantize's time by stage (quant/quantize.h "Profile": which stage dominates). Random weights: time and

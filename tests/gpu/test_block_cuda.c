@@ -270,8 +270,10 @@ static void check_gather(struct fix_model *fm, const char *name, int64_t n_seq, 
     CHECK_OK(llmq_ops_download(llmq_block_ops(gb), back, &gx, 0, n * D));
     bad += memcmp(back, fwd, (size_t)(n * D) * sizeof(float)) != 0;
     bad += fix_sums_differ(fb, gb, 0xfu);
+    CHECK_OK(llmq_ops_upload(llmq_block_ops(gb), &gx, 0, x, n * D)); // the halves' outputs without the residual
+    bad += fix_outs_differ(gb, &gx, n_seq, S);
     free(fwd);
-    printf("%-64s %s: gather of 1, 2, 4, 8, o+down and attn + ffn vs the device forward: %s\n", name,
+    printf("%-64s %s: gather of 1, 2, 4, 8, o+down, attn + ffn vs the device forward, attn_out / mlp_out: %s\n", name,
            bad ? "FAIL" : "ok", bad ? "DIFFER" : "bit-identical sums and output, the others zero, x unchanged");
     if (bad) failures++;
     free(x), free(back);

@@ -199,6 +199,64 @@ static void test_dot(int64_t n) {
     llmq_ops_buf_free(&ag), llmq_ops_buf_free(&bg);
 }
 
+// The squared difference (llmq_ops_sqdiff_f64) as the dot: |gpu - cpu| <= 2 n 2^-53 Σ (a_i - b_i)² + 1e-300 (the same
+// exact squares of exact f64 differences summed in two orders), the device twice the same bits; the copy exact.
+static void test_sqdiff_copy(int64_t n) {
+    float *a = host(n), *b = host(n), *back = host(n);
+    double mag = 0;
+    for (int64_t i = 0; i < n; i++) {
+        a[i] = 4.0f * test_frand(&rng);
+        b[i] = a[i] + 0.01f * test_frand(&rng);
+        mag += ((double)a[i] - (double)b[i]) * ((double)a[i] - (double)b[i]);
+    }
+    struct llmq_ops_buf ac = llmq_ops_buf_host(a, n), bc = llmq_ops_buf_host(b, n);
+    struct llmq_ops_buf ag = dev_from(a, n), bg = dev_from(b, n);
+    double c = 0.0, g = 0.0, g2 = 0.0;
+    CHECK_OK(llmq_ops_sqdiff_f64(cpu, &ac, &bc, n, &c));
+    CHECK_OK(llmq_ops_sqdiff_f64(gpu, &ag, &bg, n, &g));
+    CHECK_OK(llmq_ops_sqdiff_f64(gpu, &ag, &bg, n, &g2));
+    CHECK_OK(llmq_ops_copy(gpu, &bg, &ag, n));
+    CHECK_OK(llmq_ops_download(gpu, back, &bg, 0, n));
+    const double tol = 2.0 * (double)n * 0x1p-53 * mag + 1e-300;
+    const bool copy_ok = memcmp(back, a, (size_t)n * sizeof(float)) == 0;
+    const bool ok = fabs(g - c) <= tol && memcmp(&g, &g2, sizeof g) == 0 && copy_ok;
+    char label[64];
+    snprintf(label, sizeof label, "sqdiff, copy n %lld", (long long)n);
+    printf("%-60s %s: |gpu - cpu| %.3g (bound %.3g), rerun %s, copy %s\n", label, ok ? "ok" : "FAIL", fabs(g - c), tol,
+           memcmp(&g, &g2, sizeof g) == 0 ? "bit-identical" : "DIFFERS", copy_ok ? "exact" : "DIFFERS");
+    if (!ok) failures++;
+    free(a), free(b), free(back);
+    llmq_ops_buf_free(&ag), llmq_ops_buf_free(&bg);
+}
+
+// AWQ's scale candidate (llmq_ops_awq_candidate): the device's against the CPU's, bit for bit (every step an IEEE f32
+// operation on both), with and without minus_w, a constant group among the rows.
+static void test_awq_candidate(int64_t R, int64_t C, int64_t G, int bits) {
+    float *W = host(R * C), *s = host(C), *c = host(R * C), *g = host(R * C);
+    for (int64_t i = 0; i < R * C; i++) W[i] = 0.05f * test_frand(&rng);
+    for (int64_t j = 0; j < G; j++) W[j] = 0.01f; // row 0's first group: constant (range below 1e-5)
+    for (int64_t j = 0; j < C; j++) s[j] = 0.2f + 4.0f * fabsf(test_frand(&rng));
+    struct llmq_ops_buf wc = llmq_ops_buf_host(W, R * C), sc = llmq_ops_buf_host(s, C),
+                        oc = llmq_ops_buf_host(c, R * C);
+    struct llmq_ops_buf wg = dev_from(W, R * C), sg = dev_from(s, C), og = dev_from(W, R * C);
+    int64_t bad = 0;
+    for (int minus = 0; minus < 2; minus++) {
+        CHECK_OK(llmq_ops_awq_candidate(cpu, &wc, &sc, R, C, G, bits, minus, &oc));
+        CHECK_OK(llmq_ops_awq_candidate(gpu, &wg, &sg, R, C, G, bits, minus, &og));
+        free(g);
+        g = download(&og, R * C);
+        for (int64_t i = 0; i < R * C; i++) bad += memcmp(&g[i], &c[i], sizeof(float)) != 0;
+    }
+    char label[80];
+    snprintf(label, sizeof label, "awq_candidate %lld x %lld G %lld bits %d", (long long)R, (long long)C, (long long)G,
+             bits);
+    printf("%-60s %s: %lld of %lld values differ from the CPU's (want 0)\n", label, bad ? "FAIL" : "ok", (long long)bad,
+           (long long)(2 * R * C));
+    if (bad) failures++;
+    free(W), free(s), free(c), free(g);
+    llmq_ops_buf_free(&wg), llmq_ops_buf_free(&sg), llmq_ops_buf_free(&og);
+}
+
 // Buffers on the device: offsets, views, the wrong backend, an unsupported head_dim.
 static void test_buffers(void) {
     struct llmq_ops_buf b;
@@ -254,6 +312,12 @@ int main(void) {
     test_dot(1);
     test_dot(4097);
     test_dot(3 << 20);
+    test_sqdiff_copy(1);
+    test_sqdiff_copy(3 << 20);
+    test_awq_candidate(3, 64, 64, 4);
+    test_awq_candidate(257, 512, 128, 4);
+    test_awq_candidate(4096, 1024, 128, 3);
+    test_awq_candidate(64, 96, 32, 8);
     llmq_ops_free(gpu);
     llmq_ops_free(cpu);
     if (failures) fprintf(stderr, "%d checks failed\n", failures);

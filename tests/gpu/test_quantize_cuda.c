@@ -6,8 +6,9 @@
 // Q4_1 file, so --allow-requantize). Calibration: 8 sequences of 128 tokens of wiki.valid.raw, seed 1.
 //   gptq  --bits 4 --group-size 64 --format gptq: on cuda the decoder blocks run through kernels/block.h (quant/
 //         quantize.h "Decoder blocks": its info line is checked) and GPTQ's steps 5-7 through kernels/gptq_cuda.h.
-//   awq   --bits 4 --group-size 64 --format awq: on cuda the search's products on the device (calib/model/forward.c
-//         with cuBLAS GEMMs; the search itself is not on the block path).
+//   awq   --bits 4 --group-size 64 --format awq: on cuda the scale search on the block path (quant/awq.h "On the block
+//         path": candidates, halves and losses on the device, the single-linear groups in Gram form), the clip
+//         search on the host.
 // Checks, for each method:
 //   1. the 4-bit codes of every *.qweight tensor equal position by position (a bijection of the codes: both runs
 //      pack alike) on >= 99% of the weights (issue 17): the statistics differ by float rounding, and a code at a

@@ -1,4 +1,5 @@
-"""`llmq quantize`'s block path (quant/quantize.h "Decoder blocks", quant/qblocks.h: rtn's and gptq's passes through
+"""`llmq quantize`'s block path (quant/quantize.h "Decoder blocks", calib/blocks.h: rtn's and gptq's passes and AWQ's
+scale search through
 kernels/block.h, the calibration activations resident where the block computes, llmq_block_gather for the
 true-sequential statistics passes) against the forward.c path, on the CPU backend through the test hook
 LLMQ_QUANT_BLOCK=cpu, so that the wiring --device cuda uses (the resident activations, the weights uploaded once per
@@ -13,7 +14,9 @@ random qwen2 (q/k/v biases): the CPU block repeats forward.c's operations (kerne
 forward.c's sub-block passes stop (calib/model/forward.h), its sums are calib/calib.c's. A run killed at checkpoint
 events on the block path and resumed writes the same bytes as the uninterrupted run (the checkpoint's activations are
 downloaded after each block and uploaded again on --resume).
-Fallbacks (one info line naming the reason, the bytes unchanged): awq / awq+gptq (the search is forward.c's), GPTAQ,
+AWQ (quant/awq.h "On the block path"): awq and awq+gptq into fake directories and GGUF Q4_0, bit for bit too, with
+4 x 256 tokens in one micro-batch (see AWQ_CAL); below the resident budget it takes forward.c.
+Fallbacks (one info line naming the reason, the bytes unchanged): GPTAQ,
 a family kernels/block.h does not cover (gemma2), LLMQ_QUANT_BLOCK=off; a bad LLMQ_QUANT_BLOCK is an error that
 writes nothing; so are LLMQ_BLOCK_MATH=tf32 on the CPU hook (TF32 needs a CUDA block) and an unknown LLMQ_BLOCK_MATH.
 Non-finite activations: both paths fail naming the same block and input, and write nothing.

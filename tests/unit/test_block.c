@@ -346,6 +346,8 @@ static void check_gather(struct fix_model *fm, const char *label, int64_t n_seq,
         CHECK(bits_differ(h, xg.data, n * D) == 0);
         CHECK(fix_sums_differ(bf, bg, 4u | 8u) == 0);
         free(h);
+        memcpy(xg.data, x0, (size_t)(n * D) * sizeof(float)); // the halves' outputs without the residual
+        CHECK(fix_outs_differ(bg, &xg, n_seq, S) == 0);
     }
     llmq_log_set_level(LLMQ_LOG_SILENT);
     CHECK(llmq_block_gather(bg, &xg, n_seq, S, 0u) == LLMQ_ERR_ARG);
@@ -356,7 +358,8 @@ static void check_gather(struct fix_model *fm, const char *label, int64_t n_seq,
     llmq_log_set_level(LLMQ_LOG_INFO);
     printf("%s: llmq_block_gather of 1, 2, 4, 8 and o+down: sums bit-identical to the forward's, the others zero, "
            "x unchanged; llmq_block_attn + llmq_block_ffn: the forward's bits and sums, the ffn gathers from h; "
-           "wrong masks refused\n",
+           "attn_out / mlp_out + the residual: the halves' bits, their input rows sum to their column sums; wrong "
+           "masks refused\n",
            label);
     free(x0);
     llmq_ops_buf_free(&xf), llmq_ops_buf_free(&xg);

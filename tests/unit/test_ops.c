@@ -21,6 +21,7 @@
 #include "calib/model/model.h"
 #include "common/log.h"
 #include "kernels/ops.h"
+#include "quant/awq.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -241,6 +242,37 @@ static void test_attention_f64(void) {
 }
 
 // 4. Buffers and argument checks.
+// AWQ's scale candidate (kernels/ops.h llmq_ops_awq_candidate) against the search's own pipeline spelled out: W · s,
+// quant/awq.h llmq_awq_pseudo_quantize (AutoAWQ's grid), / s; with minus_w that less W. Bit for bit, at 2, 4 and 8
+// bits, groups of 8 and one group per row, with a constant group (range below 1e-5) and an all-zero row among them.
+static void test_awq_candidate(struct llmq_ops *ops) {
+    const int64_t R = 5, C = 48;
+    float W[5 * 48], s[48], ws[5 * 48], ref[5 * 48], got[5 * 48], dif[5 * 48];
+    for (int64_t i = 0; i < R * C; i++) W[i] = 2.0f * test_frand(&rng);
+    for (int64_t c = 0; c < C; c++) s[c] = 0.1f + 3.0f * fabsf(test_frand(&rng));
+    for (int64_t c = 0; c < 8; c++) W[C + c] = 0.25f; // row 1's first group: constant
+    for (int64_t c = 0; c < C; c++) W[3 * C + c] = 0.0f;
+    for (int64_t i = 0; i < R * C; i++) ws[i] = W[i] * s[i % C];
+    const int bits[3] = {2, 4, 8};
+    const int64_t groups[2] = {8, 48};
+    struct llmq_ops_buf bw = llmq_ops_buf_host(W, R * C), bs = llmq_ops_buf_host(s, C);
+    struct llmq_ops_buf bg = llmq_ops_buf_host(got, R * C), bd = llmq_ops_buf_host(dif, R * C);
+    int64_t bad = 0;
+    for (int ib = 0; ib < 3; ib++)
+        for (int ig = 0; ig < 2; ig++) {
+            llmq_awq_pseudo_quantize(ws, R, C, bits[ib], (int)groups[ig], ref);
+            for (int64_t i = 0; i < R * C; i++) ref[i] = ref[i] / s[i % C];
+            CHECK_OK(llmq_ops_awq_candidate(ops, &bw, &bs, R, C, groups[ig], bits[ib], false, &bg));
+            CHECK_OK(llmq_ops_awq_candidate(ops, &bw, &bs, R, C, groups[ig], bits[ib], true, &bd));
+            for (int64_t i = 0; i < R * C; i++) {
+                const float d = ref[i] - W[i];
+                bad += memcmp(&ref[i], &got[i], sizeof(float)) != 0 || memcmp(&d, &dif[i], sizeof(float)) != 0;
+            }
+        }
+    CHECK(bad == 0);
+    printf("awq_candidate: Q(W·s)/s and its Δ bit-identical to the search's pipeline (2 / 4 / 8 bits, G 8 / 48)\n");
+}
+
 static void test_buffers_and_errors(void) {
     struct llmq_ops *ops = NULL;
     CHECK_OK(llmq_ops_init(LLMQ_BACKEND_CPU, &ops));
@@ -263,9 +295,21 @@ static void test_buffers_and_errors(void) {
     CHECK_OK(llmq_ops_dot_f64(ops, &ba, &bb, 5, &got));
     CHECK(memcmp(&got, &want, sizeof got) == 0);
 
+    // the squared difference: the same running sum of (a - b)² (quant/awq.c mse's loop); the copy: exact
+    want = got = 0.25;
+    for (int i = 0; i < 5; i++) want += ((double)da[i] - (double)db[i]) * ((double)da[i] - (double)db[i]);
+    CHECK_OK(llmq_ops_sqdiff_f64(ops, &ba, &bb, 5, &got));
+    CHECK(memcmp(&got, &want, sizeof got) == 0);
+    CHECK_OK(llmq_ops_copy(ops, &view, &ba, 5));
+    CHECK(memcmp(b.data + 5, da, sizeof da) == 0);
+    test_awq_candidate(ops);
+
     llmq_log_set_level(LLMQ_LOG_SILENT);
-    CHECK(llmq_ops_dot_f64(ops, &ba, &bb, 6, &got) == LLMQ_ERR_ARG); // past the end
-    CHECK(llmq_ops_upload(ops, &b, 7, src, 4) == LLMQ_ERR_ARG);      // past the end
+    CHECK(llmq_ops_awq_candidate(ops, &ba, &bb, 1, 5, 2, 4, false, &b) == LLMQ_ERR_ARG); // 2 does not tile 5
+    CHECK(llmq_ops_awq_candidate(ops, &ba, &bb, 1, 5, 5, 9, false, &b) == LLMQ_ERR_ARG); // 9 bits
+    CHECK(llmq_ops_sqdiff_f64(ops, &ba, &bb, 6, &got) == LLMQ_ERR_ARG);                  // past the end
+    CHECK(llmq_ops_dot_f64(ops, &ba, &bb, 6, &got) == LLMQ_ERR_ARG);                     // past the end
+    CHECK(llmq_ops_upload(ops, &b, 7, src, 4) == LLMQ_ERR_ARG);                          // past the end
     CHECK_CONTAINS(llmq_last_error(), "holds 10 floats");
     CHECK(llmq_ops_download(ops, dst, &b, -1, 1) == LLMQ_ERR_ARG);
     struct llmq_ops_buf none = {0}, fake_dev = {.data = b.data, .n = 10, .be = LLMQ_BACKEND_CUDA};

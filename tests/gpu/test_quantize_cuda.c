@@ -107,7 +107,7 @@ static double check_method(const char *bin, const char *model, const char *calib
     snprintf(dc, sizeof dc, "%s/%s-cpu", tmp, method);
     snprintf(dg, sizeof dg, "%s/%s-cuda", tmp, method);
     snprintf(dg2, sizeof dg2, "%s/%s-cuda2", tmp, method);
-    if (strcmp(method, "gptq") == 0) {
+    { // both methods' passes take the block path on the device
         char *err = NULL;
         size_t len = 0;
         snprintf(name, sizeof name, "%s-cuda.err", method);

@@ -427,16 +427,12 @@ static enum llmq_status awq_fp_batch(struct llmq_blocks *q, int64_t s0, int64_t 
             if (!(st = llmq_ops_copy(ops, &q->hs, &x, n * D))) st = llmq_ops_add(ops, &q->hs, &a, n * D);
             if (!st) st = llmq_block_mlp_out(q->b, &q->hs, ns, S, FFN_INPUTS, &m);
         }
-        int64_t idx[64];
-        for (int64_t t0 = (lo + step - 1) / step * step; !st && t0 < hi; t0 += 64 * step) {
-            int64_t nb = 0;
-            for (int64_t t = t0; nb < 64 && t < hi; t += step) idx[nb++] = t - lo;
-            for (int g = 2 * half; g < 2 * half + 2 && !st; g++)
-                if (rows[g]) {
-                    const int64_t C = llmq_block_gram_dim(q->b, (enum llmq_block_gram)g);
-                    st = llmq_block_input_rows(q->b, (enum llmq_block_gram)g, idx, nb, rows[g] + t0 / step * C);
-                }
-        }
+        const int64_t t0 = (lo + step - 1) / step * step, nb = t0 < hi ? (hi - 1 - t0) / step + 1 : 0;
+        for (int g = 2 * half; g < 2 * half + 2 && !st && nb > 0; g++)
+            if (rows[g]) {
+                const int64_t C = llmq_block_gram_dim(q->b, (enum llmq_block_gram)g);
+                st = llmq_block_input_rows(q->b, (enum llmq_block_gram)g, t0 - lo, step, nb, rows[g] + t0 / step * C);
+            }
     }
     return st;
 }

@@ -406,22 +406,17 @@ enum llmq_status llmq_block_mlp_out(struct llmq_block *b, const struct llmq_ops_
     return st;
 }
 
-enum llmq_status llmq_block_input_rows(struct llmq_block *b, enum llmq_block_gram g, const int64_t *rows, int64_t n,
-                                       float *host) {
-    if ((unsigned)g >= LLMQ_BLOCK_GRAM_COUNT || n < 0 || (n > 0 && (!rows || !host)))
-        return llmq_errorf(LLMQ_ERR_ARG, "block: input_rows: input %d, %lld rows", (int)g, (long long)n);
+enum llmq_status llmq_block_input_rows(struct llmq_block *b, enum llmq_block_gram g, int64_t first, int64_t step,
+                                       int64_t n, float *host) {
+    if ((unsigned)g >= LLMQ_BLOCK_GRAM_COUNT || n < 0 || first < 0 || step < 1 || (n > 0 && !host) ||
+        (n > 0 && (first >= b->max_tokens || (b->max_tokens - 1 - first) / step < n - 1)))
+        return llmq_errorf(LLMQ_ERR_ARG, "block: input_rows: input %d, %lld rows from %lld by %lld of %lld", (int)g,
+                           (long long)n, (long long)first, (long long)step, (long long)b->max_tokens);
     const int64_t C = gram_dim(&b->s, g);
     const struct llmq_ops_buf *src = &b->act[g == LLMQ_BLOCK_GRAM_O      ? A_ATT
                                              : g == LLMQ_BLOCK_GRAM_DOWN ? A_GATE
                                                                          : A_XN];
-    enum llmq_status st = LLMQ_OK;
-    for (int64_t i = 0; i < n && !st; i++) {
-        if (rows[i] < 0 || rows[i] >= b->max_tokens)
-            return llmq_errorf(LLMQ_ERR_ARG, "block: input_rows: row %lld of %lld", (long long)rows[i],
-                               (long long)b->max_tokens);
-        st = llmq_ops_download(b->ops, host + i * C, src, rows[i] * C, C);
-    }
-    return st;
+    return llmq_ops_download_rows(b->ops, host, src, first * C, C, step * C, n);
 }
 
 struct llmq_ops_buf llmq_block_weight_buf(struct llmq_block *b, enum llmq_block_weight w) {

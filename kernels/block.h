@@ -200,12 +200,13 @@ enum llmq_status llmq_block_attn_out(struct llmq_block *b, const struct llmq_ops
 enum llmq_status llmq_block_mlp_out(struct llmq_block *b, const struct llmq_ops_buf *h, int64_t n_seq, int64_t seqlen,
                                     unsigned inputs, const struct llmq_ops_buf *out);
 
-// n rows (indices rows[], each < the last pass's T) of input g (C wide) as the last pass left it, into host (n, C):
+// n rows first, first + step, ... (each < the last pass's T; step >= 1) of input g (C wide) as the last pass left it,
+// into host (n, C) by one strided copy:
 // the q/k/v input after an attention half (llmq_block_attn_out, _attn, _forward's ffn half overwrites it with the
 // gate/up input), o's after an attention half, gate/up's and down's after a feed-forward half (llmq_block_mlp_out,
 // _ffn, _forward). Waits for the block's work. AWQ's clip search samples its tokens so.
-enum llmq_status llmq_block_input_rows(struct llmq_block *b, enum llmq_block_gram g, const int64_t *rows, int64_t n,
-                                       float *host);
+enum llmq_status llmq_block_input_rows(struct llmq_block *b, enum llmq_block_gram g, int64_t first, int64_t step,
+                                       int64_t n, float *host);
 
 // Weight w's buffer where the block computes (llmq_block_weight_size floats), marked loaded: for a caller that writes
 // it with ops of its own (AWQ's candidates, kernels/ops.h llmq_ops_awq_candidate) instead of llmq_block_set_weight.

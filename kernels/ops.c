@@ -151,6 +151,23 @@ static bool mul_ok(int64_t a, int64_t b, int64_t *out) {
     return true;
 }
 
+enum llmq_status llmq_ops_download_rows(struct llmq_ops *ops, float *dst, const struct llmq_ops_buf *src, int64_t off,
+                                        int64_t width, int64_t stride, int64_t count) {
+    int64_t span = 0; // floats from the first row's start to the last row's end
+    if (width < 0 || stride < width || count < 0 || (count > 0 && !mul_ok(count - 1, stride, &span)) ||
+        span > INT64_MAX - width)
+        return llmq_errorf(LLMQ_ERR_ARG, "ops download_rows: %lld rows of %lld floats at a stride of %lld",
+                           (long long)count, (long long)width, (long long)stride);
+    enum llmq_status st =
+        count == 0 || width == 0 ? LLMQ_OK : copy_args(ops, "download_rows", dst, src, off, span + width);
+    if (st || count == 0 || width == 0) return st;
+    if (ops->be == LLMQ_BACKEND_CUDA)
+        return llmq_ops_cuda_download_2d(ops->cuda, dst, src->data + off, width, stride, count);
+    for (int64_t i = 0; i < count; i++)
+        memmove(dst + i * width, src->data + off + i * stride, (size_t)width * sizeof(float));
+    return LLMQ_OK;
+}
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 // ---------------------------------------------------------------------------------------------

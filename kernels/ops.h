@@ -106,6 +106,11 @@ enum llmq_status llmq_ops_upload(struct llmq_ops *ops, const struct llmq_ops_buf
                                  int64_t n);
 enum llmq_status llmq_ops_download(struct llmq_ops *ops, float *dst, const struct llmq_ops_buf *src, int64_t off,
                                    int64_t n);
+// count rows of width floats, row i at src[off + i·stride, + width), packed into host dst (count, width) (waits): one
+// strided copy (cudaMemcpy2D on a CUDA context) where a loop of llmq_ops_download would pay a round trip per row.
+// stride >= width >= 0, count >= 0; the last row must lie inside src.
+enum llmq_status llmq_ops_download_rows(struct llmq_ops *ops, float *dst, const struct llmq_ops_buf *src, int64_t off,
+                                        int64_t width, int64_t stride, int64_t count);
 
 // Page-locks the host range [p, p + bytes) for faster copies on a CUDA context (cudaHostRegister): *pinned true when
 // done (then llmq_ops_unpin before the memory is freed); false, and LLMQ_OK, when the range could not be locked (the
@@ -214,6 +219,8 @@ void llmq_ops_cuda_free(struct llmq_ops_cuda *c);
 enum llmq_status llmq_ops_cuda_alloc(size_t bytes, void **out);
 void llmq_ops_cuda_buf_free(void *p);
 enum llmq_status llmq_ops_cuda_copy(struct llmq_ops_cuda *c, void *dst, const void *src, size_t bytes, bool to_device);
+enum llmq_status llmq_ops_cuda_download_2d(struct llmq_ops_cuda *c, float *dst, const float *src, int64_t width,
+                                           int64_t stride, int64_t count);
 enum llmq_status llmq_ops_cuda_sync(struct llmq_ops_cuda *c);
 enum llmq_status llmq_ops_cuda_rmsnorm(struct llmq_ops_cuda *c, const float *x, const float *w, float *y, int64_t n,
                                        int64_t D, float eps, bool one_plus_w);

@@ -311,6 +311,14 @@ extern "C" enum llmq_status llmq_ops_cuda_copy(struct llmq_ops_cuda *c, void *ds
     return st;
 }
 
+extern "C" enum llmq_status llmq_ops_cuda_download_2d(struct llmq_ops_cuda *c, float *dst, const float *src,
+                                                      int64_t width, int64_t stride, int64_t count) {
+    const size_t w = (size_t)width * sizeof(float);
+    enum llmq_status st = CU(cudaMemcpy2DAsync(dst, w, src, (size_t)stride * sizeof(float), w, (size_t)count,
+                                               cudaMemcpyDeviceToHost, c->stream));
+    return st ? st : CU(cudaStreamSynchronize(c->stream));
+}
+
 extern "C" bool llmq_ops_cuda_pin(void *p, size_t bytes) {
     if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
     (void)cudaGetLastError(); // a refused range is not a sticky error: the copies stay pageable

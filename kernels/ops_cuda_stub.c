@@ -23,6 +23,11 @@ enum llmq_status llmq_ops_cuda_copy(struct llmq_ops_cuda *c, void *dst, const vo
     (void)c, (void)dst, (void)src, (void)bytes, (void)to_device;
     return no_cuda("copy");
 }
+enum llmq_status llmq_ops_cuda_download_2d(struct llmq_ops_cuda *c, float *dst, const float *src, int64_t width,
+                                           int64_t stride, int64_t count) {
+    (void)c, (void)dst, (void)src, (void)width, (void)stride, (void)count;
+    return no_cuda("download_2d");
+}
 enum llmq_status llmq_ops_cuda_sync(struct llmq_ops_cuda *c) {
     (void)c;
     return no_cuda("sync");

@@ -198,16 +198,15 @@ static inline int64_t fix_sums_differ(struct llmq_block *ref, struct llmq_block 
 static inline int64_t fix_rows_differ(struct llmq_block *b, enum llmq_block_gram g, int64_t n) {
     const int64_t C = llmq_block_gram_dim(b, g);
     float *rows = malloc((size_t)(n * C) * sizeof(float));
-    int64_t *idx = malloc((size_t)n * sizeof(int64_t)), bad = 0, mark = 0;
+    int64_t bad = 0, mark = 0;
     double *ref = calloc((size_t)(2 * C), sizeof(double)), *got = calloc((size_t)(2 * C), sizeof(double));
     uint64_t first = UINT64_MAX;
-    CHECK(rows && idx && ref && got);
-    for (int64_t t = 0; t < n; t++) idx[t] = t;
-    CHECK_OK(llmq_block_input_rows(b, g, idx, n, rows));
+    CHECK(rows && ref && got);
+    CHECK_OK(llmq_block_input_rows(b, g, 0, 1, n, rows));
     llmq_block_colsums_cpu(rows, n, C, 0, ref, &first);
     CHECK_OK(llmq_block_colsums_download(b, g, got, got + C, &mark));
     for (int64_t i = 0; i < 2 * C; i++) bad += memcmp(&ref[i], &got[i], sizeof(double)) != 0;
-    free(rows), free(idx), free(ref), free(got);
+    free(rows), free(ref), free(got);
     return bad;
 }
 

@@ -270,6 +270,14 @@ static void test_buffers(void) {
     CHECK_OK(llmq_ops_download(gpu, dst, &view, 0, 10));
     CHECK(dst[0] == 99.0f && dst[1] == 0.0f && dst[7] == 6.0f && dst[8] == 107.0f);
     CHECK_OK(llmq_ops_sync(gpu));
+    // strided rows (cudaMemcpy2D): 5 rows of 96 every 700 floats from 300, equal to the CPU's row loop
+    struct llmq_ops_buf hsrc = llmq_ops_buf_host(src, 4097);
+    float *want = host(5 * 96);
+    CHECK_OK(llmq_ops_download_rows(cpu, want, &hsrc, 300, 96, 700, 5));
+    CHECK_OK(llmq_ops_upload(gpu, &b, 0, src, 4097));
+    CHECK_OK(llmq_ops_download_rows(gpu, dst, &b, 300, 96, 700, 5));
+    CHECK(memcmp(dst, want, 5 * 96 * sizeof(float)) == 0 && dst[96] == 1000.0f);
+    free(want);
     llmq_log_set_level(LLMQ_LOG_SILENT);
     struct llmq_ops_buf hb = llmq_ops_buf_host(src, 4097);
     CHECK(llmq_ops_add(gpu, &b, &hb, 10) == LLMQ_ERR_ARG); // a host buffer given to the device
@@ -278,7 +286,7 @@ static void test_buffers(void) {
     llmq_log_set_level(LLMQ_LOG_INFO);
     llmq_ops_buf_free(&b);
     free(src), free(dst);
-    printf("%-60s ok\n", "device buffers: offsets, views, wrong backend, head_dim 300");
+    printf("%-60s ok\n", "device buffers: offsets, views, strided rows, wrong backend, head_dim 300");
 }
 
 int main(void) {

@@ -287,6 +287,14 @@ static void test_buffers_and_errors(void) {
     CHECK_OK(llmq_ops_download(ops, dst, &view, 1, 3));
     CHECK(dst[0] == 1 && dst[1] == 2 && dst[2] == 3);
     CHECK_OK(llmq_ops_sync(ops));
+    // strided rows: b = {., ., ., ., ., ., 1, 2, 3, 4}; rows of 2 from b[5] every 3 floats: (0, 1), (3, 4)
+    b.data[5] = 0;
+    float rows[4] = {-1, -1, -1, -1};
+    CHECK_OK(llmq_ops_download_rows(ops, rows, &b, 5, 2, 3, 2));
+    CHECK(rows[0] == 0 && rows[1] == 1 && rows[2] == 3 && rows[3] == 4);
+    CHECK_OK(llmq_ops_download_rows(ops, rows, &b, 10, 2, 3, 0)); // no rows: nothing read
+    CHECK_OK(llmq_ops_download_rows(ops, rows, &view, 2, 3, 3, 1));
+    CHECK(rows[0] == 2 && rows[1] == 3 && rows[2] == 4);
     // the dot: a running f64 sum from *acc in index order (quant/quantize.c quad_form's loop, bit for bit)
     const float da[5] = {1.5f, -2.25f, 3e-8f, 7.0f, 0.1f}, db[5] = {0.3f, 1e7f, -4.0f, 0.125f, -0.7f};
     struct llmq_ops_buf ba = llmq_ops_buf_host((float *)da, 5), bb = llmq_ops_buf_host((float *)db, 5);
@@ -312,6 +320,11 @@ static void test_buffers_and_errors(void) {
     CHECK(llmq_ops_upload(ops, &b, 7, src, 4) == LLMQ_ERR_ARG);                          // past the end
     CHECK_CONTAINS(llmq_last_error(), "holds 10 floats");
     CHECK(llmq_ops_download(ops, dst, &b, -1, 1) == LLMQ_ERR_ARG);
+    CHECK(llmq_ops_download_rows(ops, dst, &b, 5, 2, 3, 3) == LLMQ_ERR_ARG); // the third row ends at 13 > 10
+    CHECK_CONTAINS(llmq_last_error(), "holds 10 floats");
+    CHECK(llmq_ops_download_rows(ops, dst, &b, 0, 3, 2, 2) == LLMQ_ERR_ARG); // a stride below the width
+    CHECK(llmq_ops_download_rows(ops, dst, &b, 0, 1, INT64_MAX, 3) == LLMQ_ERR_ARG);
+    CHECK_CONTAINS(llmq_last_error(), "at a stride of");
     struct llmq_ops_buf none = {0}, fake_dev = {.data = b.data, .n = 10, .be = LLMQ_BACKEND_CUDA};
     CHECK(llmq_ops_buf_alloc(ops, 0, &none) == LLMQ_ERR_ARG && !none.data);
     CHECK(llmq_ops_rmsnorm(ops, &b, &b, &b, 2, 6, 1e-5f, false) == LLMQ_ERR_ARG); // 12 > 10

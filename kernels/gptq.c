@@ -250,6 +250,8 @@ enum llmq_status llmq_gptq_solver_blocks(struct llmq_gptq_solver *g, float *W, f
     return blocks_cpu(g, W, scales, zeros, q, loss, t_update);
 }
 
+void llmq_gptq_release_device(void) { llmq_cuda_gptq_release_spare(); }
+
 void llmq_gptq_solver_free(struct llmq_gptq_solver *g) {
     if (!g) return;
     llmq_cuda_gptq_free(g->dev);

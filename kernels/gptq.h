@@ -88,8 +88,11 @@ enum llmq_status llmq_gptq_solver_blocks(struct llmq_gptq_solver *g, float *W /*
 void llmq_gptq_rebuild_h(float *H /* (C, C) */, const float *Hsrc /* (C, C) */, const int64_t *perm /* (C) */,
                          int64_t C);
 
-// Free the state (not H); NULL is a no-op.
+// Free the state (not H); NULL is a no-op. A CUDA state is kept as the one spare the next CUDA solver_init reuses
+// (its handles and buffers; kernels/gptq_cuda.h), until llmq_gptq_release_device.
 void llmq_gptq_solver_free(struct llmq_gptq_solver *g);
+// Frees the spare CUDA solve state (device memory of the largest linear solved); a no-op without one or without CUDA.
+void llmq_gptq_release_device(void);
 
 // Step 7's in-block loop for one row (the CPU reference of the CUDA kernel; exposed for tests):
 // for i in 0..count-1: code = quant(W1[i]) with (scales[gcol[i]], zeros[gcol[i]]), q, e = (w - q) / d,

@@ -21,6 +21,7 @@ extern "C" {
 
 #include <cublas_v2.h>
 #include <cusolverDn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -41,6 +42,8 @@ extern "C" {
 #define WARPS_PER_BLOCK 8 // rows per thread block (one warp per row)
 #define FULL_MASK 0xffffffffu
 
+enum { LLMQ_GPTQ_BUFS = 12 };
+
 struct llmq_cuda_gptq {
     int64_t R, C, NG, B;
     cudaStream_t stream;
@@ -59,6 +62,8 @@ struct llmq_cuda_gptq {
     int lwork;
     int *info; // (1) cuSOLVER devInfo
     int *bad;  // (1) set by finish_hinv when a diagonal of the factor is not > 0 / not finite
+    size_t
+        cap[LLMQ_GPTQ_BUFS]; // bytes allocated for each buffer of buf_list's order (a reused state keeps its largest)
 };
 
 // ---- device math, the C code's operations one by one
@@ -162,24 +167,93 @@ static enum llmq_status dev_alloc(void **p, size_t bytes, const char *name, cons
                        cudaGetErrorString(e));
 }
 
-extern "C" void llmq_cuda_gptq_free(struct llmq_cuda_gptq *g) {
-    if (!g) return;
+// The device buffers in one order, each with the bytes a (R, C, NG, B) solve needs of it.
+static void buf_list(struct llmq_cuda_gptq *g, void **p[LLMQ_GPTQ_BUFS], size_t bytes[LLMQ_GPTQ_BUFS],
+                     const char *what[LLMQ_GPTQ_BUFS]) {
+    const int64_t R = g->R, C = g->C, NG = g->NG, B = g->B, nblocks = (C + B - 1) / B;
+    void **const ps[LLMQ_GPTQ_BUFS] = {(void **)&g->W,      (void **)&g->H,     (void **)&g->Err1,
+                                       (void **)&g->scales, (void **)&g->zeros, (void **)&g->q,
+                                       (void **)&g->gcol,   (void **)&g->perm,  (void **)&g->loss_rows,
+                                       (void **)&g->info,   (void **)&g->bad,   (void **)&g->work};
+    const size_t bs[LLMQ_GPTQ_BUFS] = {(size_t)(R * C) * sizeof(float),
+                                       (size_t)(C * C) * sizeof(float),
+                                       (size_t)(R * B) * sizeof(float),
+                                       (size_t)(R * NG) * sizeof(float),
+                                       (size_t)(R * NG) * sizeof(float),
+                                       (size_t)(R * C),
+                                       (size_t)C * sizeof(int32_t),
+                                       (size_t)C * sizeof(int32_t),
+                                       (size_t)(nblocks * R) * sizeof(double),
+                                       sizeof(int),
+                                       sizeof(int),
+                                       (size_t)g->lwork * sizeof(float)};
+    static const char *const ws[LLMQ_GPTQ_BUFS] = {"W",     "H",    "Err1",   "scales", "zeros", "codes",
+                                                   "g_idx", "perm", "losses", "info",   "flag",  "cuSOLVER workspace"};
+    for (int i = 0; i < LLMQ_GPTQ_BUFS; i++) p[i] = ps[i], bytes[i] = bs[i], what[i] = ws[i];
+}
+
+// Every buffer at least its size for g's shape: only the ones too small are freed and allocated again.
+static enum llmq_status grow_bufs(struct llmq_cuda_gptq *g, const char *name) {
+    void **p[LLMQ_GPTQ_BUFS];
+    size_t bytes[LLMQ_GPTQ_BUFS];
+    const char *what[LLMQ_GPTQ_BUFS];
+    buf_list(g, p, bytes, what);
+    for (int i = 0; i < LLMQ_GPTQ_BUFS; i++) {
+        if (*p[i] && g->cap[i] >= bytes[i]) continue;
+        cudaFree(*p[i]);
+        *p[i] = NULL, g->cap[i] = 0;
+        enum llmq_status st = dev_alloc(p[i], bytes[i], name, what[i]);
+        if (st) return st;
+        g->cap[i] = bytes[i];
+    }
+    return LLMQ_OK;
+}
+
+static void destroy(struct llmq_cuda_gptq *g) {
     if (g->solver) cusolverDnDestroy(g->solver);
     if (g->blas) cublasDestroy(g->blas);
     if (g->stream) cudaStreamDestroy(g->stream);
-    cudaFree(g->bad);
-    cudaFree(g->info);
-    cudaFree(g->work);
-    cudaFree(g->loss_rows);
-    cudaFree(g->perm);
-    cudaFree(g->gcol);
-    cudaFree(g->q);
-    cudaFree(g->zeros);
-    cudaFree(g->scales);
-    cudaFree(g->Err1);
-    cudaFree(g->H);
-    cudaFree(g->W);
+    void **p[LLMQ_GPTQ_BUFS];
+    size_t bytes[LLMQ_GPTQ_BUFS];
+    const char *what[LLMQ_GPTQ_BUFS];
+    buf_list(g, p, bytes, what);
+    for (int i = 0; i < LLMQ_GPTQ_BUFS; i++) cudaFree(*p[i]);
     free(g);
+}
+
+// One spare state kept between solves: a stream, the cuBLAS and cuSOLVER handles (each takes milliseconds to create)
+// and a dozen cudaMalloc'd buffers per linear add up over the hundreds of linears of an 8B model. init takes the spare
+// when there is one and grows only the buffers that are too small; free hands it back (a second freed state while the
+// spare is held is destroyed). llmq_cuda_gptq_release_spare frees it; otherwise it lives until the process ends.
+static pthread_mutex_t g_spare_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct llmq_cuda_gptq *g_spare;
+
+extern "C" void llmq_cuda_gptq_free(struct llmq_cuda_gptq *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g_spare_mu);
+    const bool keep = !g_spare && cudaStreamSynchronize(g->stream) == cudaSuccess;
+    if (keep) g_spare = g;
+    pthread_mutex_unlock(&g_spare_mu);
+    if (!keep) destroy(g);
+}
+
+extern "C" void llmq_cuda_gptq_release_spare(void) {
+    pthread_mutex_lock(&g_spare_mu);
+    struct llmq_cuda_gptq *g = g_spare;
+    g_spare = NULL;
+    pthread_mutex_unlock(&g_spare_mu);
+    if (g) destroy(g);
+}
+
+// The handles of a new state (its buffers come from grow_bufs).
+static enum llmq_status create_handles(struct llmq_cuda_gptq *g) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&g->blas));
+    CUBLAS_CHECK(cublasSetStream(g->blas, g->stream));
+    CUBLAS_CHECK(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH)); // plain FP32, no TF32 tensor ops
+    CUSOLVER_CHECK(cusolverDnCreate(&g->solver));
+    CUSOLVER_CHECK(cusolverDnSetStream(g->solver, g->stream));
+    return LLMQ_OK;
 }
 
 extern "C" enum llmq_status llmq_cuda_gptq_init(const char *name, int64_t R, int64_t C, int64_t NG, int64_t B,
@@ -195,30 +269,19 @@ extern "C" enum llmq_status llmq_cuda_gptq_init(const char *name, int64_t R, int
     if (C > INT32_MAX / 2 || R > INT32_MAX / 2 || B > INT32_MAX / 2)
         return llmq_errorf(LLMQ_ERR_ARG, "%s: GPTQ on CUDA: shape (%lld, %lld) too large for cuBLAS / cuSOLVER", name,
                            (long long)R, (long long)C);
-    struct llmq_cuda_gptq *g = (struct llmq_cuda_gptq *)calloc(1, sizeof *g);
-    if (!g) return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", name);
-    g->R = R, g->C = C, g->NG = NG, g->B = B;
-    const int64_t nblocks = (C + B - 1) / B;
-    enum llmq_status st;
     CUDA_CHECK(cudaSetDevice(0));
-    if ((st = dev_alloc((void **)&g->W, (size_t)(R * C) * sizeof(float), name, "W")) ||
-        (st = dev_alloc((void **)&g->H, (size_t)(C * C) * sizeof(float), name, "H")) ||
-        (st = dev_alloc((void **)&g->Err1, (size_t)(R * B) * sizeof(float), name, "Err1")) ||
-        (st = dev_alloc((void **)&g->scales, (size_t)(R * NG) * sizeof(float), name, "scales")) ||
-        (st = dev_alloc((void **)&g->zeros, (size_t)(R * NG) * sizeof(float), name, "zeros")) ||
-        (st = dev_alloc((void **)&g->q, (size_t)(R * C), name, "codes")) ||
-        (st = dev_alloc((void **)&g->gcol, (size_t)C * sizeof(int32_t), name, "g_idx")) ||
-        (st = dev_alloc((void **)&g->perm, (size_t)C * sizeof(int32_t), name, "perm")) ||
-        (st = dev_alloc((void **)&g->loss_rows, (size_t)(nblocks * R) * sizeof(double), name, "losses")) ||
-        (st = dev_alloc((void **)&g->info, sizeof(int), name, "info")) ||
-        (st = dev_alloc((void **)&g->bad, sizeof(int), name, "flag")))
-        goto fail;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
-    CUBLAS_CHECK(cublasCreate(&g->blas));
-    CUBLAS_CHECK(cublasSetStream(g->blas, g->stream));
-    CUBLAS_CHECK(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH)); // plain FP32, no TF32 tensor ops
-    CUSOLVER_CHECK(cusolverDnCreate(&g->solver));
-    CUSOLVER_CHECK(cusolverDnSetStream(g->solver, g->stream));
+    pthread_mutex_lock(&g_spare_mu);
+    struct llmq_cuda_gptq *g = g_spare;
+    g_spare = NULL;
+    pthread_mutex_unlock(&g_spare_mu);
+    enum llmq_status st = LLMQ_OK;
+    if (!g) {
+        if (!(g = (struct llmq_cuda_gptq *)calloc(1, sizeof *g)))
+            return llmq_errorf(LLMQ_ERR_NOMEM, "%s: out of memory", name);
+        if ((st = create_handles(g))) goto fail;
+    }
+    g->R = R, g->C = C, g->NG = NG, g->B = B;
+    if ((st = grow_bufs(g, name))) goto fail; // H first: the workspace queries below take it
     {
         int n = (int)C, l1 = 0, l2 = 0, l3 = 0;
         CUSOLVER_CHECK(cusolverDnSpotrf_bufferSize(g->solver, CUBLAS_FILL_MODE_UPPER, n, g->H, n, &l1));
@@ -226,13 +289,12 @@ extern "C" enum llmq_status llmq_cuda_gptq_init(const char *name, int64_t R, int
         CUSOLVER_CHECK(cusolverDnSpotrf_bufferSize(g->solver, CUBLAS_FILL_MODE_LOWER, n, g->H, n, &l3));
         g->lwork = l1 > l2 ? l1 : l2;
         if (l3 > g->lwork) g->lwork = l3;
-        if ((st = dev_alloc((void **)&g->work, (size_t)g->lwork * sizeof(float), name, "cuSOLVER workspace")))
-            goto fail;
     }
+    if ((st = grow_bufs(g, name))) goto fail; // the workspace, if this shape needs more
     *out = g;
     return LLMQ_OK;
 fail:
-    llmq_cuda_gptq_free(g);
+    destroy(g);
     return st;
 }
 

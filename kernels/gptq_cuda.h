@@ -57,8 +57,12 @@ enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, float *W /* (R,
                                        float *scales /* (R, NG) */, float *zeros /* (R, NG) */, uint8_t *q /* (R, C) */,
                                        double *loss_rows /* (ceil(C / B), R) */, float *Hinv /* (C, C) */);
 
-// Free the device state; NULL is a no-op.
+// Done with the device state; NULL is a no-op. The first state freed is kept as the one spare: the next init takes
+// it (its stream, cuBLAS / cuSOLVER handles and buffers; only a buffer too small for the new shape is allocated again),
+// so a run of linears pays the handles' creation and the cudaMallocs once. Any other is destroyed.
 void llmq_cuda_gptq_free(struct llmq_cuda_gptq *g);
+// Destroys the spare (the device memory of the largest shape solved since); NULL spare: a no-op.
+void llmq_cuda_gptq_release_spare(void);
 
 // ---- test hooks (tests/gpu/test_gptq_cuda.c compares them bit for bit with the C code)
 

@@ -27,6 +27,7 @@ enum llmq_status llmq_cuda_gptq_blocks(struct llmq_cuda_gptq *g, float *W, const
 }
 
 void llmq_cuda_gptq_free(struct llmq_cuda_gptq *g) { (void)g; }
+void llmq_cuda_gptq_release_spare(void) {}
 
 enum llmq_status llmq_cuda_gptq_block_test(const float *W1, int64_t R, int64_t count, const float *Hinv1,
                                            const float *scales, const float *zeros, int64_t NG, const int32_t *gcol,

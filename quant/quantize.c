@@ -14,6 +14,7 @@
 #include "formats/ggml/quants.h"
 #include "kernels/block.h"
 #include "kernels/gemm.h"
+#include "kernels/gptq.h"
 #include "quant/awq.h"
 #include "quant/checkpoint.h"
 #include "quant/gptq.h"
@@ -1795,6 +1796,7 @@ static void run_free(struct run *r) {
     llmq_forward_free(r->fbig);
     llmq_forward_free(r->f);
     llmq_blocks_free(r->qb);
+    llmq_gptq_release_device(); // the spare CUDA solve state (kernels/gptq.h)
     for (int k = 0; k < LLMQ_LIN_COUNT; k++) {
         free(r->wq[k]);
         held_free(&r->held[k]);

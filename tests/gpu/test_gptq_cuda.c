@@ -244,6 +244,34 @@ static void test_solve(int64_t R, int64_t C, struct llmq_gptq_opts o) {
     free(W);
 }
 
+// The spare state (kernels/gptq_cuda.h): a small solve on the buffers a larger one left gives the bits of the same
+// solve on a fresh state.
+static void test_spare(void) {
+    const int64_t R = 48, C = 333, RB = 64, CB = 512;
+    float *W = malloc((size_t)(R * C) * sizeof *W), *H = malloc((size_t)(C * C) * sizeof *H);
+    float *WB = malloc((size_t)(RB * CB) * sizeof *WB), *HB = malloc((size_t)(CB * CB) * sizeof *HB);
+    CHECK(W && H && WB && HB);
+    make_problem(R, C, 64, 0.05f, -1, W, H);
+    make_problem(RB, CB, 64, 0.05f, -1, WB, HB);
+    struct llmq_gptq_opts o = llmq_gptq_opts_default();
+    o.act_order = true;
+    struct solved big, reused, fresh;
+    llmq_gptq_release_device();
+    solve(WB, HB, RB, CB, o, LLMQ_BACKEND_CUDA, &big); // leaves its state as the spare
+    solve(W, H, R, C, o, LLMQ_BACKEND_CUDA, &reused);
+    llmq_gptq_release_device();
+    solve(W, H, R, C, o, LLMQ_BACKEND_CUDA, &fresh);
+    CHECK(memcmp(reused.Q, fresh.Q, (size_t)(R * C) * sizeof(float)) == 0);
+    CHECK(memcmp(reused.ql.q, fresh.ql.q, (size_t)(R * C)) == 0);
+    CHECK(memcmp(reused.Hinv, fresh.Hinv, (size_t)(C * C) * sizeof(float)) == 0);
+    CHECK(reused.loss == fresh.loss);
+    llmq_gptq_release_device();
+    llmq_gptq_release_device(); // no spare: a no-op
+    printf("%-60s ok\n", "spare state: a (48, 333) solve after a (64, 512) one = fresh");
+    solved_free(&fresh), solved_free(&reused), solved_free(&big);
+    free(W), free(H), free(WB), free(HB);
+}
+
 // ---- 3. damping retry and bad input
 
 // Runs f with stderr redirected to a file; returns what was written (static buffer).
@@ -355,6 +383,7 @@ int main(void) {
     o.q.group_size = 32;
     o.blocksize = 128;
     test_solve(40, 333, o);
+    test_spare();
     test_retry_and_nan();
     printf("test_gptq_cuda: ok\n");
     return 0;

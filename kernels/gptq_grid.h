@@ -27,10 +27,12 @@
 #define LLMQ_GRID_ADD(a, b) __fadd_rn((a), (b))
 #define LLMQ_GRID_SUB(a, b) __fsub_rn((a), (b))
 #define LLMQ_GRID_DIV(a, b) __fdiv_rn((a), (b))
+#define LLMQ_GRID_MUL(a, b) __fmul_rn((a), (b))
 #else
 #define LLMQ_GRID_ADD(a, b) ((a) + (b))
 #define LLMQ_GRID_SUB(a, b) ((a) - (b))
 #define LLMQ_GRID_DIV(a, b) ((a) / (b))
+#define LLMQ_GRID_MUL(a, b) ((a) * (b))
 #endif
 
 // (scale, zero) of a group whose values span [xmin, xmax] (xmin <= 0 <= xmax: the range includes 0).

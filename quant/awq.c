@@ -18,6 +18,7 @@
 
 #include "calib/blocks.h"
 #include "common/log.h"
+#include "kernels/awq_clip.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "quant/quantizer.h"
@@ -579,6 +580,35 @@ static void apply_clip(float *W, int64_t R, int64_t C, int64_t G, const float *b
         }
 }
 
+// The test hook LLMQ_AWQ_CLIP=gram: the CPU runs the clip search as the device does (kernels/awq_clip.h, the
+// quadratic form on each group's Gram matrix) instead of the output differences below; unset: the default.
+static bool gram_clip_hook(void) {
+    const char *v = getenv("LLMQ_AWQ_CLIP");
+    return v && strcmp(v, "gram") == 0;
+}
+
+// clip_weight on the groups' Gram matrices (kernels/awq_clip.h: on the device with --device cuda), then apply_clip.
+static enum llmq_status clip_gram(int layer, enum llmq_linear l, float *W, int64_t R, int64_t C, const float *X,
+                                  int64_t T, const struct llmq_awq_opts *o, int64_t G, int K, float *best,
+                                  double *err_out) {
+    double *err = malloc((size_t)(R * (C / G)) * sizeof(double));
+    if (!err || !best) {
+        free(err);
+        return llmq_errorf(LLMQ_ERR_NOMEM, "awq: out of memory for the clip search of layer %d %s", layer,
+                           llmq_linear_name(l));
+    }
+    enum llmq_status st = llmq_awq_clip(o->backend, W, R, C, G, X, T, o->bits, K, o->clip_n_grid, best, err);
+    double sum = 0.0;
+    for (int64_t i = 0; !st && i < R * (C / G); i++) sum += err[i];
+    free(err);
+    if (st) return st;
+    apply_clip(W, R, C, G, best);
+    *err_out = sum;
+    llmq_debug("awq: layer %d %s: clip search on the groups' Gram matrices (%s)", layer, llmq_linear_name(l),
+               o->backend == LLMQ_BACKEND_CUDA ? "cuda" : "cpu");
+    return LLMQ_OK;
+}
+
 // Clip table best (R, NG) of the weight W (R, C) of linear kind l of block `layer` (carrying the input scales s, or
 // NULL) from its sampled, scaled input X (T, C), then apply_clip on W; *err_out the chosen errors' sum.
 static enum llmq_status clip_weight(int layer, enum llmq_linear l, float *W, int64_t R, int64_t C, const float *s,
@@ -586,6 +616,8 @@ static enum llmq_status clip_weight(int layer, enum llmq_linear l, float *W, int
                                     double *err_out) {
     const int64_t NG = C / G;
     const int K = (int)(o->max_shrink * (float)o->clip_n_grid); // candidates i_s = 0..K-1
+    if (!o->fake_quant && K >= 1 && (o->backend == LLMQ_BACKEND_CUDA || gram_clip_hook()))
+        return clip_gram(layer, l, W, R, C, X, T, o, G, K, best, err_out);
     const int64_t RC = R < CLIP_ROW_CHUNK ? R : CLIP_ROW_CHUNK;
     enum llmq_status st = LLMQ_OK;
     double *Xg = malloc((size_t)(T * G) * sizeof(double));              // (T, G)

@@ -253,12 +253,15 @@ enum llmq_status llmq_awq_search(struct llmq_awq_block *b, struct llmq_forward *
 //       uploaded), the half's output over every micro-batch compared with the fp one (llmq_blocks_awq_loss);
 //   v -> [o], up -> [down]: ALWAYS the Gram form (gram_loss = 1 whatever o->gram_loss says: the block keeps XᵀX of
 //       their inputs, not the inputs), Δ made there (llmq_blocks_awq_gram_loss);
-//   apply_scale and the clip search as above, on the host (the search's dgemm through o->backend), from the samples.
+//   apply_scale on the host; the clip search from the samples: with o->backend CUDA (and no plugged-in fake_quant)
+//       as one device call per linear (kernels/awq_clip.h: the candidates and each group's error as a quadratic form
+//       on its Gram matrix, cuBLAS DGEMMs), else as above (the test hook LLMQ_AWQ_CLIP=gram runs the Gram form on
+//       the CPU: tests/py/test_quantize_blocks.py test_awq_clip_gram_hook).
 // The CPU hook gives the same bits as llmq_awq_search at one thread when that search takes the Gram form too (N well
 // above C, its default rule) and every micro-batch is a multiple of LLMQ_GRAM_MICRO_BATCH tokens (the Gram sums are
 // then summed in the same batches); tests/py/test_quantize_blocks.py checks it. Not a mixture of experts
-// (LLMQ_ERR_UNSUPPORTED; calib/model/devblock.h keeps those on forward.c). The clip search's candidates are made on the
-// host: NOT YET device work (issue 17), nor is any of this RUN ON A GPU yet.
+// (LLMQ_ERR_UNSUPPORTED; calib/model/devblock.h keeps those on forward.c). A plugged-in quantizer's clip candidates are
+// made on the host. NONE of this has RUN ON A GPU yet (issue 17).
 int64_t llmq_awq_sample_step(int64_t N, const struct llmq_awq_opts *o); // max(1, N / n_sample_token)
 struct llmq_blocks;
 enum llmq_status llmq_awq_search_blocks(struct llmq_awq_block *b, struct llmq_blocks *qb, int64_t n_seq, int64_t seqlen,

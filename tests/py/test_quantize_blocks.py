@@ -208,6 +208,28 @@ def test_awq_needs_resident(quantize, stories_v3):
     assert fb[0] == res[0]
 
 
+def test_awq_clip_gram_hook(llmq_bin, stories_v3, data_dir, tmp_path):
+    """LLMQ_AWQ_CLIP=gram: the clip search as the device runs it (kernels/awq_clip.h, each group's error as a quadratic
+    form on its Gram matrix) on the CPU, on the block path and on forward.c. It chooses as the default output form
+    does wherever the shrinks' errors are not a near tie: on stories260K (group 4) the same bytes (measured), so the
+    test asks for the same per-linear errors to 1e-9 and the same output bytes; the debug line shows the hook ran."""
+    outs = {}
+    for name, block, hook in (("ref", None, None), ("gram", None, "gram"), ("gram-blk", "cpu", "gram")):
+        d = tmp_path / name
+        d.mkdir()
+        extra = {"LLMQ_AWQ_CLIP": hook} if hook else {}
+        r = run([llmq_bin, "quantize", "--model", stories_v3, *CAL, *AWQ_CAL, "--method", "awq", "--format", "fake",
+                 "--group-size", "4", "--out", d / "out", "--json", d / "r.json", "--no-checkpoint", "--verbose"],
+                env=env_with(block, data_dir, **extra))
+        seen = "clip search on the groups' Gram matrices (cpu)" in r.stderr
+        assert seen == bool(hook), r.stderr[-2000:]
+        outs[name] = (digest(d / "out"), json.loads((d / "r.json").read_text())["layers"])
+    for name in ("gram", "gram-blk"):
+        assert outs[name][0] == outs["ref"][0], name
+        for a, b in zip(outs["ref"][1], outs[name][1]):
+            assert abs(b["err"] - a["err"]) <= 1e-9 * abs(a["err"]), (name, a["name"])
+
+
 # ---- the activations streamed from the host (--max-vram) -------------------------------------------------------------
 
 def block_bytes(stderr):
